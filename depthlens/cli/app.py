@@ -1,0 +1,44 @@
+"""Typer app and the shared error handling: one clear line on stderr, exit 1 (domain) or 2 (usage)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+import typer
+
+app = typer.Typer(name="depthlens", no_args_is_help=True, rich_markup_mode="rich",
+                  pretty_exceptions_enable=False, add_completion=False,
+                  help="Does this residual design turn extra layers into extra computation?")
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print one line to stderr and exit with `code` (1 = domain error, 2 = usage)."""
+    sys.stderr.write(f"depthlens: error: {message.splitlines()[0] if message else 'failed'}\n")
+    raise typer.Exit(code)
+
+
+def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn expected failures into one stderr line and exit 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ..errors import DepthlensError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except DepthlensError as e:
+            fail(str(e), 1)
+        except ValueError as e:
+            fail(str(e), 2 if getattr(e, "usage", False) else 1)
+        except (OSError, RuntimeError) as e:
+            fail(f"{e.__class__.__name__}: {e}", 1)
+
+    return wrapper
+
+
+# Importing the command modules registers their commands on `app`.
+from . import commands  # noqa: E402,F401

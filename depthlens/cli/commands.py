@@ -1,0 +1,70 @@
+"""Model inspection commands: info, hooks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import app, domain_errors
+
+CkptArg = Annotated[Path, typer.Argument(help="Checkpoint directory (config.json + model.safetensors).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON to stdout.")]
+
+
+@app.command()
+@domain_errors
+def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
+    """Design, shape and parameter counts (total, non-embedding, overhead vs Pre-LN) of a checkpoint."""
+    from ..io.checkpoint import load
+    from ..models.summary import summarize
+
+    ck = load(ckpt)
+    s = summarize(ck.model)
+    s["checkpoint"] = str(ckpt)
+    if ck.train:
+        s["val_loss"] = ck.train.get("final_val_loss")
+    if as_json:
+        typer.echo(json.dumps(s, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{ckpt}", show_header=False)
+    for k in ("design", "design_name", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size",
+              "aspect_ratio", "params_total", "params_non_embedding", "params_design_overhead", "overhead_vs_preln",
+              "val_loss"):
+        if k in s and s[k] is not None:
+            v = s[k]
+            t.add_row(k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v)))
+    Console().print(t)
+
+
+@app.command()
+@domain_errors
+def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
+    """List every hook point and readout of a checkpoint's model."""
+    import torch
+
+    from ..io.checkpoint import load
+
+    ck = load(ckpt)
+    m = ck.model
+    names = m.hook_names()
+    toks = torch.zeros(1, min(4, m.config.max_seq_len), dtype=torch.long)
+    readouts = sorted({k.split(".", 1)[1] if k.startswith("sub") else k
+                       for k in m.readouts(toks) if not k.startswith("static.")} |
+                      {k.split(".", 2)[2] for k in m.readouts(toks) if k.startswith("static.")})
+    if as_json:
+        typer.echo(json.dumps({"hooks": names, "readouts": readouts, "resid_view": m.design.view_name,
+                               "resid_view_editable": m.design.editable_view}, indent=2))
+        return
+    typer.echo(f"# hook points ({len(names)}); hook_resid_* = {m.design.view_name}"
+               f" ({'editable' if m.design.editable_view else 'read-only'})")
+    for n in names:
+        typer.echo(n)
+    typer.echo(f"# readouts per sublayer (model.readouts(tokens)['sub<j>.<name>'])")
+    for r in readouts:
+        typer.echo(r)

@@ -1,0 +1,46 @@
+"""The ten residual designs: one slug each, used everywhere (configs, CLI, checkpoint names, coords).
+
+Kept free of heavy imports so the CLI can list designs instantly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Design:
+    slug: str  # used in configs, CLI, checkpoint names `<slug>_l<L>`, dataset coords
+    name: str  # human-readable name as in the DepthBench collections
+    group: str  # [inferred] grouping: baseline | norm | multi_stream | cross_layer
+    multi_stream: bool = False  # state carries n streams [B, T, n, d]
+
+
+DESIGNS: dict[str, Design] = {
+    d.slug: d
+    for d in [
+        Design("preln", "Pre-LN", "baseline"),
+        Design("lns", "LNS", "norm"),
+        Design("sandwich", "Sandwich-LN", "norm"),
+        Design("deepnorm", "DeepNorm", "norm"),
+        Design("keel", "KEEL", "norm"),
+        Design("hc", "HC", "multi_stream", multi_stream=True),
+        Design("mhc", "mHC", "multi_stream", multi_stream=True),
+        Design("full_attnres", "Full AttnRes", "cross_layer"),
+        Design("block_attnres", "Block AttnRes", "cross_layer"),
+        Design("moda", "MoDA", "cross_layer"),
+    ]
+}
+SLUGS: tuple[str, ...] = tuple(DESIGNS)
+
+
+def check_design(slug: str) -> str:
+    """Return `slug` if it names a design, else raise ValueError listing the valid ones."""
+    if slug not in DESIGNS:
+        raise ValueError(f"unknown design {slug!r}; expected one of: {', '.join(SLUGS)}")
+    return slug
+
+
+def checkpoint_name(slug: str, n_layer: int) -> str:
+    """Canonical checkpoint directory name, e.g. `hc_l16`."""
+    return f"{check_design(slug)}_l{n_layer}"

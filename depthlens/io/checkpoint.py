@@ -1,0 +1,170 @@
+"""Checkpoints: a directory of safetensors + JSON. Never pickle.
+
+    <dir>/config.json         {"depthlens_version": ..., "model": ModelConfig fields}
+    <dir>/model.safetensors   the state dict (tied weights stored once)
+    <dir>/train.json          optional: recipe, seed, data hash, steps, val loss
+    <dir>/tokenizer.json      optional: tokenizer description (see depthlens.data.tokenizers)
+
+`load` validates everything and raises `CheckpointError` with one clear line; `save` is atomic
+(written to a temp directory next to the target, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+TRAIN = "train.json"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the model plus everything saved next to it."""
+
+    path: Path
+    model: Any  # DepthModel
+    config: Any  # ModelConfig
+    train: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent}: missing {path.name} ({what})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_config(path: str | os.PathLike) -> Any:
+    """The ModelConfig of a checkpoint directory (no weights read)."""
+    from ..models.config import ModelConfig
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: a checkpoint is a directory (config.json + model.safetensors)")
+    meta = _read_json(path / CONFIG, "model config")
+    raw = meta.get("model", meta)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path / CONFIG}: 'model' must be an object")
+    try:
+        return ModelConfig.from_dict(raw)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path / CONFIG}: {e}") from None
+
+
+def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, check_finite: bool = True) -> Checkpoint:
+    """Load and validate a checkpoint directory. Raises CheckpointError with a one-line message."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..models.model import DepthModel
+
+    path = Path(path)
+    config = read_config(path)
+    meta = _read_json(path / CONFIG, "model config")
+    wpath = path / WEIGHTS
+    if not wpath.exists():
+        raise CheckpointError(f"{path}: missing {WEIGHTS}")
+    try:
+        tensors = load_file(str(wpath), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{wpath}: unreadable safetensors file (truncated or corrupt: {str(e).splitlines()[0]})") from None
+    try:
+        model = DepthModel(config)
+    except ValueError as e:
+        raise CheckpointError(f"{path / CONFIG}: {e}") from None
+    expected = model.state_dict()
+    if config.tie_embeddings:
+        expected.pop("lm_head.weight", None)
+        tensors.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        what = (f"missing {len(missing)} tensor(s) e.g. {missing[0]}" if missing else "") + \
+               ("; " if missing and extra else "") + (f"unexpected {len(extra)} tensor(s) e.g. {extra[0]}" if extra else "")
+        raise CheckpointError(f"{path}: weights do not match config.json ({config.arch}, L={config.n_layer}, "
+                              f"d={config.d_model}): {what}")
+    for k, v in expected.items():
+        if tensors[k].shape != v.shape:
+            raise CheckpointError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, config implies {tuple(v.shape)}")
+        if check_finite and tensors[k].is_floating_point() and not bool(torch.isfinite(tensors[k]).all()):
+            raise CheckpointError(f"{path}: tensor {k} contains NaN or Inf values")
+    model.load_state_dict(tensors, strict=not config.tie_embeddings)
+    model.eval()
+    if dtype is not None:
+        model.to(dtype=dtype)
+    model.to(device)
+    train = _read_json(path / TRAIN, "training record") if (path / TRAIN).exists() else {}
+    return Checkpoint(path=path, model=model, config=model.config, train=train, meta=meta)
+
+
+def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = None,
+         extra_files: dict[str, str | bytes] | None = None, overwrite: bool = False) -> Path:
+    """Write a checkpoint directory atomically (temp dir in the same parent, then rename)."""
+    from safetensors.torch import save_file
+
+    from .. import __version__
+
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise CheckpointError(f"{path}: already exists (pass overwrite=True to replace it)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    for k, v in sd.items():
+        if v.is_floating_point() and not bool(v.isfinite().all()):
+            raise CheckpointError(f"refusing to save: tensor {k} contains NaN or Inf values")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_file(sd, str(tmp / WEIGHTS), metadata={"format": "pt", "depthlens_version": __version__})
+        meta = {"depthlens_version": __version__, "model": model.config.to_dict()}
+        (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if train is not None:
+            (tmp / TRAIN).write_text(json.dumps(_jsonable(train), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        for name, content in (extra_files or {}).items():
+            (tmp / name).write_bytes(content.encode() if isinstance(content, str) else content)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

@@ -1,0 +1,239 @@
+"""DepthModel: the shared backbone with a pluggable residual design, hook points and interventions.
+
+Shapes: B batch, T positions, d width, V vocab, L layers, n streams (HC/mHC).
+
+    tokens (B, T) --embed--> h0 (B, T, d) --design.init_state--> state
+    for l in 0..L-1:  state = blocks[l](state)          # attention router+body, then MLP router+body
+    h_L = design.final(state) --norm--> --lm_head--> logits (B, T, V)
+
+Interventions the diagnostics need live here, in batched form: `run_layers` starts from any cached state
+(prefix reuse), takes per-layer keep masks (skip a layer on a set of positions, per batch row), and runs
+the layers in any order (`swap="body"` keeps routing parameters in place, `swap="all"` moves them too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from .backbone import RMSNorm, Sublayer, rope_tables
+from .config import ModelConfig
+from .residual import design_for
+from .residual.base import Design, RunContext, State
+
+OnLayer = Callable[[int, State, torch.Tensor], None]
+
+
+class Block(nn.Module):
+    """One layer: body (two sublayers, which move with a `body` swap) and routers (which do not)."""
+
+    def __init__(self, cfg: ModelConfig, design: Design, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.attn = design.make_sublayer("attn")
+        self.mlp = design.make_sublayer("mlp")
+        self.router_attn = design.make_router(2 * layer)
+        self.router_mlp = design.make_router(2 * layer + 1)
+        # hook points (TransformerLens names). resid_* show the design's residual view (B, T, d).
+        self.hook_resid_pre = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_resid_post = HookPoint()
+        self.hook_attn_in = HookPoint()  # the attention branch input (B, T, d), before its pre-norm
+        self.hook_attn_out = HookPoint()  # raw attention branch output F_j (B, T, d)
+        self.hook_mlp_in = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        if design.multi_stream:
+            self.hook_streams_pre = HookPoint()  # (B, T, n, d), editable
+            self.hook_streams_post = HookPoint()
+
+    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: "Block | None" = None,
+                router: "Block | None" = None, keep_attn: torch.Tensor | None = None,
+                keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
+        """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
+
+        Returns the new state and the layer's update u_l (spec diagnostics §0).
+        """
+        body = body or self
+        router = router or self
+        state = self._hook_view(self.hook_resid_pre, state, design, "pre")
+
+        def branch(sub: Sublayer, hook_in: HookPoint, hook_out: HookPoint) -> Callable[..., torch.Tensor]:
+            def run(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+                return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, **kw))
+            return run
+
+        state, carry = router.router_attn(state, branch(body.attn, self.hook_attn_in, self.hook_attn_out), body.attn,
+                                          2 * pos, pos, ctx, keep_attn, None)
+        state = self._hook_view(self.hook_resid_mid, state, design, None)
+        state, carry = router.router_mlp(state, branch(body.mlp, self.hook_mlp_in, self.hook_mlp_out), body.mlp,
+                                         2 * pos + 1, pos, ctx, keep_mlp, carry)
+        state = self._hook_view(self.hook_resid_post, state, design, "post")
+        return state, carry
+
+    def _hook_view(self, hook: HookPoint, state: State, design: Design, streams: str | None) -> State:
+        if streams is not None and design.multi_stream:
+            state = design.set_streams(state, getattr(self, f"hook_streams_{streams}")(design.streams(state)))
+        view = design.view(state)
+        out = hook(view)
+        if out is view:
+            return state
+        if not design.editable_view:
+            raise RuntimeError(f"{hook.name} is a read-only view for design {design.slug!r} ({design.view_name}); "
+                               "edit hook_attn_in / hook_mlp_in" + (" or hook_streams_*" if design.multi_stream else ""))
+        return design.set_view(state, out)
+
+
+class DepthModel(HookedRootModule):
+    """LLaMA-like decoder with one of ten residual designs; a TransformerLens `HookedRootModule`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config = config.resolved()
+        self.config = config
+        self.design = design_for(config)
+        d, V = config.d_model, config.vocab_size
+        self.embed_tokens = nn.Embedding(V, d)
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(config, self.design, l) for l in range(config.n_layer)])
+        self.final_router = self.design.make_final_router()
+        self.hook_resid_final = HookPoint()  # h_L before the final norm (B, T, d)
+        use_final_norm = not (config.arch == "deepnorm" and not config.deepnorm_final_norm)
+        self.norm = RMSNorm(d, config.norm_eps) if use_final_norm else nn.Identity()
+        self.lm_head = nn.Linear(d, V, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self._init_weights()
+        self.cfg = _lens_config(config)
+        self.setup()
+
+    # ------------------------------------------------------------------------------------------------
+    def _init_weights(self) -> None:
+        std = self.config.init_std
+        nn.init.normal_(self.embed_tokens.weight, std=std)
+        if not self.config.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=std)
+        for blk in self.blocks:
+            for sub in (blk.attn, blk.mlp):
+                for m in sub.fn.modules():
+                    if isinstance(m, nn.Linear):
+                        nn.init.normal_(m.weight, std=std)
+        self.design.init_weights(self)
+
+    @property
+    def n_layer(self) -> int:
+        return self.config.n_layer
+
+    # --- the pieces of a forward pass ------------------------------------------------------------------
+    def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
+        if seq_len > self.config.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds the model's max_seq_len {self.config.max_seq_len}")
+        device = device or self.lm_head.weight.device
+        cos, sin = rope_tables(self.config, seq_len, device=device)
+        return RunContext(cos=cos, sin=sin, record={} if record else None)
+
+    def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
+        """tokens (B, T) -> the design's initial state."""
+        h0 = self.hook_embed(self.embed_tokens(tokens))  # (B, T, d)
+        ctx.put("h0", h0)
+        return self.design.init_state(h0)
+
+    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
+                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
+                   order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
+        """Run layer positions start..stop-1 from `state` (the state *before* layer `start`).
+
+        keep:  {layer position: (B, T) mask}, 0 = skip that layer's write at that token (never use t = 0
+               for diagnostics: the caller decides). unit: which sublayer(s) the mask applies to.
+        order: order[p] = which layer's weights run at position p (a permutation of range(L)).
+        swap:  "body" keeps routers at their position; "all" moves them with the body.
+        on_layer(pos, state_after, update): streamed readout, so no full activation cache is needed.
+        """
+        if unit not in ("block", "attn", "mlp"):
+            raise ValueError(f"unit must be 'block', 'attn' or 'mlp', got {unit!r}")
+        if swap not in ("body", "all"):
+            raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
+        stop = self.n_layer if stop is None else stop
+        keep = keep or {}
+        for pos in range(start, stop):
+            src = self.blocks[order[pos]] if order is not None else self.blocks[pos]
+            k = keep.get(pos)
+            state, update = self.blocks[pos](
+                state, design=self.design, pos=pos, ctx=ctx, body=src, router=src if swap == "all" else None,
+                keep_attn=k if unit in ("block", "attn") else None, keep_mlp=k if unit in ("block", "mlp") else None)
+            if on_layer is not None:
+                on_layer(pos, state, update)
+        return state
+
+    def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """h_L (B, T, d) before the final norm."""
+        return self.hook_resid_final(self.design.final(state, self.final_router, ctx))
+
+    def head(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """state after the last layer -> logits (B, T, V)."""
+        return self.lm_head(self.norm(self.final_hidden(state, ctx)))
+
+    def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, swap...)."""
+        ctx = self.context(tokens.shape[1])
+        return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
+
+    # --- readouts ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def readouts(self, tokens: torch.Tensor) -> dict[str, Any]:
+        """One forward recording every router's mixing object (per token where dynamic).
+
+        Keys are `sub{j}.<name>` for sublayer j (2l attention, 2l+1 MLP), plus `h0`, `final.*`, and the
+        static readouts `static.sub{j}.<name>`.
+        """
+        ctx = self.context(tokens.shape[1], record=True)
+        self.head(self.run_layers(self.embed(tokens, ctx), ctx), ctx)
+        rec = ctx.record
+        for l, blk in enumerate(self.blocks):
+            for j, r in ((2 * l, blk.router_attn), (2 * l + 1, blk.router_mlp)):
+                for k, v in r.readout().items():
+                    rec[f"static.sub{j}.{k}"] = v
+        return rec
+
+    @torch.no_grad()
+    def depth_mixing(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """M[i -> j] per token: (B, T, 2L+1 sources, 2L+1 destinations); see Design.depth_mixing."""
+        return self.design.depth_mixing(self.readouts(tokens), self.config.n_sublayer)
+
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    @contextlib.contextmanager
+    def eval_mode(self):
+        """Temporarily switch to eval() (no dropout exists, but keep the contract explicit)."""
+        was = self.training
+        self.eval()
+        try:
+            yield self
+        finally:
+            self.train(was)
+
+
+def _lens_config(cfg: ModelConfig) -> Any:
+    """A TransformerLens config so ActivationCache/patching helpers know n_layers, d_model, n_ctx."""
+    try:
+        from transformer_lens.config import TransformerLensConfig
+    except ImportError:  # pragma: no cover - older transformer-lens
+        from types import SimpleNamespace
+        return SimpleNamespace(n_layers=cfg.n_layer, d_model=cfg.d_model, d_head=cfg.head_dim, n_ctx=cfg.max_seq_len,
+                               d_vocab=cfg.vocab_size, n_heads=cfg.n_head, device="cpu")
+    return TransformerLensConfig(d_model=cfg.d_model, d_head=cfg.head_dim, n_layers=cfg.n_layer, n_ctx=cfg.max_seq_len,
+                                 n_heads=cfg.n_head, d_vocab=cfg.vocab_size)
+
+
+def build_model(config: ModelConfig, seed: int | None = 0) -> DepthModel:
+    """Build a model with a seeded init (identical across runs and machines for the same seed)."""
+    if seed is None:
+        return DepthModel(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return DepthModel(config)

@@ -1,0 +1,155 @@
+"""The contract between the shared backbone and a residual design.
+
+A residual design is two things:
+
+* a **Design** (stateless strategy): how the embedding becomes the residual *state*, what the residual
+  *view* `[B, T, d]` of a state is, how a state becomes the final hidden `h_L`, and which routers to build;
+* **Routers** (`nn.Module`, one per sublayer, plus an optional final one): the design's own parameters,
+  which decide what a sublayer reads from the state and how its output is written back.
+
+A state is a `dict[str, Tensor]` whose tensors all have the batch as dim 0, so the analysis engine can
+stack interventions along the batch (`state_cat`), branch from a cached prefix (`state_select`) and never
+recompute blocks below the intervened layer.
+
+`keep` masks implement skips: `keep[b, t] = 0` drops a sublayer's write at (b, t). Designs interpret
+"drop the write" as the diagnostics spec §0 defines (e.g. HC keeps its stream mixing, AttnRes removes the
+source from later depth softmaxes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+
+State = dict[str, torch.Tensor]
+Branch = Callable[..., torch.Tensor]  # branch(x, **kw) -> y: hooks + body of one sublayer
+
+
+def state_cat(states: list[State]) -> State:
+    """Concatenate states along the batch."""
+    return {k: torch.cat([s[k] for s in states], 0) for k in states[0]}
+
+
+def state_select(state: State, index: torch.Tensor | slice) -> State:
+    """Rows `index` of every tensor of the state."""
+    return {k: v[index] for k, v in state.items()}
+
+
+def state_repeat(state: State, n: int) -> State:
+    """Repeat the batch n times (block-wise: [s, s, ..., s])."""
+    return {k: v.repeat(n, *([1] * (v.dim() - 1))) for k, v in state.items()}
+
+
+@dataclass
+class RunContext:
+    """Per-forward constants and the optional readout recorder."""
+
+    cos: torch.Tensor  # (T, head_dim) RoPE table
+    sin: torch.Tensor
+    record: dict[str, Any] | None = None  # when not None, routers store their mixing objects here
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def put(self, key: str, value: Any) -> None:
+        if self.record is not None:
+            self.record[key] = value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def apply_keep(y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Zero the write y (B, T, ...) where keep (B, T) is 0."""
+    if keep is None:
+        return y
+    k = keep.to(y.dtype)
+    return y * k.view(*k.shape, *([1] * (y.dim() - 2)))
+
+
+class Router(nn.Module):
+    """One sublayer's residual logic. Subclasses implement `forward`.
+
+    forward(state, branch, sub, j, pos, ctx, keep, carry) -> (state, carry)
+      state:  the residual state before the sublayer
+      branch: callable x -> y running the body (with hooks); extra kwargs go to the body
+      sub:    the body module (`Sublayer`), for designs that reuse its norm (DeepNorm)
+      j:      sublayer position 0..2L-1 (2l = attention, 2l+1 = MLP of layer l) where this runs
+      pos:    layer position l where this runs (differs from the router's home only under swaps)
+      keep:   (B, T) mask, 0 = drop this sublayer's write at that token, or None
+      carry:  the layer's accumulated *update* u_l so far (None before the first sublayer)
+    """
+
+    def forward(self, state: State, branch: Branch, sub: nn.Module, j: int, pos: int, ctx: RunContext,
+                keep: torch.Tensor | None, carry: torch.Tensor | None) -> tuple[State, torch.Tensor]:
+        raise NotImplementedError
+
+    def readout(self) -> dict[str, Any]:
+        """Static mixing object of this router (fixed scalars, static parts)."""
+        return {}
+
+
+class Design:
+    """Stateless strategy of a residual family. One instance per model."""
+
+    slug: str = ""
+    editable_view: bool = True  # whether hook_resid_* edits write back into the state
+    view_name: str = "residual stream h"  # what hook_resid_* exposes, for `depthlens hooks`
+    multi_stream: bool = False  # state holds n streams (B, T, n, d): blocks get hook_streams_*
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+
+    # --- construction -----------------------------------------------------------------------------
+    def make_router(self, j: int) -> Router:
+        raise NotImplementedError
+
+    def make_final_router(self) -> nn.Module | None:
+        return None
+
+    def post_norm_on_branch(self) -> bool:
+        return False
+
+    def make_sublayer(self, kind: str) -> nn.Module:
+        """The body of one sublayer (pre-norm + Attn/MLP [+ post-norm]); MoDA overrides the attention."""
+        from ..backbone import Sublayer
+
+        return Sublayer(self.cfg, kind, post_norm=self.post_norm_on_branch())
+
+    def init_weights(self, model: nn.Module) -> None:
+        """Design-specific re-initialisation after the common one (DeepNorm's beta, ...)."""
+
+    # --- state --------------------------------------------------------------------------------------
+    def init_state(self, h0: torch.Tensor) -> State:  # h0: (B, T, d)
+        return {"h": h0}
+
+    def view(self, state: State) -> torch.Tensor:
+        """Residual view (B, T, d) of a state between layers (hook_resid_pre/post)."""
+        return state["h"]
+
+    def set_view(self, state: State, value: torch.Tensor) -> State:
+        return {**state, "h": value}
+
+    def streams(self, state: State) -> torch.Tensor:
+        """Multi-stream designs: the streams (B, T, n, d)."""
+        raise NotImplementedError
+
+    def set_streams(self, state: State, value: torch.Tensor) -> State:
+        raise NotImplementedError
+
+    def final(self, state: State, final_router: nn.Module | None, ctx: RunContext) -> torch.Tensor:
+        """h_L (B, T, d), before the final norm."""
+        return state["h"]
+
+    def update_norm_dims(self) -> int:
+        """Number of trailing dims of an update u_l that a Frobenius norm runs over (1: d; 2: n, d)."""
+        return 1
+
+    # --- readouts ------------------------------------------------------------------------------------
+    def depth_mixing(self, record: dict[str, Any], n_sub: int) -> torch.Tensor | None:
+        """M[i -> j]: weight of source i (0 = embedding, i >= 1 = sublayer i) in the input of sublayer j.
+
+        Returns (B, T, 2L+1 sources, 2L+1 destinations) where destination 2L is the final readout, or None
+        if the design has no residual mix (MoDA). Entries with i >= j+1 are zero.
+        """
+        return None
