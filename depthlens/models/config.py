@@ -61,10 +61,12 @@ class ModelConfig:
     hc_collapse: str = "sum"  # how the n streams become one at the end: sum (HC paper) | mean (Megatron)
     mhc_sinkhorn_iters: int = 20  # t_max of the Sinkhorn-Knopp projection
     mhc_gating_init: float = 0.01  # initial alpha^{pre,post,res}
+    multistream_skip: str = "mix"  # skip keeps the stream mixing and drops writes ("mix") or copies X_s ("identity") [inferred]
 
     # --- cross-layer designs (AttnRes, MoDA) ----------------------------------------------------
     attnres_block_starts: list[int] | None = None  # Block AttnRes boundaries (layer indices); None = Kimi K3 rule
     attnres_n_blocks: int = 8  # N used by the Kimi K3 rule when block starts are not given
+    attnres_skip: str = "mask"  # skip removes the sources from later softmaxes ("mask") or zeroes them ("zero_value") [inferred]
     moda_depth_rope: str = "unrotated"  # depth logits from un-rotated q,k ("unrotated") or k^F rotated at t ("rotate_ffn") [inferred]
 
     # ---------------------------------------------------------------------------------------------
@@ -94,6 +96,8 @@ class ModelConfig:
         need(self.hc_collapse in ("sum", "mean"), "hc_collapse", "must be 'sum' or 'mean'")
         need(self.mhc_sinkhorn_iters >= 1, "mhc_sinkhorn_iters", "must be >= 1")
         need(self.moda_depth_rope in ("unrotated", "rotate_ffn"), "moda_depth_rope", "must be 'unrotated' or 'rotate_ffn'")
+        need(self.multistream_skip in ("mix", "identity"), "multistream_skip", "must be 'mix' or 'identity'")
+        need(self.attnres_skip in ("mask", "zero_value"), "attnres_skip", "must be 'mask' or 'zero_value'")
         need(self.attnres_n_blocks >= 1, "attnres_n_blocks", "must be >= 1")
         if self.attnres_block_starts is not None:
             bs = list(self.attnres_block_starts)

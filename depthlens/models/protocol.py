@@ -1,0 +1,41 @@
+"""The interface every analysed model exposes: native DepthModels and adapters for foreign checkpoints.
+
+The diagnostics engine (depthlens.analysis) only talks to this protocol, so a Hugging Face LLaMA/Qwen/GPT-2
+model wrapped by an adapter gets every diagnostic for free.
+
+    ctx   = m.context(T)                     # RoPE tables etc. for sequence length T
+    state = m.embed(tokens, ctx)             # state before layer 0 (dict of batch-first tensors)
+    state = m.run_layers(state, ctx, start, stop, keep={l: (B, T) mask}, unit="block",
+                         order=[...], swap="body", on_layer=fn(pos, state_after, update))
+    logits = m.head(state, ctx)              # (B, T, V)
+    m.design.view(state)                     # residual view (B, T, d) of a between-layer state
+    m.design.update_norm_dims()              # trailing dims of an update u_l that its norm runs over
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .residual.base import RunContext, State
+
+
+@runtime_checkable
+class LayeredLM(Protocol):
+    design: Any  # has .slug, .view(state), .update_norm_dims(), .multi_stream, .editable_view
+
+    @property
+    def n_layer(self) -> int: ...
+
+    def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext: ...
+
+    def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State: ...
+
+    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
+                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
+                   order: list[int] | None = None, swap: str = "body", on_layer: Any = None) -> State: ...
+
+    def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor: ...
+
+    def head(self, state: State, ctx: RunContext) -> torch.Tensor: ...
