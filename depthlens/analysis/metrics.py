@@ -401,13 +401,13 @@ def dead_prefix(self_weight_per_layer, eps: float = 0.05, nan_policy: str = "rai
     self_weight_per_layer: [L] mean self-weight s_l per layer. NaN (undefined self-weight, e.g. where the
     partial equals the embedding) raises unless nan_policy="skip", which lets NaN layers extend the prefix.
     """
+    if nan_policy not in ("raise", "skip"):
+        raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
     s = np.asarray(self_weight_per_layer, dtype=np.float64)
     if s.ndim != 1:
         raise ValueError(f"self weights must be 1-D [L], got shape {s.shape}")
     nan = np.isnan(s)
-    if nan.any() and nan_policy != "skip":
-        if nan_policy != "raise":
-            raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
+    if nan.any() and nan_policy == "raise":
         raise ValueError(f"self weights contain NaN at layers {np.flatnonzero(nan).tolist()}")
     alive = (s >= eps) & ~nan
     return int(np.argmax(alive)) if alive.any() else int(s.size)

@@ -1,0 +1,327 @@
+"""xarray Dataset conventions, provenance and atomic netCDF I/O (interop spec §6.1).
+
+Conventions:
+
+- One Dataset per analysis run. Every data variable carries CF `long_name` and `units` ("1" when
+  dimensionless); `make_dataset` refuses variables without them.
+- Square layer × layer matrices use the dims `LAYER_DIMS = ("layer", "layer_other")`: row `layer` is the
+  earlier (skipped / first-swapped) layer, column `layer_other` the later one. Two different names are needed
+  because xarray does not support duplicate dimension names. The angular-distance offset dim is `block_size`.
+- Global attrs: `title`, `Conventions="CF-1.11"`, `source="depthlens <version>"`, `history="<ISO time> <command>"`,
+  `metric`, then every option and provenance value. netCDF only stores str/number attrs, so bool → 0/1,
+  dict/list → JSON string under `<key>_json`, None → omitted (`netcdf_attrs`).
+- Comparisons stack runs along a `checkpoint` dim (`concat_checkpoints`); attrs that differ between runs
+  become per-checkpoint coordinates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from depthlens.errors import CheckpointError, DepthlensError
+
+LAYER_DIMS = ("layer", "layer_other")
+CHECKPOINT_FILES = ("model.safetensors", "config.json")
+_REQUIRED_VAR_ATTRS = ("long_name", "units")
+_CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
+
+
+def depthlens_version() -> str:
+    """`depthlens.__version__` if the package defines it, else "0.1.0" (imported lazily: no import cycles)."""
+    try:
+        from depthlens import __version__
+    except ImportError:
+        return "0.1.0"
+    return str(__version__)
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# attributes
+
+
+def _attr_item(key: str, value: Any) -> tuple[str, Any] | None:
+    """One attr converted to a netCDF-storable (key, value), or None to omit it."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):  # before int: bool is an int subclass but netCDF rejects it
+        return key, int(value)
+    if isinstance(value, np.generic):
+        return _attr_item(key, value.item())
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (dict, list, tuple)):
+        json_key = key if key.endswith("_json") else f"{key}_json"
+        return json_key, json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, os.PathLike):
+        return key, os.fspath(value)
+    if isinstance(value, (str, int, float)):
+        return key, value
+    raise TypeError(f"attribute {key!r}: cannot store {type(value).__name__} in netCDF; convert it to str first")
+
+
+def netcdf_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert attrs to types netCDF accepts: bool → 0/1, dict/list → JSON under `<key>_json`, None dropped."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        item = _attr_item(str(key), value)
+        if item is None:
+            continue
+        if item[0] in out:
+            raise ValueError(f"attribute {item[0]!r} produced twice (from {key!r})")
+        out[item[0]] = item[1]
+    return out
+
+
+def make_dataset(
+    data_vars: Mapping[str, Any],
+    coords: Mapping[str, Any] | None = None,
+    *,
+    metric: str,
+    options: Mapping[str, Any],
+    provenance: Mapping[str, Any],
+    title: str | None = None,
+    command: str | None = None,
+) -> xr.Dataset:
+    """Build a labelled result Dataset with CF global attrs, options and provenance as attrs.
+
+    data_vars/coords: as for `xr.Dataset` (e.g. name → (dims, values, {"long_name": ..., "units": ...})).
+    Every data variable must have `long_name` and `units` attrs (ValueError otherwise).
+    command: recorded in `history`; defaults to the current command line.
+    """
+    ds = xr.Dataset(data_vars, coords)
+    for name, var in ds.variables.items():
+        if name in ds.data_vars:
+            missing = [a for a in _REQUIRED_VAR_ATTRS if a not in var.attrs]
+            if missing:
+                raise ValueError(f"data variable {name!r} lacks attrs {missing} (CF: long_name, units='1' if none)")
+        var.attrs = netcdf_attrs(var.attrs)
+    command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    attrs: dict[str, Any] = {
+        "title": title or f"depthlens {metric}",
+        "Conventions": "CF-1.11",
+        "source": f"depthlens {depthlens_version()}",
+        "history": f"{_now_iso()} {command}".rstrip(),
+        "metric": metric,
+    }
+    for group_name, group in (("options", options), ("provenance", provenance)):
+        for key, value in netcdf_attrs(group).items():
+            if key in attrs:
+                raise ValueError(f"{group_name} key {key!r} clashes with an attribute already set")
+            attrs[key] = value
+    ds.attrs = attrs
+    return ds
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# provenance
+
+
+def _hash_file_into(h, path: Path) -> None:
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of one file, streamed (same value as `sha256sum`)."""
+    h = hashlib.sha256()
+    _hash_file_into(h, Path(path))
+    return h.hexdigest()
+
+
+def checkpoint_sha256(checkpoint_dir: str | os.PathLike, files: Sequence[str] = CHECKPOINT_FILES) -> str:
+    """Hex SHA-256 identifying a checkpoint: weights and config, streamed in a fixed order.
+
+    Each file contributes its name and byte size before its bytes, so the digest is unambiguous; it is
+    therefore not the `sha256sum` of any single file. Missing files raise CheckpointError.
+    """
+    root = Path(checkpoint_dir)
+    h = hashlib.sha256()
+    for name in files:
+        path = root / name
+        if not path.is_file():
+            raise CheckpointError(f"{root}: missing {name}")
+        h.update(f"{name}\0{path.stat().st_size}\0".encode())
+        _hash_file_into(h, path)
+    return h.hexdigest()
+
+
+def data_sha256(data) -> str:
+    """Hex SHA-256 of eval data: a file path, bytes, or an array/tensor (dtype and shape are hashed too)."""
+    if isinstance(data, (str, os.PathLike)):
+        return sha256_file(data)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(data).hexdigest()
+    if hasattr(data, "detach"):  # torch tensor; viewed as raw bytes so bf16 works too
+        t = data.detach().cpu().contiguous()
+        header, raw = f"{t.dtype}{tuple(t.shape)}", t.reshape(-1).view(dtype=_torch_uint8()).numpy().tobytes()
+    else:
+        a = np.ascontiguousarray(data)
+        header, raw = f"{a.dtype.str}{a.shape}", a.tobytes()
+    h = hashlib.sha256(header.encode())
+    h.update(raw)
+    return h.hexdigest()
+
+
+def _torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def provenance(
+    checkpoint_dir: str | os.PathLike | None = None,
+    *,
+    design: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    eval_data=None,
+    n_tokens: int | None = None,
+    seed: int | None = None,
+    dtype=None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Provenance record for a result: checkpoint path + SHA-256, config, design, eval-data hash, sizes, versions.
+
+    config defaults to the checkpoint's config.json. eval_data: a file path, bytes or token array (hashed).
+    Values may be dicts/None; `make_dataset` converts them (config → `config_json`, None omitted).
+    """
+    record: dict[str, Any] = {}
+    if checkpoint_dir is not None:
+        root = Path(checkpoint_dir)
+        record["checkpoint_path"] = str(root.resolve())
+        record["checkpoint_sha256"] = checkpoint_sha256(root)
+        if config is None:
+            try:
+                config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                raise CheckpointError(f"{root}: unreadable config.json ({e})") from e
+    record.update(
+        design=design,
+        config=dict(config) if config is not None else None,
+        eval_data_sha256=data_sha256(eval_data) if eval_data is not None else None,
+        n_tokens=int(n_tokens) if n_tokens is not None else None,
+        seed=seed,
+        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+        depthlens_version=depthlens_version(),
+        torch_version=_torch_version(),
+        created=_now_iso(),
+    )
+    record.update(extra)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# netCDF I/O
+
+
+def write_netcdf(ds: xr.Dataset, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write `ds` to netCDF4 atomically: a temp file in the same directory, then `os.replace`.
+
+    Raises DepthlensError (one-line message) if `path` exists and not overwrite, or the directory is
+    missing/unwritable. On any failure no file (partial or temp) is left behind. Returns the path.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise DepthlensError(f"{path} already exists; pass overwrite=True (--force) to replace it")
+    if path.is_dir():
+        raise DepthlensError(f"{path} is a directory, not a file path")
+    parent = path.parent
+    if not parent.is_dir():
+        raise DepthlensError(f"cannot write {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DepthlensError(f"cannot write {path}: directory {parent} is not writable")
+    # Hidden, unique, same filesystem (so os.replace is atomic); created by netCDF so it gets normal permissions.
+    tmp = parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        ds.to_netcdf(tmp, engine="netcdf4")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)  # no-op after a successful replace
+    return path
+
+
+def read_netcdf(path: str | os.PathLike) -> xr.Dataset:
+    """Load a netCDF file fully into memory and close it. Missing/unreadable files raise DepthlensError."""
+    path = Path(path)
+    if not path.is_file():
+        raise DepthlensError(f"{path}: no such file")
+    try:
+        return xr.load_dataset(path, engine="netcdf4")
+    except OSError as e:
+        raise DepthlensError(f"{path}: not a readable netCDF file ({e})") from e
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# comparisons
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return type(a) is type(b) and a == b
+
+
+def _attr_column(values: list[Any]) -> np.ndarray:
+    """Per-checkpoint attr values as one array: float with NaN for missing numbers, else str with ""."""
+    present = [v for v in values if v is not None]
+    numeric = all(isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)) for v in present)
+    if numeric:
+        return np.array([np.nan if v is None else float(v) for v in values])
+    return np.array(["" if v is None else str(v) for v in values])
+
+
+def concat_checkpoints(
+    datasets: Sequence[xr.Dataset], names: Sequence[str], dim: str = "checkpoint"
+) -> xr.Dataset:
+    """Stack per-checkpoint Datasets along a new `dim` labelled by `names`.
+
+    Global attrs equal across all inputs stay global; attrs that differ (or are missing somewhere), such as
+    `checkpoint_sha256`, `seed` or `history`, become coordinates along `dim` (prefixed `attr_` if the name is
+    taken). Layer coordinates are outer-joined, so different L give NaN padding.
+    """
+    if not datasets or len(datasets) != len(names):
+        raise ValueError(f"need one name per dataset, got {len(datasets)} datasets and {len(names)} names")
+    if len(set(names)) != len(names):
+        raise ValueError(f"checkpoint names must be unique, got {list(names)}")
+    keys = list(dict.fromkeys(k for ds in datasets for k in ds.attrs))
+    first = datasets[0].attrs
+    differing = [
+        k for k in keys if not all(k in ds.attrs and k in first and _same(ds.attrs[k], first[k]) for ds in datasets)
+    ]
+    taken = {dim} | {str(v) for ds in datasets for v in ds.variables}
+    per_checkpoint = {
+        (f"attr_{k}" if k in taken else k): (dim, _attr_column([ds.attrs.get(k) for ds in datasets]))
+        for k in differing
+    }
+    labelled = [ds.assign_coords({dim: name}) for ds, name in zip(datasets, names)]
+    out = xr.concat(
+        labelled, dim=dim, data_vars="all", coords="different", compat="equals", join="outer",
+        combine_attrs="drop_conflicts",
+    )
+    out.attrs = {k: v for k, v in out.attrs.items() if k not in differing}
+    return out.assign_coords(per_checkpoint)

@@ -1,0 +1,237 @@
+"""Heatmaps and share curves from labelled DataArrays (interop spec §6.2), plus a terminal heatmap for the CLI.
+
+Plot functions take DataArrays, draw on a given Axes (or a new one), and return the Axes. They never call
+`plt.show()` and never select a backend: the CLI calls `matplotlib.use("Agg")`, notebooks stay interactive.
+Labels come from the data: colour bar `long_name [units]`, axis labels from dimension names.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from depthlens.errors import DepthlensError
+
+SEABORN_MAX_SIZE = 16  # per-cell seaborn heatmaps up to L = 16; imshow beyond (faster, no per-cell artists)
+
+
+def _label(da: xr.DataArray, fallback: str = "") -> str:
+    """`long_name [units]` from CF attrs (either part optional)."""
+    name = da.attrs.get("long_name") or da.name or fallback
+    units = da.attrs.get("units")
+    return f"{name} [{units}]" if units else str(name)
+
+
+def _scalar_coords_title(da: xr.DataArray) -> str:
+    # Same idea as xarray's automatic titles: scalar coordinates (checkpoint, n_streams, ...) identify the slice.
+    return ", ".join(f"{k} = {v.values.item()}" for k, v in da.coords.items() if v.ndim == 0)
+
+
+def _new_axes(figsize: tuple[float, float]):
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)[1]
+
+
+def heatmap(
+    da: xr.DataArray,
+    ax=None,
+    *,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "viridis",
+    center: float | None = None,
+    title: str | None = None,
+    mask_nan: bool = True,
+    annot: bool = False,
+):
+    """Draw a 2-D DataArray (rows = dims[0], columns = dims[1]) as a heatmap; returns the Axes.
+
+    Uses seaborn when both sides are ≤ 16 (annotations off by default) and `imshow` beyond. NaN cells
+    (e.g. the invalid ℓ+n > L triangle) are left blank when mask_nan. `center` gives a diverging scale
+    symmetric about it (use with cmap="vlag" for signed Δ scores).
+    """
+    if da.ndim != 2:
+        raise ValueError(f"heatmap needs a 2-D DataArray, got dims {da.dims}")
+    ax = ax if ax is not None else _new_axes((6.4, 5.2))
+    values = np.asarray(da.values, dtype=np.float64)
+    if center is not None and (vmin is None or vmax is None):
+        radius = float(np.nanmax(np.abs(values - center))) if np.isfinite(values).any() else 1.0
+        vmin = center - radius if vmin is None else vmin
+        vmax = center + radius if vmax is None else vmax
+    row_dim, col_dim = da.dims
+    cbar_label = _label(da)
+    if max(da.shape) <= SEABORN_MAX_SIZE:
+        import seaborn as sns
+
+        df = da.astype(np.float64).to_pandas()
+        sns.heatmap(
+            df, ax=ax, vmin=vmin, vmax=vmax, cmap=cmap, center=center, square=True, annot=annot, fmt=".2f",
+            mask=np.isnan(values) if mask_nan else None, cbar_kws={"label": cbar_label},
+        )
+        ax.tick_params(axis="y", labelrotation=0)  # seaborn turns row labels sideways
+    else:
+        im = ax.imshow(
+            np.ma.masked_invalid(values) if mask_nan else values, cmap=cmap, vmin=vmin, vmax=vmax,
+            aspect="equal", interpolation="nearest",
+        )
+        ax.figure.colorbar(im, ax=ax, label=cbar_label)
+        _index_ticks(ax, da)
+    ax.set_ylabel(str(row_dim))
+    ax.set_xlabel(str(col_dim))
+    ax.set_title(title if title is not None else _scalar_coords_title(da))
+    return ax
+
+
+def _index_ticks(ax, da: xr.DataArray, max_ticks: int = 17) -> None:
+    """Coordinate-valued ticks for imshow, thinned to at most ~max_ticks per axis."""
+    for axis, dim, setter, labeller in (
+        (0, da.dims[0], ax.set_yticks, ax.set_yticklabels),
+        (1, da.dims[1], ax.set_xticks, ax.set_xticklabels),
+    ):
+        n = da.shape[axis]
+        positions = np.arange(0, n, max(1, math.ceil(n / max_ticks)))
+        labels = da[dim].values[positions] if dim in da.coords else positions
+        setter(positions)
+        labeller([str(v) for v in labels])
+
+
+def _curves_from(ds_or_dict, theta_dim: str, var: str | None, checkpoint_dim: str) -> dict[str, xr.DataArray]:
+    """Normalise the `share_curves` input to {label: 1-D DataArray along theta_dim}."""
+    if isinstance(ds_or_dict, Mapping) and not isinstance(ds_or_dict, xr.Dataset):
+        return {str(k): v for k, v in ds_or_dict.items()}
+    da = ds_or_dict
+    if isinstance(da, xr.Dataset):
+        candidates = [var] if var is not None else [n for n, v in da.data_vars.items() if theta_dim in v.dims]
+        if len(candidates) != 1:
+            raise ValueError(f"pick one share variable with var=; candidates along {theta_dim!r}: {candidates}")
+        da = da[candidates[0]]
+    if da.ndim == 1:
+        return {str(da.name or "share"): da}
+    if checkpoint_dim not in da.dims or da.ndim != 2:
+        raise ValueError(f"expected dims ({checkpoint_dim!r}, {theta_dim!r}), got {da.dims}")
+    return {str(c.values.item()): da.sel({checkpoint_dim: c}) for c in da[checkpoint_dim]}
+
+
+def share_curves(
+    ds_or_dict,
+    theta_dim: str = "threshold",
+    headline: float | None = None,
+    ax=None,
+    *,
+    var: str | None = None,
+    checkpoint_dim: str = "checkpoint",
+    logx: bool = False,
+):
+    """Plot the complementary-CDF curves S(θ), one per checkpoint, with the headline θ as a vertical line.
+
+    ds_or_dict: a DataArray [checkpoint, threshold] or [threshold], a Dataset (with `var` or a single
+    variable along theta_dim), or {name: 1-D DataArray along theta_dim}. headline defaults to the
+    `headline_threshold` attr when present. Returns the Axes.
+    """
+    curves = _curves_from(ds_or_dict, theta_dim, var, checkpoint_dim)
+    ax = ax if ax is not None else _new_axes((6.4, 4.2))
+    first = next(iter(curves.values()))
+    for name, da in curves.items():
+        ax.plot(da[theta_dim].values, np.asarray(da.values, dtype=np.float64), marker=".", label=name)
+    if headline is None:
+        headline = first.attrs.get("headline_threshold")
+    if headline is not None:
+        ax.axvline(float(headline), color="0.35", linestyle="--", linewidth=1, label=f"headline θ = {headline:g}")
+    if logx:
+        ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(_label(first[theta_dim], fallback=theta_dim))
+    ax.set_ylabel(first.attrs.get("long_name", "share of late pairs above θ"))
+    ax.legend(frameon=False, fontsize="small")
+    return ax
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
+    """Save a Figure (or an Axes' figure) atomically — temp file in the same directory, then rename — and close it.
+
+    The format follows the path suffix (.png, .pdf, .svg). Unwritable targets raise DepthlensError.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = getattr(fig, "figure", fig)  # accept an Axes too
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# terminal
+
+
+_SHADES = " ░▒▓█"
+# viridis sampled at 8 points: colour carries the value, the shade character keeps it readable without colour.
+_VIRIDIS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0da39", "#fde725")
+_CELL = 2  # characters per cell: square-ish in a terminal and 64 columns for L = 32
+
+
+def terminal_heatmap(
+    matrix,
+    row_labels: Sequence | None = None,
+    col_labels: Sequence | None = None,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+):
+    """A compact coloured heatmap as `rich.text.Text`: one header line of column labels + one line per row.
+
+    Each cell is two characters, shaded (" ░▒▓█") and coloured (viridis) by its value clipped to
+    [vmin, vmax]; NaN cells show a dim "·". Column labels are thinned so they never overlap.
+    Use `.plain` for an uncoloured string.
+    """
+    from rich.text import Text
+
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.ndim != 2:
+        raise ValueError(f"terminal_heatmap needs a 2-D matrix, got shape {m.shape}")
+    n_rows, n_cols = m.shape
+    rows = [str(r) for r in (row_labels if row_labels is not None else range(n_rows))]
+    cols = [str(c) for c in (col_labels if col_labels is not None else range(n_cols))]
+    if len(rows) != n_rows or len(cols) != n_cols:
+        raise ValueError(f"need {n_rows} row and {n_cols} column labels, got {len(rows)} and {len(cols)}")
+    if not vmax > vmin:
+        raise ValueError(f"need vmax > vmin, got vmin={vmin}, vmax={vmax}")
+    pad = max(len(r) for r in rows) if rows else 0
+    out = Text(no_wrap=True)
+    out.append(" " * (pad + 1) + _header(cols) + "\n", style="bold")
+    frac = np.clip((m - vmin) / (vmax - vmin), 0.0, 1.0)
+    for i, label in enumerate(rows):
+        out.append(label.rjust(pad) + " ")
+        for f in frac[i]:
+            if np.isnan(f):
+                out.append("·".center(_CELL), style="dim")
+            else:
+                shade = _SHADES[min(int(f * len(_SHADES)), len(_SHADES) - 1)]
+                out.append(shade * _CELL, style=_VIRIDIS[min(int(f * len(_VIRIDIS)), len(_VIRIDIS) - 1)])
+        if i < n_rows - 1:
+            out.append("\n")
+    return out
+
+
+def _header(cols: list[str]) -> str:
+    """Column labels left-aligned at their cell, every `stride`-th one so labels keep a space between them."""
+    width = max((len(c) for c in cols), default=1)
+    stride = math.ceil((width + 1) / _CELL)
+    line = [" "] * (len(cols) * _CELL + width)
+    for k in range(0, len(cols), stride):
+        line[k * _CELL : k * _CELL + len(cols[k])] = cols[k]
+    return "".join(line).rstrip()
