@@ -1,0 +1,259 @@
+"""Token shards in the modded-nanogpt format, a packed-sequence dataset over them, and seeded batch order.
+
+Shard file layout (modded-nanogpt `data/fineweb.py`, so the public pre-tokenized FineWeb-Edu GPT-2
+shards load unchanged):
+
+    int32[256] header  {0: 20240520 (magic), 1: 1 (version), 2: n_tokens}, little-endian
+    uint16[n_tokens]   token ids
+
+Data order is a pure function of (data_seed, step): global sample g = step·B + i is sequence
+`perm(seed, epoch)[g mod n_sequences]` with epoch = g // n_sequences. Ranks and micro-batches take
+contiguous slices of a step's ids, so the order is independent of world size and accumulation, and a
+resume needs only the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthlens.errors import DataError
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_INTS = 256  # int32 slots; only the first three are used
+HEADER_BYTES = HEADER_INTS * 4
+TOKEN_DTYPE = np.dtype("<u2")  # uint16: ids must be < 65,536 (GPT-2's 50,257 fits)
+MANIFEST_NAME = "manifest.json"
+_UNHASHED_MANIFEST_KEYS = ("data_hash", "versions")  # the hash itself, and software versions that do not change data
+
+
+# ---------------------------------------------------------------------------------------------
+# single shard I/O
+
+
+def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray) -> Path:
+    """Write `tokens` (ids in [0, 65535]) as one shard, atomically (temp file in the same dir + os.replace).
+
+    Returns the path. Raises DataError if an id does not fit uint16.
+    """
+    path = Path(path)
+    arr = np.asarray(tokens if isinstance(tokens, np.ndarray) else list(tokens))
+    if arr.ndim != 1:
+        raise DataError(f"{path}: tokens must be a 1-D sequence, got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(TOKEN_DTYPE).max):
+        raise DataError(f"{path}: token ids must be in [0, 65535], got range [{arr.min()}, {arr.max()}]")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
+    payload = header.tobytes() + arr.astype(TOKEN_DTYPE).tobytes()
+    atomic_write_bytes(path, payload)
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temp file in the same directory, so readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_shard_header(path: str | os.PathLike) -> int:
+    """Validate a shard's header and size; return its token count. DataError names the file and the fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: shard file not found")
+    size = path.stat().st_size
+    if size < HEADER_BYTES:
+        raise DataError(f"{path}: truncated shard header ({size} bytes, expected at least {HEADER_BYTES})")
+    with open(path, "rb") as f:
+        magic, version, n_tokens = np.frombuffer(f.read(12), dtype="<i4")
+    if magic != SHARD_MAGIC:
+        raise DataError(f"{path}: not a token shard (magic {magic}, expected {SHARD_MAGIC})")
+    if version != SHARD_VERSION:
+        raise DataError(f"{path}: unsupported shard version {version} (expected {SHARD_VERSION})")
+    expected = HEADER_BYTES + int(n_tokens) * TOKEN_DTYPE.itemsize
+    if n_tokens < 0 or size != expected:
+        what = "truncated" if size < expected else "oversized"
+        raise DataError(f"{path}: {what} shard ({size} bytes, header says {n_tokens} tokens = {expected} bytes)")
+    return int(n_tokens)
+
+
+def read_shard(path: str | os.PathLike) -> np.ndarray:
+    """Token ids of one shard as a read-only uint16 array [n_tokens] (a memmap; nothing is loaded eagerly)."""
+    n_tokens = read_shard_header(path)
+    if n_tokens == 0:  # np.memmap cannot map zero bytes
+        return np.zeros(0, dtype=TOKEN_DTYPE)
+    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
+
+
+# ---------------------------------------------------------------------------------------------
+# hashing
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Deterministic JSON bytes (sorted keys, no whitespace) for hashing."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def data_hash(shard_paths: Sequence[str | os.PathLike], manifest: Mapping[str, Any] | None = None) -> str:
+    """SHA-256 over the shards (in the given order: name, size, bytes) and the manifest.
+
+    The manifest's own `data_hash` and its `versions` block are left out, so the hash names the data,
+    not the software that wrote it.
+    """
+    h = hashlib.sha256()
+    for p in map(Path, shard_paths):
+        h.update(f"{p.name}\0{p.stat().st_size}\0".encode())
+        h.update(bytes.fromhex(sha256_file(p)))
+    if manifest is not None:
+        h.update(canonical_json({k: v for k, v in manifest.items() if k not in _UNHASHED_MANIFEST_KEYS}))
+    return h.hexdigest()
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The directory's manifest.json, or None if it has none."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: unreadable manifest ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# batch order
+
+
+@lru_cache(maxsize=4)
+def _epoch_permutation(seed: int, epoch: int, n_sequences: int) -> np.ndarray:
+    """The seeded order of sequence slots for one epoch (read-only, cached: consecutive steps reuse it)."""
+    perm = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n_sequences)
+    perm.flags.writeable = False
+    return perm
+
+
+def sample_indices(start: int, stop: int, seed: int, n_sequences: int) -> np.ndarray:
+    """Sequence ids of global samples start..stop-1 (int64 [stop − start]); epoch-wise reshuffled."""
+    if n_sequences <= 0:
+        raise DataError("dataset has no complete sequence at this seq_len")
+    g = np.arange(start, stop, dtype=np.int64)
+    out = np.empty_like(g)
+    for epoch in np.unique(g // n_sequences):
+        sel = g // n_sequences == epoch
+        out[sel] = _epoch_permutation(seed, int(epoch), n_sequences)[g[sel] % n_sequences]
+    return out
+
+
+def batch_indices(step: int, global_batch: int, seed: int, n_sequences: int) -> np.ndarray:
+    """Sequence ids of global step `step` (int64 [global_batch]): samples step·B .. step·B + B − 1.
+
+    Depends only on (seed, step, global_batch, n_sequences). Rank r of W with micro-batch m and
+    accumulation step a takes `ids[(r·A + a)·m : (r·A + a + 1)·m]`; any such split covers the same ids.
+    """
+    return sample_indices(step * global_batch, (step + 1) * global_batch, seed, n_sequences)
+
+
+# ---------------------------------------------------------------------------------------------
+# dataset
+
+
+class TokenDataset:
+    """The concatenation of shards, cut into packed windows of seq_len + 1 tokens.
+
+    Window i covers stream tokens [i·T, i·T + T] (inputs = window[:-1], targets = window[1:]);
+    consecutive windows share one boundary token and may span two shards.
+    """
+
+    def __init__(self, shard_paths: Sequence[str | os.PathLike], manifest: Mapping[str, Any] | None = None):
+        if not shard_paths:
+            raise DataError("no token shards given")
+        self.paths = [Path(p) for p in shard_paths]
+        self.manifest = dict(manifest) if manifest is not None else None
+        self._shards = [read_shard(p) for p in self.paths]
+        # starts[k] = stream offset of shard k; starts[-1] = total tokens
+        self._starts = np.concatenate([[0], np.cumsum([len(s) for s in self._shards])]).astype(np.int64)
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike, split: str = "train") -> TokenDataset:
+        """The `split` shards of a prepared directory: as listed in manifest.json, else `*{split}_<digits>.bin`
+        sorted (matches our `train_000.bin` and the FineWeb-Edu `finewebedu_train_000001.bin`)."""
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        if manifest is not None and split in manifest.get("splits", {}):
+            names = [s["file"] for s in manifest["splits"][split]["shards"]]
+        else:
+            names = sorted(p.name for p in directory.glob(f"*{split}_[0-9]*.bin"))
+        if not names:
+            raise DataError(f"{directory}: no '{split}' shards")
+        return cls([directory / n for n in names], manifest)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self._starts[-1])
+
+    def n_sequences(self, seq_len: int) -> int:
+        """How many full windows of seq_len + 1 tokens the stream holds."""
+        return max(0, (self.n_tokens - 1) // seq_len)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Stream tokens [start, stop) as int64, gathered across shard boundaries."""
+        if not 0 <= start <= stop <= self.n_tokens:
+            raise IndexError(f"token range [{start}, {stop}) outside [0, {self.n_tokens})")
+        first = int(np.searchsorted(self._starts, start, side="right")) - 1
+        parts, pos, k = [], start, first
+        while pos < stop:
+            lo = pos - self._starts[k]
+            hi = min(stop, self._starts[k + 1]) - self._starts[k]
+            parts.append(np.asarray(self._shards[k][lo:hi], dtype=np.int64))
+            pos, k = self._starts[k] + hi, k + 1
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def sequence(self, i: int, seq_len: int) -> np.ndarray:
+        """Window i: int64 [seq_len + 1]."""
+        n = self.n_sequences(seq_len)
+        if not 0 <= i < n:
+            raise IndexError(f"sequence {i} out of range [0, {n}) at seq_len={seq_len}")
+        return self.tokens(i * seq_len, i * seq_len + seq_len + 1)
+
+    def batch(self, ids: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:
+        """Windows `ids` stacked: int64 [len(ids), seq_len + 1]."""
+        if not len(ids):
+            return np.zeros((0, seq_len + 1), np.int64)
+        return np.stack([self.sequence(int(i), seq_len) for i in ids])
+
+    def step_batch(self, step: int, global_batch: int, seq_len: int, seed: int) -> np.ndarray:
+        """The whole global batch of `step`: int64 [global_batch, seq_len + 1] (see `batch_indices`)."""
+        return self.batch(batch_indices(step, global_batch, seed, self.n_sequences(seq_len)), seq_len)
+
+    def data_hash(self) -> str:
+        """SHA-256 over this dataset's shard bytes + its manifest (see `data_hash`)."""
+        return data_hash(self.paths, self.manifest)
+
+    def __repr__(self) -> str:
+        return f"TokenDataset({len(self.paths)} shards, {self.n_tokens:,} tokens)"
