@@ -41,4 +41,4 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # Importing the command modules registers their commands on `app`.
-from . import commands, data, plan  # noqa: E402,F401
+from . import commands, data, evaluate, plan  # noqa: E402,F401

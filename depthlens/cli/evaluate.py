@@ -1,0 +1,79 @@
+"""Evaluation command: validation loss on the offline corpus and teacher-forced NLL on domain sets."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import app, domain_errors, fail
+
+
+@app.command("eval")
+@domain_errors
+def evaluate(
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    data: Annotated[Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out offline corpus).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Override the checkpoint's tokenizer (bytes | gpt2 | bpe:<path>).")] = None,
+    n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Validation sequences.")] = 32,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="Validation sequence length (default: model max).")] = None,
+    humaneval: Annotated[bool, typer.Option("--humaneval/--no-humaneval", help="Teacher-forced NLL on HumanEval (offline).")] = True,
+    jsonl: Annotated[list[str] | None, typer.Option("--jsonl", help="NAME=FILE[:prompt_field,answer_field]; presets gsm8k, mbpp.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many items per domain set.")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    device: Annotated[str, typer.Option()] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validation loss (nats/token) and domain NLL (nats per answer token) of a checkpoint."""
+    import torch
+
+    from ..analysis.evaldata import load_eval_data
+    from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, teacher_forced_nll
+    from ..data.tokenizers import tokenizer_for
+    from ..io.checkpoint import load
+
+    ck = load(ckpt, device=device)
+    model = ck.model
+    tok = tokenizer_for(ckpt, model.config.vocab_size, tokenizer)
+    T = seq_len or model.config.max_seq_len
+    ev = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=model.config.max_seq_len)
+    ev.check_model(model.config.vocab_size, model.config.max_seq_len)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for _, toks in ev.batches(max(1, 8192 // T)):
+            toks = toks.to(device)
+            logits = model(toks[:, :-1]).float()
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1), reduction="sum")
+            total, count = total + float(nll), count + toks[:, 1:].numel()
+    result = {"checkpoint": str(ckpt), "design": model.config.arch, "n_layer": model.config.n_layer,
+              "val_loss": total / count, "val_tokens": count, "val_data": ev.name, "val_data_sha256": ev.sha256,
+              "tokenizer": getattr(tok, "name", "?"), "domain": {}}
+    sets = []
+    if humaneval:
+        sets.append(("humaneval", humaneval_items()))
+    for spec in jsonl or []:
+        name, _, rest = spec.partition("=")
+        if not rest:
+            fail(f"--jsonl expects NAME=FILE[:prompt,answer], got {spec!r}", 2)
+        file, _, fields = rest.partition(":")
+        if fields:
+            pf, _, af = fields.partition(",")
+        elif name in PRESETS:
+            pf, af = PRESETS[name]
+        else:
+            fail(f"--jsonl {name}: give the fields as {name}=FILE:prompt_field,answer_field", 2)
+        sets.append((name, jsonl_items(file, pf, af)))
+    for name, items in sets:
+        r = teacher_forced_nll(model, tok, items, limit=limit)
+        result["domain"][name] = {k: v for k, v in r.items() if k != "per_item"}
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    typer.echo(f"{ckpt}: val loss {result['val_loss']:.4f} nats/token (ppl {math.exp(result['val_loss']):.2f}) "
+               f"on {count:,} tokens of {ev.name}")
+    for name, r in result["domain"].items():
+        typer.echo(f"  {name}: NLL {r['nll']:.4f} nats/answer-token over {r['n_items']} items "
+                   f"({r['n_answer_tokens']:,} tokens, {r['n_truncated']} truncated)")
