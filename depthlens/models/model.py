@@ -197,6 +197,9 @@ class DepthModel(HookedRootModule):
             for j, r in ((2 * l, blk.router_attn), (2 * l + 1, blk.router_mlp)):
                 for k, v in r.readout().items():
                     rec[f"static.sub{j}.{k}"] = v
+        if self.final_router is not None and hasattr(self.final_router, "readout"):
+            for k, v in self.final_router.readout().items():
+                rec[f"static.final.{k}"] = v
         return rec
 
     @torch.no_grad()
