@@ -19,12 +19,26 @@ _LAZY = {
     "ModelConfig": ("depthlens.models.config", "ModelConfig"),
     "DepthModel": ("depthlens.models.model", "DepthModel"),
     "build_model": ("depthlens.models.model", "build_model"),
-    "load": ("depthlens.io.checkpoint", "load"),
-    "save": ("depthlens.io.checkpoint", "save"),
     "Checkpoint": ("depthlens.io.checkpoint", "Checkpoint"),
 }
 
-__all__ = ["DESIGNS", "SLUGS", "__version__", *_LAZY]
+__all__ = ["DESIGNS", "SLUGS", "__version__", "load", "save", *_LAZY]
+
+
+# `load` and `save` are real functions, not lazy attributes: nnsight mounts a `.save` method on every
+# Python object once imported, which would shadow a module-level __getattr__ lookup of `depthlens.save`.
+def load(path: Any, **kwargs: Any) -> Any:
+    """Load and validate a checkpoint directory (see depthlens.io.checkpoint.load)."""
+    from .io.checkpoint import load as _load
+
+    return _load(path, **kwargs)
+
+
+def save(model: Any, path: Any, **kwargs: Any) -> Any:
+    """Save a model as a checkpoint directory, atomically (see depthlens.io.checkpoint.save)."""
+    from .io.checkpoint import save as _save
+
+    return _save(model, path, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

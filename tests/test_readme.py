@@ -20,3 +20,14 @@ def test_readme_starts_with_the_two_commands():
     assert [c.split()[1] for c in cmds] == ["scripts/zoo-report.sh", "scripts/test.sh"]
     ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in ci
+
+
+def test_save_and_load_survive_nnsight_import(tmp_path):
+    """nnsight mounts `.save` on every object; depthlens.save must still be ours."""
+    import nnsight  # noqa: F401
+
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    p = depthlens.save(build_model(ModelConfig.debug("preln")), tmp_path / "m")
+    assert depthlens.load(p).config.arch == "preln"
