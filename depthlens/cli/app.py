@@ -7,8 +7,35 @@ import sys
 from typing import Any, Callable
 
 import typer
+from typer import _click
+from typer.core import TyperGroup
 
-app = typer.Typer(name="depthlens", no_args_is_help=True, rich_markup_mode="rich",
+
+class OneLineErrors(TyperGroup):
+    """Usage errors as one line on stderr (exit 2) instead of a multi-line panel."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
+        except _click.exceptions.NoArgsIsHelpError as e:
+            sys.stdout.write(e.format_message() + "\n")
+            rv = 2
+        except _click.exceptions.ClickException as e:
+            msg = " ".join(e.format_message().split())
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None and ctx.command_path != "depthlens" else ""
+            sys.stderr.write(f"depthlens: error: {where}{msg}\n")
+            rv = e.exit_code
+        except typer.Abort:
+            sys.stderr.write("depthlens: aborted\n")
+            rv = 1
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",
                   pretty_exceptions_enable=False, add_completion=False,
                   help="Does this residual design turn extra layers into extra computation?")
 
@@ -41,4 +68,4 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # Importing the command modules registers their commands on `app`.
-from . import commands, data, evaluate, plan  # noqa: E402,F401
+from . import analyze, commands, data, evaluate, plan  # noqa: E402,F401
