@@ -1,0 +1,38 @@
+"""Training command: `depthlens train RECIPE [key=value ...]` (works under torchrun too)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import app, domain_errors
+
+
+@app.command()
+@domain_errors
+def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or a grid with base + runs).")],
+          overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=200 model.n_layer=8")] = None,
+          run: Annotated[str | None, typer.Option(help="Run name inside a grid recipe.")] = None,
+          list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False) -> None:
+    """Train a model from a committed recipe; resumable, seeded; exports a depthlens checkpoint.
+
+    Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE ...`.
+    """
+    from ..errors import DepthlensError
+    from ..training.config import read_recipe, recipe_runs
+    from ..training.trainer import run_recipe
+
+    if not recipe.is_file():
+        raise DepthlensError(f"{recipe}: no such recipe file")
+    if list_runs:
+        for name in recipe_runs(read_recipe(recipe)):
+            typer.echo(name)
+        return
+    record = run_recipe(recipe, overrides or [], run=run)
+    if int(os.environ.get("RANK", "0")) == 0:
+        keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
+        typer.echo(json.dumps({k: record[k] for k in keys if k in record}))
