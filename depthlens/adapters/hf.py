@@ -1,0 +1,388 @@
+"""HFLayeredModel: the LayeredLM protocol over a Hugging Face `*ForCausalLM`, so every diagnostic applies.
+
+The wrapper runs the decoder itself, one Pre-LN sublayer at a time, calling the HF model's own modules
+(norms, attention, MLP, rotary embedding, causal-mask builder); no HF forward code is copied.
+
+    tokens (B, T) --embed (+ wpe for GPT-2)--> h0 (B, T, d)
+    for l:  h = h + keep * attn(attn_norm(h), RoPE(cos, sin), mask)     # hook_resid_mid
+            h = h + keep * mlp(mlp_norm(h))                              # hook_resid_post
+    h_L (B, T, d) --final norm--> --lm_head--> logits (B, T, V)
+
+It is also a TransformerLens `HookedRootModule` with the same hook names as a native `DepthModel`
+(`blocks.{i}.hook_resid_pre|mid|post`, `hook_attn_in|out`, `hook_mlp_in|out`, `hook_embed`,
+`hook_resid_final`), so `run_with_cache`, `transformer_lens.patching` and nnsight recipes written for
+depthlens models run unchanged. The weights stay inside `self.hf` (HF names); `blocks[i]` holds only
+the hook points of layer position i.
+
+Semantics of the interventions (all families here are Pre-LN, one residual stream):
+* keep[l] (B, T): 0 drops layer l's writes at that token, so the token keeps its input (Csordas' merge_io);
+* order[p]: which decoder layer runs at position p; `swap="body"` and `"all"` coincide (no routers);
+* on_layer(pos, state_after, update) with update = h_{l+1} - h_l (B, T, d).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from ..errors import CheckpointError
+from ..models.residual.base import Design, RunContext, State, apply_keep
+from .base import AdapterSpec, resolve, spec_for
+
+OnLayer = Callable[[int, State, torch.Tensor], None]
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn_in", "attn_out", "mlp_in", "mlp_out")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+class ForeignPreLN(Design):
+    """The residual design of every adapted family: Pre-LN, one stream h (B, T, d), editable views."""
+
+    slug = "preln"
+    view_name = "residual stream h (the HF hidden_states passed between decoder layers)"
+
+    def __init__(self, family: str):
+        super().__init__(cfg=None)  # type: ignore[arg-type]  (no depthlens ModelConfig)
+        self.family = family
+
+
+@dataclass(frozen=True)
+class ForeignConfig:
+    """The few ModelConfig fields the engine reads (vocab and length checks, provenance) for an HF model."""
+
+    family: str
+    model_type: str
+    n_layer: int
+    d_model: int
+    vocab_size: int
+    max_seq_len: int
+    hf_config: dict[str, Any]  # the full HF config (JSON-safe)
+    arch: str = "preln"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class LayerHooks(nn.Module):
+    """The hook points of one layer position (TransformerLens names). Holds no weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for site in SITES:
+            setattr(self, f"hook_{site}", HookPoint())
+
+
+class HFLayeredModel(HookedRootModule):
+    """A LayeredLM over an HF causal LM whose layout an `AdapterSpec` describes.
+
+    Arguments:
+        hf_model: a `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` or
+            `GPT2LMHeadModel` (or any model a registered spec describes). Kept as the submodule `hf`.
+        spec: the family's spec; default: looked up from `hf_model.config.model_type`.
+        tokenizer: optional `depthlens.adapters.tokenizer.HFTokenizer` (gives `to_tokens`).
+    """
+
+    def __init__(self, hf_model: nn.Module, spec: AdapterSpec | None = None, *, tokenizer: Any = None):
+        super().__init__()
+        self.spec = spec or spec_for(getattr(hf_model.config, "model_type", None))
+        self.hf = hf_model
+        self.tokenizer = tokenizer
+        self.design = ForeignPreLN(self.spec.family)
+        self.hook_embed = HookPoint()  # token embedding (B, T, d)
+        if self.spec.pos_embed:
+            self.hook_pos_embed = HookPoint()  # learned position embedding (1, T, d)
+        self.blocks = nn.ModuleList([LayerHooks() for _ in range(len(self.layers))])
+        self.hook_resid_final = HookPoint()  # h_L before the final norm (B, T, d)
+        c = self.hf_config
+        self.cfg = _lens_config(n_layers=self.n_layer, d_model=c.hidden_size, n_heads=c.num_attention_heads,
+                                n_ctx=self.max_seq_len, d_vocab=c.vocab_size)
+        self._kinds = _layer_kinds(c, self.n_layer)
+        self.setup()
+
+    def setup(self) -> None:
+        """HookedRootModule.setup over this wrapper's own hook points only: the HF subtree keeps its module
+        names untouched (a TransformerBridge-converted model names its own components)."""
+        self.mod_dict, self.hook_dict = {}, {}
+        for name, module in self.named_modules():
+            if name in ("", "hf") or name.startswith("hf."):
+                continue
+            module.name = name
+            self.mod_dict[name] = module
+            if isinstance(module, HookPoint):
+                self.hook_dict[name] = module
+
+    # --- the HF modules, by spec path ------------------------------------------------------------------
+    @property
+    def hf_config(self) -> Any:
+        return self.hf.config
+
+    @property
+    def config(self) -> ForeignConfig:
+        """depthlens-style summary of the HF config (`.hf_config` is the HF object itself)."""
+        c = self.hf_config
+        return ForeignConfig(family=self.spec.family, model_type=c.model_type, n_layer=self.n_layer,
+                             d_model=self.d_model, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+                             hf_config=json.loads(c.to_json_string(use_diff=False)))
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return resolve(self.hf, self.spec.blocks)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(getattr(self.hf_config, "max_position_embeddings", 0) or 1 << 20)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.hf_config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+    def _param(self) -> torch.Tensor:
+        return resolve(self.hf, self.spec.embed).weight
+
+    # --- LayeredLM ------------------------------------------------------------------------------------------
+    def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
+        """RoPE tables (1, T, dh) from the model's own rotary module, position ids (1, T); masks are built
+        lazily per batch size in `ctx.extras`."""
+        if seq_len > self.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds the model's max_position_embeddings "
+                             f"{self.max_seq_len}")
+        w = self._param()
+        device = device or w.device
+        pos = torch.arange(seq_len, device=device).unsqueeze(0)
+        if self.spec.rotary:
+            cos, sin = resolve(self.hf, self.spec.rotary)(torch.zeros((), dtype=w.dtype, device=device), pos)
+        else:
+            cos = sin = torch.empty(0, device=device)
+        ctx = RunContext(cos=cos, sin=sin, record={} if record else None)
+        ctx.extras["position_ids"] = pos
+        return ctx
+
+    def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
+        """tokens (B, T) -> {"h": h0 (B, T, d)}."""
+        h = self.hook_embed(resolve(self.hf, self.spec.embed)(tokens))
+        if self.spec.pos_embed:
+            h = h + self.hook_pos_embed(resolve(self.hf, self.spec.pos_embed)(ctx.extras["position_ids"]))
+        ctx.put("h0", h)
+        return {"h": h}
+
+    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
+                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
+                   order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
+        """Run layer positions start..stop-1 from `state` (the state before layer `start`).
+
+        keep: {pos: (B, T) mask}, 0 = drop that layer's write(s) at the token; unit: "block" | "attn" | "mlp".
+        order: order[p] = the decoder layer that runs at position p. swap: "body" == "all" here.
+        """
+        if unit not in ("block", "attn", "mlp"):
+            raise ValueError(f"unit must be 'block', 'attn' or 'mlp', got {unit!r}")
+        if swap not in ("body", "all"):
+            raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
+        if order is not None and sorted(order) != list(range(self.n_layer)):
+            raise ValueError(f"order must be a permutation of range({self.n_layer}), got {order}")
+        stop = self.n_layer if stop is None else stop
+        keep = keep or {}
+        h = state["h"]
+        for pos in range(start, stop):
+            src = order[pos] if order is not None else pos
+            k = keep.get(pos)
+            h_out = self._layer(h, ctx, pos, src, k if unit in ("block", "attn") else None,
+                                k if unit in ("block", "mlp") else None)
+            if on_layer is not None:
+                on_layer(pos, {"h": h_out}, h_out - h)
+            h = h_out
+        return {**state, "h": h}
+
+    def _layer(self, h: torch.Tensor, ctx: RunContext, pos: int, src: int,
+               keep_attn: torch.Tensor | None, keep_mlp: torch.Tensor | None) -> torch.Tensor:
+        """One decoder layer (weights of layer `src`, hooks of position `pos`): (B, T, d) -> (B, T, d)."""
+        layer, hk, sp = self.layers[src], self.blocks[pos], self.spec
+        h = hk.hook_resid_pre(h)
+        x = getattr(layer, sp.attn_norm)(hk.hook_attn_in(h))
+        mask = self._mask(ctx, h, src)
+        if sp.rotary:
+            a = getattr(layer, sp.attn)(hidden_states=x, position_embeddings=(ctx.cos, ctx.sin), attention_mask=mask)
+        else:
+            a = getattr(layer, sp.attn)(x, attention_mask=mask)
+        a = apply_keep(hk.hook_attn_out(a[0] if isinstance(a, tuple) else a), keep_attn)
+        h = hk.hook_resid_mid(h + a)
+        m = getattr(layer, sp.mlp)(getattr(layer, sp.mlp_norm)(hk.hook_mlp_in(h)))
+        m = apply_keep(hk.hook_mlp_out(m), keep_mlp)
+        return hk.hook_resid_post(h + m)
+
+    def _mask(self, ctx: RunContext, h: torch.Tensor, src: int) -> Any:
+        """The causal (or sliding-window) mask HF would build for this batch; None under SDPA (is_causal)."""
+        from transformers import masking_utils
+
+        kind = self._kinds[src]
+        key = ("mask", kind, h.shape[0], h.dtype, h.device)
+        if key not in ctx.extras:
+            build = (masking_utils.create_sliding_window_causal_mask if kind == "sliding_attention"
+                     else masking_utils.create_causal_mask)
+            ctx.extras[key] = build(config=self.hf_config, inputs_embeds=h, attention_mask=None, cache=None,
+                                    position_ids=ctx.extras["position_ids"])
+        return ctx.extras[key]
+
+    def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """h_L (B, T, d) before the final norm (HF `hidden_states[-1]` is after it)."""
+        return self.hook_resid_final(state["h"])
+
+    def head(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """state after the last layer -> logits (B, T, V)."""
+        h = resolve(self.hf, self.spec.final_norm)(self.final_hidden(state, ctx))
+        return resolve(self.hf, self.spec.lm_head)(h)
+
+    def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, unit...)."""
+        ctx = self.context(tokens.shape[1], device=tokens.device)
+        return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
+
+    # --- conveniences -----------------------------------------------------------------------------------
+    def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None) -> torch.Tensor:
+        """TransformerLens-style tokenisation with the model's own tokenizer -> (B, T) long."""
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without tokenizer files; pass token ids instead")
+        return self.tokenizer.to_tokens(text, prepend_bos=prepend_bos, device=self._param().device)
+
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    def extra_repr(self) -> str:
+        return f"family={self.spec.family}, n_layer={self.n_layer}, d_model={self.d_model}"
+
+
+def _layer_kinds(config: Any, n_layer: int) -> list[str]:
+    """Per-layer attention kind: config.layer_types (Qwen2/3) or a model-wide sliding window (Mistral)."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types)[:n_layer]
+    sliding = getattr(config, "sliding_window", None)
+    return ["sliding_attention" if sliding else "full_attention"] * n_layer
+
+
+def _lens_config(**kw: int) -> Any:
+    from transformer_lens.config import TransformerLensConfig
+
+    return TransformerLensConfig(d_head=kw["d_model"] // kw["n_heads"], **kw)
+
+
+# --- tiny offline configs (torchtitan's "debugmodel") ---------------------------------------------------
+
+def debug_config(model_type: str, **overrides: Any) -> Any:
+    """A tiny HF config for `model_type` (llama, mistral, qwen2, qwen3, gpt2), built offline: 4 layers,
+    d = 32, GQA 4/2, vocab 101. Build the model with `AutoModelForCausalLM.from_config(cfg)`."""
+    from transformers import AutoConfig
+
+    spec_for(model_type)  # refuse families without an adapter
+    if model_type == "gpt2":
+        kw: dict[str, Any] = dict(vocab_size=101, n_embd=32, n_layer=4, n_head=4, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    else:
+        kw = dict(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+    kw.update(overrides)
+    return AutoConfig.for_model(model_type, **kw)
+
+
+# --- loading ------------------------------------------------------------------------------------------
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """config.json of an HF model directory as a dict; CheckpointError (one line) if absent or invalid."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such model directory")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: an HF model is a directory (config.json + *.safetensors)")
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing config.json") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path / 'config.json'}: not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path / 'config.json'}: expected a JSON object")
+    return cfg
+
+
+def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+            attn_implementation: str | None = None, tokenizer: bool = True, allow_hub: bool = False) -> HFLayeredModel:
+    """Load a local HF causal-LM directory and wrap it. Never touches the Hub unless `allow_hub=True` and
+    `path` is not a local directory (then `path` is a Hub id and HF_HUB_OFFLINE must be unset).
+
+    dtype: float32 by default (diagnostics want fp32); "auto" keeps the checkpoint's dtype.
+    Raises CheckpointError with one line for a missing, incomplete, unsupported or corrupt model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    local = Path(path).exists()
+    if local or not allow_hub:
+        raw = read_hf_config(path)
+        try:
+            spec = spec_for(raw.get("model_type"))
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        if not any((Path(path) / f).exists() for f in WEIGHT_FILES):
+            raise CheckpointError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+    elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        raise CheckpointError(f"{path}: not a local directory, and HF_HUB_OFFLINE is set")
+    else:
+        spec = None
+    kw: dict[str, Any] = {"dtype": dtype, "output_loading_info": True, "local_files_only": not allow_hub or local}
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    try:
+        with _quiet_hf():
+            hf, info = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+    except CheckpointError:
+        raise
+    except Exception as e:  # transformers/safetensors raise many types for a corrupt dir; report one line
+        first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+        raise CheckpointError(f"{path}: cannot load HF model ({e.__class__.__name__}: {first})") from None
+    missing = sorted(info.get("missing_keys") or [])
+    bad = sorted(info.get("mismatched_keys") or [])
+    if missing or bad:
+        what = missing[0] if missing else bad[0]
+        raise CheckpointError(f"{path}: weights do not match config.json ({len(missing)} missing, {len(bad)} "
+                              f"mismatched tensor(s), e.g. {what})")
+    hf.to(device).eval()
+    tok = None
+    if tokenizer and local:
+        from .tokenizer import load_hf_tokenizer
+
+        tok = load_hf_tokenizer(path)
+    return HFLayeredModel(hf, spec, tokenizer=tok)
+
+
+class _quiet_hf:
+    """Silence transformers' progress bars and info logs while loading (restored afterwards)."""
+
+    def __enter__(self) -> None:
+        from transformers.utils import logging as hf_logging
+
+        self._bar = hf_logging.is_progress_bar_enabled()
+        self._level = hf_logging.get_verbosity()
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+    def __exit__(self, *exc: Any) -> None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(self._level)
+        if self._bar:
+            hf_logging.enable_progress_bar()
