@@ -1,0 +1,117 @@
+"""Angular distance between residual states (Gromov et al. 2024; spec diagnostics §1).
+
+  D_n(ℓ) = E_{(b,τ)} d(h_ℓ[b,τ], h_{ℓ+n}[b,τ]),  d(x, y) = (2/π) atan2(‖x̂−ŷ‖, ‖x̂+ŷ‖) ∈ [0, 1]
+
+for every state ℓ = 0..L (h_0 = embedding state, h_L = `model.final_hidden`, before the final norm) and
+every offset n = 0..L−ℓ. One forward per batch: the states are read in the `on_layer` stream, cut to the
+measured positions at once, and folded into a float64 running sum (`metrics.AngularAccumulator`), so no
+activation cache over the eval set is ever held.
+
+Representations (`repr`):
+  view     the design's residual view `design.view(state)` (B, T, d): h for single-stream designs, the
+           stream sum for HC/mHC, the running sum for AttnRes.
+  flatten  vec of the n streams (B, T, n·d) for multi-stream designs (= view for single-stream ones).
+  input    what block ℓ actually reads: hook point `blocks.{ℓ}.hook_attn_in` (the aggregated depth-softmax
+           input for AttnRes). Needs a HookedRootModule (DepthModel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from depthlens.analysis.metrics import AngularAccumulator
+from depthlens.errors import DepthlensError
+
+POSITIONS = ("last", "all")
+REPRS = ("view", "flatten", "input", "running_sum")
+
+
+def measured_positions(T: int, positions: str) -> slice:
+    """Token positions measured: `last` = T−1 (packed data has no padding), `all` = 1..T−1 (BOS excluded)."""
+    if positions not in POSITIONS:
+        raise DepthlensError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if T < 2:
+        raise DepthlensError(f"angular distance needs sequences of >= 2 tokens (position 0 is BOS), got T={T}")
+    return slice(T - 1, T) if positions == "last" else slice(1, T)
+
+
+def _state_reader(model, repr: str):
+    """state -> (B, T, D) representation of a between-layer state."""
+    design = model.design
+    if repr == "flatten" and getattr(design, "multi_stream", False):
+        return lambda state: design.streams(state).flatten(-2)
+    return design.view
+
+
+@torch.no_grad()
+def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.Tensor:
+    """(L+1, B·P, D) float32 states of one batch at the measured positions P."""
+    L = model.n_layer
+    ctx = model.context(tokens.shape[1], device=tokens.device)
+    read = _state_reader(model, repr)
+    states: list[torch.Tensor | None] = [None] * (L + 1)
+
+    def keep(l: int, x: torch.Tensor) -> None:
+        states[l] = x[:, pos].float().reshape(-1, x.shape[-1])
+
+    state = model.embed(tokens, ctx)
+    if repr == "input":
+        if not hasattr(model, "hooks"):
+            raise DepthlensError("repr='input' reads the hook point blocks.{l}.hook_attn_in and needs a "
+                                 "HookedRootModule model (DepthModel)")
+        hooks = [(f"blocks.{l}.hook_attn_in", (lambda l: lambda x, hook: keep(l, x))(l)) for l in range(L)]
+        with model.hooks(fwd_hooks=hooks):
+            state = model.run_layers(state, ctx)
+    else:
+        keep(0, read(state))
+        state = model.run_layers(state, ctx, on_layer=lambda p, s, u: keep(p + 1, read(s)) if p + 1 < L else None)
+    final = model.final_hidden(state, ctx)
+    if repr == "flatten" and getattr(model.design, "multi_stream", False):
+        final = read(state)  # stay in the flattened stream space for the last state too
+    keep(L, final)
+    return torch.stack(states)
+
+
+def angular_distances(model, data: EvalData, *, positions: str = "last", repr: str = "view",
+                      batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
+    """Angular-distance matrix D[ℓ, n] and profile D_1(ℓ) over `data` (spec §1).
+
+    Returns a Dataset with `angular_distance` (layer = state ℓ 0..L, block_size = n 0..L; NaN where ℓ+n > L),
+    `profile` (layer) = D_1(ℓ), and `prune_start` (block_size) = argmin_ℓ D_n(ℓ) (Gromov's pruning start).
+    """
+    if repr not in REPRS:
+        raise DepthlensError(f"repr must be one of {REPRS}, got {repr!r}")
+    repr = "view" if repr == "running_sum" else repr
+    pos = measured_positions(data.seq_len, positions)
+    L = model.n_layer
+    device = model_device(model)
+    acc = AngularAccumulator(L + 1)
+    with evaluating(model):
+        for _, toks in data.batches(batch_size or default_batch_size(data)):
+            acc.update(_batch_states(model, toks.to(device), repr, pos))
+    D = acc.result().numpy()
+    valid = ~np.isnan(D[:, 1:]).all(axis=0)
+    prune = np.full(L + 1, np.nan)
+    prune[1:][valid] = np.nanargmin(D[:, 1:][:, valid], axis=0)
+    options = dict(positions=positions, repr=repr, batch_size=batch_size, angle_form="(2/pi) atan2(|x^-y^|, |x^+y^|)",
+                   compute_dtype="float32 states, float64 sums", n_measured_tokens=int(acc.count),
+                   final_state="model.final_hidden (before the final norm)")
+    return make_dataset(
+        {
+            "angular_distance": (("layer", "block_size"), D,
+                                 {"long_name": "angular distance d(h_l, h_{l+n})", "units": "1"}),
+            "profile": (("layer",), D[:, 1], {"long_name": "angular distance of one block d(h_l, h_{l+1})",
+                                              "units": "1"}),
+            "prune_start": (("block_size",), prune,
+                            {"long_name": "first layer of the n-block window with the smallest D_n", "units": "1"}),
+        },
+        {"layer": np.arange(L + 1), "block_size": np.arange(L + 1)},
+        metric="angular", options=options, provenance=model_provenance(model, data, checkpoint),
+        title="depthlens angular distance between residual states",
+    )

@@ -1,0 +1,136 @@
+"""Convenience entry points: a checkpoint path (or a model) in, a labelled `xarray.Dataset` out.
+
+    import depthlens.analysis.api as dl
+    ds = dl.causal("ckpt/preln_l32")                        # default eval data: held-out corpus split
+    ds = dl.permutation(model, data, pairs="late", swap="body")
+    both = dl.compare(dl.causal, ["ckpt/preln_l32", "ckpt/hc_l32"])   # stacked along `checkpoint`
+
+Every result records its options and provenance (checkpoint SHA-256, config JSON, design, eval-data hash,
+token count, seed, dtype) as attrs. Eval data default: `evaldata.load_eval_data` with the checkpoint's
+tokenizer (bytes when the checkpoint has none), seq_len = min(256, max_seq_len).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import xarray as xr
+
+from depthlens.analysis import angular as _angular
+from depthlens.analysis import attnres as _attnres
+from depthlens.analysis import causal as _causal
+from depthlens.analysis import permutation as _permutation
+from depthlens.analysis import rank as _rank
+from depthlens.analysis.dataset import concat_checkpoints
+from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
+
+
+def load_model(model_or_path: Any, *, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None) -> tuple[Any, Path | None]:
+    """(model in eval mode, checkpoint directory or None). Paths go through `depthlens.io.checkpoint.load`."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from depthlens.io.checkpoint import load
+
+        ck = load(model_or_path, device=str(device), dtype=dtype)
+        return ck.model, Path(model_or_path)
+    return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
+
+
+def _tokenizer_for(checkpoint: Path | None) -> Any:
+    if checkpoint is not None and (checkpoint / "tokenizer_config.json").is_file():
+        from depthlens.data.tokenizers import load_tokenizer
+
+        return load_tokenizer(checkpoint)
+    return "bytes"
+
+
+def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_seq: int = DEFAULT_N_SEQ,
+                  seq_len: int | None = None, seed: int = 0) -> EvalData:
+    """EvalData as given, a tensor/array of ids, a file/shard-dir path, or None (default corpus), checked
+    against the model's vocabulary and max_seq_len."""
+    cfg = getattr(model, "config", None)
+    max_len = getattr(cfg, "max_seq_len", None)
+    if isinstance(data, EvalData):
+        out = data
+    elif isinstance(data, torch.Tensor) or hasattr(data, "__array__"):
+        out = EvalData.from_tokens(data)
+    else:
+        T = seq_len or min(DEFAULT_SEQ_LEN, max_len or DEFAULT_SEQ_LEN)
+        out = load_eval_data(data, _tokenizer_for(checkpoint), n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
+    out.check_model(getattr(cfg, "vocab_size", None), max_len)
+    return out
+
+
+def _run(fn: Callable[..., xr.Dataset], model_or_path: Any, data: Any, opts: dict[str, Any],
+         data_opts: Sequence[str] = ("n_seq", "seq_len", "seed"), device: str = "cpu",
+         dtype: torch.dtype | None = None) -> xr.Dataset:
+    model, ckpt = load_model(model_or_path, device=device, dtype=dtype)
+    dkw = {k: opts.pop(k) for k in data_opts if k in opts}
+    return fn(model, eval_data_for(model, data, ckpt, **dkw), checkpoint=ckpt, **opts)
+
+
+def angular(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+            **opts: Any) -> xr.Dataset:
+    """Angular distance D_n(ℓ) (opts: positions='last'|'all', repr='view'|'flatten'|'input', batch_size)."""
+    return _run(_angular.angular_distances, model_or_path, data, opts, device=device, dtype=dtype)
+
+
+def causal(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+           **opts: Any) -> xr.Dataset:
+    """Causal score C(s, t) (opts: variants, layers, unit, direct, n_cuts, batch_size, ...)."""
+    return _run(_causal.causal_scores, model_or_path, data, opts, device=device, dtype=dtype)
+
+
+def layer_skip_loss(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                    **opts: Any) -> xr.Dataset:
+    """ΔL_skip(s) and O[s] for every layer (the `current` skip, no update ratios: cost (L+1)/2 passes)."""
+    opts = {"layers": "all", **opts, "variants": ("current",), "measure": False, "null": False}
+    ds = _run(_causal.causal_scores, model_or_path, data, opts, device=device, dtype=dtype)
+    ds.attrs.update(metric="layer_skip_loss", title="depthlens layer-skip loss")
+    return ds
+
+
+def permutation(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                **opts: Any) -> xr.Dataset:
+    """Permutation score P_abs/P_rel/P_KL (opts: pairs='late'|'all'|[(i, j)], swap='body'|'all', batch_size)."""
+    return _run(_permutation.permutation_scores, model_or_path, data, opts, device=device, dtype=dtype)
+
+
+def effective_rank(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                   **opts: Any) -> xr.Dataset:
+    """Effective rank of residual-mixing products (multi-stream designs; opts: widths, batch_size)."""
+    return _run(_rank.effective_rank_dataset, model_or_path, data, opts, device=device, dtype=dtype)
+
+
+def attnres(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+            **opts: Any) -> xr.Dataset:
+    """AttnRes self-weight, dead prefix k*(ε), consumption, mass families (opts: eps_grid, batch_size)."""
+    return _run(_attnres.attnres_dataset, model_or_path, data, opts, device=device, dtype=dtype)
+
+
+def depth_mixing(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                 **opts: Any) -> xr.Dataset:
+    """Token-mean depth-mixing matrix M[i → j] for any design."""
+    return _run(_attnres.depth_mixing_dataset, model_or_path, data, opts, device=device, dtype=dtype)
+
+
+def compare(fn: Callable[..., xr.Dataset], checkpoints: Sequence[Any], data: Any = None, *,
+            names: Sequence[str] | None = None, **opts: Any) -> xr.Dataset:
+    """Run one of the functions above on several checkpoints with the same eval data; stack along `checkpoint`.
+
+    The default eval data is built once (from the first checkpoint's tokenizer) and reused, so every
+    checkpoint sees identical tokens.
+    """
+    if not checkpoints:
+        raise ValueError("compare needs at least one checkpoint")
+    if data is None or not isinstance(data, EvalData):
+        model, ckpt = load_model(checkpoints[0], device=opts.get("device", "cpu"))
+        dkw = {k: opts.pop(k) for k in ("n_seq", "seq_len", "seed") if k in opts}
+        data = eval_data_for(model, data, ckpt, **dkw)
+    names = list(names) if names is not None else [
+        Path(c).name if isinstance(c, (str, os.PathLike)) else f"{getattr(c.design, 'slug', 'model')}_{k}"
+        for k, c in enumerate(checkpoints)]
+    return concat_checkpoints([fn(c, data, **opts) for c in checkpoints], names)

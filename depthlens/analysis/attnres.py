@@ -1,0 +1,214 @@
+"""AttnRes depth-softmax readouts (self-weight, dead prefix, consumption) and depth mixing for every design
+(spec diagnostics §5).
+
+AttnRes routers record per sublayer j (readouts of one forward, `model.readouts(tokens)`):
+    sub{j}.alpha             depth-softmax weights over sources (B, T, S) (or (S, B, T)); sums to 1 over S
+    sub{j}.source_labels     S labels; "partial" = the current block's running sum (Block AttnRes)
+    sub{j}.self_weight       (B, T) weight on the partial (NaN where it duplicates the embedding)
+    sub{j}.embedding_weight  (B, T) weight on the token embedding b_0
+
+Definitions (means over tokens τ ≥ 1, NaN-aware):
+    self-weight per sublayer, per layer s_l = E_τ ½(α^self_{2l} + α^self_{2l+1})
+    dead prefix k*(ε) = max{k : s_l < ε for all l < k}, ε ∈ {0.01, 0.02, 0.05, 0.1, 0.2}
+    consumption κ_m = Σ_{sublayers k that read completed source m} E_τ α_{m→k}
+    mass families: embedding b_0, current (the partial), history (every other completed source)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.analysis.metrics import dead_prefix
+from depthlens.errors import DepthlensError
+
+EPS_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
+FAMILIES = ("embedding", "current", "history")
+PARTIAL = "partial"  # Block AttnRes label of the current block's running sum
+
+
+def _alpha(record: Mapping[str, Any], j: int, labels: Sequence[str]) -> torch.Tensor:
+    """sub{j}.alpha as (S, B, T) float64 from the routers' (B, T, S) layout (or the spec's (S, B, T))."""
+    a = torch.as_tensor(record[f"sub{j}.alpha"]).double()
+    S = len(labels)
+    if a.dim() == 3 and a.shape[-1] == S:
+        return a.permute(2, 0, 1)
+    if a.dim() == 3 and a.shape[0] == S:
+        return a
+    raise DepthlensError(f"sub{j}.alpha has shape {tuple(a.shape)}, expected ({S}, B, T) for {S} source labels")
+
+
+class _Means:
+    """NaN-aware running sums/counts of named arrays (averaged over tokens τ ≥ 1 across batches)."""
+
+    def __init__(self):
+        self.sum: dict[Any, float] = {}
+        self.count: dict[Any, int] = {}
+
+    def add(self, key: Any, x: torch.Tensor) -> None:
+        """x: (B, T) per-token values; position 0 is dropped here."""
+        x = x[:, 1:].double()
+        ok = ~torch.isnan(x)
+        self.sum[key] = self.sum.get(key, 0.0) + float(x[ok].sum())
+        self.count[key] = self.count.get(key, 0) + int(ok.sum())
+
+    def mean(self, key: Any) -> float:
+        n = self.count.get(key, 0)
+        return self.sum[key] / n if n else float("nan")
+
+
+def accumulate_record(acc: _Means, record: Mapping[str, Any], n_sub: int) -> list[list[str]]:
+    """Add one batch's AttnRes readouts; returns the source labels per sublayer."""
+    if "sub0.alpha" not in record:
+        raise DepthlensError("AttnRes self-weight needs sub{j}.alpha readouts (full_attnres, block_attnres)")
+    labels = []
+    for j in range(n_sub):
+        lab = [str(x) for x in record[f"sub{j}.source_labels"]]
+        labels.append(lab)
+        a = _alpha(record, j, lab)
+        self_w = torch.as_tensor(record.get(f"sub{j}.self_weight", a[-1])).double()
+        emb_w = torch.as_tensor(record.get(f"sub{j}.embedding_weight", a[0])).double()
+        acc.add(("self", j), self_w)
+        acc.add(("emb", j), emb_w)
+        acc.add(("hist", j), 1.0 - torch.nan_to_num(self_w) - emb_w)
+        # layer value s_l: per token nanmean of the two sublayers (the first one can be undefined)
+        if j % 2 == 1:
+            prev = torch.as_tensor(record.get(f"sub{j - 1}.self_weight", _alpha(record, j - 1, labels[-2])[-1]))
+            pair = torch.stack([prev.double(), self_w])
+            both = torch.where(torch.isnan(pair).all(0), torch.nan, torch.nan_to_num(pair).sum(0) /
+                               (~torch.isnan(pair)).sum(0).clamp_min(1))
+            acc.add(("layer", j // 2), both)
+        for s, name in enumerate(lab):
+            if name != PARTIAL:  # completed sources only: the current block's partial sum is "self"
+                acc.add(("src", j, name), a[s])
+    return labels
+
+
+def attnres_summary(acc: _Means, labels: list[list[str]], n_layer: int,
+                    eps_grid: Sequence[float] = EPS_GRID) -> dict[str, Any]:
+    """Arrays for the Dataset from accumulated means."""
+    n_sub = 2 * n_layer
+    sub = np.array([acc.mean(("self", j)) for j in range(n_sub)])
+    layer = np.array([acc.mean(("layer", l)) for l in range(n_layer)])
+    fam = np.array([[acc.mean(("emb", j)), sub[j], acc.mean(("hist", j))] for j in range(n_sub)])
+    sources = list(dict.fromkeys(lab for labs in labels for lab in labs if lab != PARTIAL))
+    W = np.full((n_sub, len(sources)), np.nan)
+    for j, labs in enumerate(labels):
+        for lab in labs:
+            if lab != PARTIAL:
+                W[j, sources.index(lab)] = acc.mean(("src", j, lab))
+    # a completed source appears only in sublayers after it (its own block reads it as the partial), so summing
+    # its column gives κ_m = Σ_{k after block m} E_τ α_{m→k}
+    kappa = np.where(np.isnan(W), 0, W).sum(axis=0)
+    kstar = np.array([dead_prefix(layer, e, nan_policy="skip") for e in eps_grid])
+    return {"self_weight_sublayer": sub, "self_weight_layer": layer, "mass_family": fam, "source_weight": W,
+            "consumption": kappa, "dead_prefix": kstar, "sources": sources,
+            "self_weight_site": sub.reshape(n_layer, 2)}
+
+
+def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Sequence[float] = EPS_GRID):
+    """Summary of one readout record (e.g. hand-built in tests)."""
+    acc = _Means()
+    labels = accumulate_record(acc, record, 2 * n_layer)
+    return attnres_summary(acc, labels, n_layer, eps_grid)
+
+
+def attnres_dataset(model, data: EvalData, *, eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
+                    checkpoint: Any = None) -> xr.Dataset:
+    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data` (spec §5)."""
+    if not hasattr(model, "readouts"):
+        raise DepthlensError("AttnRes diagnostics read model.readouts(tokens); this model has none")
+    L = model.n_layer
+    device = model_device(model)
+    acc, labels = _Means(), None
+    for _, toks in data.batches(batch_size or default_batch_size(data)):
+        labels = accumulate_record(acc, model.readouts(toks.to(device)), 2 * L)
+    r = attnres_summary(acc, labels, L, eps_grid)
+    dv = {
+        "self_weight_sublayer": (("sublayer",), r["self_weight_sublayer"],
+                                 {"long_name": "depth-softmax weight on the current block's partial sum",
+                                  "units": "1"}),
+        "self_weight": (("layer",), r["self_weight_layer"],
+                        {"long_name": "self-weight s_l of the layer (mean of its two sublayers)", "units": "1"}),
+        "self_weight_site": (("layer", "site"), r["self_weight_site"],
+                             {"long_name": "self-weight per attention / MLP sublayer", "units": "1"}),
+        "mass_family": (("sublayer", "family"), r["mass_family"],
+                        {"long_name": "depth-softmax mass on embedding / current partial / older history",
+                         "units": "1"}),
+        "source_weight": (("sublayer", "source"), r["source_weight"],
+                          {"long_name": "depth-softmax weight on each completed source", "units": "1"}),
+        "consumption": (("source",), r["consumption"],
+                        {"long_name": "consumption: total weight later sublayers put on the source", "units": "1"}),
+        "dead_prefix": (("eps",), r["dead_prefix"],
+                        {"long_name": "dead prefix k*: leading layers with self-weight below eps", "units": "1"}),
+    }
+    coords = {"sublayer": np.arange(2 * L), "layer": np.arange(L), "site": ["attn", "mlp"], "family": list(FAMILIES),
+              "source": r["sources"], "eps": list(eps_grid)}
+    options = dict(eps_grid=list(eps_grid), token_positions="1..T-1 (BOS excluded)",
+                   self_source="router readout sub{j}.self_weight (Block: weight on 'partial'; Full: on the "
+                               "previous sublayer's output)",
+                   consumption="sum over sublayers of the token-mean weight on each completed source (not 'partial')",
+                   nan_policy="undefined self-weights (partial = embedding) are skipped in means and in k*")
+    return make_dataset(dv, coords, metric="attnres", options=options,
+                        provenance=model_provenance(model, data, checkpoint),
+                        title="depthlens AttnRes self-weight and dead prefix")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# depth mixing, every design
+
+
+def depth_mixing_dataset(model, data: EvalData, *, batch_size: int | None = None,
+                         checkpoint: Any = None) -> xr.Dataset:
+    """Mean over tokens τ ≥ 1 of the depth-mixing matrix M[i → j] (`model.depth_mixing`): weight of source i
+    (0 = embedding, i ≥ 1 = sublayer i−1's output) in the input of sublayer j (j = 2L: the final readout).
+
+    Designs without a residual mix (MoDA) return None there: their `sub{j}.depth_mass` readouts are
+    averaged instead (variable `depth_mass`), or the matrix is all NaN with a note.
+    """
+    L = model.n_layer
+    n = 2 * L + 1
+    device = model_device(model)
+    total, count, masses, note = np.zeros((n, n)), 0, {}, None
+    for _, toks in data.batches(batch_size or default_batch_size(data)):
+        toks = toks.to(device)
+        M = model.depth_mixing(toks) if hasattr(model, "depth_mixing") else None
+        if M is not None:
+            total += M[:, 1:].double().sum((0, 1)).cpu().numpy()
+            count += M.shape[0] * (M.shape[1] - 1)
+            continue
+        rec = model.readouts(toks) if hasattr(model, "readouts") else {}
+        for j in range(2 * L):
+            if f"sub{j}.depth_mass" in rec:
+                m = torch.as_tensor(rec[f"sub{j}.depth_mass"]).double()
+                m = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
+                prev = masses.get(j, (0, 0))
+                masses[j] = (prev[0] + m, prev[1] + toks.shape[0] * (toks.shape[1] - 1))
+    dv: dict[str, Any] = {}
+    if count:
+        mix = total / count
+    else:
+        mix = np.full((n, n), np.nan)
+        note = ("the design has no residual depth mix (model.depth_mixing returned None); "
+                + ("see depth_mass" if masses else "no sub{j}.depth_mass readouts either"))
+    dv["depth_mixing"] = (("source", "destination"), mix,
+                          {"long_name": "weight of source i in the input of sublayer j (token mean)", "units": "1"})
+    coords: dict[str, Any] = {"source": np.arange(n), "destination": np.arange(n)}
+    if masses:
+        width = max(len(v[0]) for v in masses.values())
+        D = np.full((2 * L, width), np.nan)
+        for j, (s, c) in masses.items():
+            D[j, :len(s)] = s / c
+        dv["depth_mass"] = (("sublayer", "depth_source"), D,
+                            {"long_name": "depth-attention mass per depth source (token mean)", "units": "1"})
+        coords.update(sublayer=np.arange(2 * L), depth_source=np.arange(width))
+    options = dict(token_positions="1..T-1 (BOS excluded)", source_index="0 = embedding, i = output of sublayer i-1",
+                   destination_index="j = input of sublayer j, 2L = final readout", note=note)
+    return make_dataset(dv, coords, metric="depth_mixing", options=options,
+                        provenance=model_provenance(model, data, checkpoint),
+                        title="depthlens depth-mixing matrix")

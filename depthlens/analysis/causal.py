@@ -1,0 +1,503 @@
+"""Causal score: skip layer s, measure how much every later layer's update changes (Csordás et al. 2025;
+spec diagnostics §2).
+
+    C(s, t) = AGG_{(b,τ) ∈ F}  ‖u_t^{do(skip s on I)}(b,τ) − u_t(b,τ)‖ / max(‖u_t(b,τ)‖, ε)
+
+u_t is the update that `run_layers` hands to `on_layer` (norm over `design.update_norm_dims()` trailing
+dims), the skip is the design's own `keep` mask (spec §0). Variants: `current` I = F = [1, T);
+`future` I = [1, c), F = [c, T) for K cut positions c (Csordás: range(8, T−4, 8) shuffled by
+random.Random(123), first K = 4). Aggregators max | mean | p95 | p99 | pooled come from one pass.
+
+How it is cheap (spec §2.3), per batch of sequences:
+  1. one clean forward stores the state before every skipped layer s and the clean updates u_t;
+  2. interventions ("arms" = (variant, s, cut)) run in chunks along the batch: a chunk starts at the
+     smallest s and spawns the rows of arm s from the cached clean state when the staircase reaches
+     layer s (prefix reuse + staircase batching), so blocks < s never rerun;
+  3. each layer's intervened update is reduced at once to per-token ratios (never L²·T·d in memory).
+Companions from the same runs: output effect O[s] = max ‖p' − p‖₂, layer-skip loss ΔL_skip(s) (nats),
+and the null-intervention noise floor (an arm that skips nothing, through the same batched path). The
+direct effect C_dir (spec §2.4) feeds each later layer its clean input minus the clean u_s.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import xarray as xr
+
+from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from depthlens.analysis.metrics import late_window
+from depthlens.errors import DepthlensError
+from depthlens.models.residual.base import State, state_cat, state_repeat
+
+VARIANTS = ("current", "future")
+AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
+UNITS = ("block", "attn", "mlp")
+EPS = 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared helpers (permutation.py uses them too)
+
+
+def resolve_layers(L: int, layers: str | Sequence[int]) -> list[int]:
+    """'all' → 0..L−1, 'late' → ⌊L/4⌋..L−1 (spec §0), or an explicit list of layer indices."""
+    if isinstance(layers, str):
+        if layers == "all":
+            return list(range(L))
+        if layers == "late":
+            return list(range(late_window(L), L))
+        raise DepthlensError(f"layers must be 'all', 'late' or a list of layer indices, got {layers!r}")
+    out = sorted({int(l) for l in layers})
+    bad = [l for l in out if not 0 <= l < L]
+    if bad or not out:
+        raise DepthlensError(f"layer indices must be in [0, {L - 1}], got {list(layers)}")
+    return out
+
+
+def token_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token NLL (nats) at positions τ = 1..T−2 (BOS position excluded): (B, T−2) float32."""
+    logp = F.log_softmax(logits[:, 1:-1].float(), dim=-1)
+    return -logp.gather(-1, tokens[:, 2:, None]).squeeze(-1)
+
+
+def _flat_update(u: torch.Tensor, ndims: int) -> torch.Tensor:
+    """(rows, T, *D) → (rows, T, prod D) float32; the norm of u_l runs over its last `ndims` dims."""
+    return u.float().flatten(start_dim=u.dim() - ndims) if ndims > 1 else u.float()
+
+
+def future_cuts(T: int, n_cuts: int = 4, seed: int = 123) -> list[int]:
+    """Csordás' cut positions: range(8, T−4, 8) shuffled by random.Random(seed), first n_cuts."""
+    cuts = list(range(8, T - 4, 8))
+    random.Random(seed).shuffle(cuts)
+    if not cuts:
+        raise DepthlensError(f"the 'future' variant needs seq_len >= 13 for a cut position, got T={T}")
+    return cuts[:n_cuts]
+
+
+def skip_mode(model) -> str:
+    """How the design implements do(skip s) (recorded with every result)."""
+    cfg = getattr(model, "config", None)
+    design = model.design
+    if getattr(design, "multi_stream", False):
+        return f"multistream:{getattr(cfg, 'multistream_skip', 'unknown')}"
+    if "attnres" in getattr(design, "slug", ""):
+        return f"attnres:{getattr(cfg, 'attnres_skip', 'unknown')}"
+    return "keep-mask (single stream: h_{s+1} := h_s on I, Csordás merge_io)"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One intervention applied to every sequence of a batch: skip layer s on I, measure on F."""
+
+    variant: str
+    s: int
+    k: int  # cut index (0 for `current`)
+    intervene: torch.Tensor  # (T,) bool: positions I
+    measure: torch.Tensor  # (T,) bool: positions F
+    null: bool = False  # skip nothing (noise floor)
+
+    @property
+    def keep(self) -> torch.Tensor:
+        return torch.ones_like(self.intervene) if self.null else ~self.intervene
+
+
+def make_arms(T: int, layers: list[int], variants: Sequence[str], n_cuts: int, cut_seed: int,
+              null: bool) -> tuple[list[Arm], dict[str, list[int]]]:
+    """All arms, sorted by s (staircase order); plus the positions (cuts) of each variant."""
+    pos = torch.arange(T)
+    arms, cuts = [], {}
+    for v in variants:
+        cuts[v] = [1] if v == "current" else future_cuts(T, n_cuts, cut_seed)
+        for k, c in enumerate(cuts[v]):
+            I, Fm = ((pos >= 1), (pos >= 1)) if v == "current" else ((pos >= 1) & (pos < c), pos >= c)
+            arms += [Arm(v, s, k, I, Fm) for s in layers]
+            if null:
+                arms.append(Arm(v, layers[0], k, I, Fm, null=True))
+    arms.sort(key=lambda a: (a.s, a.null))
+    return arms, cuts
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# storage: per-token ratios of every (variant, s, t ≥ s) cell, pooled sums per sequence
+
+
+class _CellStore:
+    """Dense per-token ratios R[cell, seq, cut, τ] (NaN outside F) and per-sequence Σ‖Δ‖², Σ‖u‖².
+
+    Only cells t ≥ s are stored (t < s is exactly 0: blocks before s never see the skip).
+    Memory: n_cells · N · K · T float32, i.e. d times less than the updates themselves.
+    """
+
+    def __init__(self, layers: list[int], L: int, N: int, K: int, T: int, t_min_offset: int = 0):
+        self.index = {(s, t): i for i, (s, t) in enumerate((s, t) for s in layers for t in range(s + t_min_offset, L))}
+        n = len(self.index)
+        self.R = np.full((n, N, K, T), np.nan, dtype=np.float32)
+        self.num = np.zeros((n, N))
+        self.den = np.zeros((n, N))
+
+    def add(self, arms: list[Arm], t: int, seqs: slice, ratio: np.ndarray, diff_sq: np.ndarray,
+            clean_sq: np.ndarray) -> None:
+        """Layer t of several arms: ratio, diff_sq (A, b, T) for the b sequences `seqs`; clean_sq (b, T)."""
+        cells = np.array([self.index[(a.s, t)] for a in arms])[:, None]
+        ks = np.array([a.k for a in arms])[:, None]
+        measure = np.stack([a.measure.numpy() for a in arms])[:, None, :]  # (A, 1, T)
+        seq = np.arange(seqs.start, seqs.stop)[None, :]
+        self.R[cells, seq, ks] = np.where(measure, ratio, np.nan)
+        np.add.at(self.num, (cells, seq), (diff_sq * measure).sum(-1))  # add.at: cuts of one cell repeat
+        np.add.at(self.den, (cells, seq), (clean_sq * measure).sum(-1))
+
+    def per_sequence(self) -> dict[str, np.ndarray]:
+        """Per (cell, sequence): max, sum, count of ratios, Σ‖Δ‖², Σ‖u‖² (enough for max/mean/pooled)."""
+        ok = ~np.isnan(self.R)
+        seq_max = np.where(ok, self.R, -np.inf).max(axis=(2, 3)).astype(np.float64)
+        seq_max[np.isneginf(seq_max)] = np.nan
+        return {"max": seq_max, "sum": np.where(ok, self.R, 0).sum(axis=(2, 3), dtype=np.float64),
+                "count": ok.sum(axis=(2, 3)).astype(np.float64), "num": self.num, "den": self.den}
+
+    def aggregate(self) -> dict[str, np.ndarray]:
+        """{aggregator: [n_cells]} over all tokens, cuts and sequences (numpy 'linear' quantiles)."""
+        ps = self.per_sequence()
+        out = {"max": _nanmax(ps["max"], axis=1),
+               "mean": ps["sum"].sum(1) / np.maximum(ps["count"].sum(1), 1),
+               "pooled": np.sqrt(self.num.sum(1) / np.where(self.den.sum(1) > 0, self.den.sum(1), np.nan))}
+        q = np.full((len(self.index), 2), np.nan)
+        for c in range(len(self.index)):
+            vals = self.R[c][~np.isnan(self.R[c])]
+            if vals.size:
+                q[c] = np.quantile(vals.astype(np.float64), [0.95, 0.99])
+        out["p95"], out["p99"] = q[:, 0], q[:, 1]
+        return out
+
+    def to_matrix(self, values: np.ndarray, layers: list[int], L: int, lower: float = 0.0) -> np.ndarray:
+        """[L, L] matrix: rows s in `layers` get `values` at t ≥ s and `lower` below; other rows NaN."""
+        M = np.full((L, L) + values.shape[1:], np.nan)
+        for s in layers:
+            M[s, :s] = lower
+        for (s, t), c in self.index.items():
+            M[s, t] = values[c]
+        return M
+
+
+def _nanmax(a: np.ndarray, axis: int) -> np.ndarray:
+    ok = ~np.isnan(a)
+    m = np.where(ok, a, -np.inf).max(axis=axis)
+    return np.where(ok.any(axis=axis), m, np.nan)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the engine
+
+
+@dataclass
+class _Results:
+    """Everything accumulated over batches."""
+
+    store: dict[str, _CellStore]  # variant -> ratios of C(s, t)
+    null_store: dict[str, _CellStore]  # variant -> ratios of the skip-nothing arm
+    dstore: dict[str, _CellStore]  # variant -> ratios of C_dir(s, t)
+    O: dict[str, np.ndarray]  # variant -> (L, N) per-sequence output effect
+    dloss: np.ndarray  # (L, N) per-sequence ΔL_skip
+    clean_loss: np.ndarray  # (N,)
+
+
+@dataclass
+class _Clean:
+    """Clean-run products for one batch of b sequences."""
+
+    states: dict[int, State]  # state before layer p (batch of b)
+    updates: dict[int, torch.Tensor]  # u_p (b, T, D) float32, flattened update dims
+    update_sq: dict[int, torch.Tensor]  # ‖u_p‖² per token (b, T)
+    probs: torch.Tensor | None  # (b, T, V) float32
+    nll: torch.Tensor | None  # (b, T−2)
+
+
+@torch.no_grad()
+def _clean_run(model, tokens, ctx, state_layers: set[int], update_from: int, ndims: int, outputs: bool) -> _Clean:
+    states, updates, sq = {}, {}, {}
+    state = model.embed(tokens, ctx)
+    if 0 in state_layers:
+        states[0] = state
+
+    def on_layer(p: int, s: State, u: torch.Tensor) -> None:
+        if p + 1 in state_layers:
+            states[p + 1] = s
+        if p >= update_from:
+            updates[p] = _flat_update(u, ndims)
+            sq[p] = updates[p].square().sum(-1)
+
+    state = model.run_layers(state, ctx, on_layer=on_layer)
+    probs = nll = None
+    if outputs:
+        logits = model.head(state, ctx)
+        probs = logits.float().softmax(-1)
+        nll = token_nll(logits, tokens)
+    return _Clean(states, updates, sq, probs, nll)
+
+
+def _keep_rows(arms: list[Arm], b: int) -> torch.Tensor:
+    """(len(arms)·b, T) keep mask, arm-major (matches state_repeat's block order)."""
+    k = torch.stack([a.keep for a in arms])
+    return k[:, None, :].expand(len(arms), b, k.shape[-1]).reshape(-1, k.shape[-1])
+
+
+@torch.no_grad()
+def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str,
+               on_update: Callable[[int, list[Arm], torch.Tensor], None]) -> tuple[State, list[Arm]]:
+    """Staircase over the chunk's arms (sorted by s): rows of arm a join at layer a.s from the cached state."""
+    L = model.n_layer
+    state, active = None, []
+    for p in range(arms[0].s, L):
+        new = [a for a in arms if a.s == p]
+        keep = None
+        if new:
+            spawn = state_repeat(clean.states[p], len(new))
+            keep_new = _keep_rows(new, b).to(ctx.cos.device)
+            if state is None:
+                state, keep = spawn, keep_new
+            else:
+                keep = torch.cat([torch.ones(len(active) * b, keep_new.shape[1], dtype=torch.bool,
+                                             device=keep_new.device), keep_new])
+                state = state_cat([state, spawn])
+            active = active + new
+        got: list[torch.Tensor] = []
+        state = model.run_layers(state, ctx, p, p + 1, keep={p: keep} if keep is not None else None, unit=unit,
+                                 on_layer=lambda pos, s, u: got.append(u))
+        on_update(p, active, got[0])
+    return state, active
+
+
+def _chunks(arms: list[Arm], per_chunk: int) -> list[list[Arm]]:
+    return [arms[i:i + per_chunk] for i in range(0, len(arms), per_chunk)]
+
+
+def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> State:
+    """state − u_s on `positions` (spec §2.4), for designs whose state is one tensor shaped like the update.
+
+    u: the flattened update (b, T, D); positions: (T,) bool.
+    """
+    key, x = next(iter(state.items()))
+    if len(state) != 1 or x.numel() != u.numel():
+        raise NotImplementedError("C_dir needs a state that is one tensor shaped like the update "
+                                  f"(state keys {sorted(state)})")
+    u = u.view(x.shape)
+    m = positions.view(1, -1, *([1] * (u.dim() - 2))).to(x.dtype)
+    return {key: x - u.to(x.dtype) * m}
+
+
+@torch.no_grad()
+def _direct_unsupported(model) -> str | None:
+    """None if C_dir applies to the design (its state is one tensor shaped like the update), else why not."""
+    device = model_device(model)
+    ctx = model.context(2, device=device)
+    state = model.embed(torch.zeros(1, 2, dtype=torch.long, device=device), ctx)
+    got: list[torch.Tensor] = []
+    model.run_layers(state, ctx, 0, 1, on_layer=lambda p, s, u: got.append(u))
+    if len(state) == 1 and next(iter(state.values())).shape == got[0].shape:
+        return None
+    return f"direct effect not computed: the state ({sorted(state)}) is not one tensor shaped like the update"
+
+
+@torch.no_grad()
+def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, layers: str | Sequence[int] = "all",
+                  unit: str = "block", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
+                  direct: bool = False, null: bool = True, outputs: bool = True, measure: bool = True,
+                  batch_size: int | None = None, seq_batch: int | None = None,
+                  checkpoint: Any = None) -> xr.Dataset:
+    """Causal-score matrices C(s, t) (spec §2.2), with O[s], ΔL_skip(s), the noise floor and C_dir.
+
+    layers: which s to skip ('all', 'late' or a list). batch_size: max rows in one forward (memory knob;
+    default ≈ 4096 tokens); seq_batch: sequences per clean pass (default: batch_size // min(arms, 4)).
+    measure=False skips the update ratios (only O and ΔL_skip); outputs=False skips the head.
+    Returns a Dataset; see `_dataset` for the variables.
+    """
+    for v in variants:
+        if v not in VARIANTS:
+            raise DepthlensError(f"variant must be one of {VARIANTS}, got {v!r}")
+    if unit not in UNITS:
+        raise DepthlensError(f"unit must be one of {UNITS}, got {unit!r}")
+    if not variants:
+        raise DepthlensError("need at least one variant")
+    L, N, T = model.n_layer, data.n_seq, data.seq_len
+    if T < 2:
+        raise DepthlensError(f"causal score needs seq_len >= 2 (position 0 is never intervened on), got {T}")
+    S = resolve_layers(L, layers)
+    ndims = int(model.design.update_norm_dims())
+    arms, cuts = make_arms(T, S, variants, n_cuts, cut_seed, null and measure)
+    rows = batch_size or default_batch_size(data)
+    per_chunk = max(1, min(len([a for a in arms if a.variant == variants[0]]), 4, rows))
+    b_seq = seq_batch or max(1, rows // per_chunk)
+    per_chunk = max(1, rows // b_seq)
+    K = {v: len(cuts[v]) for v in variants}
+    direct_note = _direct_unsupported(model) if direct and measure else None
+    res = _Results(
+        store={v: _CellStore(S, L, N, K[v], T) for v in variants} if measure else {},
+        null_store={v: _CellStore(S[:1], L, N, K[v], T) for v in variants} if measure and null else {},
+        dstore={v: _CellStore(S, L, N, K[v], T, t_min_offset=1) for v in variants}
+        if direct and measure and direct_note is None else {},
+        O={v: np.full((L, N), np.nan) for v in variants}, dloss=np.full((L, N), np.nan),
+        clean_loss=np.full(N, np.nan))
+    device = model_device(model)
+    with evaluating(model):
+        for start, toks in data.batches(b_seq):
+            # one function call per batch, so the batch's clean cache is freed before the next one is built
+            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), S, arms, unit, eps, per_chunk,
+                   outputs, measure, res)
+    return _dataset(model, data, checkpoint, S, variants, cuts, res,
+                    dict(variants=list(variants), layers=S, unit=unit, n_cuts=n_cuts, cut_seed=cut_seed, eps=eps,
+                         direct=direct, null=null, outputs=outputs, measure=measure, batch_size=rows,
+                         seq_batch=b_seq, arms_per_chunk=per_chunk, skip_mode=skip_mode(model),
+                         update_norm_dims=ndims, direct_note=direct_note))
+
+
+@torch.no_grad()
+def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, eps: float, per_chunk: int,
+           outputs: bool, measure: bool, res: _Results) -> None:
+    """All arms on one batch of sequences: clean run, staircase chunks, companions; results go to `res`."""
+    L, (b, T) = model.n_layer, toks.shape
+    ndims = int(model.design.update_norm_dims())
+    ctx = model.context(T, device=toks.device)
+    need_states = set(range(S[0], L)) if res.dstore else set(S)
+    clean = _clean_run(model, toks, ctx, need_states, S[0], ndims, outputs)
+    if outputs and T > 2:
+        res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
+
+    def on_update(p: int, active: list[Arm], u: torch.Tensor) -> None:
+        if not measure:
+            return
+        U = _flat_update(u, ndims).view(len(active), b, T, -1)
+        diff_sq = (U - clean.updates[p]).square().sum(-1)  # (arms, b, T)
+        ratio = (diff_sq.sqrt() / clean.update_sq[p].sqrt().clamp_min(eps)).cpu().numpy()
+        diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.update_sq[p].double().cpu().numpy()
+        for (null, variant), idx in _groups(active).items():
+            (res.null_store if null else res.store)[variant].add(
+                [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq)
+
+    for chunk in _chunks(arms, per_chunk):
+        state, active = _run_chunk(model, ctx, clean, chunk, b, unit, on_update)
+        if outputs:
+            _outputs(model, ctx, state, active, b, toks, clean, seqs, res.O, res.dloss)
+        del state
+    if res.dstore:
+        _direct(model, ctx, clean, [a for a in arms if not a.null], b, seqs, per_chunk, res.dstore, eps)
+
+
+def _groups(arms: list[Arm]) -> dict[tuple[bool, str], list[int]]:
+    """Arm indices grouped by (null, variant): each group goes to one store."""
+    out: dict[tuple[bool, str], list[int]] = {}
+    for i, a in enumerate(arms):
+        out.setdefault((a.null, a.variant), []).append(i)
+    return out
+
+
+def _outputs(model, ctx, state: State, active: list[Arm], b: int, toks, clean: _Clean, seqs: slice,
+             O: dict[str, np.ndarray], dloss: np.ndarray) -> None:
+    """O[s] = max over F of ‖p' − p‖₂ and ΔL_skip(s) (current variant) for the chunk's arms (one head call)."""
+    A = len(active)
+    logits = model.head(state, ctx)  # (A·b, T, V): no more rows than one forward of the chunk
+    dp = (logits.float().softmax(-1).view(A, b, *clean.probs.shape[1:]) - clean.probs).norm(dim=-1)  # (A, b, T)
+    measure = torch.stack([a.measure for a in active]).to(dp.device)[:, None, :]
+    o = dp.masked_fill(~measure, -1.0).amax(-1).double().cpu().numpy()  # (A, b); ‖·‖ ≥ 0, so −1 never wins
+    d = None
+    if clean.nll is not None and clean.nll.shape[1] > 0:
+        nll = token_nll(logits, toks.repeat(A, 1)).view(A, b, -1)
+        d = (nll - clean.nll).mean(-1).double().cpu().numpy()
+    for i, a in enumerate(active):
+        if a.null:
+            continue
+        O[a.variant][a.s, seqs] = np.fmax(O[a.variant][a.s, seqs], o[i])
+        if a.variant == "current" and d is not None:
+            dloss[a.s, seqs] = d[i]
+
+
+def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per_chunk: int,
+            dstore: dict[str, _CellStore], eps: float) -> None:
+    """C_dir(s, t): layer t alone, fed its clean input minus the clean u_s on I; compared to u_t on F."""
+    L = model.n_layer
+    ndims = int(model.design.update_norm_dims())
+    for t in range(arms[0].s + 1 if arms else L, L):
+        todo = [a for a in arms if a.s < t]
+        for chunk in _chunks(todo, per_chunk):
+            parts = [_subtract_update(clean.states[t], clean.updates[a.s], a.intervene.to(clean.updates[a.s].device))
+                     for a in chunk]
+            got: list[torch.Tensor] = []
+            model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))
+            U = _flat_update(got[0], ndims).view(len(chunk), b, -1, clean.updates[t].shape[-1])
+            diff_sq = (U - clean.updates[t]).square().sum(-1)
+            ratio = (diff_sq.sqrt() / clean.update_sq[t].sqrt().clamp_min(eps)).cpu().numpy()
+            diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.update_sq[t].double().cpu().numpy()
+            for (_, variant), idx in _groups(chunk).items():
+                dstore[variant].add([chunk[i] for i in idx], t, seqs, ratio[idx], diff_sq[idx], clean_sq)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dataset
+
+
+def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options) -> xr.Dataset:
+    L, N = model.n_layer, data.n_seq
+    store, null_store, dstore, O, dloss, clean_loss = (res.store, res.null_store, res.dstore, res.O, res.dloss,
+                                                       res.clean_loss)
+    LL = ("layer", "layer_other")
+    dv: dict[str, Any] = {}
+    if store:
+        agg = {v: store[v].aggregate() for v in variants}
+        C = np.stack([np.stack([store[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
+        dv["causal_score"] = (("variant", "aggregator", *LL), C, {
+            "long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped", "units": "1"})
+        per = {v: store[v].per_sequence() for v in variants}
+        names = {"max": ("seq_max", "per-sequence max of the token ratios"),
+                 "sum": ("seq_sum", "per-sequence sum of the token ratios"),
+                 "count": ("seq_count", "per-sequence number of measured tokens"),
+                 "num": ("seq_sq_change", "per-sequence sum of squared update changes"),
+                 "den": ("seq_sq_update", "per-sequence sum of squared clean updates")}
+        for key, (name, long) in names.items():
+            lower = 0.0 if key in ("max", "sum", "num") else np.nan
+            arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=lower) for v in variants])
+            dv[name] = (("variant", *LL, "sequence"), arr, {"long_name": long, "units": "1"})
+    if null_store:
+        dv["null_score"] = (("variant",), np.array([np.nanmax(null_store[v].aggregate()["max"]) for v in variants]),
+                            {"long_name": "noise floor: max causal score of a skip-nothing intervention", "units": "1"})
+    if dstore:
+        agg = {v: dstore[v].aggregate() for v in variants}
+        Cd = np.stack([np.stack([dstore[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
+        for i in range(L):
+            if i in S:
+                Cd[..., i, i] = 0.0  # spec §2.4: the direct effect has a zero diagonal
+        dv["direct_score"] = (("variant", "aggregator", *LL), Cd, {
+            "long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s", "units": "1"})
+    if options["outputs"]:
+        Os = np.stack([O[v] for v in variants])
+        dv["output_effect_seq"] = (("variant", "layer", "sequence"), Os,
+                                   {"long_name": "per-sequence max L2 change of the next-token distribution",
+                                    "units": "1"})
+        dv["output_effect"] = (("variant", "layer"), _nanmax(Os, axis=2),
+                               {"long_name": "output effect O[s]: max L2 change of the next-token distribution",
+                                "units": "1"})
+        if "current" in variants:
+            dv["skip_delta_loss_seq"] = (("layer", "sequence"), dloss,
+                                         {"long_name": "per-sequence loss increase when the layer is skipped",
+                                          "units": "nat"})
+            with np.errstate(invalid="ignore"):
+                mean = np.where(np.isnan(dloss).all(1), np.nan,
+                                np.nansum(dloss, 1) / np.maximum((~np.isnan(dloss)).sum(1), 1))
+            dv["skip_delta_loss"] = (("layer",), mean, {"long_name": "loss increase when the layer is skipped",
+                                                        "units": "nat"})
+        dv["clean_loss_seq"] = (("sequence",), clean_loss, {"long_name": "per-sequence clean next-token loss",
+                                                           "units": "nat"})
+    coords = {"layer": np.arange(L), "layer_other": np.arange(L), "variant": list(variants),
+              "aggregator": list(AGGREGATORS), "sequence": np.arange(N)}
+    opts = {**options, "cut_positions": {v: cuts[v] for v in variants if v == "future"},
+            "intervened_positions": {"current": "[1, T)", "future": "[1, c)"},
+            "measured_positions": {"current": "[1, T)", "future": "[c, T)"},
+            "loss_positions": "tau in [1, T-2] predicting token tau+1", "late_window_start": late_window(L),
+            "aggregation": "max/mean/p95/p99 over pooled (sequence, cut, token); pooled = sqrt(sum|du|^2/sum|u|^2)"}
+    return make_dataset(dv, coords, metric="causal", options=opts,
+                        provenance=model_provenance(model, data, checkpoint),
+                        title="depthlens causal score (skip layer s, change of update u_t)")

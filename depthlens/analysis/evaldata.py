@@ -1,0 +1,335 @@
+"""Eval data for the diagnostics: fixed packed token sequences, identical across checkpoints.
+
+    data = load_eval_data()                                   # held-out val split of the offline corpus
+    data = load_eval_data("notes.txt", tokenizer="bytes", n_seq=16, seq_len=128, seed=0)
+    data = EvalData.from_tokens(torch.randint(0, 97, (4, 32)))   # tests / foreign data
+    for start, tokens in data.batches(8): ...                  # tokens (b, T) int64
+
+Packing (spec diagnostics §0, §9): documents are concatenated into one token stream, each document
+preceded by the tokenizer's BOS (when it has one). Sequence k is `[BOS] + the next T-1 stream tokens`
+(a BOS that would directly follow the leading BOS is skipped), so every sequence starts with BOS and
+there is no padding. `n_seq` windows are then drawn with a seeded RNG (`numpy.random.default_rng(seed)`,
+without replacement, kept in stream order): same source + tokenizer + (n_seq, seq_len, seed) give the
+same tokens on every machine and for every checkpoint. Without a BOS, windows are plain T-token cuts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from depthlens.errors import CheckpointError, DataError
+
+DEFAULT_N_SEQ = 32
+DEFAULT_SEQ_LEN = 256
+DEFAULT_CORPUS_BYTES = 4_000_000  # enough held-out text for the default eval set, quick to build on a CPU
+
+
+@dataclass(frozen=True)
+class EvalData:
+    """Packed eval sequences.
+
+    tokens: (N, T) int64, no padding. bos: whether position 0 of every sequence is the tokenizer's BOS
+    (diagnostics never intervene at or measure position 0 either way). sha256: hash of the token array
+    (dtype, shape and bytes, `dataset.data_sha256`), recorded in every result.
+    """
+
+    tokens: torch.Tensor
+    name: str
+    source: str
+    bos: bool
+    seed: int | None = None
+    tokenizer: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        t = torch.as_tensor(self.tokens)
+        if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 1:
+            raise DataError(f"eval tokens must be a non-empty (N, T) array, got shape {tuple(t.shape)}")
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise DataError(f"eval tokens must be integer ids, got dtype {t.dtype}")
+        if int(t.min()) < 0:
+            raise DataError(f"eval tokens must be non-negative ids, got min {int(t.min())}")
+        object.__setattr__(self, "tokens", t.to(torch.int64).contiguous())
+
+    @classmethod
+    def from_tokens(cls, tokens, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens",
+                    **kw: Any) -> "EvalData":
+        """Wrap an existing (N, T) id array (e.g. random tokens in tests, or another tool's eval set)."""
+        return cls(torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens),
+                   name=name, source=source, bos=bos, **kw)
+
+    @property
+    def n_seq(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_seq * self.seq_len
+
+    @property
+    def sha256(self) -> str:
+        from depthlens.analysis.dataset import data_sha256
+
+        return data_sha256(self.tokens.numpy())
+
+    def batches(self, batch_size: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(index of the first sequence, tokens (b, T)) over consecutive slices of `batch_size` sequences."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for start in range(0, self.n_seq, batch_size):
+            yield start, self.tokens[start:start + batch_size]
+
+    def check_model(self, vocab_size: int | None, max_seq_len: int | None) -> None:
+        """DataError if the ids or the length do not fit the model."""
+        if max_seq_len is not None and self.seq_len > max_seq_len:
+            raise DataError(f"eval seq_len {self.seq_len} exceeds the model's max_seq_len {max_seq_len}")
+        hi = int(self.tokens.max())
+        if vocab_size is not None and hi >= vocab_size:
+            raise DataError(f"eval data {self.name!r} has token id {hi} >= the model's vocab_size {vocab_size} "
+                            "(wrong tokenizer for this checkpoint?)")
+
+    def provenance(self) -> dict[str, Any]:
+        """What every result records about its eval data."""
+        return {"eval_data": self.name, "eval_data_source": self.source, "eval_data_sha256": self.sha256,
+                "eval_n_seq": self.n_seq, "eval_seq_len": self.seq_len, "n_tokens": self.n_tokens,
+                "eval_bos": self.bos, "eval_seed": self.seed, "tokenizer": self.tokenizer}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# packing
+
+
+def pack_stream(stream: np.ndarray, seq_len: int, bos_id: int | None) -> np.ndarray:
+    """Cut a token stream into (n, seq_len) windows; with a BOS, each window is [BOS] + seq_len-1 stream tokens."""
+    stream = np.asarray(stream, dtype=np.int64)
+    if bos_id is None:
+        n = stream.size // seq_len
+        return stream[: n * seq_len].reshape(n, seq_len)
+    body = seq_len - 1
+    rows, pos = [], 0
+    while True:
+        if pos < stream.size and stream[pos] == bos_id:
+            pos += 1  # the stream's own document delimiter would duplicate the leading BOS
+        if pos + body > stream.size:
+            break
+        rows.append(np.concatenate([[bos_id], stream[pos:pos + body]]))
+        pos += body
+    return np.stack(rows) if rows else np.zeros((0, seq_len), np.int64)
+
+
+def _select(windows: np.ndarray, n_seq: int, seed: int) -> np.ndarray:
+    """n_seq windows drawn without replacement by a seeded RNG, in stream order (all if fewer exist)."""
+    if windows.shape[0] <= n_seq:
+        return windows
+    idx = np.sort(np.random.default_rng(seed).choice(windows.shape[0], size=n_seq, replace=False))
+    return windows[idx]
+
+
+def _stream_from_docs(docs: list[str], tokenizer) -> np.ndarray:
+    bos = getattr(tokenizer, "bos_id", None)
+    parts = []
+    for doc in docs:
+        ids = tokenizer.encode(doc)
+        parts.append(([bos] if bos is not None else []) + list(ids))
+    return np.fromiter((i for p in parts for i in p), dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sources
+
+
+def _read_text(path: Path) -> str:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+    if not text.strip():
+        raise DataError(f"{path}: file is empty")
+    return text
+
+
+def _read_docs(path: Path) -> list[str]:
+    """A .jsonl file: one document per line (field `text`); anything else: the whole file is one document."""
+    text = _read_text(path)
+    if path.suffix.lower() not in (".jsonl", ".ndjson"):
+        return [text]
+    docs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+            raise DataError(f"{path}:{n}: each JSONL line needs a string field 'text'")
+        if rec["text"]:
+            docs.append(rec["text"])
+    if not docs:
+        raise DataError(f"{path}: no non-empty 'text' records")
+    return docs
+
+
+def cache_dir() -> Path:
+    """Where built artefacts (the default eval corpus) live: $DEPTHLENS_CACHE or ~/.cache/depthlens."""
+    env = os.environ.get("DEPTHLENS_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "depthlens"
+
+
+def _build_corpus(out_dir: Path, tokenizer, max_bytes: int) -> None:
+    """Indirection so tests can substitute the corpus builder (another module, possibly absent)."""
+    try:
+        from depthlens.data.corpus import build_corpus
+    except ImportError as e:
+        raise DataError("the default eval corpus needs depthlens.data.corpus, which is unavailable "
+                        f"({e}); pass a .txt/.jsonl file or a token shard directory") from None
+    build_corpus(out_dir, tokenizer, max_bytes=max_bytes)
+
+
+def default_corpus_dir(tokenizer, max_bytes: int = DEFAULT_CORPUS_BYTES) -> Path:
+    """The cached offline corpus for `tokenizer` (built on first use): `<cache>/corpus-<tokenizer.name>`."""
+    out = cache_dir() / f"corpus-{tokenizer.name}"
+    if not (out / "manifest.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _build_corpus(out, tokenizer, max_bytes)
+    return out
+
+
+def _resolve_tokenizer(tokenizer):
+    if tokenizer is None or isinstance(tokenizer, str):
+        from depthlens.data.tokenizers import get_tokenizer
+
+        return get_tokenizer(tokenizer or "bytes")
+    return tokenizer
+
+
+def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "bytes", n_seq: int = DEFAULT_N_SEQ,
+                   seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, *, max_seq_len: int | None = None,
+                   split: str = "val") -> EvalData:
+    """Packed eval sequences (N <= n_seq, T = seq_len) from a source.
+
+    source: None = the held-out `split` of the project's offline corpus (built once and cached, see
+    `default_corpus_dir`); a .txt file (one document); a .jsonl file (field `text`, one document per line);
+    or a directory of token shards (`<split>_*.bin`, modded-nanogpt format). tokenizer: a spec string
+    ("bytes", "gpt2", "bpe:<path>") or a Tokenizer. max_seq_len: the model's limit (DataError if exceeded).
+    Fewer than n_seq sequences are returned when the source is short; fewer than one is a DataError.
+    """
+    if n_seq < 1:
+        raise DataError(f"n_seq must be >= 1, got {n_seq}")
+    if seq_len < 2:
+        raise DataError(f"seq_len must be >= 2 (BOS plus one token), got {seq_len}")
+    if max_seq_len is not None and seq_len > max_seq_len:
+        raise DataError(f"seq_len {seq_len} exceeds the model's max_seq_len {max_seq_len}")
+    tok = _resolve_tokenizer(tokenizer)
+    bos = getattr(tok, "bos_id", None)
+    if source is None:
+        from depthlens.data.shards import TokenDataset
+
+        directory = default_corpus_dir(tok)
+        ds = TokenDataset.from_dir(directory, split)
+        stream, name, desc = ds.tokens(0, ds.n_tokens), f"corpus-{tok.name}/{split}", f"{directory} ({split} split)"
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"{path}: no such file or directory")
+        if path.is_dir():
+            from depthlens.data.shards import TokenDataset
+
+            ds = TokenDataset.from_dir(path, split)
+            stream, desc = ds.tokens(0, ds.n_tokens), f"{path} ({split} shards)"
+        else:
+            stream, desc = _stream_from_docs(_read_docs(path), tok), str(path)
+        name = path.name
+    windows = pack_stream(stream, seq_len, bos)
+    if windows.shape[0] == 0:
+        raise DataError(f"{desc}: {len(stream)} tokens are too few for one sequence of {seq_len}")
+    chosen = _select(windows, n_seq, seed)
+    return EvalData(torch.from_numpy(np.ascontiguousarray(chosen)), name=name, source=desc, bos=bos is not None,
+                    seed=seed, tokenizer=getattr(tok, "name", None),
+                    meta={"n_seq_requested": n_seq, "n_windows_available": int(windows.shape[0])})
+
+
+def random_eval_data(vocab_size: int, n_seq: int = 8, seq_len: int = 64, seed: int = 0,
+                     bos_id: int | None = None) -> EvalData:
+    """Uniform random ids (seeded); position 0 = bos_id when given. For smoke tests and benchmarks."""
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.randint(0, vocab_size, (n_seq, seq_len), generator=g)
+    if bos_id is not None:
+        toks[:, 0] = bos_id
+    return EvalData(toks, name=f"random-{vocab_size}", source=f"torch.randint seed={seed}",
+                    bos=bos_id is not None, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a result records about the model it was computed on
+
+
+def _weights_sha256(model) -> str | None:
+    """Hash of the state dict (names, dtypes, shapes, bytes) for models that have no checkpoint directory."""
+    from depthlens.analysis.dataset import data_sha256
+
+    if not hasattr(model, "state_dict"):
+        return None
+    sd = model.state_dict()
+    return data_sha256(b"".join(k.encode() + data_sha256(v.detach().cpu()).encode() for k, v in sorted(sd.items())))
+
+
+def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Provenance attrs: checkpoint path + SHA-256 (or a weights hash for in-memory and foreign models), config
+    JSON, design, eval-data hash and size, seed, dtype, the design's skip modes (`dataset.provenance`)."""
+    from depthlens.analysis.dataset import provenance
+
+    cfg = getattr(model, "config", None)
+    config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
+    params = list(model.parameters()) if hasattr(model, "parameters") else []
+    extra: dict[str, Any] = {k: getattr(cfg, k) for k in ("multistream_skip", "attnres_skip") if hasattr(cfg, k)}
+    kw = dict(design=getattr(model.design, "slug", type(model).__name__), config=config,
+              eval_data=data.tokens.numpy(), n_tokens=data.n_tokens, seed=data.seed,
+              dtype=params[0].dtype if params else None, **extra)
+    try:
+        rec = provenance(checkpoint, **kw)
+    except CheckpointError:  # not a depthlens checkpoint directory (e.g. a Hugging Face one via an adapter)
+        rec = provenance(None, **kw, checkpoint_path=str(Path(checkpoint).resolve()))
+    if "checkpoint_sha256" not in rec:
+        rec["weights_sha256"] = _weights_sha256(model)
+    rec.update({k: v for k, v in data.provenance().items() if k not in ("eval_data_sha256", "n_tokens")})
+    rec["n_layer"] = int(model.n_layer)
+    return rec
+
+
+@contextlib.contextmanager
+def evaluating(model) -> Iterator[Any]:
+    """eval() for the duration (no dropout noise in paired differences), then restore; no-op for models
+    without train/eval modes (plain LayeredLM implementations)."""
+    was = getattr(model, "training", None)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        yield model
+    finally:
+        if was is not None and hasattr(model, "train"):
+            model.train(was)
+
+
+def model_device(model) -> torch.device:
+    """Device of the model's first parameter (CPU for parameter-free test models)."""
+    for p in model.parameters() if hasattr(model, "parameters") else ():
+        return p.device
+    return torch.device("cpu")
+
+
+def default_batch_size(data: EvalData, tokens_per_batch: int = 4096) -> int:
+    """Sequences per clean forward: about `tokens_per_batch` tokens, at least 1."""
+    return max(1, min(data.n_seq, tokens_per_batch // data.seq_len))

@@ -1,0 +1,193 @@
+"""Permutation score: swap layers i and j, measure the rise in LM loss (spec diagnostics §3).
+
+    P_abs(i, j) = L(π_ij) − L(id)   (nats)      P_rel = P_abs / L(id)
+    P_KL(i, j)  = mean over tokens of KL(p_id ‖ p_π_ij)
+
+L is the mean next-token CE over positions τ = 1..T−2 (BOS excluded), identical token sets for every swap
+(paired design). `swap="body"` swaps the block bodies and keeps routing parameters at their depth;
+`swap="all"` moves them too (`run_layers(order=..., swap=...)`).
+
+How it is cheap: one clean forward per batch caches the state before every first-swapped layer i; all
+pairs sharing i start from it (blocks < i never rerun) and run together along the batch. At position i
+each pair runs its own layer j; from there on, rows run the unswapped layer p except the pair whose
+j == p, which runs layer i (at most two groups per position). Per-sequence ΔL is kept (dim `sequence`) for
+paired standard errors and bootstrap CIs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import xarray as xr
+
+from depthlens.analysis.causal import token_nll
+from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from depthlens.analysis.metrics import late_pairs, late_window
+from depthlens.analysis.stats import paired_se
+from depthlens.errors import DepthlensError
+from depthlens.models.residual.base import State, state_cat, state_select
+
+SWAPS = ("body", "all")
+
+
+def resolve_pairs(L: int, pairs: str | Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """'late' (start ≤ i < j ≤ L−1, start = ⌊L/4⌋), 'all' (0 ≤ i < j ≤ L−1) or explicit pairs (sorted,
+    deduplicated; diagonal pairs are dropped: P(i, i) = 0 by definition)."""
+    if isinstance(pairs, str):
+        if pairs not in ("late", "all"):
+            raise DepthlensError(f"pairs must be 'late', 'all' or a list of (i, j), got {pairs!r}")
+        return [tuple(map(int, p)) for p in late_pairs(L, "quarter" if pairs == "late" else 0)]
+    out = set()
+    for p in pairs:
+        i, j = sorted(int(x) for x in p)
+        if not 0 <= i <= j < L:
+            raise DepthlensError(f"layer pair {tuple(p)} out of range [0, {L - 1}]")
+        if i != j:
+            out.add((i, j))
+    return sorted(out)
+
+
+def swapped_order(L: int, i: int, j: int) -> list[int]:
+    """π_ij: order[p] = layer whose weights run at position p, with i and j exchanged."""
+    order = list(range(L))
+    order[i], order[j] = j, i
+    return order
+
+
+def _token_kl(logp_ref: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_ref ‖ p) per token at positions 1..T−2: (b, T−2) float32 (≥ 0 up to rounding)."""
+    logp = F.log_softmax(logits[:, 1:-1].float(), dim=-1)
+    return (logp_ref.exp() * (logp_ref - logp)).sum(-1)
+
+
+@torch.no_grad()
+def _run_position(model, state: State, ctx, p: int, groups: list[tuple[torch.Tensor, list[int]]],
+                  swap: str) -> State:
+    """Run position p on row groups, each with its own order (a full permutation), and restore row order."""
+    if len(groups) == 1:
+        return model.run_layers(state, ctx, p, p + 1, order=groups[0][1], swap=swap)
+    outs = [model.run_layers(state_select(state, idx), ctx, p, p + 1, order=order, swap=swap) for idx, order in groups]
+    inv = torch.argsort(torch.cat([idx for idx, _ in groups]))
+    return state_select(state_cat(outs), inv.to(next(iter(outs[0].values())).device))
+
+
+@torch.no_grad()
+def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: str) -> State:
+    """Rows: len(js) blocks of b sequences; block k runs π_{i, js[k]} from the cached state before layer i."""
+    L = model.n_layer
+    device = next(iter(cached.values())).device
+    # position i: every pair runs its own layer j (a separate call per pair)
+    state = state_cat([model.run_layers(cached, ctx, i, i + 1, order=swapped_order(L, i, j), swap=swap) for j in js])
+    rows = torch.arange(len(js) * b, device=device).view(len(js), b)
+    ident = list(range(L))
+    for p in range(i + 1, L):
+        if p in js:
+            k = js.index(p)
+            other = torch.cat([rows[:k], rows[k + 1:]]).reshape(-1)
+            groups = [(rows[k], swapped_order(L, i, p))] + ([(other, ident)] if other.numel() else [])
+        else:
+            groups = [(rows.reshape(-1), ident)]
+        state = _run_position(model, state, ctx, p, groups, swap)
+    return state
+
+
+@torch.no_grad()
+def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
+                       batch_size: int | None = None, seq_batch: int | None = None,
+                       checkpoint: Any = None) -> xr.Dataset:
+    """P_abs, P_rel, P_KL for the requested pairs (spec §3), symmetric [L, L] matrices with a zero diagonal.
+
+    batch_size: max rows per forward (default ≈ 4096 tokens); seq_batch: sequences per clean pass.
+    Returns a Dataset; pairs not computed are NaN.
+    """
+    if swap not in SWAPS:
+        raise DepthlensError(f"swap must be one of {SWAPS}, got {swap!r}")
+    L, N, T = model.n_layer, data.n_seq, data.seq_len
+    if T < 3:
+        raise DepthlensError(f"permutation score needs seq_len >= 3 (a target after the BOS position), got {T}")
+    P = resolve_pairs(L, pairs)
+    by_i: dict[int, list[int]] = {}
+    for i, j in P:
+        by_i.setdefault(i, []).append(j)
+    rows = batch_size or default_batch_size(data)
+    longest = max((len(v) for v in by_i.values()), default=1)
+    per_chunk = max(1, min(longest, 8, rows))
+    b_seq = seq_batch or max(1, rows // per_chunk)
+    per_chunk = max(1, rows // b_seq)
+    dl = np.full((L, L, N), np.nan)
+    kl = np.full((L, L, N), np.nan)
+    clean_loss = np.zeros(N)
+    device = model_device(model)
+    with evaluating(model):
+        for start, toks in data.batches(b_seq):
+            # one call per batch: its state cache is freed before the next batch builds one
+            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), by_i, per_chunk, swap, dl, kl,
+                   clean_loss)
+    for l in range(L):
+        dl[l, l] = kl[l, l] = 0.0
+    return _dataset(model, data, checkpoint, P, dl, kl, clean_loss,
+                    dict(pairs=[list(p) for p in P], pair_set=pairs if isinstance(pairs, str) else "explicit",
+                         swap=swap, batch_size=rows, seq_batch=b_seq, pairs_per_chunk=per_chunk,
+                         late_window_start=late_window(L), loss_positions="tau in [1, T-2] predicting token tau+1",
+                         kl_direction="KL(p_id || p_swapped)"))
+
+
+@torch.no_grad()
+def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], per_chunk: int, swap: str,
+           dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray) -> None:
+    """Every pair on one batch of sequences: clean run caching the state before each first-swapped layer i,
+    then the pairs sharing i in chunks along the batch. Fills dl/kl [i, j, seqs] (both triangles)."""
+    b, T = toks.shape
+    ctx = model.context(T, device=toks.device)
+    cache: dict[int, State] = {}
+    state = model.embed(toks, ctx)
+    if 0 in by_i:
+        cache[0] = state
+    state = model.run_layers(state, ctx,
+                             on_layer=lambda p, s, u: cache.__setitem__(p + 1, s) if p + 1 in by_i else None)
+    logits = model.head(state, ctx)
+    nll0 = token_nll(logits, toks)
+    logp0 = F.log_softmax(logits[:, 1:-1].float(), dim=-1)
+    clean_loss[seqs] = nll0.mean(-1).double().cpu().numpy()
+    for i, js in by_i.items():
+        for c in range(0, len(js), per_chunk):
+            chunk = js[c:c + per_chunk]
+            out = _run_pairs(model, ctx, cache[i], i, chunk, b, swap)
+            for k, j in enumerate(chunk):
+                lg = model.head(state_select(out, slice(k * b, (k + 1) * b)), ctx)
+                d = (token_nll(lg, toks) - nll0).mean(-1).double().cpu().numpy()
+                q = _token_kl(logp0, lg).mean(-1).double().cpu().numpy()
+                dl[i, j, seqs] = dl[j, i, seqs] = d
+                kl[i, j, seqs] = kl[j, i, seqs] = q
+
+
+def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Dataset:
+    L = model.n_layer
+    LL = ("layer", "layer_other")
+    base = float(clean_loss.mean())
+    abs_ = dl.mean(-1)
+    se = np.full((L, L), np.nan)
+    for i, j in P:
+        se[i, j] = se[j, i] = paired_se(dl[i, j])
+    dv = {
+        "perm_abs": (LL, abs_, {"long_name": "loss increase when layers i and j are swapped", "units": "nat"}),
+        "perm_rel": (LL, abs_ / base, {"long_name": "relative loss increase when layers i and j are swapped",
+                                       "units": "1"}),
+        "perm_kl": (LL, kl.mean(-1), {"long_name": "KL(p_id || p_swapped) when layers i and j are swapped",
+                                      "units": "nat"}),
+        "perm_abs_se": (LL, se, {"long_name": "paired standard error of the swap loss increase", "units": "nat"}),
+        "delta_loss_seq": ((*LL, "sequence"), dl, {"long_name": "per-sequence loss increase of the swap",
+                                                   "units": "nat"}),
+        "kl_seq": ((*LL, "sequence"), kl, {"long_name": "per-sequence mean KL(p_id || p_swapped)", "units": "nat"}),
+        "clean_loss_seq": (("sequence",), clean_loss, {"long_name": "per-sequence clean next-token loss",
+                                                       "units": "nat"}),
+        "clean_loss": ((), base, {"long_name": "clean next-token loss", "units": "nat"}),
+    }
+    coords = {"layer": np.arange(L), "layer_other": np.arange(L), "sequence": np.arange(data.n_seq)}
+    return make_dataset(dv, coords, metric="permutation", options=options,
+                        provenance=model_provenance(model, data, checkpoint),
+                        title="depthlens permutation score (swap layers i and j)")

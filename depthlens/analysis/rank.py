@@ -1,0 +1,166 @@
+"""Effective rank of residual-mixing products for multi-stream designs (HC, mHC; spec diagnostics §4).
+
+Convention (column action, later factor on the left), as the HC/mHC routers record it in
+`readouts['sub{j}.res_map']` (B, T, n, n):
+
+    x_{k+1} = H_k x_k,        P_{a→b}(τ) = H_{b−1}(τ) ··· H_a(τ)
+
+Per token τ ≥ 1 (BOS excluded): erank(P) = exp H(σ/Σσ) in float64, then mean / median / quartiles over
+tokens (the mean of per-token eranks, not the erank of the mean product). Products:
+  full    P_{0→2L}
+  late    P_{2⌊L/4⌋→2L} (the late window in sublayers)
+  window  w ∈ {1, 2, 4, …}: mean over starts a of erank(P_{a→a+w})
+plus the mHC "Amax" gains (forward ∞-norm, backward 1-norm), and the same products of the static maps
+alone (`static.sub{j}.res_map`, the bias-only part with α = 0) when the routers expose them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
+from depthlens.errors import DepthlensError
+
+PRODUCTS = ("full", "late")
+STATISTICS = ("mean", "median", "q25", "q75", "max")
+RES_KEY = "res_map"
+STATIC_KEYS = ("res_map", "res_static", "res_bias_map")  # names a router may give its static (α = 0) map
+
+
+def default_widths(n_sub: int) -> list[int]:
+    """1, 2, 4, … up to the number of sublayers 2L."""
+    w, out = 1, []
+    while w <= n_sub:
+        out.append(w)
+        w *= 2
+    return out
+
+
+def res_maps(record: Mapping[str, Any], n_sub: int) -> torch.Tensor:
+    """Stack `sub{j}.res_map` for j = 0..n_sub−1 into (B, T, K, n, n) float64."""
+    missing = [j for j in range(n_sub) if f"sub{j}.{RES_KEY}" not in record]
+    if missing:
+        raise DepthlensError("effective rank needs a multi-stream design (hc, mhc): the model records no "
+                             f"'sub{{j}}.{RES_KEY}' readout (missing for sublayers {missing[:4]}...)")
+    return torch.stack([torch.as_tensor(record[f"sub{j}.{RES_KEY}"]).double() for j in range(n_sub)], dim=2)
+
+
+def static_res_maps(record: Mapping[str, Any], n_sub: int) -> tuple[torch.Tensor | None, str | None]:
+    """(K, n, n) static maps from `static.sub{j}.<name>` (first of STATIC_KEYS present), or (None, note)."""
+    for name in STATIC_KEYS:
+        if all(f"static.sub{j}.{name}" in record for j in range(n_sub)):
+            maps = [torch.as_tensor(record[f"static.sub{j}.{name}"]).double() for j in range(n_sub)]
+            if all(m.dim() == 2 and m.shape[0] == m.shape[1] for m in maps):
+                return torch.stack(maps), None
+    return None, f"no static residual map readouts (static.sub{{j}}.{{{','.join(STATIC_KEYS)}}}); static part skipped"
+
+
+def _stats(x: np.ndarray) -> np.ndarray:
+    """[STATISTICS] over the last axis (NaN-aware; all-NaN gives NaN)."""
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return np.full(len(STATISTICS), np.nan)
+    q25, med, q75 = np.quantile(x, [0.25, 0.5, 0.75])
+    return np.array([x.mean(), med, q25, q75, x.max()])
+
+
+def product_tokens(H: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Per-token quantities from per-token maps H (..., K, n, n): eranks and gains of the full and late
+    products, window profiles (..., len(widths)) and single-map eranks (..., K)."""
+    K = H.shape[-3]
+    a = 2 * late_window(n_layer)
+    out: dict[str, torch.Tensor] = {}
+    for name, start in (("full", 0), ("late", a)):
+        Pm = mixing_products(H, start, K)
+        out[f"erank_{name}"] = effective_rank(Pm)
+        out[f"gain_fwd_{name}"], out[f"gain_bwd_{name}"] = amax_gain(Pm)
+    out["window"] = window_profile(H, widths)
+    out["single"] = effective_rank(H)
+    return out
+
+
+def _summaries(tok: dict[str, torch.Tensor], n_widths: int) -> dict[str, np.ndarray]:
+    """Statistics over tokens of the per-token quantities of `product_tokens`."""
+    return {
+        "erank": np.stack([_stats(tok[f"erank_{p}"].numpy()) for p in PRODUCTS]),
+        "gain_fwd": np.stack([_stats(tok[f"gain_fwd_{p}"].numpy()) for p in PRODUCTS]),
+        "gain_bwd": np.stack([_stats(tok[f"gain_bwd_{p}"].numpy()) for p in PRODUCTS]),
+        "erank_window": np.stack([_stats(tok["window"][:, k].numpy()) for k in range(n_widths)]),
+        "erank_sublayer": tok["single"].nanmean(0).numpy(),
+    }
+
+
+def _static_summaries(static: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict[str, np.ndarray]:
+    st = product_tokens(static, n_layer, widths)
+    return {f"{k}_static": np.array([float(st[f"{k}_{p}"]) for p in PRODUCTS])
+            for k in ("erank", "gain_fwd", "gain_bwd")}
+
+
+def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int] | None = None,
+                             static: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """Summaries over tokens. H: (N_tokens, K, n, n) per-token maps (BOS already dropped); static: (K, n, n).
+
+    Returns arrays keyed like the Dataset variables: erank (product, statistic), gain_fwd/gain_bwd (product,
+    statistic), erank_window (window, statistic), erank_sublayer (sublayer), and *_static (product) when given.
+    """
+    widths = list(widths or default_widths(H.shape[-3]))
+    res = _summaries(product_tokens(H, n_layer, widths), len(widths))
+    if static is not None:
+        res.update(_static_summaries(static, n_layer, widths))
+    return res
+
+
+def effective_rank_dataset(model, data: EvalData, *, widths: Sequence[int] | None = None,
+                           batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
+    """Effective rank of the residual-mixing products of a multi-stream model over `data` (spec §4)."""
+    if not hasattr(model, "readouts"):
+        raise DepthlensError("effective rank reads model.readouts(tokens) (sub{j}.res_map); this model has none")
+    L = model.n_layer
+    K = 2 * L
+    widths = list(widths or default_widths(K))
+    device = model_device(model)
+    parts: list[dict[str, torch.Tensor]] = []
+    static, note, n_streams = None, None, None
+    for _, toks in data.batches(batch_size or default_batch_size(data)):
+        rec = model.readouts(toks.to(device))
+        H = res_maps(rec, K)[:, 1:].cpu()  # drop the BOS position: (B, T-1, K, n, n)
+        n_streams = int(H.shape[-1])
+        # reduce each batch to per-token scalars at once: the maps themselves are never held for the eval set
+        parts.append(product_tokens(H.reshape(-1, *H.shape[2:]), L, widths))
+        if static is None and note is None:
+            static, note = static_res_maps(rec, K)
+    tok = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    res = _summaries(tok, len(widths))
+    if static is not None:
+        res.update(_static_summaries(static, L, widths))
+    dv = {
+        "erank": (("product", "statistic"), res["erank"],
+                  {"long_name": "effective rank of the residual-mixing product", "units": "1"}),
+        "gain_fwd": (("product", "statistic"), res["gain_fwd"],
+                     {"long_name": "forward Amax gain (max row abs sum) of the product", "units": "1"}),
+        "gain_bwd": (("product", "statistic"), res["gain_bwd"],
+                     {"long_name": "backward Amax gain (max column abs sum) of the product", "units": "1"}),
+        "erank_window": (("window", "statistic"), res["erank_window"],
+                         {"long_name": "effective rank of w-sublayer window products, mean over starts",
+                          "units": "1"}),
+        "erank_sublayer": (("sublayer",), res["erank_sublayer"],
+                           {"long_name": "effective rank of one sublayer's residual map (token mean)", "units": "1"}),
+    }
+    for key in ("erank_static", "gain_fwd_static", "gain_bwd_static"):
+        if key in res:
+            dv[key] = (("product",), res[key], {"long_name": f"{key.replace('_', ' ')} (static maps, alpha = 0)",
+                                                "units": "1"})
+    coords = {"product": list(PRODUCTS), "statistic": list(STATISTICS), "window": widths, "sublayer": np.arange(K),
+              "n_streams": n_streams}
+    options = dict(widths=widths, late_start_sublayer=2 * late_window(L), convention="x_{k+1} = H_k x_k; "
+                   "P_{a->b} = H_{b-1} ... H_a (later factor on the left)", token_positions="1..T-1 (BOS excluded)",
+                   svd_dtype="float64", static_note=note, n_token_maps=int(tok["single"].shape[0]))
+    return make_dataset(dv, coords, metric="effective_rank", options=options,
+                        provenance=model_provenance(model, data, checkpoint),
+                        title="depthlens effective rank of residual-mixing products")

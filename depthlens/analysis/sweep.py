@@ -1,0 +1,228 @@
+"""Threshold sweeps, variants, robustness and uncertainty of the late-window shares (spec diagnostics §6).
+
+    S_X(θ) = (1/|P|) Σ_{(i,j) ∈ P} 1[X(i, j) > θ],   P = {(i, j): a ≤ i < j ≤ L−1}, a = ⌊L/4⌋ by default
+
+Inputs are the Datasets of `causal.causal_scores` (metric "causal" → `causal_score`, "direct" →
+`direct_score`) and `permutation.permutation_scores` ("perm_abs", "perm_rel", "perm_kl"), optionally stacked
+along `checkpoint`. Bootstrap CIs resample sequences and recompute the whole aggregation inside every
+resample, including the max, from the per-sequence summaries the engines store (`seq_max`, `seq_sum`, ...,
+`delta_loss_seq`, `kl_seq`), so a resample costs a few array reductions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import xarray as xr
+
+from depthlens.analysis.dataset import LAYER_DIMS
+from depthlens.analysis.metrics import late_pairs, late_window
+from depthlens.analysis.stats import bootstrap_ci, crossing_points, ranking_robustness, share_curve
+from depthlens.errors import DepthlensError
+
+METRICS = {"causal": "causal_score", "direct": "direct_score", "perm_abs": "perm_abs", "perm_rel": "perm_rel",
+           "perm_kl": "perm_kl"}
+HEADLINE_THRESHOLD = {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15, "perm_kl": 0.15}
+WINDOW_STARTS = ("zero", "quarter", "half")
+CROSSING_QS = (0.5, 0.25, 0.1, 0.01)
+
+
+def default_thresholds(metric: str) -> np.ndarray:
+    """θ grids: C on [0, 1.5] step 0.05; P_abs/P_KL log-spaced 0.005–2 nats; P_rel log-spaced 0.005–1."""
+    if metric in ("causal", "direct"):
+        return np.round(np.arange(0, 1.5 + 1e-9, 0.05), 10)
+    if metric == "perm_rel":
+        return np.geomspace(0.005, 1.0, 41)
+    if metric in ("perm_abs", "perm_kl"):
+        return np.geomspace(0.005, 2.0, 41)
+    raise DepthlensError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+
+
+def score_matrix(ds: xr.Dataset, metric: str, aggregator: str | None = "max",
+                 variant: str | None = "current") -> xr.DataArray:
+    """The (…, layer, layer_other) score DataArray of `metric`, with aggregator/variant selected if present."""
+    if metric not in METRICS:
+        raise DepthlensError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    var = METRICS[metric]
+    if var not in ds:
+        raise DepthlensError(f"dataset has no {var!r} variable (metric {metric!r}); it holds {sorted(ds.data_vars)}")
+    da = ds[var]
+    sel = {k: v for k, v in (("aggregator", aggregator), ("variant", variant)) if k in da.dims and v is not None}
+    return da.sel(sel)
+
+
+def _window_start(L: int, rule: str) -> int:
+    return late_window(L, rule)
+
+
+def _n_layer(ds: xr.Dataset, X: xr.DataArray, index: dict[str, int]) -> int:
+    """L of one matrix: the `n_layer` attr, or its per-checkpoint coordinate after `concat_checkpoints`."""
+    if "n_layer" in ds.coords and ds["n_layer"].ndim == 1:
+        dim = ds["n_layer"].dims[0]
+        return int(ds["n_layer"].values[index.get(dim, 0)])
+    if "n_layer" in ds.attrs:
+        return int(ds.attrs["n_layer"])
+    return int(X.sizes["layer"])
+
+
+def share_curves(ds: xr.Dataset, metric: str, thresholds: Sequence[float] | None = None, *,
+                 starts: Sequence[str] = WINDOW_STARTS, qs: Sequence[float] = CROSSING_QS,
+                 aggregator: str | None = None, variant: str | None = None) -> xr.Dataset:
+    """S(θ) curves and crossing points θ_q for every window start and every remaining extra dim (checkpoint,
+    variant, aggregator...). aggregator/variant None keep all of them (aggregator and variant sweeps).
+
+    Returns a Dataset: `share` (…, window_start, threshold), `crossing` (…, window_start, q), with attrs
+    `headline_threshold`. NaN late pairs (e.g. layers not computed) are omitted.
+    """
+    thetas = np.asarray(default_thresholds(metric) if thresholds is None else thresholds, dtype=float)
+    X = score_matrix(ds, metric, aggregator, variant)
+    extra = [d for d in X.dims if d not in LAYER_DIMS]
+    X = X.transpose(*extra, *LAYER_DIMS)
+    shape = tuple(X.sizes[d] for d in extra)
+    S = np.full(shape + (len(starts), len(thetas)), np.nan)
+    Q = np.full(shape + (len(starts), len(qs)), np.nan)
+    vals = X.values
+    for idx in np.ndindex(*shape):
+        L = _n_layer(ds, X, dict(zip(extra, idx)))
+        m = vals[idx][:L, :L]  # checkpoints of smaller L are NaN-padded by the outer join of xr.concat
+        for k, rule in enumerate(starts):
+            try:
+                S[idx + (k,)] = share_curve(m, thetas, _window_start(L, rule), nan_policy="omit")
+            except ValueError:  # fewer than 2 layers in the window
+                continue
+            Q[idx + (k,)] = crossing_points(thetas, S[idx + (k,)], qs)
+    dims = (*extra, "window_start")
+    coords = {d: X.coords[d] for d in extra if d in X.coords}
+    out = xr.Dataset(
+        {"share": ((*dims, "threshold"), S, {"long_name": f"share of late pairs with {metric} > threshold",
+                                              "units": "1"}),
+         "crossing": ((*dims, "q"), Q, {"long_name": "threshold where the share falls to q", "units": "1"})},
+        coords={**coords, "window_start": list(starts), "threshold": thetas, "q": list(qs)})
+    out.attrs = {"metric": metric, "headline_threshold": HEADLINE_THRESHOLD[metric],
+                 "window_start_rule": "zero = 0, quarter = floor(L/4), half = floor(L/2)", "comparison": "strict >"}
+    return out
+
+
+def robustness(curves: xr.DataArray, order: Sequence[str], headline_threshold: float | None = None,
+               dim: str = "checkpoint") -> xr.Dataset:
+    """Ranking robustness of share curves `curves` (dim, threshold): the fraction of the θ grid on which
+    S_{order[0]} < S_{order[1]} < … holds, and Kendall τ of the ranking at each θ vs at the headline θ."""
+    thetas = curves["threshold"].values
+    named = {str(n): curves.sel({dim: n}).values for n in curves[dim].values}
+    h = None if headline_threshold is None else int(np.argmin(np.abs(thetas - headline_threshold)))
+    r = ranking_robustness(named, list(order), h)
+    dv = {"holds": (("threshold",), r.holds.astype(np.int8), {"long_name": "ordering holds at threshold",
+                                                               "units": "1"}),
+          "fraction": ((), r.fraction, {"long_name": "fraction of the grid where the ordering holds", "units": "1"})}
+    if r.tau is not None:
+        dv["kendall_tau"] = (("threshold",), r.tau, {"long_name": "Kendall tau vs the ranking at the headline",
+                                                      "units": "1"})
+    return xr.Dataset(dv, coords={"threshold": thetas},
+                      attrs={"order": " < ".join(order), "headline_threshold": headline_threshold})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bootstrap over sequences
+
+
+def resampled_matrix(ds: xr.Dataset, metric: str, counts: np.ndarray, aggregator: str = "max",
+                     variant: str = "current") -> np.ndarray:
+    """The [L, L] score matrix recomputed from per-sequence summaries with multiplicities `counts` [N].
+
+    causal: max → max over drawn sequences of `seq_max`; mean → Σc·sum / Σc·count; pooled →
+    sqrt(Σc·Δ² / Σc·u²). p95/p99 are not decomposable per sequence (NaN). permutation: counted means
+    of `delta_loss_seq` / `kl_seq`, rel divided by the counted clean loss.
+    """
+    c = np.asarray(counts, dtype=float)
+    if metric == "causal":
+        if "seq_max" not in ds:
+            raise DepthlensError("bootstrap needs the per-sequence variables of causal_scores (seq_max, ...)")
+        sel = {"variant": variant} if "variant" in ds["seq_max"].dims else {}
+        seq_max = ds["seq_max"].sel(sel).values
+        L = seq_max.shape[0]
+        if aggregator == "max":
+            drawn = seq_max[..., c > 0]
+            out = np.where(np.isnan(drawn).all(-1), np.nan, np.where(np.isnan(drawn), -np.inf, drawn).max(-1))
+        elif aggregator == "mean":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out = (ds["seq_sum"].sel(sel).values @ c) / (ds["seq_count"].sel(sel).values @ c)
+        elif aggregator == "pooled":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out = np.sqrt((ds["seq_sq_change"].sel(sel).values @ c) / (ds["seq_sq_update"].sel(sel).values @ c))
+        else:
+            return np.full((L, L), np.nan)
+        # t < s of a skipped row is exactly 0 (blocks before s never see the skip), as in the engine's matrix
+        lower = np.tril(np.ones((L, L), bool), -1) & ~np.isnan(seq_max[..., 0])
+        return np.where(lower, 0.0, out)
+    if metric in ("perm_abs", "perm_rel", "perm_kl"):
+        n = c.sum()
+        if metric == "perm_kl":
+            return (ds["kl_seq"].values @ c) / n
+        absm = (ds["delta_loss_seq"].values @ c) / n
+        return absm if metric == "perm_abs" else absm / ((ds["clean_loss_seq"].values @ c) / n)
+    raise DepthlensError(f"no per-sequence bootstrap for metric {metric!r}")
+
+
+def bootstrap_share(ds: xr.Dataset, metric: str, threshold: float, *, aggregator: str = "max",
+                    variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float, np.ndarray]:
+    """Percentile CI of S(θ) over sequences (resample, recompute the matrix incl. the max, then the share)."""
+    N = ds.sizes["sequence"]
+
+    def stat(idx: np.ndarray) -> float:
+        m = resampled_matrix(ds, metric, np.bincount(idx, minlength=N), aggregator, variant)
+        return float(share_curve(m, [threshold], start, nan_policy="omit")[0])
+
+    return bootstrap_ci(stat, N, n_boot=n_boot, seed=seed, level=level)
+
+
+def eval_size_curve(ds: xr.Dataset, metric: str, threshold: float, sizes: Sequence[int] = (5, 10, 20, 40), *,
+                    aggregator: str = "max", variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
+    """S(θ) computed on the first N sequences, for each N ≤ the eval size (spec §6.7: max grows with N)."""
+    N = ds.sizes["sequence"]
+    sizes = [s for s in sizes if s <= N] or [N]
+    vals = []
+    for n in sizes:
+        c = np.zeros(N)
+        c[:n] = 1
+        vals.append(share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start,
+                                nan_policy="omit")[0])
+    return xr.DataArray(np.array(vals), dims=("n_sequences",), coords={"n_sequences": sizes}, name="share",
+                        attrs={"long_name": f"share of late pairs with {metric} > {threshold}", "units": "1"})
+
+
+def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = None, *, aggregator: str = "max",
+             variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
+             level: float = 0.95) -> dict[str, Any]:
+    """The headline number for the CLI: share of late pairs above θ with a bootstrap CI over sequences."""
+    threshold = HEADLINE_THRESHOLD.get(metric, 0.0) if threshold is None else float(threshold)
+    m = score_matrix(ds, metric, aggregator if metric in ("causal", "direct") else None,
+                     variant if metric in ("causal", "direct") else None)
+    if m.ndim != 2:
+        raise DepthlensError(f"headline needs one matrix; select a checkpoint first (dims {m.dims})")
+    L = m.shape[0]
+    a = late_window(L, start)
+    share = float(share_curve(m.values, [threshold], a, nan_policy="omit")[0])
+    lo = hi = float("nan")
+    note = None
+    can_boot = "sequence" in ds.dims and n_boot > 0 and metric != "direct" and \
+        not (metric == "causal" and aggregator in ("p95", "p99"))
+    if can_boot:
+        lo, hi, _ = bootstrap_share(ds, metric, threshold, aggregator=aggregator, variant=variant, start=a,
+                                    n_boot=n_boot, seed=seed, level=level)
+    else:
+        note = "no bootstrap CI for this metric/aggregator (not decomposable per sequence)"
+    pairs = late_pairs(L, a)
+    n_valid = int((~np.isnan(m.values[pairs[:, 0], pairs[:, 1]])).sum())
+    out = {"metric": metric, "threshold": threshold, "share": share, "ci_low": lo, "ci_high": hi,
+           "n_pairs": n_valid, "window_start": a, "window_rule": start, "aggregator": aggregator
+           if metric in ("causal", "direct") else None, "variant": variant if metric in ("causal", "direct") else None,
+           "n_boot": n_boot, "seed": seed, "level": level, "n_sequences": int(ds.sizes.get("sequence", 0)),
+           "comparison": "strict >", "note": note}
+    if metric in ("causal", "direct") and "null_score" in ds:
+        out["noise_floor"] = float(ds["null_score"].sel(variant=variant).values) if "variant" in \
+            ds["null_score"].dims else float(ds["null_score"].values)
+    if metric in ("perm_abs", "perm_rel", "perm_kl") and "clean_loss" in ds:
+        out["clean_loss"] = float(ds["clean_loss"].values)
+    return out

@@ -1,0 +1,149 @@
+"""torch.distributed plumbing: torchrun env -> process group, DDP / FSDP2 wrapping, gradient-sync toggles,
+and full (unsharded) state dicts so the resume state is one safetensors file whatever the world size.
+
+Without WORLD_SIZE in the environment (plain `python -m ...`) everything is a single process and no
+process group is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # we created the process group, so we destroy it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(pref: str) -> torch.device:
+    if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' requested but CUDA is not available")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def init_distributed(device_pref: str = "auto") -> DistInfo:
+    """Read the torchrun env (RANK, WORLD_SIZE, LOCAL_RANK) and join the process group (nccl on CUDA, else gloo)."""
+    device = pick_device(device_pref)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo(device=device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    owns = False
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30),
+                                **({"device_id": device} if device.type == "cuda" else {}))
+        owns = True
+    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, owns_group=owns)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool) -> nn.Module:
+    """DDP (default) or FSDP2: `fully_shard` every block, then the root (torchtitan's order), so each
+    block's parameters are gathered just before it runs and freed after."""
+    if not info.distributed:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Reduce gradients across ranks only when `enabled` (the last micro-step of an accumulation)."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+        yield
+    elif hasattr(model, "no_sync") and not enabled:  # DDP
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def all_reduce(values: list[float], info: DistInfo, op: str = "mean") -> list[float]:
+    """Sum or mean of a few floats over ranks (float64, so the result does not depend on the rank order much)."""
+    if not info.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if op == "mean":
+        t /= info.world
+    return t.tolist()
+
+
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    """Rank 0's `obj` on every rank (a small picklable value made by our own code, e.g. a hash string)."""
+    if not info.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+# -------------------------------------------------------------------------------------------------
+# full state dicts (work for plain modules, DDP and FSDP2 alike; keys are the unwrapped module's FQNs)
+
+def _options(**kw: Any):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(model state, optimizer state) gathered to full CPU tensors, keyed by parameter FQN."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return (get_model_state_dict(model, options=_options()),
+            get_optimizer_state_dict(model, optimizer, options=_options()))
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, torch.Tensor],
+                    optim_sd: dict[str, Any]) -> None:
+    """Inverse of `full_state` (every rank passes the same full state; FSDP2 keeps its own shard)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, model_sd, options=_options(strict=True))
+    set_optimizer_state_dict(model, optimizer, optim_sd, options=_options())

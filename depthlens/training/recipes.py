@@ -1,0 +1,155 @@
+"""The committed recipes, generated from one place so every number in them has a stated origin.
+
+    python -m depthlens.training.recipes          # rewrite depthlens/recipes/{zoo_cpu,paper_gpu}.json
+
+* `zoo_cpu.json`: the shipped CPU zoo, ten designs x L in {4, 8, 16} at one iso-parameter budget on
+  the offline bytes corpus (seq 128), sized to train in about an hour on one core.
+* `paper_gpu.json`: the paper-scale grid, ten designs x seven depths at ~400M total params (GPT-2 vocab,
+  seq 2048, 2^19-token batches, 20 tokens/param) x a per-design peak-LR sweep; launched with torchrun.
+
+Widths come from the shape planner (depthlens.training.shapes) per design, including the design's own
+parameter overhead; at CPU scale the residual left by rounding d is absorbed in d_ff (training.md §2.3),
+so every zoo model lands within a few percent of the target. The recipes record the planned counts; the
+trainer records the achieved ones in each checkpoint's train.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..designs import SLUGS, checkpoint_name
+from .shapes import GPT2_VOCAB, param_counts, solve_width
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+
+# --- the CPU zoo ------------------------------------------------------------------------------------
+ZOO_DEPTHS = (4, 8, 16)
+ZOO_TARGET = 230_000  # total params: the middle of the 200-250K band where the width grid fits all designs best
+ZOO_CORPUS = {"source": "packages", "tokenizer": "bytes", "max_bytes": 8_000_000, "val_fraction": 0.05, "seed": 0}
+ZOO_DATA = ".cache/depthlens/corpus-bytes-8M"  # derived, git-ignored; scripts/train_zoo.sh builds it from ZOO_CORPUS
+
+# --- the paper grid ---------------------------------------------------------------------------------
+PAPER_DEPTHS = (16, 20, 24, 32, 40, 56, 70)  # spans the paper's 16x1216 .. 70x640 endpoints
+PAPER_TARGET = 407_000_000  # lands exactly on 16x1216 and 70x640 for Pre-LN (training.md §2.3)
+PAPER_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2)  # per-design sweep: x2 steps around the usual 3e-3 at 400M
+PAPER_SEQ = 2048
+PAPER_BATCH = 256  # sequences: 2^19 tokens per step (build-nanogpt's FineWeb-Edu batch)
+
+
+def iso_shape(design: str, n_layer: int, target: int, vocab_size: int, *, multiple: int = 16, head_dim: int = 16,
+              ffn_step: int = 16, ffn_ratio: tuple[float, float] = (1.0, 6.0)) -> dict[str, Any]:
+    """Width d (a multiple of `multiple`, from the planner) and d_ff (a multiple of `ffn_step` with
+    d_ff/d in `ffn_ratio`) whose total params are nearest `target`; ties prefer d_ff/d near 8/3."""
+    d = solve_width(target, n_layer, design, vocab_size, multiple, head_dim=head_dim, ffn_multiple=ffn_step)
+    lo, hi = math.ceil(ffn_ratio[0] * d / ffn_step), math.floor(ffn_ratio[1] * d / ffn_step)
+
+    def cost(d_ff: int) -> tuple[float, float]:
+        total = param_counts(design, n_layer, d, vocab_size, d_ff=d_ff, head_dim=head_dim)["total"]
+        return abs(total / target - 1), abs(math.log(d_ff / d / (8 / 3)))
+
+    d_ff = min((k * ffn_step for k in range(lo, hi + 1)), key=cost)
+    c = param_counts(design, n_layer, d, vocab_size, d_ff=d_ff, head_dim=head_dim)
+    return {"d_model": d, "n_head": d // head_dim, "d_ff": d_ff, "planned_total": c["total"],
+            "planned_rel_error": round(c["total"] / target - 1, 4), "ffn_ratio": round(d_ff / d, 3)}
+
+
+def zoo_recipe() -> dict[str, Any]:
+    base = {
+        "model": {"vocab_size": 257, "max_seq_len": 128},
+        "data": ZOO_DATA, "tokenizer": "bytes", "seq_len": 128,
+        # 400 steps x 16 x 128 = 819K tokens per model (~3.5 tokens/param): what one core affords for
+        # 30 models in about an hour given the slowest designs (mHC, MoDA, AttnRes at L=16)
+        "global_batch": 16, "micro_batch": 0, "steps": 400,
+        # peak LR: a 150-step check of preln_l8 gave val 2.51 / 2.44 / 2.85 at 2e-3 / 4e-3 / 8e-3; 3e-3
+        # keeps a margin below the divergence edge for L=16 and the norm variants (one LR for all designs)
+        "lr": 3e-3, "min_lr_factor": 0.1, "warmup": 20, "schedule": "wsd", "decay_frac": 0.2,
+        "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0, "data_seed": 0,
+        "eval_every": 100, "eval_batches": 4, "final_eval_batches": 64, "log_every": 10, "save_every": 100,
+        "device": "cpu", "dtype": "fp32", "threads": 1,
+    }
+    runs = {}
+    for design in SLUGS:
+        for L in ZOO_DEPTHS:
+            name = checkpoint_name(design, L)
+            shape = iso_shape(design, L, ZOO_TARGET, 257)
+            runs[name] = {
+                "model": {"arch": design, "n_layer": L, "d_model": shape["d_model"], "n_head": shape["n_head"],
+                          "d_ff": shape["d_ff"]},
+                "out": f".cache/depthlens/runs/zoo/{name}", "export": f"checkpoints/{name}",
+                "meta": {"iso_target_params": ZOO_TARGET, **shape},
+            }
+    return {"description": "CPU zoo: 10 designs x L in {4, 8, 16} at ~230K total params (bytes corpus, seq 128). "
+                           "Generated by `python -m depthlens.training.recipes`; run with scripts/train_zoo.sh.",
+            "corpus": ZOO_CORPUS, "base": base, "runs": runs}
+
+
+def paper_recipe() -> dict[str, Any]:
+    tokens = 20 * PAPER_TARGET  # Chinchilla: 20 tokens per (total) parameter
+    steps = math.ceil(tokens / (PAPER_BATCH * PAPER_SEQ))
+    base = {
+        "model": {"vocab_size": GPT2_VOCAB, "max_seq_len": 4096, "ffn_multiple": 64},
+        "data": "data/finewebedu10B", "tokenizer": "gpt2", "seq_len": PAPER_SEQ,
+        "global_batch": PAPER_BATCH, "micro_batch": 16, "steps": steps,
+        "lr": 3e-3, "min_lr_factor": 0.1, "warmup": 700, "schedule": "wsd", "decay_frac": 0.2,
+        "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0, "data_seed": 0,
+        "eval_every": 500, "eval_batches": 20, "final_eval_batches": 80, "log_every": 10, "save_every": 500,
+        "device": "cuda", "dtype": "bf16", "compile": True, "fsdp": False,
+    }
+    runs = {}
+    for design in SLUGS:
+        for L in PAPER_DEPTHS:
+            d = solve_width(PAPER_TARGET, L, design, GPT2_VOCAB, 64, head_dim=64, ffn_multiple=64)
+            c = param_counts(design, L, d, GPT2_VOCAB, head_dim=64, ffn_multiple=64)
+            for lr in PAPER_LRS:
+                name = f"{checkpoint_name(design, L)}_lr{lr:g}"
+                runs[name] = {
+                    "model": {"arch": design, "n_layer": L, "d_model": d, "n_head": d // 64},
+                    "lr": lr, "out": f"runs/paper/{name}", "export": f"checkpoints/paper/{name}",
+                    "meta": {"iso_target_params": PAPER_TARGET, "planned_total": c["total"],
+                             "planned_rel_error": round(c["total"] / PAPER_TARGET - 1, 4)},
+                }
+    return {"description": f"Paper-scale grid: 10 designs x L in {list(PAPER_DEPTHS)} at ~407M params, "
+                           f"x peak LR in {list(PAPER_LRS)}; FineWeb-Edu GPT-2 shards, {steps} steps of "
+                           f"{PAPER_BATCH}x{PAPER_SEQ} tokens (20 tokens/param). See docs/training.md.",
+            "base": base, "runs": runs}
+
+
+def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | None = None) -> Path:
+    """Build the zoo corpus described by the recipe's `corpus` block, unless it is already there."""
+    from ..data.corpus import build_corpus
+    from ..data.shards import read_manifest
+    from ..data.tokenizers import get_tokenizer
+
+    spec = recipe["corpus"]
+    out = Path(data_dir or recipe["base"]["data"])
+    m = read_manifest(out)
+    opts = (m or {}).get("options", {})
+    if m is not None and all(opts.get(k) == spec[k] for k in ("source", "max_bytes", "val_fraction", "seed")) \
+            and m.get("tokenizer", {}).get("name") == get_tokenizer(spec["tokenizer"]).name:
+        return out
+    build_corpus(out, get_tokenizer(spec["tokenizer"]), max_bytes=spec["max_bytes"],
+                 val_fraction=spec["val_fraction"], seed=spec["seed"])
+    return out
+
+
+def write_recipes(directory: Path = RECIPES_DIR) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, recipe in (("zoo_cpu.json", zoo_recipe()), ("paper_gpu.json", paper_recipe())):
+        path = directory / name
+        path.write_text(json.dumps(recipe, indent=1) + "\n", encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["prepare-zoo-data"]:
+        print(prepare_zoo_data(json.loads((RECIPES_DIR / "zoo_cpu.json").read_text())))
+    else:
+        for p in write_recipes():
+            print(p)

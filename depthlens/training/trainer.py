@@ -1,0 +1,451 @@
+"""The depthlens trainer: one readable loop in the nanoGPT / torchtitan mould.
+
+    python -m depthlens.training.trainer RECIPE.json [--run NAME] [key=value ...]
+    torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE.json --run NAME
+
+What it guarantees:
+
+* data order is a pure function of (data_seed, step): step s trains on global samples s·B .. s·B+B-1
+  (depthlens.data.shards.batch_indices); rank r takes a contiguous slice and micro-step a a contiguous
+  slice of that, so world size and accumulation never change which sequences a step sees;
+* the LR is a pure function of the step (schedule.py), so a resume needs only the step;
+* the resume state (<out>/resume: safetensors + JSON, written atomically) holds model, optimizer, step
+  and RNG; a run killed at any point and rerun with the same command ends bit-identical on CPU;
+* at the end the model is exported as a depthlens checkpoint (depthlens.io.checkpoint) with train.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.shards import TokenDataset, batch_indices
+from ..models.model import build_model
+from .config import RunConfig, load_recipe, read_recipe, recipe_runs
+from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, full_state, grad_sync, init_distributed, load_full_state,
+                          shutdown, wrap_model)
+from .schedule import lr_at
+
+STATE_TENSORS = "state.safetensors"
+STATE_JSON = "state.json"
+LOG = "log.jsonl"
+
+# Dense bf16 peak FLOP/s per device for MFU (torchtitan's table); None = no meaningful peak (CPU).
+PEAK_FLOPS: dict[str, float | None] = {
+    "H200": 989e12, "H100": 989e12, "H800": 989e12, "B200": 2250e12, "A100": 312e12, "A800": 312e12,
+    "L40S": 362e12, "L4": 121e12, "A10": 125e12, "V100": 125e12, "cpu": None,
+}
+
+Callback = Callable[[int, dict[str, Any]], None]
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return PEAK_FLOPS["cpu"]
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k != "cpu" and k in name), None)
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """6·N_matmul + 12·L·d·T (nanoGPT / torchtitan): every parameter but the input embedding table is
+    a matmul weight (the LM head counts even when tied); attention adds 12·L·(H·d_h)·T, causality not discounted."""
+    cfg = model.config
+    n = sum(p.numel() for p in model.parameters())  # unique parameters: a tied table counts once
+    n_matmul = n - cfg.vocab_size * cfg.d_model + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)
+    return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices and embeddings (>= 2-D), never gains, scalars or mixing logits (< 2-D)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def open_data(data: str | os.PathLike | TokenDataset, split: str) -> TokenDataset:
+    return data if isinstance(data, TokenDataset) else TokenDataset.from_dir(data, split)
+
+
+def micro_batch_ids(step: int, global_batch: int, data_seed: int, n_sequences: int, *, rank: int = 0,
+                    world: int = 1, micro: int = 0) -> list[np.ndarray]:
+    """Sequence ids of each micro-step of `rank` at `step`: rank r takes the r-th contiguous slice of the
+    step's global ids, micro-step a the a-th contiguous slice of that. Concatenated over ranks and
+    micro-steps they are always the step's global batch, in order."""
+    ids = batch_indices(step, global_batch, data_seed, n_sequences)
+    local = global_batch // world
+    micro = micro or local
+    mine = ids[rank * local:(rank + 1) * local]
+    return [mine[a:a + micro] for a in range(0, local, micro)]
+
+
+# -------------------------------------------------------------------------------------------------
+# evaluation
+
+
+def autocast(device: torch.device, dtype: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: str | os.PathLike | TokenDataset, seq_len: int, *, batch_size: int = 16,
+             max_sequences: int = 0, dtype: str = "fp32", dist: DistInfo | None = None) -> float:
+    """Mean next-token loss (nats/token) over the first `max_sequences` windows of the val split (all when 0),
+    `batch_size` windows per forward. Ranks take every world-th batch and sum in float64, so the result does
+    not depend on the world size; all ranks run the same number of forwards (padding with a zero-weight
+    batch) so FSDP's collectives stay matched."""
+    dist = dist or DistInfo(device=next(model.parameters()).device)
+    ds = open_data(data, "val")
+    n = ds.n_sequences(seq_len)
+    if max_sequences:
+        n = min(n, max_sequences)
+    if n == 0:
+        raise ValueError(f"validation split has no complete sequence of {seq_len + 1} tokens")
+    starts = list(range(0, n, batch_size))
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for k in range(math.ceil(len(starts) / dist.world)):
+        i = k * dist.world + dist.rank
+        real = i < len(starts)
+        s = starts[i] if real else 0
+        xy = torch.from_numpy(ds.batch(np.arange(s, min(s + batch_size, n)), seq_len)).to(dist.device)
+        with autocast(dist.device, dtype):
+            logits = model(xy[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), xy[:, 1:].flatten(), reduction="sum")
+        if real:
+            total += loss.item()
+            count += xy[:, 1:].numel()
+    model.train(was)
+    total, count = all_reduce([total, float(count)], dist, op="sum")
+    return total / count
+
+
+# -------------------------------------------------------------------------------------------------
+# resume state: safetensors for tensors, JSON for the rest, swapped in atomically
+
+
+def save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
+               dist: DistInfo) -> None:
+    """Every rank joins the gather (FSDP); rank 0 writes <path>/ as a whole directory swap."""
+    from safetensors.torch import save_file
+
+    model_sd, optim_sd = full_state(model, optimizer)
+    if not dist.is_main:
+        barrier(dist)
+        return
+    tensors = {f"model/{k}": v.contiguous() for k, v in model_sd.items()}
+    for fqn, st in optim_sd["state"].items():
+        for key, v in st.items():
+            tensors[f"optim/{fqn}/{key}"] = v.detach().cpu().contiguous() if torch.is_tensor(v) else torch.tensor(v)
+    tensors["rng/cpu"] = torch.get_rng_state()
+    if dist.device.type == "cuda":
+        tensors["rng/cuda"] = torch.cuda.get_rng_state(dist.device)
+    meta = {**meta, "param_groups": optim_sd["param_groups"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_file(tensors, str(tmp / STATE_TENSORS))
+        (tmp / STATE_JSON).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)  # the only moment the state changes: either the old or the new one is complete
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    barrier(dist)
+
+
+def load_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo) -> dict[str, Any]:
+    """Restore model, optimizer and RNG from <path>; returns the JSON metadata (step, trajectory, ...)."""
+    from safetensors.torch import load_file
+
+    meta = json.loads((path / STATE_JSON).read_text(encoding="utf-8"))
+    tensors = load_file(str(path / STATE_TENSORS))
+    model_sd = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        if k.startswith("optim/"):
+            fqn, key = k[len("optim/"):].rsplit("/", 1)
+            state.setdefault(fqn, {})[key] = v
+    load_full_state(model, optimizer, model_sd, {"state": state, "param_groups": meta["param_groups"]})
+    torch.set_rng_state(tensors["rng/cpu"])
+    if dist.device.type == "cuda" and "rng/cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["rng/cuda"], dist.device)
+    return meta
+
+
+# -------------------------------------------------------------------------------------------------
+# the loop
+
+
+class Trainer:
+    """Owns the model, optimizer, data and logs of one run; `run()` trains to the end (or `stop_after`)."""
+
+    def __init__(self, cfg: RunConfig, dist: DistInfo, callback: Callback | None = None):
+        self.cfg, self.dist, self.callback = cfg, dist, callback
+        self.out = Path(cfg.out)
+        if cfg.global_batch % dist.world:
+            raise ValueError(f"global_batch={cfg.global_batch} is not divisible by the world size {dist.world}")
+        self.local_batch = cfg.global_batch // dist.world
+        self.micro = cfg.micro_batch or self.local_batch
+        if self.local_batch % self.micro:
+            raise ValueError(f"micro_batch={self.micro} must divide the per-rank batch {self.local_batch} "
+                             f"(global_batch={cfg.global_batch} / world={dist.world})")
+        self.accum = self.local_batch // self.micro
+
+        self.train_data = open_data(cfg.data, "train")
+        self.n_train = self.train_data.n_sequences(cfg.seq_len)
+        # the corpus builder's hash covers every split + the manifest; else hash the train shards ourselves,
+        # on rank 0 only (FineWeb-Edu is ~20 GB: one read, not one per rank)
+        self.data_hash = (self.train_data.manifest or {}).get("data_hash") or broadcast_object(
+            self.train_data.data_hash() if dist.is_main else None, dist)
+        mcfg = cfg.model_config()
+        self._check_tokenizer(mcfg.vocab_size)
+
+        torch.manual_seed(cfg.seed)  # same on every rank: nothing random happens per rank
+        self.raw = build_model(mcfg, seed=cfg.seed).to(dist.device)  # identical init on every rank
+        self.n_params = sum(p.numel() for p in self.raw.parameters())
+        self.flops_per_token = flops_per_token(self.raw, cfg.seq_len)
+        self.peak = peak_flops(dist.device)
+        if cfg.compile:  # per block (torchtitan), in place: parameter names (and so checkpoints) do not change
+            import torch._dynamo.config as dynamo_config
+
+            # routers may differ per layer (e.g. AttnRes reads a growing set of sources): one graph per block
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * mcfg.n_layer + 8)
+            for block in self.raw.blocks:
+                block.compile()
+        self.model = wrap_model(self.raw, dist, fsdp=cfg.fsdp)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas,
+                                           eps=cfg.eps, fused=dist.device.type == "cuda" or None)
+        self.step = 0
+        self.elapsed = 0.0  # training wall time summed over resumes
+        self.last_val: float | None = None
+
+    def _check_tokenizer(self, vocab_size: int) -> None:
+        from ..data.tokenizers import get_tokenizer
+
+        self.tokenizer = get_tokenizer(self.cfg.tokenizer)
+        if self.tokenizer.vocab_size > vocab_size:
+            raise ValueError(f"tokenizer {self.tokenizer.name!r} has {self.tokenizer.vocab_size} ids but "
+                             f"model.vocab_size={vocab_size}")
+        manifest_tok = (self.train_data.manifest or {}).get("tokenizer")
+        name = manifest_tok.get("name") if isinstance(manifest_tok, dict) else manifest_tok
+        if name is not None and name != self.tokenizer.name:
+            raise ValueError(f"{self.cfg.data}: shards were tokenized with {name!r}, recipe says {self.tokenizer.name!r}")
+
+    # --- pieces --------------------------------------------------------------------------------------
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """This rank's micro-batches of `step`: (micro, seq_len + 1) token windows each."""
+        ids = micro_batch_ids(step, self.cfg.global_batch, self.cfg.data_seed, self.n_train, rank=self.dist.rank,
+                              world=self.dist.world, micro=self.micro)
+        return [torch.from_numpy(self.train_data.batch(i, self.cfg.seq_len)).to(self.dist.device, non_blocking=True)
+                for i in ids]
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        lr = lr_at(step, cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        loss_sum = 0.0
+        batches = self.micro_batches(step)
+        for a, xy in enumerate(batches):
+            with grad_sync(self.model, a == self.accum - 1), autocast(self.dist.device, cfg.dtype):
+                logits = self.model(xy[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), xy[:, 1:].flatten())
+                (loss / self.accum).backward()  # so the summed micro-grads are the mean over the local batch
+            loss_sum += loss.detach()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, grad_norm = all_reduce([float(loss_sum) / self.accum, float(norm)], self.dist)
+        return {"loss": loss, "lr": lr, "grad_norm": grad_norm}
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.dist.is_main:
+            with open(self.out / LOG, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _truncate_log(self, step: int) -> None:
+        """After a resume at `step`, drop log lines of steps the killed run did past its last save."""
+        path = self.out / LOG
+        if self.dist.is_main and path.exists():
+            keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= step]
+            path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+
+    def state_meta(self) -> dict[str, Any]:
+        return {"step": self.step, "elapsed_s": self.elapsed, "last_val": self.last_val, "world": self.dist.world,
+                "trajectory": self.cfg.trajectory(), "data_hash": self.data_hash, "torch": torch.__version__}
+
+    def save(self) -> None:
+        save_state(self.out / "resume", self.model, self.optimizer, self.state_meta(), self.dist)
+
+    def maybe_resume(self) -> None:
+        path = self.out / "resume"
+        if not (self.cfg.resume and (path / STATE_JSON).exists()):
+            return
+        meta = json.loads((path / STATE_JSON).read_text(encoding="utf-8"))
+        if meta["trajectory"] != self.cfg.trajectory():
+            diff = sorted(k for k in meta["trajectory"] if meta["trajectory"][k] != self.cfg.trajectory().get(k))
+            raise ValueError(f"{path}: resume state was written by a different run (differs in: {', '.join(diff)}); "
+                             "use another out= or resume=false")
+        if meta["data_hash"] != self.data_hash:
+            raise ValueError(f"{path}: resume state was trained on different data (hash mismatch)")
+        meta = load_state(path, self.model, self.optimizer, self.dist)
+        self.step, self.elapsed, self.last_val = meta["step"], meta["elapsed_s"], meta.get("last_val")
+        self._truncate_log(self.step)
+
+    # --- run -----------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, dist = self.cfg, self.dist
+        if dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        barrier(dist)
+        self.maybe_resume()
+        if self.step == 0:
+            self._truncate_log(0)
+        self.model.train()
+        stop = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
+        while self.step < stop:
+            t0 = time.perf_counter()
+            rec = self.train_step(self.step)
+            dt = time.perf_counter() - t0
+            self.elapsed += dt
+            self.step += 1
+            tok_s = cfg.tokens_per_step / dt
+            rec = {"step": self.step, **rec, "tokens": self.step * cfg.tokens_per_step, "tok_s": tok_s,
+                   "mfu": tok_s * self.flops_per_token / (self.peak * dist.world) if self.peak else None}
+            if not math.isfinite(rec["loss"]):
+                raise FloatingPointError(f"loss is {rec['loss']} at step {self.step}")
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                self.last_val = rec["val_loss"] = self.evaluate(cfg.eval_batches)
+            if rec.get("val_loss") is not None or self.step % cfg.log_every == 0 or self.step in (1, cfg.steps):
+                self.log(rec)
+            if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == stop:
+                self.save()
+            if self.callback is not None:
+                self.callback(self.step, rec)
+        if self.step < cfg.steps:  # stopped early on purpose: the resume state is on disk
+            return {"step": self.step, "stopped": True}
+        return self.finish()
+
+    def evaluate(self, batches: int) -> float:
+        model = self.model if self.cfg.fsdp else self.raw  # DDP replicas are identical: no collectives needed
+        return evaluate(model, self.cfg.data, self.cfg.seq_len, batch_size=self.micro,
+                        max_sequences=batches * self.cfg.global_batch, dtype=self.cfg.dtype, dist=self.dist)
+
+    def finish(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        val = self.evaluate(cfg.final_eval_batches)
+        eval_s = time.perf_counter() - t0
+        model_sd, _ = full_state(self.model, self.optimizer)  # collective under FSDP: every rank joins
+        record = self.train_record(val, eval_s)
+        if self.dist.is_main:
+            from ..io import checkpoint
+
+            export = build_model(cfg.model_config(), seed=None)
+            export.load_state_dict(model_sd)
+            record["checkpoint"] = str(checkpoint.save(export, cfg.export_dir, train=record,
+                                                       extra_files=self.tokenizer_files(), overwrite=True))
+            self.log({"step": self.step, "final_val_loss": val})
+        barrier(self.dist)
+        return record
+
+    def tokenizer_files(self) -> dict[str, bytes]:
+        """The tokenizer's own saved files (tokenizer_config.json, + HF tokenizer.json for BPE), so
+        `load_tokenizer(checkpoint_dir)` works on the exported checkpoint."""
+        with tempfile.TemporaryDirectory() as tmp:
+            self.tokenizer.save(tmp)
+            return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+
+    def train_record(self, val: float, eval_s: float) -> dict[str, Any]:
+        cfg = self.cfg
+        c = self.raw.config
+        emb = c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
+        return {
+            "name": cfg.name, "recipe": cfg.to_dict(), "meta": cfg.meta, "seed": cfg.seed, "data_seed": cfg.data_seed,
+            "data": cfg.data, "data_hash": self.data_hash, "tokenizer": self.tokenizer.name,
+            "steps": self.step, "tokens": self.step * cfg.tokens_per_step, "final_val_loss": val,
+            "val_batches": cfg.final_eval_batches or "all", "eval_s": eval_s,
+            "params": {"total": self.n_params, "embedding": emb, "non_embedding": self.n_params - emb},
+            "flops_per_token": self.flops_per_token, "wall_time_s": self.elapsed,
+            "tokens_per_s": self.step * cfg.tokens_per_step / self.elapsed if self.elapsed else None,
+            "world_size": self.dist.world, "device": str(self.dist.device), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "git_sha": _git_sha(),
+        }
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# -------------------------------------------------------------------------------------------------
+# entry points
+
+
+def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]:
+    """Train one run (single process, or one rank of a torchrun job). Returns the train record (with
+    `final_val_loss` and `checkpoint`), or {"step", "stopped": True} when `stop_after` ended it early."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dist = init_distributed(cfg.device)
+    try:
+        return Trainer(cfg, dist, callback).run()
+    finally:
+        shutdown(dist)
+
+
+def run_recipe(recipe: str | os.PathLike, overrides: Sequence[str] = (), run: str | None = None,
+               callback: Callback | None = None) -> dict[str, Any]:
+    """`depthlens train`: load a recipe (one run of it), apply key=value overrides, train."""
+    return train(load_recipe(recipe, overrides, run=run), callback=callback)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m depthlens.training.trainer", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help="recipe JSON (one run, or a grid with base + runs)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (model.n_layer=8, lr=1e-3, steps=200)")
+    p.add_argument("--run", help="run name in a grid recipe")
+    p.add_argument("--list", action="store_true", help="list the recipe's runs and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        for name in recipe_runs(read_recipe(args.recipe)):
+            print(name)
+        return 0
+    record = run_recipe(args.recipe, args.overrides, run=args.run)
+    if int(os.environ.get("RANK", "0")) == 0:
+        keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
+        print(json.dumps({k: record[k] for k in keys if k in record}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""Causal score C(s, t) (spec diagnostics §2): structure, closed forms and independent re-implementations."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from depthlens.analysis.causal import causal_scores, future_cuts, token_nll
+from depthlens.analysis.evaldata import EvalData, random_eval_data
+from depthlens.designs import SLUGS
+from depthlens.errors import DepthlensError
+from depthlens.models.config import ModelConfig
+from depthlens.models.model import build_model
+from depthlens.models.residual.base import RunContext
+
+torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a linear residual "model" implementing the LayeredLM protocol: h_{l+1} = h_l + keep · A_l h_l, no norm
+
+
+class _LinearDesign:
+    slug = "linear"
+    multi_stream = False
+    editable_view = True
+
+    def view(self, state):
+        return state["h"]
+
+    def update_norm_dims(self):
+        return 1
+
+
+class LinearLM(torch.nn.Module):
+    """f_l(h) = A_l h per token (no attention, no norm); logits = h U. Used by the causal and permutation tests."""
+
+    def __init__(self, A: torch.Tensor, vocab: int = 11, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.A = torch.nn.Parameter(A.double(), requires_grad=False)  # (L, d, d)
+        d = A.shape[-1]
+        self.E = torch.nn.Parameter(torch.randn(vocab, d, generator=g, dtype=torch.float64), requires_grad=False)
+        self.U = torch.nn.Parameter(torch.randn(d, vocab, generator=g, dtype=torch.float64), requires_grad=False)
+        self.design = _LinearDesign()
+
+    @property
+    def n_layer(self) -> int:
+        return self.A.shape[0]
+
+    def context(self, seq_len, *, record=False, device=None):
+        z = torch.zeros(seq_len, 2)
+        return RunContext(cos=z, sin=z, record={} if record else None)
+
+    def embed(self, tokens, ctx):
+        return {"h": self.E[tokens]}
+
+    def run_layers(self, state, ctx, start=0, stop=None, *, keep=None, unit="block", order=None, swap="body",
+                   on_layer=None):
+        stop = self.n_layer if stop is None else stop
+        h = state["h"]
+        for p in range(start, stop):
+            A = self.A[order[p] if order is not None else p]
+            u = h @ A.T
+            if keep is not None and keep.get(p) is not None:
+                u = u * keep[p].to(u.dtype)[..., None]
+            h = h + u
+            if on_layer is not None:
+                on_layer(p, {"h": h}, u)
+        return {"h": h}
+
+    def final_hidden(self, state, ctx):
+        return state["h"]
+
+    def head(self, state, ctx):
+        return state["h"] @ self.U
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fixtures
+
+
+def _model(arch: str = "preln", n_layer: int = 4, seed: int = 0):
+    try:
+        return build_model(ModelConfig.debug(arch, n_layer=n_layer), seed=seed).eval()
+    except ValueError as e:
+        if "not implemented in this build" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
+@pytest.fixture(scope="module")
+def preln():
+    return _model("preln", 4)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return random_eval_data(97, n_seq=3, seq_len=24, seed=1, bos_id=96)
+
+
+@pytest.fixture(scope="module")
+def ds(preln, data):
+    return causal_scores(preln, data, direct=True, batch_size=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# structure
+
+
+def test_future_strictly_upper_triangular(ds):
+    C = ds.causal_score.sel(variant="future").values  # (aggregator, s, t)
+    L = C.shape[-1]
+    lower = np.tril(np.ones((L, L), bool))
+    assert np.all(C[:, lower] == 0)
+    assert np.all(C[:, ~lower] > 0)
+
+
+def test_current_unit_diagonal_zero_lower(ds):
+    C = ds.causal_score.sel(variant="current")
+    for agg in ("max", "mean", "p95", "p99", "pooled"):
+        m = C.sel(aggregator=agg).values
+        np.testing.assert_allclose(np.diag(m), 1.0, rtol=1e-6)
+        assert np.all(m[np.tril_indices(4, -1)] == 0)
+
+
+def test_null_intervention_is_exactly_zero(ds):
+    assert ds.null_score.values.tolist() == [0.0, 0.0]
+
+
+def test_zero_output_layer_gives_zero_row(data):
+    m = _model("preln", 4)
+    with torch.no_grad():
+        m.blocks[1].attn.fn.o_proj.weight.zero_()
+        m.blocks[1].mlp.fn.down_proj.weight.zero_()
+    d = causal_scores(m, data, variants=("current",), batch_size=4)
+    C = d.causal_score.sel(variant="current")
+    assert np.all(C.sel(aggregator=["max", "mean", "p95", "p99"]).values[:, 1] == 0)
+    pooled = C.sel(aggregator="pooled").values[1]
+    assert np.isnan(pooled[1]) and np.all(np.delete(pooled, 1) == 0)  # 0/0 on its own (zero) update: undefined
+    assert np.all(d.output_effect.values[:, 1] == 0) and np.all(d.skip_delta_loss.values[1] == 0)
+
+
+def test_direct_effect_diagonal_zero(ds):
+    Cd = ds.direct_score.values
+    assert np.all(np.diagonal(Cd, axis1=-2, axis2=-1) == 0)
+    # the last-but-one layer only feeds the last one directly: C_dir = C there
+    np.testing.assert_allclose(Cd[..., 2, 3], ds.causal_score.values[..., 2, 3], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# closed forms on the linear residual net
+
+
+def test_linear_closed_form():
+    g = torch.Generator().manual_seed(0)
+    A = 0.3 * torch.randn(3, 5, 5, generator=g, dtype=torch.float64)
+    lm = LinearLM(A)
+    toks = torch.tensor([[0, 3]])  # one measured token (position 1)
+    d = causal_scores(lm, EvalData.from_tokens(toks), variants=("current",), direct=True)
+    h0 = lm.E[3]
+    A0, A1, A2 = A
+    expected01 = torch.linalg.norm(A1 @ A0 @ h0) / torch.linalg.norm(A1 @ (h0 + A0 @ h0))
+    C = d.causal_score.sel(variant="current")
+    for agg in ("max", "mean", "pooled"):
+        assert C.sel(aggregator=agg).values[0, 1] == pytest.approx(float(expected01), rel=1e-5)
+    # direct effect C_dir(0, 2) = |A2 A0 h0| / |A2 h2| (h2 = clean input of layer 2), no mediation via layer 1
+    h1 = h0 + A0 @ h0
+    h2 = h1 + A1 @ h1
+    dir02 = torch.linalg.norm(A2 @ (A0 @ h0)) / torch.linalg.norm(A2 @ h2)
+    assert d.direct_score.sel(variant="current", aggregator="max").values[0, 2] == pytest.approx(float(dir02), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# prefix reuse + staircase batching vs a naive loop (one full forward per intervention)
+
+
+def _naive(model, tokens, s_list, intervene, measure):
+    """{s: (max, mean, pooled) matrices row, O, dloss} from full forwards with keep masks."""
+    L, T = model.n_layer, tokens.shape[1]
+
+    def run(keep=None):
+        ctx = model.context(T)
+        ups = {}
+        st = model.run_layers(model.embed(tokens, ctx), ctx, keep=keep, on_layer=lambda p, s, u: ups.__setitem__(p, u))
+        return ups, model.head(st, ctx)
+
+    with torch.no_grad():
+        clean, logits0 = run()
+        out = {}
+        for s in s_list:
+            keep = torch.ones(tokens.shape, dtype=torch.bool)
+            keep[:, intervene] = False
+            new, logits = run({s: keep})
+            row = {}
+            for t in range(s, L):
+                diff = (new[t] - clean[t])[:, measure].double()
+                den = clean[t][:, measure].double()
+                r = diff.norm(dim=-1) / den.norm(dim=-1).clamp_min(1e-6)
+                row[t] = (float(r.max()), float(r.mean()), float((diff.square().sum() / den.square().sum()).sqrt()))
+            dp = (logits.softmax(-1) - logits0.softmax(-1)).norm(dim=-1)[:, measure]
+            out[s] = (row, float(dp.max()), float((token_nll(logits, tokens) - token_nll(logits0, tokens)).mean()))
+    return out
+
+
+@pytest.mark.parametrize("variant", ["current", "future"])
+def test_engine_equals_naive_loop(preln, data, variant):
+    T = data.seq_len
+    d = causal_scores(preln, data, variants=(variant,), n_cuts=1, batch_size=5, seq_batch=2)
+    if variant == "current":
+        intervene, measure = slice(1, T), slice(1, T)
+    else:
+        c = future_cuts(T, 1)[0]
+        intervene, measure = slice(1, c), slice(c, T)
+    ref = _naive(preln, data.tokens, range(4), intervene, measure)
+    C = d.causal_score.sel(variant=variant)
+    for s, (row, o, dl) in ref.items():
+        for t, (mx, mean, pooled) in row.items():
+            np.testing.assert_allclose([C.sel(aggregator=a).values[s, t] for a in ("max", "mean", "pooled")],
+                                       [mx, mean, pooled], rtol=2e-5, atol=1e-6)
+        assert d.output_effect.sel(variant=variant).values[s] == pytest.approx(o, rel=1e-4, abs=1e-7)
+        if variant == "current":
+            assert d.skip_delta_loss.values[s] == pytest.approx(dl, rel=1e-4, abs=1e-6)
+
+
+def test_batched_equals_unbatched(preln, data):
+    a = causal_scores(preln, data, variants=("current", "future"), batch_size=1)
+    b = causal_scores(preln, data, variants=("current", "future"), batch_size=16, seq_batch=3)
+    np.testing.assert_allclose(a.causal_score.values, b.causal_score.values, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(a.seq_max.values, b.seq_max.values, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(a.output_effect.values, b.output_effect.values, rtol=1e-4, atol=1e-7)
+
+
+def test_late_layers_match_all_layers(preln, data, ds):
+    late = causal_scores(preln, data, variants=("current",), layers="late")
+    m = late.causal_score.sel(variant="current").values
+    assert np.all(np.isnan(m[:, 0]))  # s = 0 not skipped: row undefined
+    np.testing.assert_allclose(m[:, 1:], ds.causal_score.sel(variant="current").values[:, 1:], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Csordás' test_effect, re-implemented with plain torch forward hooks on the blocks
+
+
+def _merge_io(intervened, orig, t, no_skip_front=1):
+    """Csordás merge_io: positions [no_skip_front, t) (t=None: to the end) take the intervened value."""
+    out = orig.clone()
+    out[:, no_skip_front:t] = intervened[:, no_skip_front:t]
+    return out
+
+
+def csordas_test_effect(model, tokens, positions):
+    """Max over (cuts, measured positions) of |Δ'_i − Δ_i| / max(|Δ_i|, 1e-6); rows = skipped layer s."""
+    L = len(model.blocks)
+
+    def forward(skip=None, cut=None):
+        deltas, handles = {}, []
+        for i, blk in enumerate(model.blocks):
+            def hook(mod, args, kwargs, output, i=i):
+                h_in, (state, carry) = args[0]["h"], output
+                h_out = state["h"]
+                if i == skip:
+                    h_out = _merge_io(h_in, h_out, cut)
+                deltas[i] = (h_out - h_in).float()
+                return ({**state, "h": h_out}, carry)
+            handles.append(blk.register_forward_hook(hook, with_kwargs=True))
+        try:
+            model(tokens)
+        finally:
+            for h in handles:
+                h.remove()
+        return deltas
+
+    with torch.no_grad():
+        clean = forward()
+        C = np.zeros((L, L))
+        for cut in positions:
+            F = slice(0, None) if cut is None else slice(cut, None)
+            for s in range(L):
+                new = forward(s, cut)
+                for i in range(L):
+                    r = (new[i] - clean[i])[:, F].norm(dim=-1) / clean[i][:, F].norm(dim=-1).clamp_min(1e-6)
+                    C[s, i] = max(C[s, i], float(r.max()))
+    return C
+
+
+def test_equals_csordas_test_effect(preln, data):
+    T = data.seq_len
+    positions = list(range(8, T - 4, 8))
+    random.Random(123).shuffle(positions)
+    positions = positions[:4]
+    d = causal_scores(preln, data, variants=("current", "future"), null=False, outputs=False)
+    ours = d.causal_score.sel(aggregator="max")
+    np.testing.assert_allclose(ours.sel(variant="current").values, csordas_test_effect(preln, data.tokens, [None]),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.sel(variant="future").values, csordas_test_effect(preln, data.tokens, positions),
+                               rtol=1e-5, atol=1e-6)
+    assert d.attrs["cut_positions_json"] == f'{{"future": {positions}}}'.replace("'", '"')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# every design that this build can construct
+
+
+@pytest.mark.parametrize("arch", SLUGS)
+def test_all_designs_structure(arch, data):
+    m = _model(arch, 3)
+    d = causal_scores(m, data, n_cuts=2, batch_size=4)
+    cur = d.causal_score.sel(variant="current", aggregator="max").values
+    assert np.all(np.isfinite(cur))
+    assert np.all(np.tril(cur, -1) == 0)
+    np.testing.assert_allclose(np.diag(cur), 1.0, rtol=1e-5)
+    fut = d.causal_score.sel(variant="future").values
+    assert np.all(fut[:, np.tril_indices(3)[0], np.tril_indices(3)[1]] == 0)
+    assert np.all(d.null_score.values == 0)
+    assert d.attrs["skip_mode"]
+
+
+def test_unit_and_errors(preln, data):
+    m = causal_scores(preln, data, variants=("current",), unit="mlp", null=False)
+    assert m.attrs["unit"] == "mlp"
+    # skipping the MLP write of layer s leaves u'_s = a_s, so C(s, s) = max |m_s| / |a_s + m_s| (hooks)
+    _, cache = preln.run_with_cache(data.tokens)
+    for s in range(4):
+        a, mo = cache[f"blocks.{s}.hook_attn_out"][:, 1:], cache[f"blocks.{s}.hook_mlp_out"][:, 1:]
+        expected = float((mo.norm(dim=-1) / (a + mo).norm(dim=-1)).max())
+        assert m.causal_score.sel(variant="current", aggregator="max").values[s, s] == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(DepthlensError, match="variant"):
+        causal_scores(preln, data, variants=("past",))
+    with pytest.raises(DepthlensError, match="unit"):
+        causal_scores(preln, data, unit="head")
+    with pytest.raises(DepthlensError, match="seq_len >= 13"):
+        causal_scores(preln, EvalData.from_tokens(data.tokens[:, :10]), variants=("future",))
+    with pytest.raises(DepthlensError, match="layer"):
+        causal_scores(preln, data, layers=[7])
