@@ -394,3 +394,35 @@ def test_eval_data_is_packed_with_the_models_own_tokenizer(hf_dirs, loaded, tmp_
     ds = api.angular(loaded["llama"], data)
     assert ds.attrs["design"] == "preln" and ds.angular_distance.shape == (5, 5)
     assert tokenizer_for(hf_dirs["gpt2"]) is None
+
+
+# --- the CLI on a foreign checkpoint (issue: `depthlens causal path/to/hf_model --threshold 0.45`) ----------
+
+@pytest.mark.parametrize("fam", ["llama"])  # the qwen2 fixture tokenizer (280 ids) outgrows its 101-id model
+def test_cli_causal_on_hf_directory_with_its_tokenizer(hf_dirs, tmp_path, fam):
+    import json
+
+    from typer.testing import CliRunner
+
+    from depthlens.cli import app
+
+    text = tmp_path / "eval.txt"
+    text.write_text(" ".join(f"w{i % 37}" for i in range(3000)))
+    out = tmp_path / "c.nc"
+    r = CliRunner().invoke(app, ["causal", str(hf_dirs[fam]), "--threshold", "0.45", "--data", str(text),
+                                 "--n-seq", "2", "--seq-len", "16", "--n-boot", "20", "--json", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    h = json.loads(r.stdout)
+    assert h["n_pairs"] == 3 and 0 <= h["share"] <= 1 and out.exists()
+
+
+def test_cli_refuses_hf_model_without_tokenizer_on_text(hf_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from depthlens.cli import app
+
+    text = tmp_path / "eval.txt"
+    text.write_text("some words " * 200)
+    r = CliRunner().invoke(app, ["angular", str(hf_dirs["mistral"]), "--data", str(text), "--n-seq", "2",
+                                 "--seq-len", "16", "--out", str(tmp_path / "a.nc")])
+    assert r.exit_code == 1 and "no tokenizer" in r.stderr and not (tmp_path / "a.nc").exists()

@@ -1,6 +1,6 @@
 """Angular distance between residual states (Gromov et al. 2024; spec diagnostics §1).
 
-  D_n(ℓ) = E_{(b,τ)} d(h_ℓ[b,τ], h_{ℓ+n}[b,τ]),  d(x, y) = (2/π) atan2(‖x̂−ŷ‖, ‖x̂+ŷ‖) ∈ [0, 1]
+  D_n(ℓ) = E_{(b,τ)} d(h_ℓ[b,τ], h_{ℓ+n}[b,τ]),   d(x, y) = (2/π) atan2(‖x̂−ŷ‖, ‖x̂+ŷ‖)
 
 for every state ℓ = 0..L (h_0 = embedding state, h_L = `model.final_hidden`, before the final norm) and
 every offset n = 0..L−ℓ. One forward per batch: the states are read in the `on_layer` stream, cut to the

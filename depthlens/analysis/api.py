@@ -30,21 +30,32 @@ from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
 
 def load_model(model_or_path: Any, *, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> tuple[Any, Path | None]:
-    """(model in eval mode, checkpoint directory or None). Paths go through `depthlens.io.checkpoint.load`."""
+    """(model in eval mode, checkpoint directory or None). Paths go through `depthlens.adapters.load_any`,
+    so depthlens checkpoints and local Hugging Face model directories both work."""
     if isinstance(model_or_path, (str, os.PathLike)):
-        from depthlens.io.checkpoint import load
+        from depthlens.adapters import load_any
 
-        ck = load(model_or_path, device=str(device), dtype=dtype)
-        return ck.model, Path(model_or_path)
+        model, _meta = load_any(model_or_path, device=str(device), dtype=dtype)
+        return model.eval(), Path(model_or_path)
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
 
 
-def _tokenizer_for(checkpoint: Path | None) -> Any:
-    if checkpoint is not None and (checkpoint / "tokenizer_config.json").is_file():
-        from depthlens.data.tokenizers import load_tokenizer
+def _tokenizer_for(checkpoint: Path | None, model: Any = None) -> Any:
+    """The checkpoint's own tokenizer; bytes for byte-vocabulary models; otherwise refuse (random ids would
+    silently measure noise)."""
+    if checkpoint is not None:
+        from depthlens.adapters import tokenizer_for
 
-        return load_tokenizer(checkpoint)
-    return "bytes"
+        tok = tokenizer_for(checkpoint)
+        if tok is not None:
+            return tok
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if model is None or vocab in (None, 257):
+        return "bytes"
+    from depthlens.errors import DataError
+
+    raise DataError(f"{checkpoint or 'model'}: no tokenizer found for a vocabulary of {vocab}; "
+                    "pass eval data as token shards (--data DIR) or an EvalData")
 
 
 def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_seq: int = DEFAULT_N_SEQ,
@@ -59,9 +70,15 @@ def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_
         out = EvalData.from_tokens(data)
     else:
         T = seq_len or min(DEFAULT_SEQ_LEN, max_len or DEFAULT_SEQ_LEN)
-        out = load_eval_data(data, _tokenizer_for(checkpoint), n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
+        tok = "bytes" if _is_shards(data) else _tokenizer_for(checkpoint, model)
+        out = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
     out.check_model(getattr(cfg, "vocab_size", None), max_len)
     return out
+
+
+def _is_shards(data: Any) -> bool:
+    """A directory of token shards needs no tokenizer (ids are read as they are)."""
+    return isinstance(data, (str, os.PathLike)) and Path(data).is_dir()
 
 
 def _run(fn: Callable[..., xr.Dataset], model_or_path: Any, data: Any, opts: dict[str, Any],

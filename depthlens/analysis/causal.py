@@ -8,12 +8,15 @@ dims), the skip is the design's own `keep` mask (spec §0). Variants: `current` 
 `future` I = [1, c), F = [c, T) for K cut positions c (Csordás: range(8, T−4, 8) shuffled by
 random.Random(123), first K = 4). Aggregators max | mean | p95 | p99 | pooled come from one pass.
 
-How it is cheap (spec §2.3), per batch of sequences:
-  1. one clean forward stores the state before every skipped layer s and the clean updates u_t;
-  2. interventions ("arms" = (variant, s, cut)) run in chunks along the batch: a chunk starts at the
-     smallest s and spawns the rows of arm s from the cached clean state when the staircase reaches
-     layer s (prefix reuse + staircase batching), so blocks < s never rerun;
+How it is cheap (spec §2.3), per batch of b sequences:
+  1. the clean prefix (layers < min s) runs once;
+  2. interventions ("arms" = (variant, s, cut)) run in chunks along the batch, as a staircase: the rows of
+     arm s join when the chunk reaches layer s, copied from the clean state there, so blocks < s never
+     rerun (prefix reuse). The first chunk also carries the b clean rows (the trunk), which leave behind
+     the clean updates u_t and the clean states later chunks branch from;
   3. each layer's intervened update is reduced at once to per-token ratios (never L²·T·d in memory).
+Memory: rows per forward ≤ batch_size, plus the clean updates u_t (t ≥ min s) and branch states of b
+sequences.
 Companions from the same runs: output effect O[s] = max ‖p' − p‖₂, layer-skip loss ΔL_skip(s) (nats),
 and the null-intervention noise floor (an arm that skips nothing, through the same batched path). The
 direct effect C_dir (spec §2.4) feeds each later layer its clean input minus the clean u_s.
@@ -22,7 +25,7 @@ direct effect C_dir (spec §2.4) feeds each later layer its clean input minus th
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -82,14 +85,18 @@ def future_cuts(T: int, n_cuts: int = 4, seed: int = 123) -> list[int]:
 
 
 def skip_mode(model) -> str:
-    """How the design implements do(skip s) (recorded with every result)."""
+    """How the design implements do(skip s) on I (spec §0), recorded with every result."""
     cfg = getattr(model, "config", None)
-    design = model.design
-    if getattr(design, "multi_stream", False):
-        return f"multistream:{getattr(cfg, 'multistream_skip', 'unknown')}"
-    if "attnres" in getattr(design, "slug", ""):
-        return f"attnres:{getattr(cfg, 'attnres_skip', 'unknown')}"
-    return "keep-mask (single stream: h_{s+1} := h_s on I, Csordás merge_io)"
+    slug = getattr(model.design, "slug", "?")
+    if getattr(model.design, "multi_stream", False):
+        return f"{slug}: multistream_skip={getattr(cfg, 'multistream_skip', '?')}"
+    if "attnres" in slug:
+        return f"{slug}: attnres_skip={getattr(cfg, 'attnres_skip', '?')}"
+    from depthlens.designs import DESIGNS
+
+    if slug in DESIGNS and DESIGNS[slug].group != "baseline" and DESIGNS[slug].group != "norm":
+        return f"{slug}: the design's keep mask"
+    return f"{slug}: h_(s+1) := h_s on I (Csordas merge_io)"
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,10 @@ class Arm:
     intervene: torch.Tensor  # (T,) bool: positions I
     measure: torch.Tensor  # (T,) bool: positions F
     null: bool = False  # skip nothing (noise floor)
+
+    @property
+    def measure_np(self) -> np.ndarray:
+        return self.measure.numpy()
 
     @property
     def keep(self) -> torch.Tensor:
@@ -147,11 +158,16 @@ class _CellStore:
         """Layer t of several arms: ratio, diff_sq (A, b, T) for the b sequences `seqs`; clean_sq (b, T)."""
         cells = np.array([self.index[(a.s, t)] for a in arms])[:, None]
         ks = np.array([a.k for a in arms])[:, None]
-        measure = np.stack([a.measure.numpy() for a in arms])[:, None, :]  # (A, 1, T)
+        measure = np.stack([a.measure_np for a in arms])[:, None, :]  # (A, 1, T)
         seq = np.arange(seqs.start, seqs.stop)[None, :]
         self.R[cells, seq, ks] = np.where(measure, ratio, np.nan)
-        np.add.at(self.num, (cells, seq), (diff_sq * measure).sum(-1))  # add.at: cuts of one cell repeat
-        np.add.at(self.den, (cells, seq), (clean_sq * measure).sum(-1))
+        num, den = (diff_sq * measure).sum(-1), (clean_sq * measure).sum(-1)
+        if len(np.unique(cells)) == len(cells):
+            self.num[cells, seq] += num
+            self.den[cells, seq] += den
+        else:  # several cuts of one cell in this call: unbuffered add
+            np.add.at(self.num, (cells, seq), num)
+            np.add.at(self.den, (cells, seq), den)
 
     def per_sequence(self) -> dict[str, np.ndarray]:
         """Per (cell, sequence): max, sum, count of ratios, Σ‖Δ‖², Σ‖u‖² (enough for max/mean/pooled)."""
@@ -209,36 +225,15 @@ class _Results:
 
 @dataclass
 class _Clean:
-    """Clean-run products for one batch of b sequences."""
+    """Clean-run products for one batch of b sequences, filled by the trunk rows of the first chunk."""
 
-    states: dict[int, State]  # state before layer p (batch of b)
-    updates: dict[int, torch.Tensor]  # u_p (b, T, D) float32, flattened update dims
-    update_sq: dict[int, torch.Tensor]  # ‖u_p‖² per token (b, T)
-    probs: torch.Tensor | None  # (b, T, V) float32
-    nll: torch.Tensor | None  # (b, T−2)
-
-
-@torch.no_grad()
-def _clean_run(model, tokens, ctx, state_layers: set[int], update_from: int, ndims: int, outputs: bool) -> _Clean:
-    states, updates, sq = {}, {}, {}
-    state = model.embed(tokens, ctx)
-    if 0 in state_layers:
-        states[0] = state
-
-    def on_layer(p: int, s: State, u: torch.Tensor) -> None:
-        if p + 1 in state_layers:
-            states[p + 1] = s
-        if p >= update_from:
-            updates[p] = _flat_update(u, ndims)
-            sq[p] = updates[p].square().sum(-1)
-
-    state = model.run_layers(state, ctx, on_layer=on_layer)
-    probs = nll = None
-    if outputs:
-        logits = model.head(state, ctx)
-        probs = logits.float().softmax(-1)
-        nll = token_nll(logits, tokens)
-    return _Clean(states, updates, sq, probs, nll)
+    need_states: set[int]  # layers p whose clean input state later chunks (or C_dir) spawn from
+    states: dict[int, State] = field(default_factory=dict)  # state before layer p (batch of b)
+    updates: dict[int, torch.Tensor] = field(default_factory=dict)  # u_p (b, T, D) float32, flattened dims
+    update_sq: dict[int, torch.Tensor] = field(default_factory=dict)  # ‖u_p‖² per token (b, T)
+    final: State | None = None  # state after the last layer
+    probs: torch.Tensor | None = None  # (b, T, V) float32
+    nll: torch.Tensor | None = None  # (b, T−2)
 
 
 def _keep_rows(arms: list[Arm], b: int) -> torch.Tensor:
@@ -248,33 +243,59 @@ def _keep_rows(arms: list[Arm], b: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str,
-               on_update: Callable[[int, list[Arm], torch.Tensor], None]) -> tuple[State, list[Arm]]:
-    """Staircase over the chunk's arms (sorted by s): rows of arm a join at layer a.s from the cached state."""
+def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str, ndims: int,
+               on_update: Callable[[int, list[Arm], torch.Tensor], None], trunk: State | None = None,
+               start: int | None = None) -> tuple[State | None, list[Arm]]:
+    """Staircase over the chunk's arms (sorted by s): the rows of arm a join at layer a.s as a copy of the
+    clean state before a.s, so layers below a.s never rerun for it.
+
+    With `trunk` (the clean state before layer `start`), the clean rows ride along as the first b rows (spec
+    §2.3: the clean branch plus one branch per skipped s) and fill `clean` on the way: the states later chunks
+    spawn from, the clean updates u_p the ratios compare to, and the final state. Returns the arms' final
+    state (None without arms) and the arms.
+    """
     L = model.n_layer
-    state, active = None, []
-    for p in range(arms[0].s, L):
+    nc = 0 if trunk is None else b
+    state, active = trunk, []
+    for p in range(arms[0].s if trunk is None else start, L):
+        if trunk is not None and p in clean.need_states:
+            clean.states[p] = {k: v[:b].clone() for k, v in state.items()}  # a copy: outlives the batched rows
         new = [a for a in arms if a.s == p]
         keep = None
         if new:
-            spawn = state_repeat(clean.states[p], len(new))
+            src = clean.states[p] if trunk is None else {k: v[:b] for k, v in state.items()}
+            spawn = state_repeat(src, len(new))
             keep_new = _keep_rows(new, b).to(ctx.cos.device)
             if state is None:
                 state, keep = spawn, keep_new
             else:
-                keep = torch.cat([torch.ones(len(active) * b, keep_new.shape[1], dtype=torch.bool,
+                keep = torch.cat([torch.ones(nc + len(active) * b, keep_new.shape[1], dtype=torch.bool,
                                              device=keep_new.device), keep_new])
                 state = state_cat([state, spawn])
             active = active + new
         got: list[torch.Tensor] = []
         state = model.run_layers(state, ctx, p, p + 1, keep={p: keep} if keep is not None else None, unit=unit,
                                  on_layer=lambda pos, s, u: got.append(u))
-        on_update(p, active, got[0])
+        if trunk is not None:
+            clean.updates[p] = _flat_update(got[0][:b], ndims).clone()  # a copy, not a view of all rows
+            clean.update_sq[p] = clean.updates[p].square().sum(-1)
+        if active:
+            on_update(p, active, got[0][nc:])
+    if trunk is not None:
+        clean.final = {k: v[:b] for k, v in state.items()}
+        state = {k: v[b:] for k, v in state.items()} if active else None
     return state, active
 
 
-def _chunks(arms: list[Arm], per_chunk: int) -> list[list[Arm]]:
-    return [arms[i:i + per_chunk] for i in range(0, len(arms), per_chunk)]
+def _split(xs: list, n: int) -> list[list]:
+    return [xs[i:i + n] for i in range(0, len(xs), n)]
+
+
+def _arm_chunks(arms: list[Arm], per_chunk: int) -> list[list[Arm]]:
+    """Consecutive arms (sorted by s); the first chunk also carries the b clean rows, so it takes one arm less
+    (none when a chunk holds a single arm: the clean rows then run alone, as a plain clean pass)."""
+    first = per_chunk - 1
+    return [arms[:first]] + _split(arms[first:], per_chunk)
 
 
 def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> State:
@@ -363,10 +384,11 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, e
     L, (b, T) = model.n_layer, toks.shape
     ndims = int(model.design.update_norm_dims())
     ctx = model.context(T, device=toks.device)
-    need_states = set(range(S[0], L)) if res.dstore else set(S)
-    clean = _clean_run(model, toks, ctx, need_states, S[0], ndims, outputs)
-    if outputs and T > 2:
-        res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
+    chunks = _arm_chunks(arms, per_chunk)
+    # clean states are kept only where a later chunk (or C_dir, at every layer) branches off the trunk
+    later = {a.s for chunk in chunks[1:] for a in chunk}
+    clean = _Clean(need_states=set(range(S[0], L)) if res.dstore else later)
+    trunk = model.run_layers(model.embed(toks, ctx), ctx, 0, S[0])  # the clean prefix, shared by every arm
 
     def on_update(p: int, active: list[Arm], u: torch.Tensor) -> None:
         if not measure:
@@ -379,9 +401,20 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, e
             (res.null_store if null else res.store)[variant].add(
                 [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq)
 
-    for chunk in _chunks(arms, per_chunk):
-        state, active = _run_chunk(model, ctx, clean, chunk, b, unit, on_update)
-        if outputs:
+    for k, chunk in enumerate(chunks):
+        if not chunk and k > 0:
+            continue
+        state, active = _run_chunk(model, ctx, clean, chunk, b, unit, ndims, on_update,
+                                   trunk=trunk if k == 0 else None, start=S[0])
+        if k == 0:
+            trunk = None
+            if outputs:
+                logits = model.head(clean.final, ctx)
+                clean.probs, clean.nll = logits.float().softmax(-1), token_nll(logits, toks)
+                if T > 2:
+                    res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
+            clean.final = None
+        if outputs and active:
             _outputs(model, ctx, state, active, b, toks, clean, seqs, res.O, res.dloss)
         del state
     if res.dstore:
@@ -423,7 +456,7 @@ def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per
     ndims = int(model.design.update_norm_dims())
     for t in range(arms[0].s + 1 if arms else L, L):
         todo = [a for a in arms if a.s < t]
-        for chunk in _chunks(todo, per_chunk):
+        for chunk in _split(todo, per_chunk):
             parts = [_subtract_update(clean.states[t], clean.updates[a.s], a.intervene.to(clean.updates[a.s].device))
                      for a in chunk]
             got: list[torch.Tensor] = []
@@ -451,6 +484,14 @@ def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options)
         C = np.stack([np.stack([store[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
         dv["causal_score"] = (("variant", "aggregator", *LL), C, {
             "long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped", "units": "1"})
+        later = np.triu(np.ones((L, L), bool), 1)  # t > s
+        with np.errstate(invalid="ignore"):
+            mean_down = np.where(later, C, 0).sum(-1) / np.maximum(later.sum(-1), 1)
+        mean_down[..., L - 1] = np.nan  # the last layer has no later layer
+        mean_down[..., [l for l in range(L) if l not in S]] = np.nan
+        dv["mean_downstream_effect"] = (("variant", "aggregator", "layer"), mean_down, {
+            "long_name": "mean causal score on later layers, mean_{t>s} C(s,t) (Csordas skip_max_depth)",
+            "units": "1"})
         per = {v: store[v].per_sequence() for v in variants}
         names = {"max": ("seq_max", "per-sequence max of the token ratios"),
                  "sum": ("seq_sum", "per-sequence sum of the token ratios"),

@@ -7,10 +7,11 @@ L is the mean next-token CE over positions τ = 1..T−2 (BOS excluded), identic
 (paired design). `swap="body"` swaps the block bodies and keeps routing parameters at their depth;
 `swap="all"` moves them too (`run_layers(order=..., swap=...)`).
 
-How it is cheap: one clean forward per batch caches the state before every first-swapped layer i; all
-pairs sharing i start from it (blocks < i never rerun) and run together along the batch. At position i
-each pair runs its own layer j; from there on, rows run the unswapped layer p except the pair whose
-j == p, which runs layer i (at most two groups per position). Per-sequence ΔL is kept (dim `sequence`) for
+How it is cheap: per batch, after one clean forward (the reference distribution), the clean trunk is walked
+layer by layer and every pair (i, j) branches from the trunk state before layer i (blocks < i never rerun
+for a swap; one clean state is held). Pairs sharing i can run together along the batch: at position i each
+pair runs its own layer j; from there on, rows run the unswapped layer p except the pair whose j == p,
+which runs layer i (at most two groups per position). Per-sequence ΔL is kept (dim `sequence`) for
 paired standard errors and bootstrap CIs.
 """
 
@@ -23,7 +24,6 @@ import torch
 import torch.nn.functional as F
 import xarray as xr
 
-from depthlens.analysis.causal import token_nll
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import late_pairs, late_window
@@ -58,10 +58,21 @@ def swapped_order(L: int, i: int, j: int) -> list[int]:
     return order
 
 
-def _token_kl(logp_ref: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(p_ref ‖ p) per token at positions 1..T−2: (b, T−2) float32 (≥ 0 up to rounding)."""
-    logp = F.log_softmax(logits[:, 1:-1].float(), dim=-1)
-    return (logp_ref.exp() * (logp_ref - logp)).sum(-1)
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """log p at the loss positions τ = 1..T−2: (b, T−2, V) float32."""
+    return F.log_softmax(logits[:, 1:-1].float(), dim=-1)
+
+
+def _nll_kl(logp: torch.Tensor, toks: torch.Tensor, logp0: torch.Tensor, p0: torch.Tensor):
+    """Per-token NLL and KL(p0 ‖ p) = Σ p0 (log p0 − log p) from log p (A, b, T−2, V); (A, b, T−2) each.
+
+    The difference is formed inside the sum (exactly 0 for identical distributions) and in place in `logp`,
+    which is consumed, so no further (A, b, T−2, V) temporary is allocated.
+    """
+    A = logp.shape[0]
+    nll = -logp.gather(-1, toks[:, 2:, None].expand(A, *toks[:, 2:].shape, 1)).squeeze(-1)
+    kl = logp.neg_().add_(logp0).mul_(p0).sum(-1)
+    return nll, kl
 
 
 @torch.no_grad()
@@ -114,9 +125,9 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
     for i, j in P:
         by_i.setdefault(i, []).append(j)
     rows = batch_size or default_batch_size(data)
-    longest = max((len(v) for v in by_i.values()), default=1)
-    per_chunk = max(1, min(longest, 8, rows))
-    b_seq = seq_batch or max(1, rows // per_chunk)
+    # pairs differ in which layer runs at positions i and j, so their rows cannot share those calls: prefer many
+    # sequences per call (b = all rows) and batch several pairs only when there are fewer sequences than rows
+    b_seq = seq_batch or max(1, min(rows, N))
     per_chunk = max(1, rows // b_seq)
     dl = np.full((L, L, N), np.nan)
     kl = np.full((L, L, N), np.nan)
@@ -139,31 +150,31 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
 @torch.no_grad()
 def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], per_chunk: int, swap: str,
            dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray) -> None:
-    """Every pair on one batch of sequences: clean run caching the state before each first-swapped layer i,
-    then the pairs sharing i in chunks along the batch. Fills dl/kl [i, j, seqs] (both triangles)."""
+    """Every pair on one batch of sequences. Fills dl/kl [i, j, seqs] (both triangles).
+
+    A clean forward gives the reference distribution; then the clean trunk is walked once more, layer by
+    layer, and every pair (i, j) branches from the trunk state before layer i. Only one clean state is held
+    (no per-i cache), for one extra partial pass up to the last i.
+    """
     b, T = toks.shape
     ctx = model.context(T, device=toks.device)
-    cache: dict[int, State] = {}
-    state = model.embed(toks, ctx)
-    if 0 in by_i:
-        cache[0] = state
-    state = model.run_layers(state, ctx,
-                             on_layer=lambda p, s, u: cache.__setitem__(p + 1, s) if p + 1 in by_i else None)
-    logits = model.head(state, ctx)
-    nll0 = token_nll(logits, toks)
-    logp0 = F.log_softmax(logits[:, 1:-1].float(), dim=-1)
+    logp0 = _log_probs(model.head(model.run_layers(model.embed(toks, ctx), ctx), ctx))
+    p0 = logp0.exp()
+    nll0 = -logp0.gather(-1, toks[:, 2:, None]).squeeze(-1)
     clean_loss[seqs] = nll0.mean(-1).double().cpu().numpy()
-    for i, js in by_i.items():
+    trunk, at = model.embed(toks, ctx), 0
+    for i in sorted(by_i):
+        trunk, at = model.run_layers(trunk, ctx, at, i), i
+        js = by_i[i]
         for c in range(0, len(js), per_chunk):
             chunk = js[c:c + per_chunk]
-            out = _run_pairs(model, ctx, cache[i], i, chunk, b, swap)
+            logp = _log_probs(model.head(_run_pairs(model, ctx, trunk, i, chunk, b, swap), ctx))
+            nll, kl_tok = _nll_kl(logp.view(len(chunk), b, *logp.shape[1:]), toks, logp0, p0)
+            d = (nll - nll0).mean(-1).double().cpu().numpy()
+            q = kl_tok.mean(-1).double().cpu().numpy()
             for k, j in enumerate(chunk):
-                lg = model.head(state_select(out, slice(k * b, (k + 1) * b)), ctx)
-                d = (token_nll(lg, toks) - nll0).mean(-1).double().cpu().numpy()
-                q = _token_kl(logp0, lg).mean(-1).double().cpu().numpy()
-                dl[i, j, seqs] = dl[j, i, seqs] = d
-                kl[i, j, seqs] = kl[j, i, seqs] = q
-
+                dl[i, j, seqs] = dl[j, i, seqs] = d[k]
+                kl[i, j, seqs] = kl[j, i, seqs] = q[k]
 
 def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Dataset:
     L = model.n_layer
