@@ -12,19 +12,13 @@ from depthlens.analysis.angular import angular_distances
 from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
-from depthlens.models.config import ModelConfig
-from depthlens.models.model import build_model
+from helpers import debug_model
 
 torch.set_num_threads(1)
 
 
 def _model(arch: str = "preln", n_layer: int = 4, seed: int = 0):
-    try:
-        return build_model(ModelConfig.debug(arch, n_layer=n_layer), seed=seed).eval()
-    except ValueError as e:
-        if "not implemented in this build" in str(e):
-            pytest.skip(str(e))
-        raise
+    return debug_model(arch, n_layer=n_layer, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ from depthlens.analysis.causal import causal_scores, future_cuts, token_nll
 from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
-from depthlens.models.config import ModelConfig
-from depthlens.models.model import build_model
+from helpers import debug_model
 from depthlens.models.residual.base import RunContext
 
 torch.set_num_threads(1)
@@ -84,12 +83,7 @@ class LinearLM(torch.nn.Module):
 
 
 def _model(arch: str = "preln", n_layer: int = 4, seed: int = 0):
-    try:
-        return build_model(ModelConfig.debug(arch, n_layer=n_layer), seed=seed).eval()
-    except ValueError as e:
-        if "not implemented in this build" in str(e):
-            pytest.skip(str(e))
-        raise
+    return debug_model(arch, n_layer=n_layer, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -188,13 +182,16 @@ def _naive(model, tokens, s_list, intervene, measure):
         st = model.run_layers(model.embed(tokens, ctx), ctx, keep=keep, on_layer=lambda p, s, u: ups.__setitem__(p, u))
         return ups, model.head(st, ctx)
 
+    nd = model.design.update_norm_dims()  # Frobenius norm over (n, d) for multi-stream updates
     with torch.no_grad():
         clean, logits0 = run()
+        clean = {t: u.flatten(start_dim=u.dim() - nd) for t, u in clean.items()}
         out = {}
         for s in s_list:
             keep = torch.ones(tokens.shape, dtype=torch.bool)
             keep[:, intervene] = False
             new, logits = run({s: keep})
+            new = {t: u.flatten(start_dim=u.dim() - nd) for t, u in new.items()}
             row = {}
             for t in range(s, L):
                 diff = (new[t] - clean[t])[:, measure].double()
@@ -316,7 +313,14 @@ def test_all_designs_structure(arch, data):
     fut = d.causal_score.sel(variant="future").values
     assert np.all(fut[:, np.tril_indices(3)[0], np.tril_indices(3)[1]] == 0)
     assert np.all(d.null_score.values == 0)
-    assert d.attrs["skip_mode"]
+    assert d.attrs["skip_mode"].startswith(arch)
+    # prefix reuse + staircase batching == one full forward per skip, for every design
+    T = data.seq_len
+    ref = _naive(m, data.tokens, [1, 2], slice(1, T), slice(1, T))
+    for s, (row, o, dl) in ref.items():
+        for t, (mx, mean, pooled) in row.items():
+            np.testing.assert_allclose(cur[s, t], mx, rtol=2e-5, atol=1e-6)
+        assert d.output_effect.sel(variant="current").values[s] == pytest.approx(o, rel=1e-4, abs=1e-7)
 
 
 def test_unit_and_errors(preln, data):
@@ -336,3 +340,10 @@ def test_unit_and_errors(preln, data):
         causal_scores(preln, EvalData.from_tokens(data.tokens[:, :10]), variants=("future",))
     with pytest.raises(DepthlensError, match="layer"):
         causal_scores(preln, data, layers=[7])
+
+
+def test_mean_downstream_effect(ds):
+    C = ds.causal_score.sel(variant="current", aggregator="max").values
+    md = ds.mean_downstream_effect.sel(variant="current", aggregator="max").values
+    np.testing.assert_allclose(md[:3], [C[s, s + 1:].mean() for s in range(3)])
+    assert np.isnan(md[3])

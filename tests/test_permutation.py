@@ -12,19 +12,13 @@ from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.analysis.permutation import permutation_scores, swapped_order
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
-from depthlens.models.config import ModelConfig
-from depthlens.models.model import build_model
+from helpers import debug_model
 
 torch.set_num_threads(1)
 
 
 def _model(arch: str = "preln", n_layer: int = 5, seed: int = 0):
-    try:
-        return build_model(ModelConfig.debug(arch, n_layer=n_layer), seed=seed).eval()
-    except ValueError as e:
-        if "not implemented in this build" in str(e):
-            pytest.skip(str(e))
-        raise
+    return debug_model(arch, n_layer=n_layer, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +33,7 @@ def preln():
 
 @pytest.fixture(scope="module")
 def ds(preln, data):
-    return permutation_scores(preln, data, pairs="all", batch_size=4)
+    return permutation_scores(preln, data, pairs="all", batch_size=4, seq_batch=1)  # 4 swaps batched per call
 
 
 def _full_run_delta(model, tokens, order):

@@ -11,19 +11,13 @@ from depthlens.analysis.evaldata import random_eval_data
 from depthlens.analysis.rank import effective_rank_dataset, effective_rank_from_maps, res_maps, static_res_maps
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
-from depthlens.models.config import ModelConfig
-from depthlens.models.model import build_model
+from helpers import debug_model
 
 torch.set_num_threads(1)
 
 
 def _model(arch: str, n_layer: int = 2, **kw):
-    try:
-        return build_model(ModelConfig.debug(arch, n_layer=n_layer, **kw), seed=0).eval()
-    except ValueError as e:
-        if "not implemented in this build" in str(e):
-            pytest.skip(str(e))
-        raise
+    return debug_model(arch, n_layer=n_layer, **kw, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,6 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
                f" ({'editable' if m.design.editable_view else 'read-only'})")
     for n in names:
         typer.echo(n)
-    typer.echo(f"# readouts per sublayer (model.readouts(tokens)['sub<j>.<name>'])")
+    typer.echo("# readouts per sublayer (model.readouts(tokens)['sub<j>.<name>'])")
     for r in readouts:
         typer.echo(r)
