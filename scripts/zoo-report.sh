@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the main job: analyse every shipped checkpoint into reports/zoo/.
+# The previous report is replaced atomically (--overwrite); extra arguments go to `depthlens report`,
+# e.g. `bash scripts/zoo-report.sh --n-seq 64 --n-boot 2000`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/depthlens report checkpoints/*/ --out reports/zoo "$@"
+ckpts=()
+for d in checkpoints/*/; do
+  [ -f "${d}config.json" ] && ckpts+=("$d")   # skip stray directories that are not checkpoints
+done
+if [ ${#ckpts[@]} -eq 0 ]; then
+  echo "zoo-report: no checkpoints in checkpoints/ (train them with: bash scripts/train_zoo.sh)" >&2
+  exit 1
+fi
+exec .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"

@@ -68,4 +68,4 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # Importing the command modules registers their commands on `app`.
-from . import analyze, commands, data, evaluate, plan, train  # noqa: E402,F401
+from . import analyze, commands, data, evaluate, plan, report, train  # noqa: E402,F401

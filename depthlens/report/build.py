@@ -1,0 +1,674 @@
+"""Compute and assemble a report: checkpoints in, one directory of figures, tables and datasets out.
+
+Steps (`build_report`):
+
+1. `check_out`: refuse an existing output directory (unless overwrite) or an unwritable location, before
+   any work is done.
+2. `load_entries`: load and validate every checkpoint (a bad one raises CheckpointError; nothing is written).
+3. `report_eval_data`: one EvalData shared by every checkpoint (built once, as `api.compare` does):
+   the held-out split of the offline corpus (or `--data`), `n_seq` x `seq_len` tokens, seq_len capped at
+   the smallest `max_seq_len` of the set.
+4. `compute`: for every checkpoint the applicable diagnostics (`applies`): causal (current variant, every
+   layer skipped), permutation (late pairs), angular, depth mixing, effective rank (HC/mHC) and
+   AttnRes self-weights (Full/Block AttnRes).
+5. `summarise`: the table records (headline shares with bootstrap CIs over sequences, effective rank,
+   dead prefix, validation loss, params), threshold sweeps with crossing points, and ranking robustness
+   per depth.
+6. `write_report`: everything is written into a hidden temporary directory next to `out`, which is renamed
+   into place at the end (the old report, with overwrite, is swapped out and removed only then). Every file
+   inside is written atomically too (temp then rename). On any failure nothing is left behind.
+
+Merged netCDF files: the per-checkpoint Datasets of one metric are concatenated along `checkpoint` only
+within groups of identical dimensions and index coordinates (in practice: the same depth L; AttnRes also
+splits by design, since Full and Block AttnRes have different sources). One group → `<metric>.nc`;
+several → `<metric>_l<L>.nc` (plus `_<design>` when one depth holds several shapes). `manifest.json`
+lists which checkpoints each file holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from depthlens.errors import DepthlensError
+
+METRICS = ("causal", "permutation", "angular", "mixing", "rank", "attnres")
+MULTI_STREAM = ("hc", "mhc")
+ATTNRES = ("full_attnres", "block_attnres")
+SWEEP_METRICS = {"causal": "causal", "permutation": "perm_abs"}  # report metric -> sweep.METRICS key
+DEAD_PREFIX_EPS = 0.05
+DEFAULT_N_SEQ = 32
+DEFAULT_SEQ_LEN = 128
+DEFAULT_N_BOOT = 1000
+
+
+def applies(metric: str, slug: str) -> bool:
+    """Whether `metric` is defined for design `slug` (rank: HC/mHC; attnres: Full/Block AttnRes)."""
+    if metric == "rank":
+        return slug in MULTI_STREAM
+    if metric == "attnres":
+        return slug in ATTNRES
+    return True
+
+
+def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """'causal,permutation' (or a list) → canonical-order tuple; ValueError (usage) on unknown names."""
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    bad = [n for n in names if n not in METRICS]
+    if bad or not names:
+        err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
+                         if bad else f"--metrics: give at least one of {','.join(METRICS)}")
+        err.usage = True  # type: ignore[attr-defined]  (the CLI turns it into exit 2)
+        raise err
+    return tuple(m for m in METRICS if m in names)
+
+
+@dataclass
+class ReportOptions:
+    """What the report computes. seq_len None = min(128, the smallest max_seq_len of the checkpoints)."""
+
+    data: str | os.PathLike | None = None
+    n_seq: int = DEFAULT_N_SEQ
+    seq_len: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    metrics: tuple[str, ...] = METRICS
+    n_boot: int = DEFAULT_N_BOOT
+    causal_layers: str = "all"
+    perm_pairs: str = "late"
+    batch_size: int | None = None
+    threads: int | None = 1  # torch CPU threads while computing; None/0 = leave torch's setting
+
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
+                "seed": self.seed, "device": self.device, "metrics": list(self.metrics), "n_boot": self.n_boot,
+                "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
+                "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
+                "window_start": "quarter",
+                "dead_prefix_eps": DEAD_PREFIX_EPS}
+
+
+@dataclass
+class Entry:
+    """One checkpoint of the report and everything computed on it."""
+
+    name: str
+    path: Path
+    model: Any
+    slug: str
+    n_layer: int
+    d_model: int
+    params: dict[str, Any]
+    train: dict[str, Any]
+    datasets: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset
+    seconds: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def val_loss(self) -> float:
+        v = self.train.get("final_val_loss")
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+@dataclass
+class Report:
+    entries: list[Entry]
+    options: ReportOptions
+    data: Any  # EvalData
+    records: list[dict[str, Any]] = field(default_factory=list)
+    sweeps: dict[str, Any] = field(default_factory=dict)  # report metric -> xr.Dataset (checkpoint, threshold)
+    robustness: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, str] = field(default_factory=dict)  # cross-checkpoint figures: key -> relative path
+    files: dict[str, list[str]] = field(default_factory=dict)  # netCDF file -> checkpoints it holds
+    seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    command: str = ""
+
+
+Progress = Callable[[str], None]  # called once per finished step with a short description
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. output location
+
+
+def is_report_dir(path: Path) -> bool:
+    """An empty directory, or one holding a depthlens report's manifest.json: safe to replace with --overwrite."""
+    try:
+        if not any(path.iterdir()):
+            return True
+        meta = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("title") == "depthlens report"
+
+
+def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
+    """Fail early (DepthlensError, one line) if `out` exists without overwrite, is a file or a directory that is
+    not a report (never replaced, so `--out checkpoints --overwrite` cannot wipe anything), or can't be created."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise DepthlensError(f"{out} exists and is not a directory")
+        if not overwrite:
+            raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
+        if not is_report_dir(out):
+            raise DepthlensError(f"{out} exists and is not a depthlens report (no manifest.json from one); "
+                                 "refusing to replace it, even with --overwrite")
+    anc = out.parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise DepthlensError(f"cannot write {out}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise DepthlensError(f"cannot write {out}: directory {anc} is not writable")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. checkpoints
+
+
+def _names(paths: Sequence[Path]) -> list[str]:
+    """Directory names, made unique (and file-name safe) with a numeric suffix where two collide."""
+    raw = ["".join(c if c.isalnum() or c in "-_." else "_" for c in (p.resolve().name or "checkpoint"))
+           for p in paths]
+    out, seen = [], {}
+    for n in raw:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == 0 and raw.count(n) == 1 else f"{n}-{k + 1}")
+    return out
+
+
+def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu") -> list[Entry]:
+    """Load and validate every checkpoint (CheckpointError on the first bad one), in the given order."""
+    from depthlens.io.checkpoint import load
+    from depthlens.models.summary import summarize
+
+    if not paths:
+        raise DepthlensError("report needs at least one checkpoint")
+    paths = [Path(p) for p in paths]
+    entries = []
+    for name, p in zip(_names(paths), paths):
+        ck = load(p, device=device)
+        s = summarize(ck.model)
+        entries.append(Entry(name=name, path=p, model=ck.model, slug=ck.config.arch, n_layer=int(ck.config.n_layer),
+                             d_model=int(ck.config.d_model), params=s, train=dict(ck.train or {})))
+    return entries
+
+
+def sort_key(e: Entry) -> tuple:
+    """Table order: design in registry order, then depth."""
+    from depthlens.designs import SLUGS
+
+    return (SLUGS.index(e.slug) if e.slug in SLUGS else len(SLUGS), e.slug, e.n_layer, e.name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. eval data
+
+
+def report_eval_data(entries: Sequence[Entry], opts: ReportOptions):
+    """One EvalData for all checkpoints: same tokenizer required; checked against every model."""
+    from depthlens.analysis.api import _tokenizer_for
+    from depthlens.analysis.evaldata import load_eval_data
+
+    toks = [_tokenizer_for(e.path) for e in entries]
+    names = {getattr(t, "name", t) for t in toks}
+    if len(names) > 1:
+        raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(map(str, names)))}); "
+                             "a report compares them on one eval set")
+    max_len = min(int(e.model.config.max_seq_len) for e in entries)
+    T = opts.seq_len or min(DEFAULT_SEQ_LEN, max_len)
+    data = load_eval_data(opts.data, toks[0], n_seq=opts.n_seq, seq_len=T, seed=opts.seed, max_seq_len=max_len)
+    for e in entries:
+        try:
+            data.check_model(e.model.config.vocab_size, e.model.config.max_seq_len)
+        except DepthlensError as err:
+            raise type(err)(f"{e.path}: {err}") from None
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. diagnostics
+
+
+def _run_metric(metric: str, e: Entry, data, opts: ReportOptions):
+    from depthlens.analysis import angular, attnres, causal, permutation, rank
+
+    bs = opts.batch_size
+    if metric == "causal":
+        return causal.causal_scores(e.model, data, variants=("current",), layers=opts.causal_layers,
+                                    batch_size=bs, checkpoint=e.path)
+    if metric == "permutation":
+        return permutation.permutation_scores(e.model, data, pairs=opts.perm_pairs, swap="body", batch_size=bs,
+                                              checkpoint=e.path)
+    if metric == "angular":
+        return angular.angular_distances(e.model, data, positions="all", batch_size=bs, checkpoint=e.path)
+    if metric == "mixing":
+        return attnres.depth_mixing_dataset(e.model, data, batch_size=bs, checkpoint=e.path)
+    if metric == "rank":
+        return rank.effective_rank_dataset(e.model, data, batch_size=bs, checkpoint=e.path)
+    if metric == "attnres":
+        return attnres.attnres_dataset(e.model, data, batch_size=bs, checkpoint=e.path)
+    raise DepthlensError(f"unknown metric {metric!r}")
+
+
+def tasks(entries: Sequence[Entry], opts: ReportOptions) -> list[tuple[Entry, str]]:
+    return [(e, m) for e in entries for m in opts.metrics if applies(m, e.slug)]
+
+
+def compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> None:
+    """Fill `entry.datasets` for every applicable metric. A metric that is undefined for a model (a
+    DepthlensError from the engine, e.g. too few layers for late pairs) is recorded as a note, not fatal."""
+    import torch
+
+    # Tiny models: one thread is much faster than two (13x for a permutation sweep at L = 16 with a busy
+    # second core, and still faster on an idle machine), so the default is 1.
+    prev = torch.get_num_threads()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    try:
+        _compute(entries, data, opts, progress)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress) -> None:
+    import torch
+
+    with torch.no_grad():
+        for e, m in tasks(entries, opts):
+            t0 = time.perf_counter()
+            try:
+                e.datasets[m] = _run_metric(m, e, data, opts)
+            except (DepthlensError, ValueError) as err:
+                e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
+            e.seconds[m] = round(time.perf_counter() - t0, 3)
+            progress(f"{e.name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. summary, sweeps, robustness
+
+
+def _f(x: Any) -> float | None:
+    """JSON-safe float: NaN/inf/None → None."""
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return _f(x)
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+RECORD_KEYS = (
+    "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
+    "val_loss", "eval_loss",
+    "causal_share", "causal_ci_low", "causal_ci_high", "causal_n_pairs", "causal_noise_floor",
+    "causal_theta_50", "causal_theta_10",
+    "perm_share", "perm_ci_low", "perm_ci_high", "perm_n_pairs", "perm_theta_50", "perm_theta_10",
+    "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
+)
+
+
+def _headline(ds, metric: str, opts: ReportOptions) -> dict[str, Any] | None:
+    from depthlens.analysis.sweep import headline
+
+    try:
+        return headline(ds, metric, n_boot=opts.n_boot, seed=opts.seed, start="quarter")
+    except (DepthlensError, ValueError):
+        return None
+
+
+def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
+    """One table row (JSON-safe; NaN → None)."""
+    from depthlens.designs import DESIGNS
+
+    r: dict[str, Any] = {k: None for k in RECORD_KEYS}
+    r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
+             n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
+             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
+             seconds=round(sum(e.seconds.values()), 2))
+    ds = e.datasets.get("causal")
+    if ds is not None:
+        h = _headline(ds, "causal", opts)
+        if h:
+            r.update(causal_share=_f(h["share"]), causal_ci_low=_f(h["ci_low"]), causal_ci_high=_f(h["ci_high"]),
+                     causal_n_pairs=h["n_pairs"], causal_noise_floor=_f(h.get("noise_floor")))
+        if "clean_loss_seq" in ds:
+            r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
+                ds["clean_loss_seq"].values).any() else None
+    ds = e.datasets.get("permutation")
+    if ds is not None:
+        h = _headline(ds, "perm_abs", opts)
+        if h:
+            r.update(perm_share=_f(h["share"]), perm_ci_low=_f(h["ci_low"]), perm_ci_high=_f(h["ci_high"]),
+                     perm_n_pairs=h["n_pairs"])
+        if r["eval_loss"] is None and "clean_loss" in ds:
+            r["eval_loss"] = _f(ds["clean_loss"].values)
+    for metric, key in (("causal", "causal"), ("permutation", "perm")):
+        sw = sweeps.get(metric)
+        if sw is not None and e.name in sw["checkpoint"].values:
+            cr = sw["crossing"].sel(checkpoint=e.name)
+            r[f"{key}_theta_50"] = _f(cr.sel(q=0.5).values)
+            r[f"{key}_theta_10"] = _f(cr.sel(q=0.1).values)
+    ds = e.datasets.get("rank")
+    if ds is not None:
+        r["erank_full"] = _f(ds["erank"].sel(product="full", statistic="mean").values)
+        r["erank_late"] = _f(ds["erank"].sel(product="late", statistic="mean").values)
+        if "n_streams" in ds.coords:
+            r["n_streams"] = int(ds["n_streams"].values)
+    ds = e.datasets.get("attnres")
+    if ds is not None and "dead_prefix" in ds:
+        eps = np.asarray(ds["eps"].values, dtype=float)
+        k = int(np.argmin(np.abs(eps - DEAD_PREFIX_EPS)))
+        if abs(eps[k] - DEAD_PREFIX_EPS) < 1e-9:
+            r["dead_prefix"] = int(ds["dead_prefix"].values[k])
+    ds = e.datasets.get("angular")
+    if ds is not None and "profile" in ds:
+        prof = np.asarray(ds["profile"].values, dtype=float)[: e.n_layer]
+        r["angular_d1_mean"] = _f(np.nanmean(prof)) if np.isfinite(prof).any() else None
+    return jsonable(r)
+
+
+def sweeps_for(entries: Sequence[Entry], metric: str):
+    """S(θ) on the default θ grid and crossing points, window start ⌊L/4⌋, stacked along `checkpoint`
+    (with per-checkpoint `design` and `n_layer` coordinates). None when no checkpoint has the metric."""
+    import xarray as xr
+
+    from depthlens.analysis.sweep import HEADLINE_THRESHOLD, share_curves
+
+    from depthlens.analysis.sweep import default_thresholds
+
+    key = SWEEP_METRICS[metric]
+    have = [e for e in entries if metric in e.datasets]
+    # the default grid plus the headline θ itself (the log grid of P_abs does not contain 0.15), so the
+    # ranking and the curves use exactly the headline share of the table
+    grid = np.unique(np.concatenate([default_thresholds(key), [HEADLINE_THRESHOLD[key]]]))
+    parts, names = [], []
+    for e in have:
+        try:
+            sc = share_curves(e.datasets[metric], key, grid, starts=("quarter",), aggregator="max" if key == "causal"
+                              else None, variant="current" if key == "causal" else None)
+        except (DepthlensError, ValueError) as err:
+            e.notes.append(f"{metric} sweep: not computed ({str(err).splitlines()[0]})")
+            continue
+        parts.append(sc.squeeze("window_start", drop=True))
+        names.append(e.name)
+    if not parts:
+        return None
+    out = xr.concat([p.assign_coords(checkpoint=n) for p, n in zip(parts, names)], dim="checkpoint",
+                    combine_attrs="drop_conflicts")
+    by = {e.name: e for e in have}
+    out = out.assign_coords(design=("checkpoint", [by[n].slug for n in names]),
+                            n_layer=("checkpoint", [by[n].n_layer for n in names]))
+    out.attrs.update(metric=key, headline_threshold=HEADLINE_THRESHOLD[key], window_start="quarter",
+                     Conventions="CF-1.11", title=f"depthlens share curves of {key} (late window)")
+    return out
+
+
+def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
+    """Per depth (≥ 2 designs): the reference ranking = designs ordered by their headline share, ties broken
+    by the mean of the curve (its integral over the grid, i.e. the mean score); the fraction of the θ grid
+    on which that strict ordering holds (`sweep.robustness`), and Kendall τ-b between the shares at each θ
+    and the reference ranks (mean and min over the grid; θ where every share ties are skipped)."""
+    from depthlens.analysis.metrics import kendall_tau
+    from depthlens.analysis.sweep import robustness
+
+    out = []
+    if sw is None:
+        return out
+    theta = sw["threshold"].values
+    h = float(sw.attrs["headline_threshold"])
+    hk = int(np.argmin(np.abs(theta - h)))
+    design = {str(n): str(d) for n, d in zip(sw["checkpoint"].values, sw["design"].values)}
+    for L in sorted(set(int(v) for v in sw["n_layer"].values)):
+        names = [str(n) for n, l in zip(sw["checkpoint"].values, sw["n_layer"].values) if int(l) == L]
+        vals = {n: np.asarray(sw["share"].sel(checkpoint=n).values, dtype=float) for n in names}
+        ok = [n for n in names if np.isfinite(vals[n]).all()]
+        if len(ok) < 2:
+            continue
+        order = sorted(ok, key=lambda n: (vals[n][hk], float(np.mean(vals[n])), n))
+        rb = robustness(sw["share"].sel(checkpoint=order), order, headline_threshold=None)
+        S = np.stack([vals[n] for n in order])
+        ranks = np.arange(len(order), dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tau = np.array([kendall_tau(S[:, k], ranks) if np.ptp(S[:, k]) > 0 else np.nan
+                            for k in range(S.shape[1])])
+        fin = tau[np.isfinite(tau)]
+        out.append(jsonable({
+            "metric": metric, "n_layer": L, "headline_threshold": h,
+            "order": [design[n] for n in order], "order_checkpoints": order,
+            "shares_at_headline": [float(vals[n][hk]) for n in order],
+            "fraction_holds": float(rb["fraction"].values),
+            "kendall_tau_mean": float(fin.mean()) if fin.size else None,
+            "kendall_tau_min": float(fin.min()) if fin.size else None,
+        }))
+    return out
+
+
+def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> Report:
+    rep = Report(entries=sorted(entries, key=sort_key), options=opts, data=data)
+    for metric in SWEEP_METRICS:
+        if metric in opts.metrics:
+            sw = sweeps_for(rep.entries, metric)
+            if sw is not None:
+                rep.sweeps[metric] = sw
+                rep.robustness += robustness_for(sw, metric)
+    for e in rep.entries:
+        rep.records.append(record(e, opts, rep.sweeps))
+    progress("summary")
+    return rep
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. writing
+
+
+def _group_key(ds) -> tuple:
+    idx = tuple((k, tuple(str(v) for v in ds.indexes[k])) for k in sorted(ds.indexes))
+    return (tuple(sorted(ds.sizes.items())), idx)
+
+
+def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, list[str], Any]]:
+    """[(file name, checkpoint names, Dataset)]: concatenated along `checkpoint` within equal-shape groups."""
+    from depthlens.analysis.dataset import concat_checkpoints
+
+    have = [e for e in entries if metric in e.datasets]
+    groups: dict[tuple, list[Entry]] = {}
+    for e in have:
+        groups.setdefault(_group_key(e.datasets[metric]), []).append(e)
+    if not groups:
+        return []
+    # file names: <metric>.nc for a single group; else <metric>_l<L>.nc for the (strictly) largest group of a depth and
+    # <metric>_l<L>_<design>[+<design>...].nc for the others (e.g. MoDA's depth_mass, Full vs Block AttnRes)
+    out, used = [], set()
+    sizes: dict[int, list[int]] = {}
+    for members in groups.values():
+        sizes.setdefault(members[0].n_layer, []).append(len(members))
+    for members in groups.values():
+        if len(groups) == 1:
+            fname = metric
+        else:
+            L = members[0].n_layer
+            fname = f"{metric}_l{L}"
+            others = list(sizes[L])
+            others.remove(len(members))
+            if others and len(members) <= max(others):  # not strictly the largest group of its depth
+                fname += "_" + "+".join(dict.fromkeys(e.slug for e in members))
+        base, k = fname, 2
+        while fname in used:
+            fname, k = f"{base}_{k}", k + 1
+        used.add(fname)
+        fname += ".nc"
+        names = [e.name for e in members]
+        ds = concat_checkpoints([e.datasets[metric] for e in members], names)
+        ds = ds.assign_coords(design=("checkpoint", [e.slug for e in members]))
+        for v in ds.data_vars.values():  # per-sequence arrays and NaN padding compress well (~5x smaller)
+            if v.dtype.kind == "f" and v.ndim:
+                v.encoding.update(zlib=True, complevel=4)
+        out.append((fname, names, ds))
+    return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def manifest(rep: Report) -> dict[str, Any]:
+    from depthlens.analysis.dataset import depthlens_version
+
+    d = rep.data
+    return jsonable({
+        "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "options": rep.options.as_dict(),
+        "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
+                      "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
+        "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
+                         "seconds": e.seconds, "figures": e.figures, "notes": e.notes} for e in rep.entries],
+        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness, "seconds": rep.seconds,
+        "notes": rep.notes,
+        "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
+                      "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
+                      "<metric>_l<L>[_<design>].nc)",
+    })
+
+
+def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
+    """Write figures, datasets, summary.json, manifest.json, index.html and README.md into `out`, atomically."""
+    from depthlens.analysis.dataset import write_netcdf
+
+    from . import figures, render
+
+    out = check_out(out, overwrite)
+    created: list[Path] = []
+    anc = out.parent
+    while not anc.exists():
+        created.append(anc)
+        anc = anc.parent
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        (tmp / "figures").mkdir()
+        t0 = time.perf_counter()
+        for e in rep.entries:
+            e.figures = figures.checkpoint_figures(e, tmp / "figures")
+            progress(f"{e.name}: figures")
+        rep.figures = figures.cross_figures(rep, tmp / "figures")
+        progress("cross-checkpoint figures")
+        rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        for metric in METRICS:
+            for fname, names, ds in merged_datasets(rep.entries, metric):
+                write_netcdf(ds, tmp / fname)
+                rep.files[fname] = names
+        for metric, sw in rep.sweeps.items():
+            fname = f"sweep_{SWEEP_METRICS[metric]}.nc"
+            write_netcdf(sw, tmp / fname)
+            rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
+        rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
+        _write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
+        _write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+        _write_text(tmp / "index.html", render.render_html(rep))
+        _write_text(tmp / "README.md", render.render_markdown(rep))
+        if out.exists():
+            if not overwrite:
+                raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        tmp = None
+        progress("write")
+    except OSError as e:
+        raise DepthlensError(f"cannot write {out}: {e.strerror or e}") from e
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for d in created:  # parents this call created, innermost first
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# everything
+
+
+def n_steps(entries: Sequence[Entry], opts: ReportOptions) -> int:
+    """Progress steps of `build_report` after loading: metric runs, figures per checkpoint, summary,
+    cross-checkpoint figures, write."""
+    return len(tasks(entries, opts)) + len(entries) + 3
+
+
+def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions | None = None, *,
+                 overwrite: bool = False, progress: Progress = _noop,
+                 on_loaded: Callable[[list[Entry]], None] | None = None) -> Report:
+    """Load, compute, summarise and write a report. `on_loaded(entries)` runs once the checkpoints are
+    validated (the CLI sizes its progress bar there)."""
+    opts = opts or ReportOptions()
+    t_start = time.perf_counter()
+    check_out(out, overwrite)
+    entries = load_entries(paths, device=opts.device)
+    data = report_eval_data(entries, opts)
+    if on_loaded is not None:
+        on_loaded(entries)
+    t0 = time.perf_counter()
+    compute(entries, data, opts, progress)
+    t_compute = time.perf_counter() - t0
+    rep = summarise(entries, data, opts, progress)
+    rep.command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    rep.seconds["compute"] = round(t_compute, 2)
+    write_report(rep, out, overwrite, progress)
+    rep.seconds["total"] = round(time.perf_counter() - t_start, 2)
+    # the total is known only after writing; record it in the manifest too (small atomic rewrite)
+    _write_text(Path(out) / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+    return rep

@@ -1,0 +1,245 @@
+"""index.html (self-contained: inline CSS, no scripts, only relative links to files in the report) and
+README.md (the same tables and figure links, so a code host renders the results)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from depthlens.designs import DESIGNS
+
+NA = "—"
+METRIC_TITLES = {
+    "causal": "Causal score C(s, t) (current, max)",
+    "permutation": "Permutation score P_abs (late pairs)",
+    "angular": "Angular distance d(h_ℓ, h_ℓ+n)",
+    "mixing": "Depth-mixing matrix M[i → j]",
+    "attnres": "AttnRes self-weight and α",
+    "rank": "Effective rank (window profile)",
+}
+TABLE_HEAD = ("design", "L", "d", "params", "val loss", "share C > 0.45 [95% CI]", "share P_abs > 0.15 [95% CI]",
+              "erank (full)", "k*(0.05)")
+
+
+def _num(v: Any, fmt: str = ".3f", none: str = NA) -> str:
+    return none if v is None else format(v, fmt)
+
+
+def _share(r: dict[str, Any], key: str) -> str:
+    s = r.get(f"{key}_share")
+    if s is None:
+        return NA
+    lo, hi = r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high")
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+    return f"{s:.2f}{ci}"
+
+
+def table_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    """The paper-form table as strings: design × depth, NaN where the validation loss is unknown."""
+    rows = []
+    for r in records:
+        rows.append([
+            r.get("design_name") or r["design"], str(r["n_layer"]), str(r["d_model"]),
+            f"{r['params_total']:,}" if r.get("params_total") is not None else NA,
+            _num(r.get("val_loss"), ".3f", "NaN"),
+            _share(r, "causal"), _share(r, "perm"),
+            _num(r.get("erank_full"), ".2f") if r["design"] in ("hc", "mhc") else NA,
+            (str(r["dead_prefix"]) if r.get("dead_prefix") is not None else NA)
+            if r["design"] in ("full_attnres", "block_attnres") else NA,
+        ])
+    return rows
+
+
+def crossing_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    return [[r["checkpoint"], _num(r.get("causal_theta_50"), ".3f"), _num(r.get("causal_theta_10"), ".3f"),
+             _num(r.get("perm_theta_50"), ".4f"), _num(r.get("perm_theta_10"), ".4f"),
+             _num(r.get("causal_noise_floor"), ".2e")] for r in records]
+
+
+CROSSING_HEAD = ("checkpoint", "causal θ₀.₅", "causal θ₀.₁", "P_abs θ₀.₅ [nat]", "P_abs θ₀.₁ [nat]",
+                 "causal noise floor")
+ROBUST_HEAD = ("metric", "L", "ranking at the headline θ (lowest → highest share)", "grid fraction where it holds",
+               "Kendall τ vs ranking (mean / min)")
+
+
+def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
+    out = []
+    for r in rob:
+        names = [DESIGNS[s].name if s in DESIGNS else s for s in r["order"]]
+        vals = r["shares_at_headline"]
+        order = f"{names[0]} ({vals[0]:.2f})" + "".join(
+            f" {'<' if b > a else '≤'} {n} ({b:.2f})" for n, a, b in zip(names[1:], vals, vals[1:]))
+        tau = f"{_num(r.get('kendall_tau_mean'), '.2f')} / {_num(r.get('kendall_tau_min'), '.2f')}"
+        out.append([r["metric"], str(r["n_layer"]), order, f"{r['fraction_holds']:.2f}", tau])
+    return out
+
+
+def _eval_line(rep) -> str:
+    d, o = rep.data, rep.options
+    return (f"{len(rep.entries)} checkpoints · eval data `{d.name}` ({d.n_seq} sequences × {d.seq_len} tokens, "
+            f"seed {d.seed}, sha256 {d.sha256[:12]}…, the same tokens for every checkpoint) · causal: current "
+            f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
+            f"swap · late window ⌊L/4⌋…L−1 · bootstrap {o.n_boot} resamples over sequences")
+
+
+def _timing_line(rep) -> str:
+    s = rep.seconds
+    parts = [f"{k} {v:.0f} s" for k, v in s.items() if k in ("compute", "figures", "datasets", "total")]
+    return "timings: " + ", ".join(parts) if parts else ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTML
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1400px;
+padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+img{max-width:100%;height:auto;border:1px solid #eee}
+.grid{display:flex;flex-wrap:wrap;gap:10px}.grid figure{margin:0;flex:1 1 420px;max-width:640px}
+figcaption{font-size:12px;color:#555}.note{color:#a40}code{background:#f5f5f5;padding:0 3px}
+nav a{margin-right:.8em}
+"""
+
+
+def _h(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _html_table(head, rows) -> str:
+    th = "".join(f"<th>{_h(c)}</th>" for c in head)
+    body = "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table>\n<thead><tr>{th}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+
+
+def _img(path: str, caption: str) -> str:
+    return (f'<figure><a href="{_h(path)}"><img src="{_h(path)}" alt="{_h(caption)}" loading="lazy"></a>'
+            f"<figcaption>{_h(caption)}</figcaption></figure>")
+
+
+def render_html(rep) -> str:
+    recs = rep.records
+    main_rows = [[_h(c) for c in row] for row in table_rows(recs)]
+    for row, r in zip(main_rows, recs):
+        row[0] = f'<a href="#{_h(r["checkpoint"])}">{row[0]}</a>'
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>depthlens report</title>", f"<style>{CSS}</style></head><body>",
+        "<h1>depthlens report: does this residual design turn extra layers into extra computation?</h1>",
+        f"<p>{_h(_eval_line(rep))}</p>",
+        '<nav><a href="#table">table</a><a href="#sweeps">threshold sweeps</a><a href="#robustness">robustness</a>'
+        '<a href="#overview">overview</a><a href="#checkpoints">per checkpoint</a><a href="#files">files</a></nav>',
+        '<h2 id="table">Design × depth</h2>',
+        "<p>Shares are over the late pairs (i &lt; j, both in ⌊L/4⌋…L−1), strict &gt;, with 95% percentile "
+        "bootstrap intervals over sequences (the max is recomputed inside every resample, so a causal CI can sit "
+        "below the full-sample estimate: a resample's max never exceeds it). Validation loss: "
+        "<code>train.json</code> <code>final_val_loss</code> (NaN when absent). erank: HC/mHC only; "
+        "k*(0.05): Full/Block AttnRes only.</p>",
+        _html_table(TABLE_HEAD, main_rows),
+    ]
+    if "summary" in rep.figures:
+        parts.append(f'<div class="grid">{_img(rep.figures["summary"], "headline numbers against depth")}</div>')
+    parts.append('<h2 id="sweeps">Threshold sweeps and crossing points</h2>')
+    parts.append("<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
+                 "is the headline θ. θ_q is where S falls to q (NaN/— when the grid never brackets it).</p>")
+    sweeps = [_img(p, f"threshold sweep: {k.removeprefix('sweep_')}") for k, p in rep.figures.items()
+              if k.startswith("sweep_")]
+    if sweeps:
+        parts.append('<div class="grid">' + "".join(sweeps) + "</div>")
+    parts.append(_html_table(CROSSING_HEAD, [[_h(c) for c in row] for row in crossing_rows(recs)]))
+    parts.append('<h2 id="robustness">Ranking robustness</h2>')
+    if rep.robustness:
+        parts.append("<p>Designs of one depth ranked by their headline share (ties, shown as ≤, broken by the "
+                     "curve's integral = the mean score); the fraction of the θ grid on which this strict ordering "
+                     "holds, and Kendall τ-b between the shares at each θ and that ranking (θ where all shares tie "
+                     "skipped).</p>")
+        parts.append(_html_table(ROBUST_HEAD, [[_h(c) for c in row] for row in robustness_rows(rep.robustness)]))
+    else:
+        parts.append("<p>Needs at least two checkpoints of the same depth.</p>")
+    overview = [_img(p, k.replace("_", ": ")) for k, p in rep.figures.items() if k.startswith("overview_")]
+    parts.append('<h2 id="overview">Overview</h2>')
+    if overview:
+        parts.append('<div class="grid">' + "".join(overview) + "</div>")
+    parts.append('<h2 id="checkpoints">Per checkpoint</h2>')
+    for e, r in zip(rep.entries, recs):
+        parts.append(f'<h3 id="{_h(e.name)}">{_h(e.name)} — {_h(r.get("design_name"))}, L = {e.n_layer}, '
+                     f"d = {e.d_model}, {r.get('params_total') or 0:,} params</h3>")
+        parts.append(f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'NaN'))} · "
+                     f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))} · "
+                     + " · ".join(f"{_h(m)} {v:.1f} s" for m, v in e.seconds.items()) + "</p>")
+        imgs = [_img(p, METRIC_TITLES.get(m, m)) for m, p in e.figures.items()]
+        if imgs:
+            parts.append('<div class="grid">' + "".join(imgs) + "</div>")
+        for n in e.notes:
+            parts.append(f'<p class="note">{_h(n)}</p>')
+    parts.append('<h2 id="files">Files</h2><ul>')
+    parts.append('<li><a href="summary.json">summary.json</a> — the table as records</li>')
+    parts.append('<li><a href="manifest.json">manifest.json</a> — options, eval data, timings, file index</li>')
+    parts.append('<li><a href="README.md">README.md</a> — this report in Markdown</li>')
+    for f, names in rep.files.items():
+        parts.append(f'<li><a href="{_h(f)}">{_h(f)}</a> — {_h(", ".join(names))}</li>')
+    parts.append("</ul>")
+    if rep.notes:
+        parts += [f'<p class="note">{_h(n)}</p>' for n in rep.notes]
+    parts.append(f"<p><small>{_h(_timing_line(rep))} · {_h(rep.command)}</small></p>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _md_cell(s: str) -> str:
+    return str(s).replace("|", "\\|")
+
+
+def _md_table(head, rows) -> str:
+    lines = ["| " + " | ".join(_md_cell(c) for c in head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(rep) -> str:
+    recs = rep.records
+    out = ["# depthlens report", "",
+           "Does this residual design turn extra layers into extra computation? Open `index.html` for the full page.",
+           "", _eval_line(rep) + ".", "", "## Design × depth", "",
+           "Shares over the late pairs (strict >), 95% bootstrap CI over sequences (the max is recomputed in every "
+           "resample, so a causal CI can sit below the full-sample estimate). Validation loss from "
+           "`train.json` (`final_val_loss`, NaN when absent). erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.",
+           "", _md_table(TABLE_HEAD, table_rows(recs)), ""]
+    if "summary" in rep.figures:
+        out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
+    out += ["## Threshold sweeps and crossing points", ""]
+    for k, p in rep.figures.items():
+        if k.startswith("sweep_"):
+            out += [f"![threshold sweep {k.removeprefix('sweep_')}]({p})", ""]
+    out += [_md_table(CROSSING_HEAD, crossing_rows(recs)), "", "## Ranking robustness", ""]
+    if rep.robustness:
+        out += ["Designs of one depth ranked by their headline share (ties, shown as ≤, broken by the mean score); "
+                "the fraction of the θ grid where that strict ordering holds, and Kendall τ-b between the shares at "
+                "each θ and that ranking (θ where all shares tie skipped).", "",
+                _md_table(ROBUST_HEAD, robustness_rows(rep.robustness)), ""]
+    else:
+        out += ["Needs at least two checkpoints of the same depth.", ""]
+    overview = [(k, p) for k, p in rep.figures.items() if k.startswith("overview_")]
+    if overview:
+        out += ["## Overview", ""] + [f"![{k}]({p})\n" for k, p in overview]
+    metrics = [m for m in ("causal", "permutation", "angular", "mixing", "attnres", "rank")
+               if any(m in e.figures for e in rep.entries)]
+    out += ["## Per-checkpoint figures", ""]
+    rows = [[e.name] + [f"[png]({e.figures[m]})" if m in e.figures else NA for m in metrics] for e in rep.entries]
+    out += [_md_table(["checkpoint"] + [METRIC_TITLES[m] for m in metrics], rows), ""]
+    notes = [f"- {e.name}: {n}" for e in rep.entries for n in e.notes] + [f"- {n}" for n in rep.notes]
+    if notes:
+        out += ["## Notes", ""] + notes + [""]
+    out += ["## Files", "", "- `summary.json`: the table as records; `manifest.json`: options, eval data, timings, "
+            "file index"]
+    out += [f"- [`{f}`]({f}): {', '.join(names)}" for f, names in rep.files.items()]
+    out += ["", f"<sub>{_timing_line(rep)} · `{rep.command}`</sub>", ""]
+    return "\n".join(out)

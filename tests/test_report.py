@@ -1,0 +1,295 @@
+"""`depthlens report` on tiny checkpoints: rendered page, figures, tables, datasets, atomic and refusing output."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import depthlens
+from depthlens.cli import app
+from depthlens.models import ModelConfig, build_model
+
+DESIGNS = ("preln", "hc", "block_attnres")
+FAST = ["--n-seq", "4", "--seq-len", "32", "--n-boot", "20"]
+TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+        "foolishness; def f(x):\n    return x * 2 + 1\n") * 40
+
+
+def _ckpt(root: Path, slug: str, L: int = 4, train: dict | None = None) -> Path:
+    m = build_model(ModelConfig.debug(slug, n_layer=L, vocab_size=257, max_seq_len=64), seed=0)
+    return depthlens.save(m, root / f"{slug}_l{L}", train=train)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    # hc has no train.json: its validation loss must show as NaN / null
+    return [_ckpt(root, s, train=None if s == "hc" else {"final_val_loss": 5.0 + k}) for k, s in enumerate(DESIGNS)]
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "eval.txt"
+    p.write_text(TEXT)
+    return p
+
+
+@pytest.fixture(scope="module")
+def report(ckpts, text, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "report"
+    r = CliRunner().invoke(app, ["report", *map(str, ckpts), "--out", str(out), "--data", str(text), *FAST, "--json"])
+    assert r.exit_code == 0, r.output
+    return out, r
+
+
+def _one_error_line(r) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("depthlens: error:"), r.stderr
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def test_report_renders_nontrivial_pngs(report):
+    import matplotlib.image as mpimg
+
+    out, _ = report
+    for name in ("index.html", "README.md", "summary.json", "manifest.json"):
+        assert (out / name).is_file(), name
+    pngs = sorted((out / "figures").glob("*.png"))
+    expected = {f"{s}_l4_{m}" for s in DESIGNS for m in ("causal", "permutation", "angular", "mixing")}
+    expected |= {"hc_l4_rank", "block_attnres_l4_attnres", "sweep_causal", "sweep_permutation", "summary",
+                 "overview_causal", "overview_permutation"}
+    assert {p.stem for p in pngs} == expected
+    for p in pngs:
+        assert p.stat().st_size > 5_000, p.name
+        img = mpimg.imread(p)
+        assert float(np.asarray(img, dtype=float).std()) > 0, f"{p.name} is blank"
+    assert not [p for p in out.rglob("*") if p.name.startswith(".")]  # no temp files left
+
+
+def test_html_and_markdown_reference_only_existing_local_files(report):
+    out, _ = report
+    page = (out / "index.html").read_text()
+    assert "<script" not in page.lower() and "<link" not in page.lower()
+    refs = re.findall(r'(?:src|href)="([^"]*)"', page)
+    assert any(r.endswith(".png") for r in refs) and any(r.endswith(".nc") for r in refs)
+    for ref in refs:
+        assert not re.match(r"^[a-z]+:|^//|^/", ref), f"non-local reference {ref}"
+        if ref.startswith("#"):
+            assert f'id="{ref[1:]}"' in page, ref
+            continue
+        assert (out / ref).is_file(), ref
+    md = (out / "README.md").read_text()
+    links = re.findall(r"\]\(([^)]+)\)", md)
+    assert any(l.endswith(".png") for l in links)
+    for link in links:
+        assert (out / link).is_file(), link
+    assert "| design | L |" in md and "NaN" in md  # the table, with hc's unknown validation loss
+
+
+def test_summary_records(report):
+    out, r = report
+    recs = json.loads((out / "summary.json").read_text())
+    assert json.loads(r.stdout) == recs
+    from depthlens.report.build import RECORD_KEYS
+
+    assert [x["design"] for x in recs] == list(DESIGNS)  # registry order
+    for x in recs:
+        assert set(x) == set(RECORD_KEYS)
+        assert x["n_layer"] == 4 and x["params_total"] > 0
+        for key in ("causal", "perm"):
+            s, lo, hi = x[f"{key}_share"], x[f"{key}_ci_low"], x[f"{key}_ci_high"]
+            assert 0 <= s <= 1 and 0 <= lo <= hi <= 1, x  # a percentile CI need not contain the estimate
+            assert x[f"{key}_n_pairs"] == 3  # late window 1..3 at L = 4
+    by = {x["design"]: x for x in recs}
+    assert by["hc"]["val_loss"] is None and by["preln"]["val_loss"] == 5.0
+    assert 1 <= by["hc"]["erank_full"] <= 4 and by["preln"]["erank_full"] is None
+    assert isinstance(by["block_attnres"]["dead_prefix"], int) and by["hc"]["dead_prefix"] is None
+    # the ranking-robustness rows use exactly the table's headline shares (θ = 0.45 / 0.15 on the sweep grid)
+    rob = json.loads((out / "manifest.json").read_text())["robustness"]
+    assert {(r["metric"], r["n_layer"]) for r in rob} == {("causal", 4), ("permutation", 4)}
+    for r in rob:
+        key = "causal" if r["metric"] == "causal" else "perm"
+        for design, share in zip(r["order"], r["shares_at_headline"]):
+            assert share == pytest.approx(by[design][f"{key}_share"])
+
+
+def test_netcdf_datasets_read_back(report):
+    from depthlens.analysis.dataset import read_netcdf
+
+    out, _ = report
+    manifest = json.loads((out / "manifest.json").read_text())
+    files = manifest["datasets"]
+    assert {"causal.nc", "permutation.nc", "angular.nc", "rank.nc", "attnres.nc", "mixing.nc"} <= set(files)
+    for name, members in files.items():
+        ds = read_netcdf(out / name)
+        assert [str(c) for c in ds["checkpoint"].values] == members
+    causal = read_netcdf(out / "causal.nc")
+    assert causal.sizes["checkpoint"] == 3 and "causal_score" in causal and causal.attrs["Conventions"] == "CF-1.11"
+    assert files["rank.nc"] == ["hc_l4"] and files["attnres.nc"] == ["block_attnres_l4"]
+    assert manifest["eval_data"]["n_seq"] == 4 and manifest["eval_data"]["seq_len"] == 32
+
+
+def test_refuses_existing_out_then_overwrites(report, ckpts, text, tmp_path):
+    out, _ = report
+    before = (out / "summary.json").read_bytes()
+    r = CliRunner().invoke(app, ["report", str(ckpts[0]), "--out", str(out), "--data", str(text), *FAST])
+    assert r.exit_code == 1
+    assert "already exists" in _one_error_line(r)
+    assert (out / "summary.json").read_bytes() == before
+    # --overwrite on a copy, with a metric subset and two depths: per-depth netCDF files
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    l8 = _ckpt(tmp_path, "preln", L=8)
+    r = CliRunner().invoke(app, ["report", str(ckpts[0]), str(l8), "--out", str(copy), "--data", str(text), *FAST,
+                                 "--metrics", "angular,mixing", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in copy.glob("*.nc")) == ["angular_l4.nc", "angular_l8.nc", "mixing_l4.nc",
+                                                          "mixing_l8.nc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "preln_l8"]  # no temp or old dirs left
+    # a directory that is not a report is never replaced, even with --overwrite
+    r = CliRunner().invoke(app, ["report", str(ckpts[0]), "--out", str(tmp_path), "--data", str(text), *FAST,
+                                 "--metrics", "angular", "--overwrite"])
+    assert r.exit_code == 1
+    assert "not a depthlens report" in _one_error_line(r)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "preln_l8"]
+
+
+def test_bad_checkpoint_one_line_and_no_output(ckpts, text, tmp_path):
+    bad = tmp_path / "bad_l4"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    out = tmp_path / "reports" / "x"
+    r = CliRunner().invoke(app, ["report", str(ckpts[0]), str(bad), "--out", str(out), "--data", str(text), *FAST])
+    assert r.exit_code == 1
+    assert "bad_l4" in _one_error_line(r)
+    assert not out.exists() and not (tmp_path / "reports").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_l4"]
+
+
+def test_usage_and_unwritable_errors(ckpts, tmp_path):
+    r = CliRunner().invoke(app, ["report", str(ckpts[0]), "--out", str(tmp_path / "o"), "--metrics", "causal,bogus"])
+    assert r.exit_code == 2
+    assert "bogus" in _one_error_line(r)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(app, ["report", str(ckpts[0]), "--out", str(blocker / "sub")])
+    assert r.exit_code == 1
+    assert "cannot write" in _one_error_line(r)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# docs/cli.md: generated from `depthlens <cmd> --help` (regenerate: `.venv/bin/python tests/test_report.py`)
+
+CLI_ORDER = ("info", "hooks", "angular", "causal", "permute", "rank", "attnres", "sweep", "report", "compare",
+             "shapes", "prepare", "train", "eval")
+CLI_EXAMPLES = {
+    "info": "depthlens info checkpoints/hc_l16 --json",
+    "hooks": "depthlens hooks checkpoints/preln_l4",
+    "angular": "depthlens angular checkpoints/preln_l16 --positions all -o /tmp/preln_l16.angular.nc",
+    "causal": "depthlens causal checkpoints/hc_l16 --layers late --n-boot 200",
+    "permute": "depthlens permute checkpoints/keel_l16 --pairs late --swap body",
+    "rank": "depthlens rank checkpoints/mhc_l16 --json",
+    "attnres": "depthlens attnres checkpoints/block_attnres_l16 --eps 0.05",
+    "sweep": "depthlens sweep checkpoints/*_l16/ --metric causal --plot /tmp/sweep.png",
+    "report": "depthlens report checkpoints/*/ --out reports/zoo --overwrite",
+    "compare": "depthlens compare checkpoints/preln_l16 checkpoints/hc_l16 --metrics causal,perm_abs",
+    "shapes": "depthlens shapes --target 407M --design hc",
+    "prepare": "depthlens prepare notes.txt code.jsonl --out data/mine --tokenizer bytes",
+    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l8",
+    "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
+}
+
+
+def _cli_help(cmd: str) -> str:
+    r = CliRunner().invoke(app, [cmd, "--help"], terminal_width=110, env={"COLUMNS": "110", "NO_COLOR": "1"})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def _parse_help(text: str) -> tuple[str, str, list[tuple[str, list[list[str]]]]]:
+    """(usage, description, [(panel title, [[names, type, description, default]]])]) from rich help output."""
+    lines = [l.rstrip() for l in text.splitlines()]
+    usage = next(l.strip() for l in lines if l.strip().startswith("Usage:")).removeprefix("Usage:").strip()
+    start = next(i for i, l in enumerate(lines) if l.strip().startswith("Usage:")) + 1
+    desc, panels, rows = [], [], None
+    entry = re.compile(r"^│ (\*?)\s*(\S.*?)\s{2,}(<[^>]*>(?: \[[^\]]*\])?)\s+(.*?)\s*│$")
+    for l in lines[start:]:
+        if l.startswith("╭─"):
+            rows = []
+            panels.append((l.strip("╭─╮ ").strip("─ ").strip(), rows))
+        elif l.startswith("│") and rows is not None:
+            m = entry.match(l)
+            if m:
+                names = ", ".join(f"`{n}`" for n in m.group(2).split())
+                rows.append([names, m.group(3), m.group(4), "required" if m.group(1) else ""])
+            elif rows:
+                rows[-1][2] += " " + l.strip("│ ").strip()
+        elif rows is None and not l.startswith("╰"):
+            desc.append(l.strip())
+    for _, rs in panels:
+        for r in rs:
+            d = re.search(r"\s*\[default: ([^\]]*)\]", r[2])
+            if d:
+                r[3] = d.group(1)
+                r[2] = r[2].replace(d.group(0), "")
+            r[2] = r[2].replace("[required]", "").strip()
+            r[1] = "flag" if r[1] == "<bool>" else f"`{r[1]}`"  # bare <type> would be read as an HTML tag
+            r[2] = r[2].replace("<", "&lt;")
+    description = " ".join(" ".join(desc).split())
+    return usage, description, panels
+
+
+def cli_reference() -> str:
+    from depthlens.cli.app import app as _app
+    import typer.main
+
+    names = list(typer.main.get_command(_app).commands)
+    order = [c for c in CLI_ORDER if c in names] + sorted(set(names) - set(CLI_ORDER))
+    out = ["# CLI reference", "",
+           "Every command prints one line on stderr and exits 1 on a domain error (bad checkpoint, bad data, an "
+           "existing output without `--overwrite`), 2 on a usage error; never a traceback. `--json` prints "
+           "machine-readable output on stdout. Outputs are written atomically (temp file, then rename).", "",
+           "<!-- generated from `depthlens <command> --help` by `.venv/bin/python tests/test_report.py`; "
+           "do not edit by hand -->", "",
+           " · ".join(f"[{c}](#depthlens-{c})" for c in order), ""]
+    for cmd in order:
+        usage, desc, panels = _parse_help(_cli_help(cmd))
+        out += [f"## depthlens {cmd}", "", desc, "", "```text", usage, "```", ""]
+        for title, rows in panels:
+            rows = [r for r in rows if r[0] != "`--help`"]
+            if not rows:
+                continue
+            out += [f"**{title}**", "", "| name | type | description | default |", "|---|---|---|---|"]
+            out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+            out.append("")
+        if cmd in CLI_EXAMPLES:
+            out += ["```bash", CLI_EXAMPLES[cmd], "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def test_cli_reference_covers_every_command_and_option():
+    import typer.main
+
+    doc = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    for name, cmd in typer.main.get_command(app).commands.items():
+        assert f"## depthlens {name}\n" in doc, f"docs/cli.md lacks `{name}`: run .venv/bin/python tests/test_report.py"
+        section = doc.split(f"## depthlens {name}\n", 1)[1].split("\n## ", 1)[0]
+        for p in cmd.params:
+            for opt in p.opts:
+                if opt.startswith("--") and opt != "--help":
+                    assert f"`{opt}" in section, \
+                        f"docs/cli.md: {name} {opt} missing; run .venv/bin/python tests/test_report.py"
+
+
+if __name__ == "__main__":
+    target = Path(__file__).parents[1] / "docs" / "cli.md"
+    target.write_text(cli_reference())
+    print(f"wrote {target}")
