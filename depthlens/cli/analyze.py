@@ -31,6 +31,7 @@ OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the data
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
 BootOpt = Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences (0 = no CI).")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")]
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp64": "float64",
           "float64": "float64"}
 
@@ -45,6 +46,7 @@ class Common:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "fp32"
+    threads: int = 1
 
 
 def check_threshold(value: float, name: str = "--threshold") -> float:
@@ -63,6 +65,8 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
     """Load a depthlens or Hugging Face checkpoint on the requested device and dtype."""
     import torch
 
+    if c.threads:
+        torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     dtype = getattr(torch, DTYPES[check_choice(c.dtype, tuple(DTYPES), "--dtype")])
     from ..analysis.api import load_model
 
@@ -147,8 +151,8 @@ def _matrix_view(da: Any, vmax: float | None = None) -> Any:
     return terminal_heatmap(m, labels, labels, vmin=0.0, vmax=max(hi, 1e-12))
 
 
-def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype) -> Common:
-    return Common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads=1) -> Common:
+    return Common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
 
 
 def _opts(c: Common) -> dict[str, Any]:
@@ -166,12 +170,12 @@ def _cmdline(name: str, ckpt: Path, extra: str = "") -> str:
 def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | all (BOS excluded)")] = "last",
             repr: Annotated[str, typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
             out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
     check_choice(positions, ("last", "all"), "--positions")
     check_choice(repr, ("view", "flatten", "input"), "--repr")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     from ..analysis.angular import angular_distances
 
@@ -199,7 +203,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            direct: Annotated[bool, typer.Option("--direct", help="Also compute the direct-effect companion C_dir.")] = False,
            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-           batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+           batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
            n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
@@ -208,7 +212,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_choice(unit, ("block", "attn", "mlp"), "--unit")
     check_choice(layers, ("all", "late"), "--layers")
     check_choice(window, ("quarter", "half", "zero"), "--window")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     from ..analysis.causal import causal_scores
     from ..analysis.sweep import headline, score_matrix
@@ -235,7 +239,7 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
             pairs: Annotated[str, typer.Option(help="late | all")] = "late",
             window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
             n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
@@ -243,7 +247,7 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     check_choice(swap, ("body", "all"), "--swap")
     check_choice(pairs, ("late", "all"), "--pairs")
     check_choice(window, ("quarter", "half", "zero"), "--window")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     from ..analysis.permutation import permutation_scores
     from ..analysis.sweep import headline, score_matrix
@@ -264,10 +268,10 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
 @app.command()
 @domain_errors
 def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 8, seq_len: SeqLenOpt = None,
-         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
          out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
     from ..analysis.rank import effective_rank_dataset
 
@@ -294,13 +298,13 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
 @domain_errors
 def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 16, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
             out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
     check_threshold(eps, "--eps")
     if eps > 1:
         fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "attnres", overwrite)
     from ..analysis.attnres import EPS_GRID, attnres_dataset
 
@@ -351,14 +355,14 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           order: Annotated[str | None, typer.Option(help="Expected ranking, comma-separated checkpoint names (low to high).")] = None,
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
           out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
     check_choice(metric, METRIC_CHOICES, "--metric")
     grid = parse_grid(thresholds) if thresholds else None
     if headline_threshold is not None:
         check_threshold(headline_threshold)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
     if plot is not None and plot.exists() and not overwrite:
         fail(f"{plot}: already exists (pass --overwrite to replace it)")
@@ -453,13 +457,13 @@ def _stderr_console():
 def compare(ckpts: CkptsArg,
             metrics: Annotated[str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")] = "causal,perm_abs",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
             n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
     wanted = [m.strip() for m in metrics.split(",") if m.strip()]
     for m in wanted:
         check_choice(m, METRIC_CHOICES, "--metrics")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     from ..analysis.causal import causal_scores
     from ..analysis.permutation import permutation_scores
     from ..analysis.sweep import headline

@@ -84,6 +84,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)
+        if isinstance(self.model, ModelConfig):
+            self.model = self.model.to_dict()
 
         def need(cond: bool, name: str, msg: str) -> None:
             if not cond:

@@ -26,7 +26,6 @@ class DistInfo:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
-    owns_group: bool = False  # we created the process group, so we destroy it
 
     @property
     def is_main(self) -> bool:
@@ -55,16 +54,15 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    owns = False
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30),
                                 **({"device_id": device} if device.type == "cuda" else {}))
-        owns = True
-    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, owns_group=owns)
+    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device)
 
 
-def shutdown(info: DistInfo) -> None:
-    if info.owns_group and dist.is_initialized():
+def shutdown() -> None:
+    """Leave the process group (at process exit: a new group on the same rendezvous could hang)."""
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -76,13 +74,28 @@ def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool) -> nn.Module:
     if fsdp:
         from torch.distributed.fsdp import fully_shard
 
+        # FSDP2 cannot shard 0-D parameters (HC's and mHC's gate scales): they stay replicated, outside
+        # FSDP, and `sync_replicated_grads` averages their gradients by hand
+        scalars = {p for p in model.parameters() if p.dim() == 0}
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, ignored_params=scalars)
+        fully_shard(model, ignored_params=scalars)
+        model._replicated_params = sorted(scalars, key=id)  # fixed order: the all-reduces must match across ranks
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+    # DDP's default reducer waits for every gradient; some designs leave parameters out of the loss
+    # (MoDA's last-layer depth K/V are read only by later layers), so turn on detection just for them
+    return DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
+               find_unused_parameters=bool(unused_parameters(model, info.device)))
+
+
+def unused_parameters(model: nn.Module, device: torch.device) -> list[str]:
+    """Names of parameters that get no gradient from a forward pass (a probe on 8 tokens)."""
+    model(torch.zeros(1, 8, dtype=torch.long, device=device)).float().sum().backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return unused
 
 
 @contextlib.contextmanager
@@ -96,6 +109,30 @@ def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def sync_replicated_grads(model: nn.Module, info: DistInfo) -> None:
+    """Average the gradients of the parameters FSDP2 left replicated (call after the last backward)."""
+    for p in getattr(model, "_replicated_params", ()):
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= info.world
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Global grad-norm clip; handles FSDP2's mix of sharded (DTensor) and replicated gradients."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not hasattr(model, "_replicated_params"):
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    sharded = [p for p in params if hasattr(p.grad, "full_tensor")]
+    plain = [p for p in params if not hasattr(p.grad, "full_tensor")]
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in (sharded, plain) if group]
+    norm = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]).norm()
+    for group in (sharded, plain):
+        if group:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+    return norm
 
 
 def all_reduce(values: list[float], info: DistInfo, op: str = "mean") -> list[float]:

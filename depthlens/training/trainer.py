@@ -38,8 +38,8 @@ from torch import nn
 from ..data.shards import TokenDataset, batch_indices
 from ..models.model import build_model
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
-from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, full_state, grad_sync, init_distributed, load_full_state,
-                          shutdown, wrap_model)
+from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, clip_grad_norm, full_state, grad_sync,
+                          init_distributed, load_full_state, shutdown, sync_replicated_grads, wrap_model)
 from .schedule import lr_at
 
 STATE_TENSORS = "state.safetensors"
@@ -273,9 +273,8 @@ class Trainer:
                 loss = F.cross_entropy(logits.float().flatten(0, 1), xy[:, 1:].flatten())
                 (loss / self.accum).backward()  # so the summed micro-grads are the mean over the local batch
             loss_sum += loss.detach()
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        sync_replicated_grads(self.model, self.dist)
+        norm = clip_grad_norm(self.model, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss, grad_norm = all_reduce([float(loss_sum) / self.accum, float(norm)], self.dist)
@@ -415,17 +414,19 @@ def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]
     `final_val_loss` and `checkpoint`), or {"step", "stopped": True} when `stop_after` ended it early."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    dist = init_distributed(cfg.device)
-    try:
-        return Trainer(cfg, dist, callback).run()
-    finally:
-        shutdown(dist)
+    # joins the torchrun job's process group on the first call; later calls in the same process reuse it
+    # (re-creating a group on the same rendezvous can hang); run_recipe tears it down at the end
+    return Trainer(cfg, init_distributed(cfg.device), callback).run()
 
 
 def run_recipe(recipe: str | os.PathLike, overrides: Sequence[str] = (), run: str | None = None,
                callback: Callback | None = None) -> dict[str, Any]:
-    """`depthlens train`: load a recipe (one run of it), apply key=value overrides, train."""
-    return train(load_recipe(recipe, overrides, run=run), callback=callback)
+    """`depthlens train`: load a recipe (one run of it), apply key=value overrides, train. One call per
+    process under torchrun: it leaves the process group at the end."""
+    try:
+        return train(load_recipe(recipe, overrides, run=run), callback=callback)
+    finally:
+        shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

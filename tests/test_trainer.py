@@ -1,0 +1,200 @@
+"""The trainer: schedules, recipes, data order, loss goes down, DDP == 1 process, bit-exact kill-and-resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from depthlens.data.shards import TokenDataset, batch_indices, write_shard
+from depthlens.data.tokenizers import ByteTokenizer, load_tokenizer
+from depthlens.designs import SLUGS
+from depthlens.io.checkpoint import load
+from depthlens.training import recipes
+from depthlens.training.config import RunConfig, load_recipe, parse_overrides, read_recipe, recipe_runs
+from depthlens.training.schedule import lr_factor
+from depthlens.training.trainer import evaluate, micro_batch_ids, train
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+        "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.\n"
+        "def add(a, b):\n    return a + b\n\n")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A tiny bytes corpus: BOS + repeated text, ~40K train and ~4K val tokens."""
+    d = tmp_path_factory.mktemp("corpus")
+    tok = ByteTokenizer()
+    doc = [tok.bos_id] + tok.encode(TEXT * 4)
+    write_shard(d / "train_000.bin", np.array(doc * 60))
+    write_shard(d / "val_000.bin", np.array(doc * 6))
+    return d
+
+
+def tiny(corpus: Path, out: Path, **kw) -> RunConfig:
+    base = dict(model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
+                data=str(corpus), seq_len=32, global_batch=8, steps=10, lr=3e-3, warmup=2, out=str(out),
+                eval_every=0, final_eval_batches=2, log_every=1)
+    base.update(kw)
+    return RunConfig.from_dict(base)
+
+
+def log_losses(out: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+# --- schedules ------------------------------------------------------------------------------------
+
+def test_wsd_values_by_hand():
+    f = lambda s: lr_factor(s, 100, warmup=10, schedule="wsd", decay_frac=0.2, min_lr_factor=0.1)  # noqa: E731
+    assert f(0) == pytest.approx(0.1) and f(4) == pytest.approx(0.5) and f(9) == pytest.approx(1.0)
+    assert f(10) == 1.0 and f(79) == 1.0  # stable until the last 20 steps (80..99)
+    assert f(80) == pytest.approx(1 - 0.9 * 1 / 20)  # 0.955
+    assert f(89) == pytest.approx(1 - 0.9 * 10 / 20)  # 0.55
+    assert f(99) == pytest.approx(0.1)  # min reached on the last step
+
+
+def test_cosine_values_by_hand():
+    f = lambda s: lr_factor(s, 110, warmup=10, schedule="cosine", min_lr_factor=0.1)  # noqa: E731
+    assert f(9) == pytest.approx(1.0)
+    assert f(59) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # halfway: 0.55
+    assert f(34) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))  # a quarter: ~0.868
+    assert f(109) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        lr_factor(110, 110)
+
+
+# --- config and recipes ---------------------------------------------------------------------------
+
+def test_overrides_and_validation(tmp_path):
+    assert parse_overrides(["lr=1e-3", "model.n_layer=8", "betas=[0.9,0.99]", "out=runs/x", "fsdp=true"]) == \
+        {"lr": 1e-3, "model": {"n_layer": 8}, "betas": [0.9, 0.99], "out": "runs/x", "fsdp": True}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"base": {"model": {"arch": "preln", "d_model": 32, "n_head": 2}, "steps": 5,
+                                "warmup": 1}, "runs": {"a": {"model": {"n_layer": 2}}, "b": {"lr": 1e-3}}}))
+    cfg = load_recipe(path, ["model.d_model=64", "lr=2e-3"], run="a")
+    assert (cfg.model, cfg.lr, cfg.name, cfg.steps) == ({"arch": "preln", "d_model": 64, "n_head": 2, "n_layer": 2}, 2e-3, "a", 5)
+    with pytest.raises(ValueError, match="pick one with --run"):
+        load_recipe(path)
+    with pytest.raises(ValueError, match="micro_batch"):
+        RunConfig(global_batch=8, micro_batch=3)
+    with pytest.raises(ValueError, match="schedule"):
+        RunConfig(schedule="linear")
+    with pytest.raises(ValueError, match="unknown field"):
+        RunConfig.from_dict({"lrr": 1})
+    with pytest.raises(ValueError, match="n_head"):
+        RunConfig(model={"d_model": 30, "n_head": 4})
+
+
+def test_committed_recipes_are_valid_and_in_sync():
+    zoo = read_recipe(REPO / "depthlens/recipes/zoo_cpu.json")
+    assert zoo == json.loads(json.dumps(recipes.zoo_recipe())), "rerun `python -m depthlens.training.recipes`"
+    runs = recipe_runs(zoo)
+    assert {(r["model"]["arch"], r["model"]["n_layer"]) for r in runs.values()} == {(s, L) for s in SLUGS for L in (4, 8, 16)}
+    for name, r in runs.items():
+        cfg = RunConfig.from_dict(r)
+        assert cfg.export == f"checkpoints/{name}" and cfg.model_config().head_dim == 16
+        assert cfg.model["d_model"] % 16 == 0 and abs(cfg.meta["planned_rel_error"]) < 0.05
+    paper = read_recipe(REPO / "depthlens/recipes/paper_gpu.json")
+    cfgs = [RunConfig.from_dict(r) for r in recipe_runs(paper).values()]
+    assert len(cfgs) == 10 * 7 * 4 and {c.model["n_layer"] for c in cfgs} == {16, 20, 24, 32, 40, 56, 70}
+    pre16 = next(c for c in cfgs if c.model["arch"] == "preln" and c.model["n_layer"] == 16)
+    pre70 = next(c for c in cfgs if c.model["arch"] == "preln" and c.model["n_layer"] == 70)
+    assert (pre16.model["d_model"], pre70.model["d_model"]) == (1216, 640)  # the paper's endpoints
+
+
+# --- data order -----------------------------------------------------------------------------------
+
+def test_data_order_independent_of_accumulation_and_world(corpus):
+    ds = TokenDataset.from_dir(corpus)
+    n = ds.n_sequences(32)
+
+    def ids(world: int, rank: int, micro: int) -> np.ndarray:
+        parts = micro_batch_ids(3, 8, 7, n, rank=rank, world=world, micro=micro)
+        assert all(len(p) == micro for p in parts)
+        return np.concatenate(parts)
+
+    whole = ids(1, 0, 8)
+    assert np.array_equal(whole, batch_indices(3, 8, 7, n)) and len(set(whole)) == 8
+    assert np.array_equal(whole, ids(1, 0, 2))  # 4 micro-steps of 2: the same 8 sequences, same order
+    assert np.array_equal(whole, np.concatenate([ids(2, 0, 2), ids(2, 1, 4)]))  # rank r: a contiguous slice
+    assert np.array_equal(whole, np.concatenate([ids(4, r, 1) for r in range(4)]))
+    # and the tokens the micro-batches hold are those of the whole batch
+    split = np.concatenate([ds.batch(i, 32) for i in micro_batch_ids(3, 8, 7, n, micro=2)])
+    assert np.array_equal(split, ds.batch(whole, 32))
+    assert not np.array_equal(whole, batch_indices(4, 8, 7, n))  # another step, other sequences
+
+
+# --- training -------------------------------------------------------------------------------------
+
+def test_loss_falls_and_checkpoint_exports(corpus, tmp_path):
+    out = tmp_path / "run"
+    rec = train(tiny(corpus, out, steps=60, lr=1e-2, warmup=5, eval_every=30, eval_batches=1, name="t"))
+    losses = log_losses(out)
+    assert losses[0] > 5.0 and losses[-1] < losses[0] - 2.0
+    assert rec["final_val_loss"] < 3.5 and rec["steps"] == 60 and rec["tokens"] == 60 * 8 * 32
+    ck = load(out / "checkpoint")
+    assert ck.train["final_val_loss"] == rec["final_val_loss"] and ck.train["params"]["total"] == sum(
+        p.numel() for p in ck.model.parameters())
+    assert isinstance(load_tokenizer(out / "checkpoint"), ByteTokenizer)
+    # the exported weights reproduce the recorded validation loss
+    assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=16) == pytest.approx(rec["final_val_loss"], abs=1e-5)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load(path).model.state_dict()
+
+
+def test_kill_and_resume_is_bit_exact(corpus, tmp_path):
+    straight = tmp_path / "straight"
+    train(tiny(corpus, straight, steps=10, micro_batch=4))
+    ref = _weights(straight / "checkpoint")
+
+    # (a) stop after step 4 as if killed (the state is saved there), rerun the same command
+    a = tmp_path / "a"
+    assert train(tiny(corpus, a, steps=10, micro_batch=4, stop_after=4)) == {"step": 4, "stopped": True}
+    train(tiny(corpus, a, steps=10, micro_batch=4))
+    # (b) crash at step 7, after a save at step 6: step 7 is redone on resume
+    b = tmp_path / "b"
+
+    def crash(step: int, rec: dict) -> None:
+        if step == 7:
+            raise KeyboardInterrupt("simulated kill")
+
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(corpus, b, steps=10, micro_batch=4, save_every=3), callback=crash)
+    assert json.loads((b / "resume/state.json").read_text())["step"] == 6
+    train(tiny(corpus, b, steps=10, micro_batch=4, save_every=3))
+    for run in (a, b):
+        got = _weights(run / "checkpoint")
+        assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+        assert log_losses(run) == log_losses(straight)  # the log has no duplicated or missing steps
+
+    with pytest.raises(ValueError, match="different run"):
+        train(tiny(corpus, b, steps=10, lr=1e-3))
+
+
+def test_torchrun_two_processes_match_one(corpus, tmp_path):
+    """gloo on 2 CPU processes gives the 1-process losses: DDP with MoDA (whose last-layer depth K/V get no
+    gradient), and FSDP2 with accumulation on HC (whose 0-D gate scales FSDP2 cannot shard)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for name, arch, extra in (("ddp", "moda", []), ("fsdp", "hc", ["fsdp=true", "micro_batch=2"])):
+        cfg = tiny(corpus, tmp_path / f"{name}_one", steps=6, model={**tiny(corpus, tmp_path).model, "arch": arch})
+        one = train(cfg)
+        recipe = tmp_path / f"{name}.json"
+        recipe.write_text(json.dumps(cfg.to_dict()))
+        out = tmp_path / name
+        proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "depthlens.training.trainer",
+                               str(recipe), f"out={out}", *extra], env=env, capture_output=True, text=True, timeout=90)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert log_losses(out) == pytest.approx(log_losses(tmp_path / f"{name}_one"), abs=2e-5), name
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["final_val_loss"] == pytest.approx(one["final_val_loss"], abs=2e-5)
