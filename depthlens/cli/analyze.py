@@ -180,7 +180,9 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
     from ..analysis.angular import angular_distances
 
     model, ck = open_model(ckpt, c)
-    ds = angular_distances(model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck, **_opts(c))
+    with busy(f"angular distances of {ckpt}"):
+        ds = angular_distances(model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
+                               **_opts(c))
     write(ds, path, ow, _cmdline("angular", ckpt))
     import numpy as np
 
@@ -219,8 +221,9 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
-    ds = causal_scores(model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit, direct=direct,
-                       checkpoint=ck, **_opts(c))
+    with busy(f"causal scores of {ckpt} (skipping each layer)"):
+        ds = causal_scores(model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit, direct=direct,
+                           checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold}"))
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
@@ -253,7 +256,8 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     from ..analysis.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
-    ds = permutation_scores(model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck, **_opts(c))
+    with busy(f"permutation scores of {ckpt} (swapping layer pairs)"):
+        ds = permutation_scores(model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
@@ -276,7 +280,8 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
     from ..analysis.rank import effective_rank_dataset
 
     model, ck = open_model(ckpt, c)
-    ds = effective_rank_dataset(model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
+    with busy(f"effective rank of {ckpt}"):
+        ds = effective_rank_dataset(model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("rank", ckpt))
     er = ds["erank"]
     stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
@@ -310,7 +315,8 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
 
     model, ck = open_model(ckpt, c)
     grid = tuple(sorted(set(EPS_GRID) | {eps}))
-    ds = attnres_dataset(model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
+    with busy(f"AttnRes weights of {ckpt}"):
+        ds = attnres_dataset(model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("attnres", ckpt))
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
@@ -444,6 +450,11 @@ def _progress(items: list[Path], what: str):
             prog.update(task, description=f"{what}: {it}")
             yield it
             prog.advance(task)
+
+
+def busy(what: str):
+    """A spinner on stderr while a single-checkpoint computation runs (silent when stderr is not a terminal)."""
+    return _stderr_console().status(what, spinner="dots")
 
 
 def _stderr_console():
