@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -253,15 +252,10 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike, overwrite: bool = Fals
         raise DepthlensError(f"cannot write {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DepthlensError(f"cannot write {path}: directory {parent} is not writable")
-    # Hidden, unique, same filesystem (so os.replace is atomic); created by netCDF so it gets normal permissions.
-    tmp = parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
+    from depthlens.io.atomic import atomic_target
+
+    with atomic_target(path) as tmp:  # created by netCDF itself, so it gets normal permissions
         ds.to_netcdf(tmp, engine="netcdf4")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
-    finally:
-        tmp.unlink(missing_ok=True)  # no-op after a successful replace
     return path
 
 

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
-
-from depthlens.errors import DepthlensError
 
 SEABORN_MAX_SIZE = 16  # per-cell seaborn heatmaps up to L = 16; imshow beyond (faster, no per-cell artists)
 
@@ -163,14 +160,12 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
     fig = getattr(fig, "figure", fig)  # accept an Axes too
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    from depthlens.io.atomic import atomic_target
+
     try:
-        fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight")
     finally:
-        tmp.unlink(missing_ok=True)
         plt.close(fig)
     return path
 

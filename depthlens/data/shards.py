@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -59,18 +58,11 @@ def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray) -> 
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file in the same directory, so readers never see a partial file."""
+    """Write `data` to `path` (parents created) via a temp file, fsync'ed, so readers never see a partial file."""
+    from depthlens.io.atomic import atomic_write_bytes as _write
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write(path, data, fsync=True)
 
 
 def read_shard_header(path: str | os.PathLike) -> int:

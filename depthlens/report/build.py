@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from depthlens.errors import DepthlensError
+from depthlens.io.atomic import atomic_write_text
 
 METRICS = ("causal", "permutation", "angular", "mixing", "rank", "attnres")
 MULTI_STREAM = ("hc", "mhc")
@@ -411,9 +412,11 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     (with per-checkpoint `design` and `n_layer` coordinates). None when no checkpoint has the metric."""
     import xarray as xr
 
-    from depthlens.analysis.sweep import HEADLINE_THRESHOLD, share_curves
-
-    from depthlens.analysis.sweep import default_thresholds
+    from depthlens.analysis.sweep import (
+        HEADLINE_THRESHOLD,
+        default_thresholds,
+        share_curves,
+    )
 
     key = SWEEP_METRICS[metric]
     have = [e for e in entries if metric in e.datasets]
@@ -546,15 +549,6 @@ def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, li
     return out
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def manifest(rep: Report) -> dict[str, Any]:
@@ -611,10 +605,10 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
             write_netcdf(sw, tmp / fname)
             rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
         rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
-        _write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
-        _write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
-        _write_text(tmp / "index.html", render.render_html(rep))
-        _write_text(tmp / "README.md", render.render_markdown(rep))
+        atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
+        atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+        atomic_write_text(tmp / "index.html", render.render_html(rep))
+        atomic_write_text(tmp / "README.md", render.render_markdown(rep))
         if out.exists():
             if not overwrite:
                 raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
@@ -670,5 +664,5 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
     write_report(rep, out, overwrite, progress)
     rep.seconds["total"] = round(time.perf_counter() - t_start, 2)
     # the total is known only after writing; record it in the manifest too (small atomic rewrite)
-    _write_text(Path(out) / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+    atomic_write_text(Path(out) / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
     return rep
