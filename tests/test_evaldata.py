@@ -122,3 +122,23 @@ def test_batches_cover_all_sequences():
     got = list(d.batches(2))
     assert [s for s, _ in got] == [0, 2, 4]
     assert torch.equal(torch.cat([t for _, t in got]), d.tokens)
+
+
+def test_weights_hash_is_cached_and_invalidated_by_edits():
+    """The provenance hash of an in-memory model is reused while the weights are unchanged, never after an edit."""
+    import hashlib
+
+    from depthlens.analysis.evaldata import _weights_sha256
+    from depthlens.models import ModelConfig, build_model
+
+    m = build_model(ModelConfig.debug("preln"))
+    first = _weights_sha256(m)
+    assert _weights_sha256(m) == first
+    # independent recomputation of the same digest from the raw state dict
+    inner = b"".join(k.encode() + hashlib.sha256(f"{v.dtype}{tuple(v.shape)}".encode()
+                                                 + v.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                                                 ).hexdigest().encode() for k, v in sorted(m.state_dict().items()))
+    assert first == hashlib.sha256(inner).hexdigest()
+    with torch.no_grad():
+        m.blocks[0].attn.fn.q_proj.weight[0, 0] += 1.0
+    assert _weights_sha256(m) != first

@@ -283,7 +283,18 @@ def _weights_sha256(model) -> str | None:
     if not hasattr(model, "state_dict"):
         return None
     sd = model.state_dict()
-    return data_sha256(b"".join(k.encode() + data_sha256(v.detach().cpu()).encode() for k, v in sorted(sd.items())))
+    # Cached on the model, keyed by every tensor's identity and in-place version counter: repeated analyses of
+    # an unchanged model (a notebook, a sweep) do not rehash, and any edit of a weight invalidates the cache.
+    key = tuple((k, v.data_ptr(), v._version) for k, v in sorted(sd.items()))
+    cached = getattr(model, "_depthlens_weights_sha256", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    digest = data_sha256(b"".join(k.encode() + data_sha256(v.detach().cpu()).encode() for k, v in sorted(sd.items())))
+    try:
+        object.__setattr__(model, "_depthlens_weights_sha256", (key, digest))
+    except (AttributeError, TypeError):  # objects that refuse new attributes simply do not cache
+        pass
+    return digest
 
 
 def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None = None) -> dict[str, Any]:
