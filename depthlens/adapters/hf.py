@@ -309,15 +309,9 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path}: no such model directory")
     if not path.is_dir():
         raise CheckpointError(f"{path}: an HF model is a directory (config.json + *.safetensors)")
-    try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing config.json") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path / 'config.json'}: not valid JSON ({e.__class__.__name__})") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path / 'config.json'}: expected a JSON object")
-    return cfg
+    from depthlens.io.checkpoint import read_json_object
+
+    return read_json_object(path / "config.json", "model config")
 
 
 def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",

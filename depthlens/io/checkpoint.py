@@ -42,7 +42,8 @@ class Checkpoint:
         return self.path.name
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from `path`; CheckpointError (one line) if missing, not JSON, or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -63,7 +64,7 @@ def read_config(path: str | os.PathLike) -> Any:
         raise CheckpointError(f"{path}: no such checkpoint directory")
     if not path.is_dir():
         raise CheckpointError(f"{path}: a checkpoint is a directory (config.json + model.safetensors)")
-    meta = _read_json(path / CONFIG, "model config")
+    meta = read_json_object(path / CONFIG, "model config")
     raw = meta.get("model", meta)
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path / CONFIG}: 'model' must be an object")
@@ -83,7 +84,7 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
 
     path = Path(path)
     config = read_config(path)
-    meta = _read_json(path / CONFIG, "model config")
+    meta = read_json_object(path / CONFIG, "model config")
     wpath = path / WEIGHTS
     if not wpath.exists():
         raise CheckpointError(f"{path}: missing {WEIGHTS}")
@@ -116,7 +117,7 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
     if dtype is not None:
         model.to(dtype=dtype)
     model.to(device)
-    train = _read_json(path / TRAIN, "training record") if (path / TRAIN).exists() else {}
+    train = read_json_object(path / TRAIN, "training record") if (path / TRAIN).exists() else {}
     return Checkpoint(path=path, model=model, config=model.config, train=train, meta=meta)
 
 
