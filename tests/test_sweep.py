@@ -133,3 +133,25 @@ def test_api_paths_and_compare(tmp_path, data):
     assert "causal_score" not in skip
     for fn in (api.angular, api.depth_mixing):
         assert fn(paths[0], data).attrs["checkpoint_sha256"] == ds.attrs["checkpoint_sha256"]
+
+
+def test_shard_shares_recount_each_shard_independently():
+    """k disjoint shards: each share equals a recount from a causal run on that shard's sequences alone."""
+    import numpy as np
+
+    from depthlens.analysis.causal import causal_scores
+    from depthlens.analysis.evaldata import random_eval_data
+    from depthlens.analysis.stats import share_above
+    from depthlens.analysis.sweep import shard_shares
+    from helpers import debug_model
+
+    model = debug_model("preln", n_layer=4)
+    data = random_eval_data(97, n_seq=4, seq_len=12, seed=1, bos_id=96)
+    ds = causal_scores(model, data, variants=("current",), null=False)
+    got = shard_shares(ds, "causal", 0.45, k=2)
+    for shard, (a, b) in enumerate([(0, 2), (2, 4)]):
+        sub = type(data).from_tokens(data.tokens[a:b], bos=True)
+        m = causal_scores(model, sub, variants=("current",), null=False)["causal_score"].sel(
+            variant="current", aggregator="max").values
+        assert float(got[shard]) == share_above(m, 0.45, 1)
+    assert got.attrs["sd"] == np.std(got.values, ddof=1)

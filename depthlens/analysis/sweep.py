@@ -11,6 +11,8 @@ resample, including the max, from the per-sequence summaries the engines store (
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, Sequence
 
 import numpy as np
@@ -177,6 +179,30 @@ def bootstrap_share(ds: xr.Dataset, metric: str, threshold: float, *, aggregator
     return bootstrap_ci(stat, N, n_boot=n_boot, seed=seed, level=level)
 
 
+def shard_shares(ds: xr.Dataset, metric: str, threshold: float, k: int = 5, *, aggregator: str = "max",
+                 variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
+    """S(θ) on k disjoint, contiguous shards of the eval sequences (spec §6: report mean ± sd over shards).
+
+    Each shard recomputes the full aggregation (the max included) from its own sequences only; the
+    DataArray's attrs carry `mean` and `sd` (ddof=1).
+    """
+    N = ds.sizes["sequence"]
+    if not 2 <= k <= N:
+        raise DepthlensError(f"need 2 <= k <= number of sequences ({N}) shards, got k={k}")
+    bounds = np.linspace(0, N, k + 1).round().astype(int)
+    vals = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        c = np.zeros(N)
+        c[a:b] = 1
+        vals.append(share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start,
+                                nan_policy="omit")[0])
+    v = np.array(vals)
+    return xr.DataArray(v, dims=("shard",), coords={"shard": np.arange(k)}, name="share",
+                        attrs={"long_name": f"share of late pairs with {metric} > {threshold} per eval shard",
+                               "units": "1", "mean": float(v.mean()), "sd": float(v.std(ddof=1)),
+                               "shard_bounds_json": json.dumps(bounds.tolist())})
+
+
 def eval_size_curve(ds: xr.Dataset, metric: str, threshold: float, sizes: Sequence[int] = (5, 10, 20, 40), *,
                     aggregator: str = "max", variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
     """S(θ) computed on the first N sequences, for each N ≤ the eval size (spec §6.7: max grows with N)."""
@@ -213,13 +239,18 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
                                     n_boot=n_boot, seed=seed, level=level)
     else:
         note = "no bootstrap CI for this metric/aggregator (not decomposable per sequence)"
+    shards = None
+    if can_boot and ds.sizes["sequence"] >= 5:  # spec §6: k = 5 disjoint eval shards, mean ± sd
+        shards = shard_shares(ds, metric, threshold, 5, aggregator=aggregator, variant=variant, start=a)
     pairs = late_pairs(L, a)
     n_valid = int((~np.isnan(m.values[pairs[:, 0], pairs[:, 1]])).sum())
     out = {"metric": metric, "threshold": threshold, "share": share, "ci_low": lo, "ci_high": hi,
            "n_pairs": n_valid, "window_start": a, "window_rule": start, "aggregator": aggregator
            if metric in ("causal", "direct") else None, "variant": variant if metric in ("causal", "direct") else None,
            "n_boot": n_boot, "seed": seed, "level": level, "n_sequences": int(ds.sizes.get("sequence", 0)),
-           "comparison": "strict >", "note": note}
+           "comparison": "strict >", "note": note,
+           "shard_mean": shards.attrs["mean"] if shards is not None else None,
+           "shard_sd": shards.attrs["sd"] if shards is not None else None}
     if metric in ("causal", "direct") and "null_score" in ds:
         out["noise_floor"] = float(ds["null_score"].sel(variant=variant).values) if "variant" in \
             ds["null_score"].dims else float(ds["null_score"].values)

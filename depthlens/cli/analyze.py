@@ -137,7 +137,9 @@ def _json_default(x: Any) -> Any:
 
 def _fmt_share(h: dict[str, Any]) -> str:
     ci = "" if math.isnan(h.get("ci_low", float("nan"))) else f"  [{100 * h['ci_low']:.1f}%, {100 * h['ci_high']:.1f}%] 95% CI"
-    return f"{100 * h['share']:.1f}%{ci}  of {h['n_pairs']} late pairs (layers >= {h['window_start']})"
+    shards = "" if h.get("shard_mean") is None else \
+        f"; 5 disjoint eval shards: {100 * h['shard_mean']:.1f}% ± {100 * h['shard_sd']:.1f}%"
+    return f"{100 * h['share']:.1f}%{ci}  of {h['n_pairs']} late pairs (layers >= {h['window_start']}){shards}"
 
 
 def _matrix_view(da: Any, vmax: float | None = None) -> Any:
