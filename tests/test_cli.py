@@ -237,3 +237,29 @@ def test_help_is_fast_and_lists_commands():
                           capture_output=True, text=True, timeout=60)
     assert mods.stdout.strip() == "0"  # heavy imports stay inside commands
     assert time.perf_counter() - t < 30
+
+
+def test_eval_jsonl_presets_and_bad_mapping(zoo, tmp_path):
+    """GSM8K-style JSONL through the preset field mapping; NLL equals a direct teacher-forced computation."""
+    import torch
+
+    f = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "Name a colour.", "answer": "blue"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    r = run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"gsm8k={f}", "--n-seq", "2", "--seq-len", "16",
+             "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["domain"]["gsm8k"]
+    model = depthlens.load(zoo["preln"]).model
+    total, n = 0.0, 0
+    for row in rows:  # bytes tokenizer: BOS 256, then UTF-8 bytes
+        p, a = list(row["question"].encode()), list(row["answer"].encode())
+        seq = torch.tensor([[256, *p, *a]])
+        logp = torch.log_softmax(model(seq)[0].detach().double(), -1)
+        start = 1 + len(p)
+        total += float(-sum(logp[t - 1, seq[0, t]] for t in range(start, seq.shape[1])))
+        n += len(a)
+    assert got["nll"] == pytest.approx(total / n, rel=1e-4) and got["n_items"] == 2
+    one_error_line(run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"mine={f}"]), 2)  # no preset, no fields
+    one_error_line(run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"x={f}:prompt,answer",
+                        "--n-seq", "2", "--seq-len", "16"]), 1)  # fields absent in the file
