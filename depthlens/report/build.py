@@ -340,9 +340,10 @@ def jsonable(x: Any) -> Any:
 RECORD_KEYS = (
     "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
     "val_loss", "eval_loss",
-    "causal_share", "causal_ci_low", "causal_ci_high", "causal_n_pairs", "causal_noise_floor",
+    "causal_share", "causal_ci_low", "causal_ci_high", "causal_shard_mean", "causal_shard_sd", "causal_n_pairs",
+    "causal_noise_floor",
     "causal_theta_50", "causal_theta_10",
-    "perm_share", "perm_ci_low", "perm_ci_high", "perm_n_pairs", "perm_theta_50", "perm_theta_10",
+    "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_theta_50", "perm_theta_10",
     "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
 )
 
@@ -370,6 +371,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
         h = _headline(ds, "causal", opts)
         if h:
             r.update(causal_share=_f(h["share"]), causal_ci_low=_f(h["ci_low"]), causal_ci_high=_f(h["ci_high"]),
+                     causal_shard_mean=_f(h.get("shard_mean")), causal_shard_sd=_f(h.get("shard_sd")),
                      causal_n_pairs=h["n_pairs"], causal_noise_floor=_f(h.get("noise_floor")))
         if "clean_loss_seq" in ds:
             r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
@@ -379,6 +381,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
         h = _headline(ds, "perm_abs", opts)
         if h:
             r.update(perm_share=_f(h["share"]), perm_ci_low=_f(h["ci_low"]), perm_ci_high=_f(h["ci_high"]),
+                     perm_shard_mean=_f(h.get("shard_mean")), perm_shard_sd=_f(h.get("shard_sd")),
                      perm_n_pairs=h["n_pairs"])
         if r["eval_loss"] is None and "clean_loss" in ds:
             r["eval_loss"] = _f(ds["clean_loss"].values)
