@@ -172,8 +172,8 @@ def _cmdline(name: str, ckpt: Path, extra: str = "") -> str:
 def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | all (BOS excluded)")] = "last",
             repr: Annotated[str, typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-            out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
     check_choice(positions, ("last", "all"), "--positions")
     check_choice(repr, ("view", "flatten", "input"), "--repr")
@@ -207,8 +207,8 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            direct: Annotated[bool, typer.Option("--direct", help="Also compute the direct-effect companion C_dir.")] = False,
            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-           batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-           n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+           batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+           threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
     check_choice(variant, ("current", "future"), "--variant")
@@ -244,8 +244,8 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
             pairs: Annotated[str, typer.Option(help="late | all")] = "late",
             window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-            n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
     check_choice(norm, ("abs", "rel", "kl"), "--norm")
@@ -274,8 +274,8 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
 @app.command()
 @domain_errors
 def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 8, seq_len: SeqLenOpt = None,
-         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-         out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+         threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
@@ -305,8 +305,8 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
 @domain_errors
 def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 16, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-            out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
     check_threshold(eps, "--eps")
     if eps > 1:
@@ -363,8 +363,8 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           order: Annotated[str | None, typer.Option(help="Expected ranking, comma-separated checkpoint names (low to high).")] = None,
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-          out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
     check_choice(metric, METRIC_CHOICES, "--metric")
     grid = parse_grid(thresholds) if thresholds else None
@@ -470,8 +470,8 @@ def _stderr_console():
 def compare(ckpts: CkptsArg,
             metrics: Annotated[str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")] = "causal,perm_abs",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", threads: ThreadsOpt = 1,
-            n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
     wanted = [m.strip() for m in metrics.split(",") if m.strip()]
     for m in wanted:

@@ -15,6 +15,13 @@ from typing import Any
 from ..designs import SLUGS
 
 
+def check_fields(cls: type, d: Any, what: str) -> None:
+    """Refuse keys that are not fields of dataclass `cls` (a typo must not silently become a default)."""
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"{what} has unknown field(s): {', '.join(unknown)}")
+
+
 def kimi_block_starts(n_layer: int, n_blocks: int = 8) -> list[int]:
     """Block AttnRes boundaries by the Kimi K3 rule: S = ceil(L / n_blocks) layers per block.
 
@@ -157,10 +164,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"config has unknown field(s): {', '.join(unknown)}")
+        check_fields(cls, d, "config")
         return cls(**d)
 
     @classmethod

@@ -357,6 +357,15 @@ def _headline(ds, metric: str, opts: ReportOptions) -> dict[str, Any] | None:
         return None
 
 
+def _headline_fields(prefix: str, h: dict[str, Any]) -> dict[str, Any]:
+    """share, CI, shard mean/sd and pair count of one headline, under `<prefix>_*` record keys."""
+    keys = {"share": "share", "ci_low": "ci_low", "ci_high": "ci_high", "shard_mean": "shard_mean",
+            "shard_sd": "shard_sd"}
+    out = {f"{prefix}_{k}": _f(h.get(v)) for k, v in keys.items()}
+    out[f"{prefix}_n_pairs"] = h["n_pairs"]
+    return out
+
+
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
     """One table row (JSON-safe; NaN → None)."""
     from depthlens.designs import DESIGNS
@@ -370,9 +379,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
     if ds is not None:
         h = _headline(ds, "causal", opts)
         if h:
-            r.update(causal_share=_f(h["share"]), causal_ci_low=_f(h["ci_low"]), causal_ci_high=_f(h["ci_high"]),
-                     causal_shard_mean=_f(h.get("shard_mean")), causal_shard_sd=_f(h.get("shard_sd")),
-                     causal_n_pairs=h["n_pairs"], causal_noise_floor=_f(h.get("noise_floor")))
+            r.update(_headline_fields("causal", h), causal_noise_floor=_f(h.get("noise_floor")))
         if "clean_loss_seq" in ds:
             r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
                 ds["clean_loss_seq"].values).any() else None
@@ -380,9 +387,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
     if ds is not None:
         h = _headline(ds, "perm_abs", opts)
         if h:
-            r.update(perm_share=_f(h["share"]), perm_ci_low=_f(h["ci_low"]), perm_ci_high=_f(h["ci_high"]),
-                     perm_shard_mean=_f(h.get("shard_mean")), perm_shard_sd=_f(h.get("shard_sd")),
-                     perm_n_pairs=h["n_pairs"])
+            r.update(_headline_fields("perm", h))
         if r["eval_loss"] is None and "clean_loss" in ds:
             r["eval_loss"] = _f(ds["clean_loss"].values)
     for metric, key in (("causal", "causal"), ("permutation", "perm")):

@@ -146,10 +146,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"run config has unknown field(s): {', '.join(unknown)}")
+        from depthlens.models.config import check_fields
+
+        check_fields(cls, d, "run config")
         return cls(**copy.deepcopy(dict(d)))
 
 
