@@ -1,40 +1,62 @@
 #!/usr/bin/env bash
-# Train the shipped CPU zoo from the committed recipe, one model at a time on one core.
+# Train the shipped CPU zoo from the committed recipes, one model per core.
 #
-#   scripts/train_zoo.sh                 # every run of depthlens/recipes/zoo_cpu.json not yet in checkpoints/
-#   scripts/train_zoo.sh hc_l16 mhc_l8   # only these runs
+#   scripts/train_zoo.sh                 # LR sweep (if its results are not committed), then every zoo run
+#                                        # not yet in checkpoints/
+#   scripts/train_zoo.sh hc_l16 mhc_l8   # only these zoo runs
+#   scripts/train_zoo.sh --sweep         # (re)run the per-design LR sweep and rewrite the recipes from it
 #   scripts/train_zoo.sh --force ...     # retrain even if checkpoints/<name>/ exists (from scratch)
 #
 # A killed run resumes from .cache/depthlens/runs/zoo/<name>/resume when the script is rerun.
-# Env: RECIPE (default depthlens/recipes/zoo_cpu.json), PYTHON (default .venv/bin/python).
+# Env: JOBS (parallel runs, default 1; each uses one thread), PYTHON (default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RECIPE=${RECIPE:-depthlens/recipes/zoo_cpu.json}
 PY=${PYTHON:-.venv/bin/python}
+JOBS=${JOBS:-1}
+ZOO=depthlens/recipes/zoo_cpu.json
+SWEEP=depthlens/recipes/zoo_cpu_lr.json
+RESULTS=depthlens/recipes/zoo_cpu_lr_sweep.json
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-force=0
+force=0 sweep=0
 runs=()
 for a in "$@"; do
   case "$a" in
     --force) force=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --sweep) sweep=1 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) runs+=("$a") ;;
   esac
 done
-[ ${#runs[@]} -gt 0 ] || mapfile -t runs < <("$PY" -m depthlens.training.trainer "$RECIPE" --list)
 
 # the corpus the recipe names (its "corpus" block), built once; deterministic, so the data hash repeats
 "$PY" -c "import json,sys; from depthlens.training.recipes import prepare_zoo_data; \
-print('data:', prepare_zoo_data(json.load(open(sys.argv[1]))))" "$RECIPE"
+print('data:', prepare_zoo_data(json.load(open(sys.argv[1]))))" "$ZOO"
 
+train_one() {  # recipe name: one run, logged to its out dir; a failure is reported, not fatal to the others
+  local recipe=$1 name=$2 extra=()
+  [ "$force" -eq 1 ] && extra+=(resume=false)
+  echo "== $name ($(date +%H:%M:%S))"
+  "$PY" -m depthlens.training.trainer "$recipe" --run "$name" "${extra[@]}" || { echo "FAILED $name" >&2; return 1; }
+}
+export -f train_one; export PY force
+
+if [ $sweep -eq 1 ] || [ ! -f "$RESULTS" ]; then
+  "$PY" -m depthlens.training.trainer "$SWEEP" --list \
+    | xargs -P "$JOBS" -I{} bash -c 'train_one "$0" "$1"' "$SWEEP" {}
+  echo "lr sweep: $("$PY" -m depthlens.training.recipes collect-lr-sweep)"
+  "$PY" -m depthlens.training.recipes >/dev/null   # zoo_cpu.json now carries the chosen LRs
+fi
+
+[ ${#runs[@]} -gt 0 ] || mapfile -t runs < <("$PY" -m depthlens.training.trainer "$ZOO" --list)
+todo=()
 for name in "${runs[@]}"; do
   if [ $force -eq 0 ] && [ -f "checkpoints/$name/train.json" ]; then
     echo "skip $name (checkpoints/$name exists; --force retrains)"
-    continue
+  else
+    todo+=("$name")
   fi
-  extra=()
-  [ $force -eq 1 ] && extra+=(resume=false)
-  echo "== $name ($(date +%H:%M:%S))"
-  "$PY" -m depthlens.training.trainer "$RECIPE" --run "$name" "${extra[@]}"
 done
+# longest first (deep, multi-stream), so the parallel tail is short
+printf '%s\n' "${todo[@]}" | awk -F_l '{print $NF, $0}' | sort -k1,1nr | cut -d' ' -f2- \
+  | xargs -r -P "$JOBS" -I{} bash -c 'train_one "$0" "$1"' "$ZOO" {}

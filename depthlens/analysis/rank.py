@@ -7,8 +7,12 @@ Convention (column action, later factor on the left), as the HC/mHC routers reco
 
 Per token τ ≥ 1 (BOS excluded): erank(P) = exp H(σ/Σσ) in float64, then mean / median / quartiles over
 tokens (the mean of per-token eranks, not the erank of the mean product). Products:
-  full    P_{0→2L}
-  late    P_{2⌊L/4⌋→2L} (the late window in sublayers)
+  full      P_{0→2L}
+  late      P_{2⌊L/4⌋→2L} (the late window in sublayers)
+  interior  P_{1→2L−1}: without the first and last maps. In mHC those two are structurally gradient-free:
+            the first acts on identical (replicated) streams and has rows summing to 1, the last feeds a
+            sum/mean collapse and has columns summing to 1, so neither can change the output and both stay
+            at their init; the interior product is the part of the full product training can move.
   window  w ∈ {1, 2, 4, …}: mean over starts a of erank(P_{a→a+w})
 plus the mHC "Amax" gains (forward ∞-norm, backward 1-norm), and the same products of the static maps
 alone (`static.sub{j}.res_map`, the bias-only part with α = 0) when the routers expose them.
@@ -27,7 +31,8 @@ from depthlens.analysis.evaldata import EvalData, default_batch_size, model_devi
 from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
 from depthlens.errors import DepthlensError
 
-PRODUCTS = ("full", "late")
+PRODUCTS = ("full", "late", "interior")
+STOCHASTIC_TOL = 1e-3  # |row/column sum − 1| that still counts as stochastic: 20 Sinkhorn steps leave ~3e-5 on columns
 STATISTICS = ("mean", "median", "q25", "q75", "max")
 RES_KEY = "res_map"
 STATIC_KEYS = ("res_map", "res_static", "res_bias_map")  # names a router may give its static (α = 0) map
@@ -76,13 +81,37 @@ def product_tokens(H: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict
     K = H.shape[-3]
     a = 2 * late_window(n_layer)
     out: dict[str, torch.Tensor] = {}
-    for name, start in (("full", 0), ("late", a)):
-        Pm = mixing_products(H, start, K)
+    for name, start, stop in (("full", 0, K), ("late", a, K), ("interior", min(1, K), max(K - 1, min(1, K)))):
+        Pm = mixing_products(H, start, stop)
         out[f"erank_{name}"] = effective_rank(Pm)
         out[f"gain_fwd_{name}"], out[f"gain_bwd_{name}"] = amax_gain(Pm)
     out["window"] = window_profile(H, widths)
     out["single"] = effective_rank(H)
     return out
+
+
+def _with_flags(tok: dict[str, torch.Tensor], H: torch.Tensor, constrained: bool) -> dict[str, Any]:
+    return {**tok, "zero_grad": structural_zero_grad(H, constrained)}
+
+
+def structural_zero_grad(H: torch.Tensor, constrained: bool = True) -> np.ndarray:
+    """(K,) bool: maps whose entries cannot receive gradient, whatever the data (spec §8 "Correction").
+
+    Only a design whose maps are *constrained* to be stochastic (mHC's Sinkhorn projection) qualifies: any
+    parameter change keeps the sums at 1, so the gradient vanishes up to the Sinkhorn residual. HC's maps
+    are unconstrained (its identity init merely starts stochastic), so `constrained=False` flags nothing.
+
+    H: (N_tokens, K, n, n). Map 0 acts on the replicated embedding, so with rows summing to 1 its output is
+    the input; map K−1 feeds the sum/mean collapse, so with columns summing to 1 the collapsed output does
+    not depend on it. Both conditions are checked on every token (mHC meets them up to the Sinkhorn error;
+    HC's unconstrained maps do not)."""
+    K = H.shape[-3]
+    flags = np.zeros(K, dtype=bool)
+    if K == 0 or not constrained:
+        return flags
+    flags[0] = bool((H[:, 0].sum(-1) - 1).abs().max() < STOCHASTIC_TOL)
+    flags[K - 1] = flags[K - 1] or bool((H[:, K - 1].sum(-2) - 1).abs().max() < STOCHASTIC_TOL)
+    return flags
 
 
 def _summaries(tok: dict[str, torch.Tensor], n_widths: int) -> dict[str, np.ndarray]:
@@ -93,6 +122,7 @@ def _summaries(tok: dict[str, torch.Tensor], n_widths: int) -> dict[str, np.ndar
         "gain_bwd": np.stack([_stats(tok[f"gain_bwd_{p}"].numpy()) for p in PRODUCTS]),
         "erank_window": np.stack([_stats(tok["window"][:, k].numpy()) for k in range(n_widths)]),
         "erank_sublayer": tok["single"].nanmean(0).numpy(),
+        "zero_grad": tok["zero_grad"],
     }
 
 
@@ -103,14 +133,14 @@ def _static_summaries(static: torch.Tensor, n_layer: int, widths: Sequence[int])
 
 
 def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int] | None = None,
-                             static: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+                             static: torch.Tensor | None = None, constrained: bool = False) -> dict[str, np.ndarray]:
     """Summaries over tokens. H: (N_tokens, K, n, n) per-token maps (BOS already dropped); static: (K, n, n).
 
     Returns arrays keyed like the Dataset variables: erank (product, statistic), gain_fwd/gain_bwd (product,
     statistic), erank_window (window, statistic), erank_sublayer (sublayer), and *_static (product) when given.
     """
     widths = list(widths or default_widths(H.shape[-3]))
-    res = _summaries(product_tokens(H, n_layer, widths), len(widths))
+    res = _summaries(_with_flags(product_tokens(H, n_layer, widths), H, constrained), len(widths))
     if static is not None:
         res.update(_static_summaries(static, n_layer, widths))
     return res
@@ -127,16 +157,20 @@ def effective_rank_dataset(model, data: EvalData, *, widths: Sequence[int] | Non
     device = model_device(model)
     parts: list[dict[str, torch.Tensor]] = []
     static, note, n_streams = None, None, None
+    zero_grad = np.ones(K, dtype=bool)
+    constrained = getattr(getattr(model, "config", None), "arch", None) == "mhc"  # Sinkhorn-projected maps
     for _, toks in data.batches(batch_size or default_batch_size(data)):
         rec = model.readouts(toks.to(device))
         H = res_maps(rec, K)[:, 1:].cpu()  # drop the BOS position: (B, T-1, K, n, n)
         n_streams = int(H.shape[-1])
         # reduce each batch to per-token scalars at once: the maps themselves are never held for the eval set
-        parts.append(product_tokens(H.reshape(-1, *H.shape[2:]), L, widths))
+        flat = H.reshape(-1, *H.shape[2:])
+        parts.append(product_tokens(flat, L, widths))
+        zero_grad &= structural_zero_grad(flat, constrained)  # a flag must hold on every token of every batch
         if static is None and note is None:
             static, note = static_res_maps(rec, K)
     tok = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    res = _summaries(tok, len(widths))
+    res = _summaries({**tok, "zero_grad": zero_grad}, len(widths))
     if static is not None:
         res.update(_static_summaries(static, L, widths))
     dv = {
@@ -151,6 +185,10 @@ def effective_rank_dataset(model, data: EvalData, *, widths: Sequence[int] | Non
                           "units": "1"}),
         "erank_sublayer": (("sublayer",), res["erank_sublayer"],
                            {"long_name": "effective rank of one sublayer's residual map (token mean)", "units": "1"}),
+        "structural_zero_grad": (("sublayer",), res["zero_grad"].astype(np.int8),
+                                 {"long_name": "1 where the residual map cannot receive gradient (first map row-"
+                                  "stochastic on replicated streams, last map column-stochastic before the "
+                                  "sum/mean collapse)", "units": "1", "flag_values": [0, 1]}),
     }
     for key in ("erank_static", "gain_fwd_static", "gain_bwd_static"):
         if key in res:

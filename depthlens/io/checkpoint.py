@@ -57,7 +57,7 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
 
 def read_config(path: str | os.PathLike) -> Any:
     """The ModelConfig of a checkpoint directory (no weights read)."""
-    from ..models.config import ModelConfig
+    from ..models.config import LEGACY_DEFAULTS, ModelConfig
 
     path = Path(path)
     if not path.exists():
@@ -68,6 +68,8 @@ def read_config(path: str | os.PathLike) -> Any:
     raw = meta.get("model", meta)
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path / CONFIG}: 'model' must be an object")
+    # a field missing from an older checkpoint means the model was trained with the old behaviour
+    raw = {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in raw}, **raw}
     try:
         return ModelConfig.from_dict(raw)
     except (TypeError, ValueError) as e:

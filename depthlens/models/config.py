@@ -15,6 +15,12 @@ from typing import Any
 from ..designs import SLUGS
 
 
+MHC_INITS = ("identity", "zero")
+MODA_DEPTH_ROPE = ("unrotated", "rotate_ffn", "prerope_keys")
+# Checkpoints written before a field existed load with the value they were trained with, not today's default.
+LEGACY_DEFAULTS: dict[str, Any] = {"mhc_init": "zero"}
+
+
 def check_fields(cls: type, d: Any, what: str) -> None:
     """Refuse keys that are not fields of dataclass `cls` (a typo must not silently become a default)."""
     unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
@@ -68,13 +74,15 @@ class ModelConfig:
     hc_collapse: str = "sum"  # how the n streams become one at the end: sum (HC paper) | mean (Megatron)
     mhc_sinkhorn_iters: int = 20  # t_max of the Sinkhorn-Knopp projection
     mhc_gating_init: float = 0.01  # initial alpha^{pre,post,res}
+    mhc_init: str = "identity"  # static-bias init: "identity" (H_res ~ I, MindFormers) or "zero" (Megatron: H_res = J/n, rank-1 for good) [DepthBench-unknown]
     multistream_skip: str = "mix"  # skip keeps the stream mixing and drops writes ("mix") or copies X_s ("identity") [inferred]
 
     # --- cross-layer designs (AttnRes, MoDA) ----------------------------------------------------
     attnres_block_starts: list[int] | None = None  # Block AttnRes boundaries (layer indices); None = Kimi K3 rule
-    attnres_n_blocks: int = 8  # N used by the Kimi K3 rule when block starts are not given
+    attnres_n_blocks: int = 8  # N used by the Kimi K3 rule S = ceil(L/N) when neither starts nor a size are given
+    attnres_block_size: int | None = None  # fixed S layers per block (Kimi's released config: 12); None = the ceil(L/N) rule [DepthBench-unknown]
     attnres_skip: str = "mask"  # skip removes the sources from later softmaxes ("mask") or zeroes them ("zero_value") [inferred]
-    moda_depth_rope: str = "unrotated"  # depth logits from un-rotated q,k ("unrotated") or k^F rotated at t ("rotate_ffn") [inferred]
+    moda_depth_rope: str = "unrotated"  # depth logits: un-rotated q,k ("unrotated"), k^F rotated at t ("rotate_ffn"), or rotated q against keys stored before RoPE ("prerope_keys", the official recipe) [inferred]
 
     # ---------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -102,7 +110,12 @@ class ModelConfig:
         need(self.hc_streams >= 1, "hc_streams", "must be >= 1")
         need(self.hc_collapse in ("sum", "mean"), "hc_collapse", "must be 'sum' or 'mean'")
         need(self.mhc_sinkhorn_iters >= 1, "mhc_sinkhorn_iters", "must be >= 1")
-        need(self.moda_depth_rope in ("unrotated", "rotate_ffn"), "moda_depth_rope", "must be 'unrotated' or 'rotate_ffn'")
+        need(self.moda_depth_rope in MODA_DEPTH_ROPE, "moda_depth_rope", f"must be one of {', '.join(MODA_DEPTH_ROPE)}")
+        need(self.mhc_init in MHC_INITS, "mhc_init", f"must be one of {', '.join(MHC_INITS)}")
+        need(self.attnres_block_size is None or (isinstance(self.attnres_block_size, int)
+                                                 and not isinstance(self.attnres_block_size, bool)
+                                                 and self.attnres_block_size >= 1),
+             "attnres_block_size", f"must be a positive int or null, got {self.attnres_block_size!r}")
         need(self.multistream_skip in ("mix", "identity"), "multistream_skip", "must be 'mix' or 'identity'")
         need(self.attnres_skip in ("mask", "zero_value"), "attnres_skip", "must be 'mask' or 'zero_value'")
         need(self.attnres_n_blocks >= 1, "attnres_n_blocks", "must be >= 1")
@@ -137,6 +150,8 @@ class ModelConfig:
         """Block AttnRes boundaries actually used (explicit list or the Kimi K3 default)."""
         if self.attnres_block_starts is not None:
             return list(self.attnres_block_starts)
+        if self.attnres_block_size is not None:
+            return list(range(0, self.n_layer, self.attnres_block_size))
         return kimi_block_starts(self.n_layer, self.attnres_n_blocks)
 
     def resolved(self) -> "ModelConfig":

@@ -71,6 +71,9 @@ class RunConfig:
     resume: bool = True  # continue from <out>/resume if it exists (a preempted job just reruns its command)
     out: str = "runs/default"  # run directory: log.jsonl, resume/ state
     export: str = ""  # where the final depthlens checkpoint goes ("" = <out>/checkpoint)
+    snapshots: list[int] = field(default_factory=list)  # steps at which to keep a model-only analysis snapshot (0 = init)
+    snapshot_every_log2: bool = False  # snapshots at step 0, 16, 32, 64, ... and the last step: depth use over training
+    snapshot_eval_batches: int = 4  # validation batches behind each snapshot's val_loss (cheap; the final eval is separate)
     name: str = ""  # run name recorded in train.json (the recipe's run key)
     meta: dict[str, Any] = field(default_factory=dict)  # free-form notes (iso-param target, planned counts) -> train.json
 
@@ -101,7 +104,7 @@ class RunConfig:
         for name in ("seq_len", "global_batch", "steps"):
             pos_int(name)
         for name in ("micro_batch", "warmup", "eval_every", "eval_batches", "final_eval_batches", "save_every",
-                     "stop_after", "threads", "seed", "data_seed"):
+                     "stop_after", "threads", "seed", "data_seed", "snapshot_eval_batches"):
             pos_int(name, allow_zero=True)
         pos_int("log_every")
         need(self.seq_len <= self.model_config().max_seq_len, "seq_len",
@@ -120,6 +123,10 @@ class RunConfig:
         need(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
         need(bool(self.out), "out", "must name a run directory")
+        need(isinstance(self.snapshots, list) and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= self.steps
+                                                      for s in self.snapshots),
+             "snapshots", f"must be a list of steps in [0, steps={self.steps}], got {self.snapshots!r}")
+        need(isinstance(self.snapshot_every_log2, bool), "snapshot_every_log2", "must be true or false")
 
     # ---------------------------------------------------------------------------------------------
     def model_config(self) -> ModelConfig:
@@ -128,6 +135,15 @@ class RunConfig:
     @property
     def export_dir(self) -> Path:
         return Path(self.export) if self.export else Path(self.out) / "checkpoint"
+
+    @property
+    def snapshot_steps(self) -> list[int]:
+        """Sorted steps that get an analysis snapshot: the explicit list, plus (log2 mode) 0, 16, 32, ... < steps
+        and the last step. Log-spaced because depth use changes fastest early in training."""
+        steps = set(self.snapshots)
+        if self.snapshot_every_log2:
+            steps |= {0, self.steps} | {2 ** k for k in range(4, max(4, self.steps.bit_length())) if 2 ** k < self.steps}
+        return sorted(steps)
 
     @property
     def tokens_per_step(self) -> int:

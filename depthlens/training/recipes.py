@@ -2,8 +2,11 @@
 
     python -m depthlens.training.recipes          # rewrite depthlens/recipes/{zoo_cpu,paper_gpu}.json
 
-* `zoo_cpu.json`: the shipped CPU zoo, ten designs x L in {4, 8, 16} at one iso-parameter budget on
-  the offline bytes corpus (seq 128), sized to train in about an hour on one core.
+* `zoo_cpu.json`: the shipped CPU zoo, ten designs x L in {4, 8, 16, 32} at one iso-parameter budget on
+  the offline bytes corpus (seq 128), each design at its own peak LR (from the sweep below); the L = 16
+  and 32 runs of Pre-LN, HC, mHC and Full/Block AttnRes keep log-spaced analysis snapshots.
+* `zoo_cpu_lr.json`: the per-design LR sweep behind it (3 peak LRs at L = 8, half the token budget);
+  its results are committed as `zoo_cpu_lr_sweep.json` (`collect_lr_sweep`) and read back here.
 * `paper_gpu.json`: the paper-scale grid, ten designs x seven depths at ~400M total params (GPT-2 vocab,
   seq 2048, 2^19-token batches, 20 tokens/param) x a per-design peak-LR sweep; launched with torchrun.
 
@@ -26,7 +29,12 @@ from .shapes import GPT2_VOCAB, param_counts, solve_width
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 # --- the CPU zoo ------------------------------------------------------------------------------------
-ZOO_DEPTHS = (4, 8, 16)
+ZOO_DEPTHS = (4, 8, 16, 32)  # 32: the paper's deep end (276 late pairs), the mission's `hc_l32` example
+ZOO_LRS = (1.5e-3, 3e-3, 6e-3)  # per-design peak-LR sweep: x2 steps around the 3e-3 of the first zoo
+ZOO_SWEEP_DEPTH, ZOO_SWEEP_STEPS = 8, 150  # a mid depth at ~40 % of the budget: what one core affords for 30 runs
+ZOO_DEFAULT_LR = 3e-3  # used for a design until the sweep has a result for it
+ZOO_SNAPSHOT_DESIGNS = ("preln", "hc", "mhc", "full_attnres", "block_attnres")  # depth over training (track)
+ZOO_SNAPSHOT_DEPTHS = (16, 32)
 ZOO_TARGET = 230_000  # total params: the middle of the 200-250K band where the width grid fits all designs best
 ZOO_CORPUS = {"source": "packages", "tokenizer": "bytes", "max_bytes": 8_000_000, "val_fraction": 0.05, "seed": 0}
 ZOO_DATA = ".cache/depthlens/corpus-bytes-8M"  # derived, git-ignored; scripts/train_zoo.sh builds it from ZOO_CORPUS
@@ -56,33 +64,90 @@ def iso_shape(design: str, n_layer: int, target: int, vocab_size: int, *, multip
             "planned_rel_error": round(c["total"] / target - 1, 4), "ffn_ratio": round(d_ff / d, 3)}
 
 
-def zoo_recipe() -> dict[str, Any]:
-    base = {
+def zoo_lr_results(path: Path | None = None) -> dict[str, Any]:
+    """The committed LR-sweep results ({"val_loss": {design: {lr: loss}}, "chosen": {design: lr}}), or {}."""
+    path = path or RECIPES_DIR / "zoo_cpu_lr_sweep.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _zoo_base() -> dict[str, Any]:
+    return {
         "model": {"vocab_size": 257, "max_seq_len": 128},
         "data": ZOO_DATA, "tokenizer": "bytes", "seq_len": 128,
         # 400 steps x 16 x 128 = 819K tokens per model (~3.5 tokens/param): what one core affords for
         # 30 models in about an hour given the slowest designs (mHC, MoDA, AttnRes at L=16)
         "global_batch": 16, "micro_batch": 0, "steps": 400,
-        # peak LR: a 150-step check of preln_l8 gave val 2.51 / 2.44 / 2.85 at 2e-3 / 4e-3 / 8e-3; 3e-3
-        # keeps a margin below the divergence edge for L=16 and the norm variants (one LR for all designs)
-        "lr": 3e-3, "min_lr_factor": 0.1, "warmup": 20, "schedule": "wsd", "decay_frac": 0.2,
+        # peak LR: per design from the sweep (zoo_cpu_lr_sweep.json); this default only until it has run
+        "lr": ZOO_DEFAULT_LR, "min_lr_factor": 0.1, "warmup": 20, "schedule": "wsd", "decay_frac": 0.2,
         "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0, "data_seed": 0,
         "eval_every": 100, "eval_batches": 4, "final_eval_batches": 64, "log_every": 10, "save_every": 100,
         "device": "cpu", "dtype": "fp32", "threads": 1,
     }
+
+
+def _zoo_model(design: str, L: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    # head_dim 8 and width/FFN steps of 8: at L = 32 the budget leaves d = 16-24, where steps of 16 miss the
+    # target by up to 18 %; with 8 every design and depth lands within 4 % of it
+    shape = iso_shape(design, L, ZOO_TARGET, 257, multiple=8, head_dim=8, ffn_step=8)
+    return ({"arch": design, "n_layer": L, "d_model": shape["d_model"], "n_head": shape["n_head"],
+             "d_ff": shape["d_ff"]}, shape)
+
+
+def zoo_lr_recipe() -> dict[str, Any]:
+    """The per-design LR sweep: every design at L = ZOO_SWEEP_DEPTH, ZOO_SWEEP_STEPS steps, each LR."""
+    base = {**_zoo_base(), "steps": ZOO_SWEEP_STEPS, "eval_every": 0, "final_eval_batches": 32, "save_every": 50}
+    runs = {}
+    for design in SLUGS:
+        model, shape = _zoo_model(design, ZOO_SWEEP_DEPTH)
+        for lr in ZOO_LRS:
+            name = f"{checkpoint_name(design, ZOO_SWEEP_DEPTH)}_lr{lr:g}"
+            out = f".cache/depthlens/runs/zoo_lr/{name}"
+            runs[name] = {"model": model, "lr": lr, "out": out, "export": f"{out}/checkpoint",
+                          "meta": {"iso_target_params": ZOO_TARGET, "sweep": "zoo_lr", **shape}}
+    return {"description": f"Per-design peak-LR sweep for the CPU zoo: 10 designs at L={ZOO_SWEEP_DEPTH}, "
+                           f"{ZOO_SWEEP_STEPS} steps, LR in {list(ZOO_LRS)}. Run by scripts/train_zoo.sh; "
+                           "results in zoo_cpu_lr_sweep.json.",
+            "corpus": ZOO_CORPUS, "base": base, "runs": runs}
+
+
+def collect_lr_sweep(recipe: dict[str, Any] | None = None, path: Path | None = None) -> dict[str, Any]:
+    """Read the sweep runs' final validation losses, pick the best LR per design, write the results file."""
+    recipe = recipe or zoo_lr_recipe()
+    losses: dict[str, dict[str, float]] = {}
+    for name, run in recipe["runs"].items():
+        train = Path(run["export"]) / "train.json"
+        if train.exists():
+            design = run["model"]["arch"]
+            losses.setdefault(design, {})[f"{run['lr']:g}"] = json.loads(train.read_text())["final_val_loss"]
+    chosen = {d: float(min(v, key=v.get)) for d, v in losses.items()}
+    res = {"description": f"Final validation loss (nats/byte, 32 val batches) after {ZOO_SWEEP_STEPS} steps at "
+                          f"L={ZOO_SWEEP_DEPTH}; `chosen` = the argmin, used by zoo_cpu.json. A half-budget proxy: "
+                          "the best LR at 400 steps may be one notch lower.",
+           "lrs": [f"{lr:g}" for lr in ZOO_LRS], "val_loss": losses, "chosen": chosen}
+    path = path or RECIPES_DIR / "zoo_cpu_lr_sweep.json"
+    path.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return res
+
+
+def zoo_recipe() -> dict[str, Any]:
+    base = _zoo_base()
+    chosen = zoo_lr_results().get("chosen", {})
     runs = {}
     for design in SLUGS:
         for L in ZOO_DEPTHS:
             name = checkpoint_name(design, L)
-            shape = iso_shape(design, L, ZOO_TARGET, 257)
+            model, shape = _zoo_model(design, L)
             runs[name] = {
-                "model": {"arch": design, "n_layer": L, "d_model": shape["d_model"], "n_head": shape["n_head"],
-                          "d_ff": shape["d_ff"]},
+                "model": model, "lr": chosen.get(design, ZOO_DEFAULT_LR),
                 "out": f".cache/depthlens/runs/zoo/{name}", "export": f"checkpoints/{name}",
-                "meta": {"iso_target_params": ZOO_TARGET, **shape},
+                "meta": {"iso_target_params": ZOO_TARGET, **shape,
+                         "lr_source": "zoo_cpu_lr_sweep.json" if design in chosen else "default"},
             }
-    return {"description": "CPU zoo: 10 designs x L in {4, 8, 16} at ~230K total params (bytes corpus, seq 128). "
-                           "Generated by `python -m depthlens.training.recipes`; run with scripts/train_zoo.sh.",
+            if design in ZOO_SNAPSHOT_DESIGNS and L in ZOO_SNAPSHOT_DEPTHS:
+                runs[name]["snapshot_every_log2"] = True
+    return {"description": "CPU zoo: 10 designs x L in {4, 8, 16, 32} at ~230K total params (bytes corpus, "
+                           "seq 128), per-design peak LR from zoo_cpu_lr_sweep.json. Generated by "
+                           "`python -m depthlens.training.recipes`; run with scripts/train_zoo.sh.",
             "corpus": ZOO_CORPUS, "base": base, "runs": runs}
 
 
@@ -138,7 +203,8 @@ def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | None = None) -> Pat
 def write_recipes(directory: Path = RECIPES_DIR) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, recipe in (("zoo_cpu.json", zoo_recipe()), ("paper_gpu.json", paper_recipe())):
+    for name, recipe in (("zoo_cpu.json", zoo_recipe()), ("zoo_cpu_lr.json", zoo_lr_recipe()),
+                         ("paper_gpu.json", paper_recipe())):
         path = directory / name
         path.write_text(json.dumps(recipe, indent=1) + "\n", encoding="utf-8")
         paths.append(path)
@@ -148,7 +214,9 @@ def write_recipes(directory: Path = RECIPES_DIR) -> list[Path]:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["prepare-zoo-data"]:
+    if sys.argv[1:2] == ["collect-lr-sweep"]:
+        print(json.dumps(collect_lr_sweep()["chosen"]))
+    elif sys.argv[1:2] == ["prepare-zoo-data"]:
         print(prepare_zoo_data(json.loads((RECIPES_DIR / "zoo_cpu.json").read_text())))
     else:
         for p in write_recipes():

@@ -11,7 +11,10 @@ What it guarantees:
 * the LR is a pure function of the step (schedule.py), so a resume needs only the step;
 * the resume state (<out>/resume: safetensors + JSON, written atomically) holds model, optimizer, step
   and RNG; a run killed at any point and rerun with the same command ends bit-identical on CPU;
-* at the end the model is exported as a depthlens checkpoint (depthlens.io.checkpoint) with train.json.
+* at the end the model is exported as a depthlens checkpoint (depthlens.io.checkpoint) with train.json;
+* optional analysis snapshots (`snapshots` / `snapshot_every_log2`): <out>/snapshots/step_NNNNNNN/ is a normal
+  checkpoint plus snapshot.json {step, tokens, val_loss, run}, so `depthlens track` can follow depth use
+  over training without retraining.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ from .schedule import lr_at
 STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
 LOG = "log.jsonl"
+SNAPSHOTS = "snapshots"
+SNAPSHOT_JSON = "snapshot.json"
+
+
+def snapshot_dir(out: str | os.PathLike, step: int) -> Path:
+    """Where the analysis snapshot of `step` lives: zero-padded so a plain sort is step order."""
+    return Path(out) / SNAPSHOTS / f"step_{step:07d}"
 
 # Dense bf16 peak FLOP/s per device for MFU (torchtitan's table); None = no meaningful peak (CPU).
 PEAK_FLOPS: dict[str, float | None] = {
@@ -326,6 +336,9 @@ class Trainer:
             self._truncate_log(0)
         self.model.train()
         stop = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
+        snap_steps = set(cfg.snapshot_steps)
+        if self.step == 0 and 0 in snap_steps:
+            self.snapshot()
         while self.step < stop:
             t0 = time.perf_counter()
             rec = self.train_step(self.step)
@@ -341,6 +354,8 @@ class Trainer:
                 self.last_val = rec["val_loss"] = self.evaluate(cfg.eval_batches)
             if rec.get("val_loss") is not None or self.step % cfg.log_every == 0 or self.step in (1, cfg.steps):
                 self.log(rec)
+            if self.step in snap_steps:  # before the resume save: a kill in between redoes (and rewrites) it
+                self.snapshot(rec.get("val_loss"))
             if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == stop:
                 self.save()
             if self.callback is not None:
@@ -353,6 +368,27 @@ class Trainer:
         model = self.model if self.cfg.fsdp else self.raw  # DDP replicas are identical: no collectives needed
         return evaluate(model, self.cfg.data, self.cfg.seq_len, batch_size=self.micro,
                         max_sequences=batches * self.cfg.global_batch, dtype=self.cfg.dtype, dist=self.dist)
+
+    def snapshot(self, val_loss: float | None = None) -> Path:
+        """Write the model as it is now to <out>/snapshots/step_NNNNNNN/ (a normal depthlens checkpoint,
+        no optimizer state) with snapshot.json = {step, tokens, val_loss, run}. Every rank joins the gather."""
+        from ..io import checkpoint
+
+        cfg = self.cfg
+        if val_loss is None:
+            val_loss = self.evaluate(cfg.snapshot_eval_batches)
+        model_sd, _ = full_state(self.model, self.optimizer)
+        path = snapshot_dir(self.out, self.step)
+        if self.dist.is_main:
+            model = build_model(cfg.model_config(), seed=None)
+            model.load_state_dict(model_sd)
+            info = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "val_loss": val_loss,
+                    "val_batches": cfg.snapshot_eval_batches or "all", "run": cfg.name, "seed": cfg.seed,
+                    "data_hash": self.data_hash}
+            files = {**self.tokenizer_files(), SNAPSHOT_JSON: json.dumps(info, indent=1, sort_keys=True) + "\n"}
+            checkpoint.save(model, path, extra_files=files, overwrite=True)
+        barrier(self.dist)
+        return path
 
     def finish(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -436,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value overrides (model.n_layer=8, lr=1e-3, steps=200)")
     p.add_argument("--run", help="run name in a grid recipe")
     p.add_argument("--list", action="store_true", help="list the recipe's runs and exit")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may follow --run NAME
     if args.list:
         for name in recipe_runs(read_recipe(args.recipe)):
             print(name)

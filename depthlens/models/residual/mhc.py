@@ -12,9 +12,16 @@ n streams x (n x d per token, row = stream). Each sublayer j has its own mHC rou
 SK: Sinkhorn-Knopp, M_0 = exp(H̃^res), then t_max times column-normalise, then row-normalise. The rows sum
 to 1 up to rounding, the columns up to the (recorded) Sinkhorn error.
 
-Parameters (Megatron-LM `HyperConnectionModule` init): phi [nd, n^2+2n] xavier_uniform, columns ordered
-[pre (n) | post (n) | res (n^2, row-major [dest, source])]; bias [n^2+2n] = 0; alpha_pre/alpha_post/
-alpha_res = mhc_gating_init (0.01). nd(n^2+2n) + (n^2+2n) + 3 parameters per sublayer (96d + 27 for n=4).
+Parameters: phi [nd, n^2+2n], columns ordered [pre (n) | post (n) | res (n^2, row-major [dest, source])];
+bias [n^2+2n]; alpha_pre/alpha_post/alpha_res = mhc_gating_init (0.01). nd(n^2+2n) + (n^2+2n) + 3
+parameters per sublayer (96d + 27 for n=4). Two inits (`cfg.mhc_init`, spec §8 "Correction"):
+
+* "identity" (default): the MindFormers port (`hyper_connection.py`): b_res = 5(I - 1), so H_res = SK(exp b_res)
+  starts near I (diagonal ~0.98); b_pre = -log(n-1) (-log 3 at n=4), so H_pre = 1/n; b_post = 0, H_post = 1;
+  phi ~ N(0, sigma^2 = 1e-4). DeepSeek describes mHC as restoring the identity mapping of the residual.
+* "zero": NVIDIA Megatron-LM `HyperConnectionModule._init_weights`: phi xavier_uniform, b = 0. Every H_res
+  starts at J/n; the first map then mixes identical streams and the last feeds a sum, so both get exactly
+  zero gradient and stay uniform: every full product has effective rank 1 however long the model trains.
 Megatron stores h_res as [source, dest]: permute the res columns by the transpose when loading its weights.
 
 In the shared stream notation (streams.py): pre = H^pre, post = H^post, res_map = H^res.
@@ -22,6 +29,7 @@ In the shared stream notation (streams.py): pre = H^pre, post = H^post, res_map 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,12 +58,18 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class MHCRouter(StreamRouter):
-    def __init__(self, d: int, n: int, eps: float, gating_init: float, sinkhorn_iters: int):
+    def __init__(self, d: int, n: int, eps: float, gating_init: float, sinkhorn_iters: int, init: str = "identity"):
         super().__init__()
         self.n, self.eps, self.t_max = n, eps, sinkhorn_iters
         self.phi = nn.Parameter(torch.empty(n * d, n * n + 2 * n))  # [φ_pre | φ_post | φ_res]
-        nn.init.xavier_uniform_(self.phi)
         self.bias = nn.Parameter(torch.zeros(n * n + 2 * n))  # [b_pre | b_post | b_res]
+        if init == "zero":  # Megatron-LM
+            nn.init.xavier_uniform_(self.phi)
+        else:  # MindFormers: near-identity H_res, H_pre = 1/n, H_post = 1
+            nn.init.normal_(self.phi, std=1e-2)
+            with torch.no_grad():
+                self.bias[:n] = -math.log(n - 1) if n > 1 else 0.0
+                self.bias[2 * n:] = (5.0 * (torch.eye(n) - 1.0)).flatten()
         self.alpha_pre = nn.Parameter(torch.tensor(float(gating_init)))
         self.alpha_post = nn.Parameter(torch.tensor(float(gating_init)))
         self.alpha_res = nn.Parameter(torch.tensor(float(gating_init)))
@@ -101,4 +115,4 @@ class MHC(MultiStreamDesign):
 
     def build_router(self, j: int) -> MHCRouter:
         cfg = self.cfg
-        return MHCRouter(cfg.d_model, self.n, cfg.norm_eps, cfg.mhc_gating_init, cfg.mhc_sinkhorn_iters)
+        return MHCRouter(cfg.d_model, self.n, cfg.norm_eps, cfg.mhc_gating_init, cfg.mhc_sinkhorn_iters, cfg.mhc_init)

@@ -9,10 +9,13 @@ causal sequence keys of its layer AND the depth slots of the same token written 
     o_t = sum_s a_s v_l(s) + sum_slot a_slot V_slot;    u = h + o W_o
     x~ = N_l2(u);  k^F_l = x~ W^K_F, v^F_l = x~ W^V_F;    h' = u + MLP(x~)
 
-GQA follows HF: query head h reads KV head h // G. Depth logits use un-rotated q and k by default
-(`cfg.moda_depth_rope="unrotated"`); `"rotate_ffn"` rotates k^F at its own position t and uses rotated
-q . k everywhere (RoPE_t(q) . RoPE_t(k) = q . k only up to the RoPE of the query position, see spec §10
-gotchas). The depth KV live in the state, so a skip can invalidate them: keep = 0 gives h' = h AND marks
+GQA follows HF: query head h reads KV head h // G. Depth logits, `cfg.moda_depth_rope` (spec §10 gotchas):
+
+* "unrotated" (default): un-rotated q against un-rotated depth keys (attention k and k^F alike);
+* "rotate_ffn": rotated q against rotated keys, k^F rotated at its own position t (RoPE_t(q) . RoPE_t(k) =
+  q . k, so this equals "unrotated" for attention slots and differs only in how k^F is treated);
+* "prerope_keys": the official recipe: depth keys are stored BEFORE RoPE (attention k and k^F) and read
+  by the rotated query RoPE_t(q), so every depth logit depends on the position t. The depth KV live in the state, so a skip can invalidate them: keep = 0 gives h' = h AND marks
 that sublayer's depth slot invalid on those tokens.
 
 The attention body computes the joint softmax explicitly (O(T^2) logits per head), which is what the
@@ -77,13 +80,13 @@ class MoDAAttentionBody(Sublayer):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, "attn")
-        self.rotate_depth = cfg.moda_depth_rope == "rotate_ffn"
+        self.depth_rope = cfg.moda_depth_rope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, depth: DepthKV | None = None,
                 out: dict[str, Any] | None = None) -> torch.Tensor:
         q, k, v = self.fn.project(self.norm(x))  # un-rotated (B, Hq, T, e), (B, Hkv, T, e)
         qr, kr = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        qd, kd = (qr, kr) if self.rotate_depth else (q, k)
+        qd, kd = {"unrotated": (q, k), "rotate_ffn": (qr, kr), "prerope_keys": (qr, k)}[self.depth_rope]
         o, parts = depth_attention(qr, kr, v, qd, depth)
         if out is not None:
             out.update(parts, k=rearrange(kd, "b h t e -> b t h e"), v=rearrange(v, "b h t e -> b t h e"))
