@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._version import __version__
 from .designs import DESIGNS, SLUGS
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "ModelConfig": ("depthlens.models.config", "ModelConfig"),

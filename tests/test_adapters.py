@@ -347,7 +347,8 @@ def test_tokenizer_files_and_bos_convention(hf_dirs, loaded):
 # --- key maps and import guards -------------------------------------------------------------------------
 
 def test_key_maps_are_explicit_and_complete(loaded):
-    from depthlens.adapters.base import invert, map_key, rename, spec_for
+    from depthlens.adapters.base import invert, map_key, rename
+    from depthlens.adapters.families import spec_for
     from depthlens.models import ModelConfig, build_model
 
     llama = spec_for("llama")

@@ -6,7 +6,8 @@ TransformerLens and nnsight.
 
 Pieces (heavy imports happen on first use):
 
-    AdapterSpec, spec_for          base.py       module paths + explicit weight-key map of one HF family
+    AdapterSpec                    base.py       module paths + explicit weight-key map of one HF family
+    spec_for, supported_model_types families.py  the explicit list of families (gpt2, llama, mistral, qwen2/3)
     HFLayeredModel, load_hf        hf.py         LayeredLM over an HF *ForCausalLM (llama, mistral, qwen2, qwen3, gpt2)
     export_llama, import_llama     convert.py    depthlens preln/lns <-> HF LlamaForCausalLM directory
     Lens, from_bridge              lens.py       TransformerLens ActivationCache / patching / TransformerBridge
@@ -25,8 +26,8 @@ from ..errors import CheckpointError
 
 _LAZY = {
     "AdapterSpec": ("base", "AdapterSpec"),
-    "spec_for": ("base", "spec_for"),
-    "supported_model_types": ("base", "supported_model_types"),
+    "spec_for": ("families", "spec_for"),
+    "supported_model_types": ("families", "supported_model_types"),
     "HFLayeredModel": ("hf", "HFLayeredModel"),
     "load_hf": ("hf", "load_hf"),
     "export_llama": ("convert", "export_llama"),

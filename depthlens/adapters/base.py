@@ -53,33 +53,6 @@ class AdapterSpec:
         return bool(self.key_map) and all(v is not None for v in self.key_map.values())
 
 
-_SPECS: dict[str, AdapterSpec] = {}
-
-
-def register(spec: AdapterSpec) -> AdapterSpec:
-    for t in spec.model_types:
-        _SPECS[t] = spec
-    return spec
-
-
-def _load_families() -> None:
-    from . import gpt2, llama, qwen  # noqa: F401  (importing registers the specs)
-
-
-def supported_model_types() -> list[str]:
-    _load_families()
-    return sorted(_SPECS)
-
-
-def spec_for(model_type: str | None) -> AdapterSpec:
-    """The spec serving a config.json `model_type`; CheckpointError (one line) if none does."""
-    _load_families()
-    if model_type not in _SPECS:
-        raise CheckpointError(f"model_type {model_type!r} has no depthlens adapter; supported: "
-                              f"{', '.join(sorted(_SPECS))}")
-    return _SPECS[model_type]
-
-
 def resolve(root: nn.Module, path: str) -> nn.Module:
     """The submodule at a dotted path ("model.layers")."""
     return root.get_submodule(path)

@@ -65,7 +65,7 @@ def export_llama(model_or_path: Any, out_dir: str | os.PathLike, *, overwrite: b
     """Write a depthlens `preln`/`lns` model (or checkpoint directory) as an HF `LlamaForCausalLM` directory."""
     from safetensors.torch import save_file
 
-    from .. import __version__
+    from .._version import __version__
     from ..io import checkpoint
 
     src = None

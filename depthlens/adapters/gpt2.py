@@ -7,9 +7,9 @@ the adapter only, never imported.
 
 from __future__ import annotations
 
-from .base import AdapterSpec, register
+from .base import AdapterSpec
 
-GPT2 = register(AdapterSpec(
+GPT2 = AdapterSpec(
     family="gpt2",
     model_types=("gpt2",),
     blocks="transformer.h",
@@ -21,4 +21,4 @@ GPT2 = register(AdapterSpec(
     mlp_norm="ln_2",
     mlp="mlp",
     pos_embed="transformer.wpe",
-))
+)

@@ -36,7 +36,8 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.residual.base import Design, RunContext, State, apply_keep
-from .base import AdapterSpec, resolve, spec_for
+from .base import AdapterSpec, resolve
+from .families import spec_for
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
 SITES = ("resid_pre", "resid_mid", "resid_post", "attn_in", "attn_out", "mlp_in", "mlp_out")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .base import AdapterSpec, register
+from .base import AdapterSpec
 
 # HF key -> depthlens key; `{}` is the layer index.
 LLAMA_KEYS: dict[str, str | None] = {
@@ -26,7 +26,7 @@ LLAMA_KEYS: dict[str, str | None] = {
     "lm_head.weight": "lm_head.weight",
 }
 
-LLAMA = register(AdapterSpec(
+LLAMA = AdapterSpec(
     family="llama",
     model_types=("llama",),
     blocks="model.layers",
@@ -39,6 +39,6 @@ LLAMA = register(AdapterSpec(
     mlp="mlp",
     rotary="model.rotary_emb",
     key_map=LLAMA_KEYS,
-))
+)
 
-MISTRAL = register(replace(LLAMA, family="mistral", model_types=("mistral",)))
+MISTRAL = replace(LLAMA, family="mistral", model_types=("mistral",))

@@ -56,7 +56,7 @@ def _sites(model: Any) -> tuple[int, Read, Read, Callable[[Any, int, Any], None]
             net.blocks[t].hook_resid_post.output = value
 
         return L, h_in, h_out, set_out
-    from .base import spec_for
+    from .families import spec_for
 
     path = spec_for(getattr(model.config, "model_type", None)).blocks.split(".")
 

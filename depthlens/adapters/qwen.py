@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .base import register
 from .llama import LLAMA, LLAMA_KEYS
 
 QWEN2_KEYS: dict[str, str | None] = {
@@ -25,5 +24,5 @@ QWEN3_KEYS: dict[str, str | None] = {
     "model.layers.{}.self_attn.k_norm.weight": None,
 }
 
-QWEN2 = register(replace(LLAMA, family="qwen2", model_types=("qwen2",), key_map=QWEN2_KEYS))
-QWEN3 = register(replace(LLAMA, family="qwen3", model_types=("qwen3",), key_map=QWEN3_KEYS))
+QWEN2 = replace(LLAMA, family="qwen2", model_types=("qwen2",), key_map=QWEN2_KEYS)
+QWEN3 = replace(LLAMA, family="qwen3", model_types=("qwen3",), key_map=QWEN3_KEYS)

@@ -90,9 +90,10 @@ def skip_mode(model) -> str:
     slug = getattr(model.design, "slug", "?")
     if getattr(model.design, "multi_stream", False):
         return f"{slug}: multistream_skip={getattr(cfg, 'multistream_skip', '?')}"
-    if "attnres" in slug:
+    from depthlens.designs import DESIGNS, has_capability
+
+    if has_capability(slug, "depth_softmax"):
         return f"{slug}: attnres_skip={getattr(cfg, 'attnres_skip', '?')}"
-    from depthlens.designs import DESIGNS
 
     if slug in DESIGNS and DESIGNS[slug].group != "baseline" and DESIGNS[slug].group != "norm":
         return f"{slug}: the design's keep mask"

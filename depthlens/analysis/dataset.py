@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from depthlens._version import __version__
 from depthlens.errors import CheckpointError, DepthlensError
 
 LAYER_DIMS = ("layer", "layer_other")
@@ -37,12 +38,8 @@ _CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
 
 
 def depthlens_version() -> str:
-    """`depthlens.__version__` if the package defines it, else "0.1.0" (imported lazily: no import cycles)."""
-    try:
-        from depthlens import __version__
-    except ImportError:
-        return "0.1.0"
-    return str(__version__)
+    """The installed package version (`depthlens._version`, which imports nothing of depthlens)."""
+    return __version__
 
 
 def _now_iso() -> str:

@@ -18,14 +18,14 @@ from typing import Any, Sequence
 import numpy as np
 import xarray as xr
 
+from depthlens.analysis import registry
 from depthlens.analysis.dataset import LAYER_DIMS
 from depthlens.analysis.metrics import late_pairs, late_window
 from depthlens.analysis.stats import bootstrap_ci, crossing_points, ranking_robustness, share_curve
 from depthlens.errors import DepthlensError
 
-METRICS = {"causal": "causal_score", "direct": "direct_score", "perm_abs": "perm_abs", "perm_rel": "perm_rel",
-           "perm_kl": "perm_kl"}
-HEADLINE_THRESHOLD = {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15, "perm_kl": 0.15}
+METRICS = {k: registry.score(k).var for k in registry.SCORE_KEYS}  # metric → dataset variable
+HEADLINE_THRESHOLD = registry.THRESHOLDS  # metric → default headline θ (declared in the registry)
 WINDOW_STARTS = ("zero", "quarter", "half")
 CROSSING_QS = (0.5, 0.25, 0.1, 0.01)
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
 from .app import app, domain_errors, fail
 
 # --- shared options ------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
 
 @app.command()
 @domain_errors
-def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (share of late pairs with C > θ).")] = 0.45,
+def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (share of late pairs with C > θ).")] = registry.CAUSAL.theta,
            variant: Annotated[str, typer.Option(help="current | future")] = "current",
            agg: Annotated[str, typer.Option("--agg", help="max | mean | p95 | p99 | pooled")] = "max",
            unit: Annotated[str, typer.Option(help="block | attn | mlp")] = "block",
@@ -238,7 +239,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
 
 @app.command()
 @domain_errors
-def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = 0.15,
+def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
             norm: Annotated[str, typer.Option(help="abs (nats) | rel | kl")] = "abs",
             swap: Annotated[str, typer.Option(help="body (routing stays) | all")] = "body",
             pairs: Annotated[str, typer.Option(help="late | all")] = "late",
@@ -331,7 +332,7 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
 
 
 def parse_grid(text: str) -> list[float]:
-    """'0:1.5:0.05' (start:stop:step, inclusive) or '0.1,0.2,0.45'."""
+    """'0:1.5:0.05' (start:stop:step, inclusive) or '0.1,0.2,0.5'."""
     import numpy as np
 
     try:
@@ -352,14 +353,14 @@ def parse_grid(text: str) -> list[float]:
     return vals
 
 
-METRIC_CHOICES = ("causal", "perm_abs", "perm_rel", "perm_kl")
+METRIC_CHOICES = registry.SWEEPABLE  # causal, perm_abs, perm_rel, perm_kl
 
 
 @app.command()
 @domain_errors
 def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | perm_abs | perm_rel | perm_kl")] = "causal",
           thresholds: Annotated[str | None, typer.Option(help="θ grid, start:stop:step or comma list (default per metric).")] = None,
-          headline_threshold: Annotated[float | None, typer.Option("--threshold", help="Headline θ to mark (default 0.45 / 0.15).")] = None,
+          headline_threshold: Annotated[float | None, typer.Option("--threshold", help=f"Headline θ to mark (default {registry.CAUSAL.theta:g} / {registry.PERM_ABS.theta:g}).")] = None,
           order: Annotated[str | None, typer.Option(help="Expected ranking, comma-separated checkpoint names (low to high).")] = None,
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
@@ -375,7 +376,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     if plot is not None and plot.exists() and not overwrite:
         fail(f"{plot}: already exists (pass --overwrite to replace it)")
     from ..analysis.dataset import concat_checkpoints
-    from ..analysis.sweep import HEADLINE_THRESHOLD, robustness
+    from ..analysis.sweep import robustness
 
     names = [p.resolve().name for p in ckpts]
     if len(set(names)) != len(names):
@@ -387,7 +388,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         ev = ev or eval_data(model, ck, c)  # identical tokens for every checkpoint
         curves.append(_metric_curves(model, ev, ck, metric, grid, c))
     ds = concat_checkpoints(curves, names)
-    theta = HEADLINE_THRESHOLD.get(metric) if headline_threshold is None else headline_threshold
+    theta = registry.score(metric).theta if headline_threshold is None else headline_threshold
     rank_order = [s.strip() for s in order.split(",")] if order else None
     sel = {k: _first(ds, k) for k in ("window_start", "aggregator", "variant") if k in ds["share"].dims}
     headline_curves = ds["share"].sel(sel)

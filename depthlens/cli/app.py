@@ -66,6 +66,3 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     return wrapper
 
-
-# Importing the command modules registers their commands on `app`.
-from . import analyze, commands, data, evaluate, plan, report, train  # noqa: E402,F401

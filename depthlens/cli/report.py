@@ -63,12 +63,14 @@ def report(
         return
     from rich.table import Table
 
+    from ..analysis.registry import CAUSAL, PERM_ABS
     from ..report.render import table_rows
 
     t = Table(title=f"{out} ({len(rep.entries)} checkpoints, {time.perf_counter() - t0:.0f} s)")
     keep = (0, 1, 4, 5, 6, 7, 8)  # the terminal table drops d and params (in summary.json / README.md)
     for k in keep:
-        t.add_column(("design", "L", "", "", "val loss", "C > 0.45 [CI]", "P > 0.15 [CI]", "erank", "k*")[k],
+        t.add_column(("design", "L", "", "", "val loss", f"C > {CAUSAL.theta:g} [CI]", f"P > {PERM_ABS.theta:g} [CI]",
+                      "erank", "k*")[k],
                      justify="left" if k == 0 else "right", no_wrap=k in (0, 5, 6))
     for row in table_rows(rep.records):
         t.add_row(*(row[k] for k in keep))

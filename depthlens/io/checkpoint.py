@@ -128,7 +128,7 @@ def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = 
     """Write a checkpoint directory atomically (temp dir in the same parent, then rename)."""
     from safetensors.torch import save_file
 
-    from .. import __version__
+    from .._version import __version__
 
     path = Path(path)
     if path.exists() and not overwrite:

@@ -597,8 +597,9 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
         tmp.mkdir()
         (tmp / "figures").mkdir()
         t0 = time.perf_counter()
+        rows = {r["checkpoint"]: r for r in rep.records}
         for e in rep.entries:
-            e.figures = figures.checkpoint_figures(e, tmp / "figures")
+            e.figures = figures.checkpoint_figures(e, tmp / "figures", rows.get(e.name))
             progress(f"{e.name}: figures")
         rep.figures = figures.cross_figures(rep, tmp / "figures")
         progress("cross-checkpoint figures")

@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 import xarray as xr
 
-from depthlens.analysis import plots
+from depthlens.analysis import plots, registry
+from depthlens.analysis.metrics import late_window
 from depthlens.designs import DESIGNS, SLUGS
 
 DPI = 100
@@ -96,7 +97,7 @@ def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
     plots.heatmap(da, ax, vmin=0.0, vmax=vmax, cmap="viridis", annot=max(da.shape) <= 8)
     ax.set_ylabel("skipped layer s")
     ax.set_xlabel("measured layer t")
-    extra = "" if share is None else f" · share > 0.45: {share:.2f}"
+    extra = "" if share is None else f" · share > {registry.CAUSAL.theta:g}: {share:.2f}"
     if top > vmax:
         extra += f"\n(colours clipped at {vmax:g}; max C = {top:.3g})"
     ax.set_title(f"{_heading(e)}\ncausal score C(s, t), current/max{extra}", fontsize=10)
@@ -105,7 +106,7 @@ def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
 
 def fig_permutation(ds: xr.Dataset, e, share: float | None = None) -> Any:
     """P_abs(i, j) on the late window (diverging scale about 0: a swap can also lower the loss)."""
-    a = int(ds.attrs.get("late_window_start", e.n_layer // 4))
+    a = int(ds.attrs.get("late_window_start", late_window(e.n_layer)))
     da = ds["perm_abs"].isel(layer=slice(a, None), layer_other=slice(a, None))
     lo, hi = _span(da.values)
     radius = max(abs(lo), abs(hi), 1e-3)
@@ -114,7 +115,7 @@ def fig_permutation(ds: xr.Dataset, e, share: float | None = None) -> Any:
     plots.heatmap(da, ax, vmin=-radius, vmax=radius, center=0.0, cmap="vlag", annot=max(da.shape) <= 8)
     ax.set_ylabel("swapped layer i")
     ax.set_xlabel("swapped layer j")
-    extra = "" if share is None else f" · share > 0.15 nat: {share:.2f}"
+    extra = "" if share is None else f" · share > {registry.PERM_ABS.theta:g} nat: {share:.2f}"
     ax.set_title(f"{_heading(e)}\npermutation P_abs, late window{extra}", fontsize=10)
     return fig
 
@@ -218,22 +219,11 @@ def fig_rank(ds: xr.Dataset, e) -> Any:
     return fig
 
 
-def checkpoint_figures(e, fig_dir: Path) -> dict[str, str]:
-    """Write every figure of one checkpoint; returns {metric: 'figures/<file>.png'}."""
-    shares = {}
-    for metric, key in (("causal", "causal"), ("permutation", "perm_abs")):
-        ds = e.datasets.get(metric)
-        if ds is not None:
-            from depthlens.analysis.sweep import score_matrix
-            from depthlens.analysis.stats import share_curve
-
-            try:
-                m = score_matrix(ds, key, "max" if key == "causal" else None, "current" if key == "causal" else None)
-                a = e.n_layer // 4
-                shares[metric] = float(share_curve(m.values, [0.45 if key == "causal" else 0.15], a,
-                                                   nan_policy="omit")[0])
-            except (ValueError, KeyError):
-                pass
+def checkpoint_figures(e, fig_dir: Path, record: dict[str, Any] | None = None) -> dict[str, str]:
+    """Write every figure of one checkpoint; returns {metric: 'figures/<file>.png'}. `record` (its row of
+    summary.json, from `build.record`) supplies the headline shares shown in the heatmap titles."""
+    record = record or {}
+    shares = {d.name: record.get(f"{d.prefix}_share") for d in registry.DIAGNOSTICS if d.scores}
     makers: dict[str, Callable[[], Any]] = {
         "angular": lambda ds: fig_angular(ds, e),
         "causal": lambda ds: fig_causal(ds, e, shares.get("causal")),
@@ -300,8 +290,8 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
     """Validation loss and the two headline shares (95% bootstrap CI) against depth, one line per design."""
     fig, axes = _subplots(3, size=(4.6, 3.8))
     panels = (("val_loss", None, None, "validation loss [nat/token]"),
-              ("causal_share", "causal_ci_low", "causal_ci_high", "share causal > 0.45 [1]"),
-              ("perm_share", "perm_ci_low", "perm_ci_high", "share P_abs > 0.15 nat [1]"))
+              ("causal_share", "causal_ci_low", "causal_ci_high", f"share causal > {registry.CAUSAL.theta:g} [1]"),
+              ("perm_share", "perm_ci_low", "perm_ci_high", f"share P_abs > {registry.PERM_ABS.theta:g} nat [1]"))
     slugs = [s for s in SLUGS if any(r["design"] == s for r in records)]
     slugs += sorted({r["design"] for r in records} - set(slugs))
     depths = sorted({r["n_layer"] for r in records})
@@ -376,7 +366,7 @@ def fig_overview(entries, metric: str) -> Any | None:
                 m[np.tril_indices_from(m, k=-1)] = np.nan  # t < s: 0 by definition, left blank
             else:
                 m = np.asarray(ds["perm_abs"].values, float)
-            a = L // 4
+            a = late_window(L)
             im = ax.imshow(np.ma.masked_invalid(m[a:, a:]), cmap=cmap, vmin=vmin, vmax=vmax,
                            interpolation="nearest", aspect="equal")
     if im is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from depthlens.analysis.registry import CAUSAL, PERM_ABS
 from depthlens.designs import DESIGNS
 
 NA = "—"
@@ -17,8 +18,8 @@ METRIC_TITLES = {
     "attnres": "AttnRes self-weight and α",
     "rank": "Effective rank (window profile)",
 }
-TABLE_HEAD = ("design", "L", "d", "params", "val loss", "share C > 0.45 [95% CI]", "share P_abs > 0.15 [95% CI]",
-              "erank (full)", "k*(0.05)")
+TABLE_HEAD = ("design", "L", "d", "params", "val loss", f"share C > {CAUSAL.theta:g} [95% CI]",
+              f"share P_abs > {PERM_ABS.theta:g} [95% CI]", "erank (full)", "k*(0.05)")
 
 
 def _num(v: Any, fmt: str = ".3f", none: str = NA) -> str:

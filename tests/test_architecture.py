@@ -1,0 +1,111 @@
+"""The package's layers, read from its own source with `ast` (docs/architecture.md):
+
+    models ← io, data ← adapters, training ← analysis ← report ← cli
+
+A module may import its own layer and the layers below it, never one above (function-level imports
+count: a lazy import is still an edge). The root modules (designs, errors, _version) import nothing of
+depthlens but each other, and no depthlens module imports the package root back. No import cycles
+between modules, lazy or not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).parents[1] / "depthlens"
+LAYER = {"models": 0, "io": 1, "data": 1, "adapters": 2, "training": 2, "analysis": 3, "report": 4, "cli": 5}
+ROOT_MODULES = {"depthlens.designs", "depthlens.errors", "depthlens._version"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def import_edges(modules: dict[str, Path]) -> set[tuple[str, str]]:
+    """(importer, imported module) for every depthlens import, at module level or inside functions.
+    `from pkg import name` counts as an import of `pkg.name` when that is a module, else of `pkg`."""
+    edges = set()
+    for mod, path in modules.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+                src = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{src}.{a.name}" if f"{src}.{a.name}" in modules else src for a in node.names]
+            else:
+                continue
+            edges |= {(mod, t) for t in targets if t.split(".")[0] == "depthlens" and t != mod}
+    return edges
+
+
+def _layer(mod: str) -> int | None:
+    parts = mod.split(".")
+    return LAYER.get(parts[1]) if len(parts) > 1 else None
+
+
+def _cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    graph: dict[str, list[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, []).append(b)
+        graph.setdefault(b, [])
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_sees_edges_and_cycles():
+    """The parser finds a known lazy edge, and the cycle finder flags a planted cycle."""
+    edges = import_edges(_modules())
+    assert ("depthlens.io.checkpoint", "depthlens._version") in edges  # a function-level import
+    assert ("depthlens.cli.analyze", "depthlens.analysis.registry") in edges  # `from ..analysis import registry`
+    assert _cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+
+
+def test_no_import_from_a_lower_layer_up():
+    up = sorted(f"{a} -> {b}" for a, b in import_edges(_modules())
+                if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a))
+    assert not up, "imports from a lower layer up to a higher one:\n" + "\n".join(up)
+
+
+def test_root_modules_import_no_layer_and_nothing_imports_the_root():
+    edges = import_edges(_modules())
+    bad = sorted(f"{a} -> {b}" for a, b in edges if a in ROOT_MODULES and b not in ROOT_MODULES)
+    bad += sorted(f"{a} -> {b}" for a, b in edges if b == "depthlens" and a != "depthlens")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle():
+    cycles = _cycles(import_edges(_modules()))
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)

@@ -1,0 +1,96 @@
+"""The diagnostic registry (depthlens.analysis.registry) and the design capability flags it reads."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import debug_model
+
+from depthlens.analysis import registry
+from depthlens.analysis.evaldata import EvalData
+from depthlens.designs import CAPABILITIES, DESIGNS, SLUGS, has_capability
+from depthlens.errors import DepthlensError
+
+PKG = Path(__file__).parents[1] / "depthlens"
+
+
+def test_names_and_aliases_resolve_to_one_declaration():
+    assert registry.NAMES == ("causal", "permutation", "angular", "mixing", "rank", "attnres")
+    perm = registry.get("permutation")
+    assert registry.get("permute") is perm and registry.get("perm") is perm  # the CLI command, the record prefix
+    assert perm.prefix == "perm" and registry.get("causal").prefix == "causal"
+    with pytest.raises(DepthlensError, match="unknown diagnostic 'perms'; choose from causal, permutation"):
+        registry.get("perms")
+
+
+def test_default_thresholds_and_units():
+    """The spec's headline thresholds (diagnostics §2, §3), typed independently here."""
+    assert dict(registry.THRESHOLDS) == {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15,
+                                         "perm_kl": 0.15}
+    assert registry.score("perm_abs").unit == "nat" and registry.score("causal").unit == "1"
+    assert registry.SWEEPABLE == ("causal", "perm_abs", "perm_rel", "perm_kl")  # direct needs --direct
+    assert registry.score_owner("perm_kl")[0].name == "permutation"
+    assert not registry.score("direct").bootstraps and registry.get("causal").bootstraps
+    assert not registry.get("angular").bootstraps and registry.get("angular").headline is None
+
+
+def test_engines_and_figures_resolve():
+    for d in registry.DIAGNOSTICS:
+        assert callable(registry.resolve(d.engine)), d.name
+        assert d.figure is None or callable(registry.resolve(d.figure)), d.name
+
+
+def _thresholds_typed(path: Path) -> list[str]:
+    """0.45 / 0.15 typed as a number outside arithmetic, or inside a string (help texts, titles)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    arith = {id(n) for b in ast.walk(tree) if isinstance(b, ast.BinOp) for n in (b.left, b.right)}
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and id(n) not in arith and (
+                (type(n.value) is float and n.value in (0.45, 0.15))
+                or (isinstance(n.value, str) and ("0.45" in n.value or "0.15" in n.value))):
+            out.append(f"{path.relative_to(PKG.parent)}:{n.lineno}")
+    return out
+
+
+def test_default_thresholds_are_typed_once():
+    hits = [h for p in sorted(PKG.rglob("*.py")) for h in _thresholds_typed(p)]
+    assert hits and all(h.startswith("depthlens/analysis/registry.py:") for h in hits), hits
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_capabilities_match_what_the_models_do(slug):
+    """A capability flag is a claim about the model: multistream ⇔ the design's state has streams and it
+    writes res_map readouts; depth_softmax ⇔ it writes alpha readouts (the input of the attnres engine)."""
+    torch.manual_seed(0)
+    model = debug_model(slug, n_layer=2)
+    keys = set(model.readouts(torch.randint(0, model.config.vocab_size, (1, 8))))
+    assert has_capability(slug, "multistream") == bool(model.design.multi_stream) == ("sub0.res_map" in keys)
+    assert has_capability(slug, "depth_softmax") == ("sub0.alpha" in keys)
+    assert DESIGNS[slug].multi_stream == has_capability(slug, "multistream")
+    assert registry.get("rank").applies(slug) == (slug in ("hc", "mhc"))
+    assert registry.get("attnres").applies(slug) == (slug in ("full_attnres", "block_attnres"))
+    assert registry.get("causal").applies(slug) and registry.get("mixing").applies(slug)
+
+
+def test_unknown_capability_is_refused():
+    assert set(CAPABILITIES) == {"multistream", "depth_softmax"}
+    with pytest.raises(ValueError, match="unknown design capability 'streams'"):
+        has_capability("hc", "streams")
+    assert not has_capability("gpt2-foreign", "multistream")
+
+
+def test_run_dispatches_to_the_engine_with_the_options_as_given():
+    """registry.run(name) is the engine call itself: same Dataset as calling the engine directly."""
+    from depthlens.analysis.angular import angular_distances
+
+    torch.manual_seed(0)
+    model = debug_model("preln", n_layer=2)
+    data = EvalData.from_tokens(torch.randint(0, model.config.vocab_size, (2, 12)))
+    got = registry.run("angular", model, data, positions="all")
+    want = angular_distances(model, data, positions="all")
+    assert got["angular_distance"].equals(want["angular_distance"])
+    assert got.attrs["positions"] == want.attrs["positions"] == "all"
