@@ -1,7 +1,8 @@
 """Foreign models: run every depthlens diagnostic on Hugging Face checkpoints, and interoperate with
 TransformerLens and nnsight.
 
-    model, meta = load_any("path/to/dir")   # depthlens checkpoint or HF model dir, dispatched on config.json
+    op = open_model("path")                 # depthlens dir, HF dir or GGUF file -> Opened(model, meta, tokenizer, provenance)
+    model, meta = load_any("path")          # the same, as a pair
     model.n_layer, model.embed / run_layers / head, model.design   # the LayeredLM protocol either way
 
 Pieces (heavy imports happen on first use):
@@ -13,6 +14,7 @@ Pieces (heavy imports happen on first use):
     Lens, from_bridge              lens.py       TransformerLens ActivationCache / patching / TransformerBridge
     causal_matrix_nnsight          nnsight_recipe.py   the causal score through nnsight.NNsight
     HFTokenizer, load_hf_tokenizer tokenizer.py  a foreign model's own tokenizer + its BOS convention
+    Opened, open_model, opened_of  load.py       the one loader every CLI command and API call goes through
 """
 
 from __future__ import annotations
@@ -38,17 +40,20 @@ _LAZY = {
     "causal_matrix_nnsight": ("nnsight_recipe", "causal_matrix_nnsight"),
     "HFTokenizer": ("tokenizer", "HFTokenizer"),
     "load_hf_tokenizer": ("tokenizer", "load_hf_tokenizer"),
+    "Opened": ("load", "Opened"),
+    "open_model": ("load", "open_model"),
+    "opened_of": ("load", "opened_of"),
 }
 
-__all__ = ["load_any", "ModelMeta", "detect_kind", "tokenizer_for", *_LAZY]
+__all__ = ["load_any", "ModelMeta", "detect_kind", *_LAZY]
 
 
 @dataclass
 class ModelMeta:
     """What a caller (CLI, results file) needs to know about a loaded model besides the model itself."""
 
-    kind: str  # "depthlens" | "hf"
-    path: str  # the directory (or Hub id) given
+    kind: str  # "depthlens" | "hf" | "gguf"
+    path: str  # the directory or GGUF file given
     name: str  # directory name: the `checkpoint` coordinate of results
     arch: str  # residual design slug; every HF family here is "preln"
     family: str  # "depthlens" or the HF family ("llama", "qwen2", "gpt2", ...)
@@ -56,7 +61,8 @@ class ModelMeta:
     tokenizer: Any = None  # depthlens Tokenizer protocol object (encode/decode/bos_id/vocab_size), or None
     bos_id: int | None = None  # id at position 0 when the tokenizer adds one; None: position 0 is a real token
     checkpoint: Any = None  # depthlens.io.checkpoint.Checkpoint for native checkpoints
-    config: dict[str, Any] = field(default_factory=dict)  # the raw config.json
+    config: dict[str, Any] = field(default_factory=dict)  # the raw config.json (for GGUF: the rebuilt HF config)
+    provenance: dict[str, Any] = field(default_factory=dict)  # the loader's provenance attrs (load.Opened)
 
     def attrs(self) -> dict[str, Any]:
         """netCDF-safe provenance attributes (no None, no bool)."""
@@ -77,58 +83,18 @@ def detect_kind(config: dict[str, Any]) -> str:
                           "nor a Hugging Face config (has 'model_type')")
 
 
-def load_any(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None,
-             allow_hub: bool = False) -> tuple[Any, ModelMeta]:
-    """Load a depthlens checkpoint or an HF causal-LM directory -> (model_like, meta).
+def load_any(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None) -> tuple[Any, ModelMeta]:
+    """(model, meta) of a depthlens checkpoint, an HF directory or a GGUF file: `load.open_model` without
+    the Opened record (the tokenizer is `meta.tokenizer`, the provenance `meta.provenance`).
 
-    model_like implements the LayeredLM protocol (depthlens.models.protocol) and is a TransformerLens
+    model implements the LayeredLM protocol (depthlens.models.protocol) and is a TransformerLens
     HookedRootModule with `blocks.{i}.hook_resid_*` hooks. HF models load in float32 unless `dtype` is given.
-    Raises CheckpointError (one line) for anything missing, corrupt or unsupported.
+    Raises CheckpointError (one line) for anything missing, corrupt, unsafe or unsupported.
     """
-    import torch
+    from .load import open_model
 
-    from .hf import load_hf, read_hf_config
-
-    p = Path(path)
-    if allow_hub and not p.exists():
-        model = load_hf(path, dtype=dtype or torch.float32, device=device, allow_hub=True)
-        return model, _hf_meta(model, str(path), {})
-    raw = read_hf_config(p)
-    if detect_kind(raw) == "hf":
-        model = load_hf(p, dtype=dtype or torch.float32, device=device)
-        return model, _hf_meta(model, str(path), raw)
-    from ..io import checkpoint
-
-    ck = checkpoint.load(p, device=device, dtype=dtype)
-    tok = tokenizer_for(p)
-    meta = ModelMeta(kind="depthlens", path=str(path), name=p.name, arch=ck.config.arch, family="depthlens",
-                     n_layer=ck.config.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None),
-                     checkpoint=ck, config=raw)
-    return ck.model, meta
-
-
-def tokenizer_for(path: str | os.PathLike) -> Any:
-    """The tokenizer a checkpoint directory ships, or None: depthlens' own `tokenizer_config.json`
-    ({"kind": ...}) for depthlens checkpoints, the HF tokenizer files (AutoTokenizer, local only) for HF
-    model directories. Both satisfy depthlens' Tokenizer protocol (name, vocab_size, bos_id, encode)."""
-    from .hf import read_hf_config
-
-    p = Path(path)
-    if detect_kind(read_hf_config(p)) == "hf":
-        from .tokenizer import load_hf_tokenizer
-
-        return load_hf_tokenizer(p)
-    if not (p / "tokenizer_config.json").is_file():
-        return None
-    from ..data.tokenizers import load_tokenizer
-
-    return load_tokenizer(p)  # a broken tokenizer is a DataError, never a silent fallback to another one
-
-
-def _hf_meta(model: Any, path: str, raw: dict[str, Any]) -> ModelMeta:
-    tok = model.tokenizer
-    return ModelMeta(kind="hf", path=path, name=Path(path).name, arch=model.design.slug, family=model.spec.family,
-                     n_layer=model.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), config=raw)
+    op = open_model(path, device=device, dtype=dtype)
+    return op.model, op.meta
 
 
 def __getattr__(name: str) -> Any:

@@ -41,8 +41,6 @@ from .families import spec_for
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
 SITES = ("resid_pre", "resid_mid", "resid_post", "attn_in", "attn_out", "mlp_in", "mlp_out")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 
 
 class ForeignPreLN(Design):
@@ -315,30 +313,36 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     return read_json_object(path / "config.json", "model config")
 
 
-def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-            attn_implementation: str | None = None, tokenizer: bool = True, allow_hub: bool = False) -> HFLayeredModel:
-    """Load a local HF causal-LM directory and wrap it. Never touches the Hub unless `allow_hub=True` and
-    `path` is not a local directory (then `path` is a Hub id and HF_HUB_OFFLINE must be unset).
+def wrap_spec(hf_model: nn.Module) -> AdapterSpec:
+    """The adapter spec for a loaded HF model: its family's hand-mapped spec (CheckpointError if none)."""
+    return spec_for(getattr(hf_model.config, "model_type", None))
 
-    dtype: float32 by default (diagnostics want fp32); "auto" keeps the checkpoint's dtype.
+
+def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+            attn_implementation: str | None = None, tokenizer: bool = True,
+            config: dict[str, Any] | None = None) -> HFLayeredModel:
+    """Load a local HF causal-LM directory (safetensors only) and wrap it. Never touches the Hub and never
+    runs repository code (`trust_remote_code=False`, `use_safetensors=True`). Use `depthlens.adapters.load.
+    open_model` to get the loader's header, dtype and NaN checks as well.
+
+    dtype: float32 by default (diagnostics want fp32); "auto" keeps the checkpoint's dtype. config: the
+    already-parsed config.json (read here when not given).
     Raises CheckpointError with one line for a missing, incomplete, unsupported or corrupt model.
     """
     from transformers import AutoModelForCausalLM
 
-    local = Path(path).exists()
-    if local or not allow_hub:
-        raw = read_hf_config(path)
-        try:
-            spec = spec_for(raw.get("model_type"))
-        except CheckpointError as e:
-            raise CheckpointError(f"{path}: {e}") from None
-        if not any((Path(path) / f).exists() for f in WEIGHT_FILES):
-            raise CheckpointError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
-    elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise CheckpointError(f"{path}: not a local directory, and HF_HUB_OFFLINE is set")
-    else:
-        spec = None
-    kw: dict[str, Any] = {"dtype": dtype, "output_loading_info": True, "local_files_only": not allow_hub or local}
+    from ..io.weights import refuse_pickle, safetensors_files
+
+    raw = config if config is not None else read_hf_config(path)
+    try:
+        spec = spec_for(raw.get("model_type"))
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    refuse_pickle(Path(path))
+    if not safetensors_files(Path(path)):
+        raise CheckpointError(f"{path}: no weights (expected model.safetensors or model.safetensors.index.json)")
+    kw: dict[str, Any] = {"dtype": dtype, "output_loading_info": True, "local_files_only": True,
+                          "trust_remote_code": False, "use_safetensors": True}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
     try:
@@ -357,7 +361,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
                               f"mismatched tensor(s), e.g. {what})")
     hf.to(device).eval()
     tok = None
-    if tokenizer and local:
+    if tokenizer:
         from .tokenizer import load_hf_tokenizer
 
         tok = load_hf_tokenizer(path)
@@ -365,15 +369,29 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
 
 
 class _quiet_hf:
-    """Silence transformers' progress bars and info logs while loading (restored afterwards)."""
+    """Silence transformers' progress bars and info logs while loading (restored afterwards), including the
+    plain tqdm bar of its GGUF dequantiser."""
 
     def __enter__(self) -> None:
+        import sys
+
         from transformers.utils import logging as hf_logging
 
         self._bar = hf_logging.is_progress_bar_enabled()
         self._level = hf_logging.get_verbosity()
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
+        self._gguf = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+        if self._gguf is None:
+            import importlib
+
+            try:
+                self._gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+            except ImportError:
+                self._gguf = None
+        if self._gguf is not None and hasattr(self._gguf, "tqdm"):
+            self._tqdm = self._gguf.tqdm
+            self._gguf.tqdm = lambda it, *a, **k: it
 
     def __exit__(self, *exc: Any) -> None:
         from transformers.utils import logging as hf_logging
@@ -381,3 +399,5 @@ class _quiet_hf:
         hf_logging.set_verbosity(self._level)
         if self._bar:
             hf_logging.enable_progress_bar()
+        if self._gguf is not None and hasattr(self, "_tqdm"):
+            self._gguf.tqdm = self._tqdm

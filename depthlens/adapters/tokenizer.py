@@ -80,7 +80,7 @@ def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer | None:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as e:  # a broken tokenizer file must not look like a traceback to the CLI
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
         raise CheckpointError(f"{path}: cannot load tokenizer ({e.__class__.__name__}: {first})") from None

@@ -30,25 +30,23 @@ from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
 
 def load_model(model_or_path: Any, *, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> tuple[Any, Path | None]:
-    """(model in eval mode, checkpoint directory or None). Paths go through `depthlens.adapters.load_any`,
-    so depthlens checkpoints and local Hugging Face model directories both work."""
+    """(model in eval mode, checkpoint path or None). Paths go through the one loader
+    (`depthlens.adapters.load.open_model`): depthlens checkpoints, local Hugging Face directories, GGUF files."""
     if isinstance(model_or_path, (str, os.PathLike)):
-        from depthlens.adapters import load_any
+        from depthlens.adapters.load import open_model
 
-        model, _meta = load_any(model_or_path, device=str(device), dtype=dtype)
-        return model.eval(), Path(model_or_path)
+        return open_model(model_or_path, device=str(device), dtype=dtype).model, Path(model_or_path)
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
 
 
 def _tokenizer_for(checkpoint: Path | None, model: Any = None) -> Any:
-    """The checkpoint's own tokenizer; bytes for byte-vocabulary models; otherwise refuse (random ids would
-    silently measure noise)."""
-    if checkpoint is not None:
-        from depthlens.adapters import tokenizer_for
+    """The tokenizer the loader found with the model; bytes for byte-vocabulary models; otherwise refuse
+    (random ids would silently measure noise)."""
+    from depthlens.adapters.load import opened_of
 
-        tok = tokenizer_for(checkpoint)
-        if tok is not None:
-            return tok
+    op = opened_of(model)
+    if op is not None and op.tokenizer is not None:
+        return op.tokenizer
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if model is None or vocab in (None, 257):
         return "bytes"

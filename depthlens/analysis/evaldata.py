@@ -315,6 +315,10 @@ def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None
         rec = provenance(None, **kw, checkpoint_path=str(Path(checkpoint).resolve()))
     if "checkpoint_sha256" not in rec:
         rec["weights_sha256"] = _weights_sha256(model)
+    from depthlens.adapters.load import opened_of
+
+    op = opened_of(model)
+    rec.update(op.provenance if op is not None else {"model_source": "in-memory"})  # source, adapter path, GGUF quant
     rec.update({k: v for k, v in data.provenance().items() if k not in ("eval_data_sha256", "n_tokens")})
     rec["n_layer"] = int(model.n_layer)
     return rec

@@ -18,8 +18,8 @@ from ..analysis import registry  # stdlib-only: names, aliases and default thres
 from .app import app, domain_errors, fail
 
 # --- shared options ------------------------------------------------------------------------------------
-CkptArg = Annotated[Path, typer.Argument(help="Checkpoint directory (depthlens or Hugging Face).", show_default=False)]
-CkptsArg = Annotated[list[Path], typer.Argument(help="Checkpoint directories.", show_default=False)]
+CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
+CkptsArg = Annotated[list[Path], typer.Argument(help="Checkpoints (depthlens/Hugging Face directories, GGUF files).", show_default=False)]
 DataOpt = Annotated[Path | None, typer.Option("--data", help="Eval text/JSONL file or shard dir (default: held-out offline corpus).")]
 TokensOpt = Annotated[int | None, typer.Option("--tokens", min=2, help="Eval token budget (sets --n-seq = tokens // seq-len).")]
 NSeqOpt = Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences.")]
@@ -63,21 +63,17 @@ def check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
 
 
 def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
-    """Load a depthlens or Hugging Face checkpoint on the requested device and dtype."""
+    """Open a depthlens checkpoint, Hugging Face directory or GGUF file (the one loader) on the requested
+    device and dtype."""
     import torch
 
     if c.threads:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     dtype = getattr(torch, DTYPES[check_choice(c.dtype, tuple(DTYPES), "--dtype")])
-    from ..analysis.api import load_model
+    from ..adapters.load import open_model as open_checkpoint
 
-    try:
-        from ..adapters import load_any
-    except ImportError:  # adapters not built: native checkpoints only
-        model, _ = load_model(ckpt, device=c.device, dtype=None if dtype == torch.float32 else dtype)
-        return model, ckpt
-    model, _meta = load_any(ckpt, device=c.device, dtype=None if dtype == torch.float32 else dtype)
-    return model, ckpt
+    op = open_checkpoint(ckpt, device=c.device, dtype=None if dtype == torch.float32 else dtype)
+    return op.model, ckpt
 
 
 def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:

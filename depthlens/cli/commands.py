@@ -10,7 +10,7 @@ import typer
 
 from .app import app, domain_errors
 
-CkptArg = Annotated[Path, typer.Argument(help="Checkpoint directory (config.json + model.safetensors).")]
+CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON to stdout.")]
 
 
@@ -18,14 +18,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 @domain_errors
 def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     """Design, shape and parameter counts (total, non-embedding, overhead vs Pre-LN) of a checkpoint."""
-    from ..io.checkpoint import load
-    from ..models.summary import summarize
+    from ..adapters.load import describe, open_model
 
-    ck = load(ckpt)
-    s = summarize(ck.model)
+    s = describe(open_model(ckpt))
     s["checkpoint"] = str(ckpt)
-    if ck.train:
-        s["val_loss"] = ck.train.get("final_val_loss")
     if as_json:
         typer.echo(json.dumps(s, indent=2, sort_keys=True))
         return
@@ -33,7 +29,8 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     from rich.table import Table
 
     t = Table(title=f"{ckpt}", show_header=False)
-    for k in ("design", "design_name", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size",
+    for k in ("design", "design_name", "model_source", "model_family", "adapter_path", "gguf_quantization",
+              "model_tokenizer", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size",
               "aspect_ratio", "params_total", "params_non_embedding", "params_design_overhead", "overhead_vs_preln",
               "val_loss"):
         if k in s and s[k] is not None:
@@ -48,15 +45,16 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     """List every hook point and readout of a checkpoint's model."""
     import torch
 
-    from ..io.checkpoint import load
+    from ..adapters.load import open_model
 
-    ck = load(ckpt)
-    m = ck.model
+    m = open_model(ckpt).model
     names = m.hook_names()
-    toks = torch.zeros(1, min(4, m.config.max_seq_len), dtype=torch.long)
-    readouts = sorted({k.split(".", 1)[1] if k.startswith("sub") else k
-                       for k in m.readouts(toks) if not k.startswith("static.")} |
-                      {k.split(".", 2)[2] for k in m.readouts(toks) if k.startswith("static.")})
+    readouts: list[str] = []
+    if hasattr(m, "readouts"):  # native designs; foreign models expose hook points only
+        toks = torch.zeros(1, min(4, m.config.max_seq_len), dtype=torch.long)
+        r = m.readouts(toks)
+        readouts = sorted({k.split(".", 1)[1] if k.startswith("sub") else k for k in r if not k.startswith("static.")} |
+                          {k.split(".", 2)[2] for k in r if k.startswith("static.")})
     if as_json:
         typer.echo(json.dumps({"hooks": names, "readouts": readouts, "resid_view": m.design.view_name,
                                "resid_view_editable": m.design.editable_view}, indent=2))
@@ -65,6 +63,7 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
                f" ({'editable' if m.design.editable_view else 'read-only'})")
     for n in names:
         typer.echo(n)
-    typer.echo("# readouts per sublayer (model.readouts(tokens)['sub<j>.<name>'])")
+    if readouts:
+        typer.echo("# readouts per sublayer (model.readouts(tokens)['sub<j>.<name>'])")
     for r in readouts:
         typer.echo(r)

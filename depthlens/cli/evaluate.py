@@ -15,11 +15,11 @@ from .app import app, domain_errors, fail
 @app.command("eval")
 @domain_errors
 def evaluate(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.")],
     data: Annotated[Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out offline corpus).")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Override the checkpoint's tokenizer (bytes | gpt2 | bpe:<path>).")] = None,
     n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Validation sequences.")] = 32,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="Validation sequence length (default: model max).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="Validation sequence length (default: model max, at most 1024).")] = None,
     humaneval: Annotated[bool, typer.Option("--humaneval/--no-humaneval", help="Teacher-forced NLL on HumanEval (offline).")] = True,
     jsonl: Annotated[list[str] | None, typer.Option("--jsonl", help="NAME=FILE[:prompt_field,answer_field]; presets gsm8k, mbpp.")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many items per domain set.")] = None,
@@ -30,15 +30,16 @@ def evaluate(
     """Validation loss (nats/token) and domain NLL (nats per answer token) of a checkpoint."""
     import torch
 
+    from ..adapters.load import open_model
+    from ..analysis.api import _tokenizer_for
     from ..analysis.evaldata import load_eval_data
     from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, teacher_forced_nll
-    from ..data.tokenizers import tokenizer_for
-    from ..io.checkpoint import load
+    from ..data.tokenizers import get_tokenizer
 
-    ck = load(ckpt, device=device)
-    model = ck.model
-    tok = tokenizer_for(ckpt, model.config.vocab_size, tokenizer)
-    T = seq_len or model.config.max_seq_len
+    model = open_model(ckpt, device=device, tokenizer=tokenizer).model
+    tok = _tokenizer_for(ckpt, model)
+    tok = get_tokenizer(tok) if isinstance(tok, str) else tok
+    T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions
     ev = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=model.config.max_seq_len)
     ev.check_model(model.config.vocab_size, model.config.max_seq_len)
     total, count = 0.0, 0

@@ -269,20 +269,3 @@ def get_tokenizer(spec: str) -> Tokenizer:
     if spec.startswith("bpe:") and len(spec) > 4:
         return BPETokenizer.load(spec[4:])
     raise DataError(f"unknown tokenizer spec {spec!r}; expected 'bytes', 'gpt2' or 'bpe:<path>'")
-
-
-def tokenizer_for(directory: str | os.PathLike, vocab_size: int | None = None, spec: str | None = None) -> Tokenizer:
-    """The tokenizer of a checkpoint directory.
-
-    An explicit `spec` wins; else the saved `tokenizer_config.json` (in the directory or its `tokenizer/`
-    subfolder); else bytes when the vocabulary is the byte vocabulary (257); else a DataError asking for one.
-    """
-    if spec:
-        return get_tokenizer(spec)
-    directory = Path(directory)
-    for d in (directory, directory / "tokenizer"):
-        if (d / CONFIG_NAME).is_file():
-            return load_tokenizer(d)
-    if vocab_size == ByteTokenizer().vocab_size:
-        return ByteTokenizer()
-    raise DataError(f"{directory}: no tokenizer saved with the checkpoint; pass --tokenizer (bytes | gpt2 | bpe:<path>)")

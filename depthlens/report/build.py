@@ -200,18 +200,18 @@ def _names(paths: Sequence[Path]) -> list[str]:
 
 def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu") -> list[Entry]:
     """Load and validate every checkpoint (CheckpointError on the first bad one), in the given order."""
-    from depthlens.io.checkpoint import load
-    from depthlens.models.summary import summarize
+    from depthlens.adapters.load import describe, open_model
 
     if not paths:
         raise DepthlensError("report needs at least one checkpoint")
     paths = [Path(p) for p in paths]
     entries = []
     for name, p in zip(_names(paths), paths):
-        ck = load(p, device=device)
-        s = summarize(ck.model)
-        entries.append(Entry(name=name, path=p, model=ck.model, slug=ck.config.arch, n_layer=int(ck.config.n_layer),
-                             d_model=int(ck.config.d_model), params=s, train=dict(ck.train or {})))
+        op = open_model(p, device=device)
+        s = describe(op)
+        train = getattr(op.meta.checkpoint, "train", None) or {}
+        entries.append(Entry(name=name, path=p, model=op.model, slug=op.meta.arch, n_layer=int(op.meta.n_layer),
+                             d_model=int(s["d_model"]), params=s, train=dict(train)))
     return entries
 
 
@@ -231,7 +231,7 @@ def report_eval_data(entries: Sequence[Entry], opts: ReportOptions):
     from depthlens.analysis.api import _tokenizer_for
     from depthlens.analysis.evaldata import load_eval_data
 
-    toks = [_tokenizer_for(e.path) for e in entries]
+    toks = [_tokenizer_for(e.path, e.model) for e in entries]
     names = {getattr(t, "name", t) for t in toks}
     if len(names) > 1:
         raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(map(str, names)))}); "

@@ -1,0 +1,313 @@
+"""The one loader: a path in, the model, its metadata, its tokenizer and its provenance out, once.
+
+    op = open_model("ckpt/preln_l32")          # a depthlens checkpoint directory
+    op = open_model("models/SmolLM2")          # a local Hugging Face directory (LLaMA, Mistral, Qwen2/3, GPT-2, ...)
+    op = open_model("smollm2.Q4_1.gguf")       # a llama.cpp GGUF file, dequantised by transformers + gguf
+    op.model, op.meta, op.tokenizer, op.provenance
+
+Every CLI command and the Python API open checkpoints here and nowhere else; later code asks the model
+(`opened_of(model)`) instead of re-reading config.json or rebuilding the tokenizer.
+
+Safety, whatever the source (depthlens.io.weights):
+* weights are read from safetensors or GGUF only; a pickle-only directory is refused with a one-line
+  conversion hint, and nothing is ever unpickled;
+* `trust_remote_code=False` for models, configs and tokenizers, so no repository code runs and no prompt asks;
+* the config's layer count and embedding shape are checked against the weight file's header before the
+  model is built (a config claiming 200,000 layers fails without allocating them);
+* non-float weights and NaN/Inf values are refused with one line.
+
+Provenance (netCDF-safe: str/int only) records the source kind, the resolved path, the family, the adapter
+path (`native`, `hand-mapped` or `generic-blocks`), the weight format, for GGUF the quantisation type, and
+the tokenizer with its BOS id. Every result dataset built from this model carries it (`model_provenance`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class Opened:
+    """What the loader returns: the model (LayeredLM, eval mode), its ModelMeta, its tokenizer (depthlens
+    Tokenizer protocol, or None when the source ships none) and provenance attrs for results."""
+
+    model: Any
+    meta: Any  # depthlens.adapters.ModelMeta
+    tokenizer: Any
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def opened_of(model: Any) -> Opened | None:
+    """The Opened record of a model that came through `open_model` (None for models built in memory)."""
+    return getattr(model, "_depthlens_opened", None)
+
+
+def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None,
+               tokenizer: str | None = None) -> Opened:
+    """Open a depthlens checkpoint directory, a local HF directory or a GGUF file (see module docstring).
+
+    dtype: None keeps float32 for foreign models and the saved dtype for depthlens ones. tokenizer: a spec
+    ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. Raises CheckpointError (one line).
+    """
+    from . import ModelMeta, detect_kind
+
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such checkpoint directory or GGUF file")
+    if p.is_file():
+        if not _is_gguf(p):
+            raise CheckpointError(f"{p}: not a GGUF file; a model is a depthlens/Hugging Face directory or a .gguf file"
+                                  + ("" if p.suffix.lower() not in (".bin", ".pt", ".pth", ".ckpt") else
+                                     " (pickle weights are never loaded; convert them to safetensors)"))
+        op = _open_gguf(p, device=device, dtype=dtype)
+    else:
+        from ..io.checkpoint import read_json_object
+        from ..io.weights import refuse_pickle
+
+        refuse_pickle(p)
+        ggufs = sorted(p.glob("*.gguf"))
+        if not (p / "config.json").is_file() and len(ggufs) == 1:
+            op = _open_gguf(ggufs[0], device=device, dtype=dtype)
+        else:
+            raw = read_json_object(p / "config.json", "model config")
+            if detect_kind(raw) == "hf":
+                op = _open_hf(p, raw, device=device, dtype=dtype)
+            else:
+                op = _open_native(p, device=device, dtype=dtype)
+    if tokenizer:
+        from ..data.tokenizers import get_tokenizer
+
+        op.tokenizer = op.meta.tokenizer = get_tokenizer(tokenizer)
+        op.meta.bos_id = getattr(op.tokenizer, "bos_id", None)
+    op.provenance.update(_tokenizer_provenance(op.tokenizer))
+    op.meta.provenance = op.provenance
+    object.__setattr__(op.model, "_depthlens_opened", op)  # nn.Module.__setattr__ would not mind, plain objects too
+    return op
+
+
+# --- depthlens checkpoints -------------------------------------------------------------------------------
+
+def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
+    from ..io import checkpoint
+    from ..io.weights import check_float_dtypes, check_layer_count, check_shape, safetensors_header
+    from . import ModelMeta
+
+    cfg = checkpoint.read_config(p)
+    wfile = p / checkpoint.WEIGHTS
+    if not wfile.is_file():
+        raise CheckpointError(f"{p}: missing {checkpoint.WEIGHTS}")
+    header = safetensors_header(wfile)
+    check_float_dtypes(header, wfile)
+    check_layer_count(cfg.n_layer, header, "blocks.", p / checkpoint.CONFIG)
+    check_shape(header, "embed_tokens.weight", (cfg.vocab_size, cfg.d_model), p / checkpoint.CONFIG,
+                "vocab_size x d_model")
+    ck = checkpoint.load(p, device=device, dtype=dtype)  # finite + full shape checks
+    tok = _native_tokenizer(p, cfg.vocab_size)
+    meta = ModelMeta(kind="depthlens", path=str(p), name=p.name, arch=cfg.arch, family="depthlens",
+                     n_layer=cfg.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), checkpoint=ck,
+                     config=ck.meta)
+    prov = {"model_source": "depthlens", "model_path": str(p.resolve()), "model_family": "depthlens",
+            "adapter_path": "native", "weights_format": "safetensors"}
+    return Opened(ck.model.eval(), meta, tok, prov)
+
+
+def _native_tokenizer(p: Path, vocab_size: int) -> Any:
+    """The tokenizer saved with a depthlens checkpoint (in the directory or `tokenizer/`), bytes for the byte
+    vocabulary, else None. A broken tokenizer file is a DataError, never a silent fallback."""
+    from ..data.tokenizers import ByteTokenizer, CONFIG_NAME, load_tokenizer
+
+    for d in (p, p / "tokenizer"):
+        if (d / CONFIG_NAME).is_file():
+            return load_tokenizer(d)
+    return ByteTokenizer() if vocab_size == ByteTokenizer().vocab_size else None
+
+
+# --- Hugging Face directories ----------------------------------------------------------------------------
+
+def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any) -> Opened:
+    import torch
+
+    from ..io.weights import check_finite, check_float_dtypes, directory_header
+    from .hf import load_hf
+
+    header = directory_header(p)
+    check_float_dtypes(header, p)
+    _check_hf_sizes(raw, header, p)
+    model = load_hf(p, dtype=dtype or torch.float32, device=device, config=raw)
+    check_finite(model.hf.named_parameters(), p)
+    return _hf_opened(model, p, raw, source="hf", weights_format="safetensors")
+
+
+def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
+    """Layer count and embedding shape of an HF config.json against the safetensors header (before allocation)."""
+    from ..io.weights import check_shape, layer_indices
+
+    n = raw.get("num_hidden_layers", raw.get("n_layer"))
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise CheckpointError(f"{where / 'config.json'}: num_hidden_layers must be a positive integer, got {n!r}")
+    found = max((layer_indices(names, pre) for pre in ("model.layers.", "transformer.h.", "h.", "layers.",
+                                                       "gpt_neox.layers.", "model.decoder.layers.")), key=len)
+    if len(found) != n or (found and max(found) != n - 1):
+        raise CheckpointError(f"{where / 'config.json'}: config says num_hidden_layers={n}, the safetensors "
+                              f"files hold {len(found)} layer(s)")
+    d, v = raw.get("hidden_size", raw.get("n_embd")), raw.get("vocab_size")
+    if isinstance(d, int) and isinstance(v, int):
+        for key in ("model.embed_tokens.weight", "transformer.wte.weight", "wte.weight", "gpt_neox.embed_in.weight"):
+            check_shape(names, key, (v, d), where / "config.json", "vocab_size x hidden_size")
+
+
+def _hf_opened(model: Any, p: Path, raw: dict[str, Any], *, source: str, weights_format: str,
+               extra: dict[str, Any] | None = None) -> Opened:
+    from . import ModelMeta
+
+    tok = model.tokenizer
+    meta = ModelMeta(kind=source, path=str(p), name=p.name, arch=model.design.slug, family=model.spec.family,
+                     n_layer=model.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), config=raw)
+    prov = {"model_source": source, "model_path": str(p.resolve()), "model_family": model.spec.family,
+            "model_type": str(model.hf_config.model_type), "adapter_path": getattr(model, "adapter_path", "hand-mapped"),
+            "weights_format": weights_format, **(extra or {})}
+    return Opened(model.eval(), meta, tok, prov)
+
+
+# --- GGUF files -----------------------------------------------------------------------------------------
+
+def _is_gguf(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _open_gguf(p: Path, *, device: str, dtype: Any) -> Opened:
+    """A llama.cpp GGUF file: sizes checked on its header, dequantised to float by transformers' GGUF loader
+    (needs the `gguf` package), run through the same HF adapter; the quantisation type goes to provenance."""
+    import torch
+
+    from ..io.weights import check_finite
+    from .hf import HFLayeredModel, _quiet_hf, wrap_spec
+
+    info = gguf_header(p)
+    try:
+        from transformers import AutoModelForCausalLM
+
+        with _quiet_hf():
+            hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True,
+                                                      trust_remote_code=False, dtype=dtype or torch.float32)
+    except CheckpointError:
+        raise
+    except Exception as e:  # transformers/gguf raise many types for a file they cannot read
+        first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+        raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
+    hf.to(device).eval()
+    check_finite(hf.named_parameters(), p)
+    tok = _gguf_tokenizer(p)
+    model = HFLayeredModel(hf, wrap_spec(hf), tokenizer=tok)
+    raw = json.loads(hf.config.to_json_string(use_diff=False))
+    extra = {"gguf_quantization": info["quantization"], "gguf_tensor_types": info["tensor_types"],
+             "gguf_architecture": info["architecture"]}
+    return _hf_opened(model, p, raw, source="gguf", weights_format="gguf", extra=extra)
+
+
+def gguf_header(p: Path) -> dict[str, Any]:
+    """Architecture, layer count, tensor types of a GGUF file, from its header (memory-mapped, nothing
+    dequantised); CheckpointError if the layer count or the embedding width disagree with its tensors."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise CheckpointError(f"{p}: reading GGUF files needs the 'gguf' package (pip install gguf)") from None
+    try:
+        reader = GGUFReader(str(p))
+    except Exception as e:  # truncated or corrupt files raise ValueError/struct/IndexError
+        raise CheckpointError(f"{p}: unreadable GGUF file ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+    def field_value(key: str) -> Any:
+        f = reader.fields.get(key)
+        if f is None or not f.data:
+            return None
+        v = f.contents() if hasattr(f, "contents") else f.parts[f.data[0]]
+        return v
+
+    arch = field_value("general.architecture")
+    arch = str(arch) if arch is not None else "?"
+    names = [t.name for t in reader.tensors]
+    blocks = field_value(f"{arch}.block_count")
+    from ..io.weights import layer_indices
+
+    found = layer_indices(names, "blk.")
+    if not isinstance(blocks, int) or blocks != len(found) or (found and max(found) != blocks - 1):
+        raise CheckpointError(f"{p}: header says {arch}.block_count={blocks}, the file holds {len(found)} layer(s)")
+    d = field_value(f"{arch}.embedding_length")
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if emb is not None and isinstance(d, int) and int(emb.shape[0]) != d:  # ggml order: (d, V)
+        raise CheckpointError(f"{p}: header says {arch}.embedding_length={d}, token_embd.weight has width "
+                              f"{int(emb.shape[0])}")
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    matrices = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight")
+    quant = (matrices or types).most_common(1)[0][0] if types else "none"
+    return {"architecture": arch, "n_layer": blocks, "quantization": quant,
+            "tensor_types": ",".join(f"{k}:{v}" for k, v in sorted(types.items()))}
+
+
+def _gguf_tokenizer(p: Path) -> Any:
+    """The tokenizer stored in the GGUF metadata (None when the file has none)."""
+    from transformers import AutoTokenizer
+
+    from .hf import _quiet_hf
+    from .tokenizer import HFTokenizer
+
+    try:
+        with _quiet_hf():
+            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True,
+                                                trust_remote_code=False)
+    except Exception as e:  # no tokenizer metadata, or one transformers cannot rebuild
+        first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+        if "tokenizer" in first.lower() and "ggml" in first.lower():
+            return None
+        raise CheckpointError(f"{p}: cannot load the GGUF tokenizer ({e.__class__.__name__}: {first})") from None
+    vocab = hashlib.sha256(json.dumps(sorted(tok.get_vocab().items())).encode()).hexdigest()[:12]
+    return HFTokenizer(tok, name=f"gguf-{p.stem}-{vocab}")
+
+
+# --- summary ------------------------------------------------------------------------------------------
+
+def describe(op: Opened) -> dict[str, Any]:
+    """`depthlens info`: design, shape and parameter counts, plus where the model came from."""
+    m = op.model
+    if op.meta.kind == "depthlens":
+        from ..models.summary import summarize
+
+        s = summarize(m)
+        train = getattr(op.meta.checkpoint, "train", None) or {}
+        s["val_loss"] = train.get("final_val_loss")
+    else:
+        c = m.hf_config
+        params = dict(m.hf.named_parameters())
+        total = sum(t.numel() for t in params.values())
+        emb = sum(t.numel() for n, t in params.items() if n.startswith((m.spec.embed, m.spec.lm_head)))
+        heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0))
+        s = {"design": m.design.slug, "design_name": f"Pre-LN ({m.spec.family}, via adapter)",
+             "n_layer": m.n_layer, "d_model": m.d_model, "n_head": heads,
+             "n_kv_head": int(getattr(c, "num_key_value_heads", None) or heads),
+             "d_ff": getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None), "vocab_size": m.vocab_size,
+             "aspect_ratio": m.d_model / m.n_layer, "params_total": total, "params_embedding": emb,
+             "params_non_embedding": total - emb, "tie_embeddings": bool(getattr(c, "tie_word_embeddings", False))}
+    return {**s, **op.provenance}
+
+
+# --- provenance -----------------------------------------------------------------------------------------
+
+def _tokenizer_provenance(tok: Any) -> dict[str, Any]:
+    bos = getattr(tok, "bos_id", None)
+    return {"model_tokenizer": getattr(tok, "name", "none") if tok is not None else "none",
+            "model_bos_id": -1 if bos is None else int(bos)}
