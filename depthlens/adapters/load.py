@@ -37,12 +37,47 @@ GGUF_MAGIC = b"GGUF"
 
 
 @dataclass
+class ModelMeta:
+    """What a caller (CLI, results file) needs to know about a loaded model besides the model itself."""
+
+    kind: str  # "depthlens" | "hf" | "gguf"
+    path: str  # the directory or GGUF file given
+    name: str  # directory name: the `checkpoint` coordinate of results
+    arch: str  # residual design slug; every HF family here is "preln"
+    family: str  # "depthlens" or the HF family ("llama", "qwen2", "gpt2", ...)
+    n_layer: int
+    tokenizer: Any = None  # depthlens Tokenizer protocol object (encode/decode/bos_id/vocab_size), or None
+    bos_id: int | None = None  # id at position 0 when the tokenizer adds one; None: position 0 is a real token
+    checkpoint: Any = None  # depthlens.io.checkpoint.Checkpoint for native checkpoints
+    config: dict[str, Any] = field(default_factory=dict)  # the raw config.json (for GGUF: the rebuilt HF config)
+    provenance: dict[str, Any] = field(default_factory=dict)  # the loader's provenance attrs (load.Opened)
+
+    def attrs(self) -> dict[str, Any]:
+        """netCDF-safe provenance attributes (no None, no bool)."""
+        a = {"model_kind": self.kind, "model_family": self.family, "checkpoint": self.name, "arch": self.arch,
+             "n_layer": self.n_layer, "bos_id": -1 if self.bos_id is None else self.bos_id}
+        if self.tokenizer is not None:
+            a["tokenizer"] = getattr(self.tokenizer, "name", type(self.tokenizer).__name__)
+        return a
+
+
+def detect_kind(config: dict[str, Any]) -> str:
+    """"depthlens" or "hf" from a parsed config.json; CheckpointError if it is neither."""
+    if isinstance(config.get("model"), dict) or "depthlens_version" in config:
+        return "depthlens"
+    if "model_type" in config:
+        return "hf"
+    raise CheckpointError("config.json is neither a depthlens checkpoint config (has 'model') "
+                          "nor a Hugging Face config (has 'model_type')")
+
+
+@dataclass
 class Opened:
     """What the loader returns: the model (LayeredLM, eval mode), its ModelMeta, its tokenizer (depthlens
     Tokenizer protocol, or None when the source ships none) and provenance attrs for results."""
 
     model: Any
-    meta: Any  # depthlens.adapters.ModelMeta
+    meta: ModelMeta
     tokenizer: Any
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -59,8 +94,6 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
     dtype: None keeps float32 for foreign models and the saved dtype for depthlens ones. tokenizer: a spec
     ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. Raises CheckpointError (one line).
     """
-    from . import ModelMeta, detect_kind
-
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint directory or GGUF file")
@@ -95,12 +128,23 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
     return op
 
 
+def load_any(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None) -> tuple[Any, ModelMeta]:
+    """(model, meta) of a depthlens checkpoint, an HF directory or a GGUF file: `load.open_model` without
+    the Opened record (the tokenizer is `meta.tokenizer`, the provenance `meta.provenance`).
+
+    model implements the LayeredLM protocol (depthlens.models.protocol) and is a TransformerLens
+    HookedRootModule with `blocks.{i}.hook_resid_*` hooks. HF models load in float32 unless `dtype` is given.
+    Raises CheckpointError (one line) for anything missing, corrupt, unsafe or unsupported.
+    """
+    op = open_model(path, device=device, dtype=dtype)
+    return op.model, op.meta
+
+
 # --- depthlens checkpoints -------------------------------------------------------------------------------
 
 def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
     from ..io import checkpoint
     from ..io.weights import check_float_dtypes, check_layer_count, check_shape, safetensors_header
-    from . import ModelMeta
 
     cfg = checkpoint.read_config(p)
     wfile = p / checkpoint.WEIGHTS
@@ -168,7 +212,6 @@ def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
 
 def _hf_opened(model: Any, p: Path, raw: dict[str, Any], *, source: str, weights_format: str,
                extra: dict[str, Any] | None = None) -> Opened:
-    from . import ModelMeta
 
     tok = model.tokenizer
     meta = ModelMeta(kind=source, path=str(p), name=p.name, arch=model.design.slug, family=model.spec.family,
