@@ -130,13 +130,15 @@ def test_without_depth_slots_it_is_preln():
     assert not torch.allclose(cm["blocks.1.hook_attn_out"], cp["blocks.1.hook_attn_out"])
 
 
-@pytest.mark.parametrize("rope", ["unrotated", "rotate_ffn"])
+@pytest.mark.parametrize("rope", ["unrotated", "rotate_ffn", "prerope_keys"])
 @torch.no_grad()
 def test_every_layer_matches_an_independent_reference(rope):
     """Rebuild each attention output from the layer's input and the depth cache it received.
 
-    rotate_ffn: rotated q . k everywhere, so `moda_attention_naive` applies as is (exactly the 2l valid
-    slots, token-major). unrotated: sequence and depth parts use different queries -> NumPy loop reference.
+    rotate_ffn and prerope_keys (the official recipe: depth keys stored before RoPE, read by the rotated
+    query) use ONE query for the sequence and the depth part, so `moda_attention_naive` applies as is
+    (exactly the 2l valid slots, token-major); both are also re-derived with the NumPy loop reference.
+    unrotated: sequence and depth parts use different queries -> NumPy loop reference only.
     Also checks the slot contents: attention K/V of the layer, FFN K/V from N_l2(u).
     """
     m = make(moda_depth_rope=rope)
@@ -144,17 +146,17 @@ def test_every_layer_matches_an_independent_reference(rope):
     cache = capture(m, toks, "_in", "_out")
     states = states_before_layers(m, toks)
     ctx = m.context(T)
-    moda = pytest.importorskip("moda") if rope == "rotate_ffn" else None
+    moda = pytest.importorskip("moda") if rope != "unrotated" else None
     for l, blk in enumerate(m.blocks):
         st = states[l]
         assert st["dk"].shape[2] == 2 * l and bool(st["dvalid"].all())
         q, k, v = blk.attn.fn.project(blk.attn.norm(cache[f"blocks.{l}.hook_attn_in"]))
         qr, kr = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
-        if rope == "rotate_ffn":
+        o = numpy_moda(qr, kr, v, q if rope == "unrotated" else qr, st["dk"], st["dv"], st["dvalid"])
+        if moda is not None:
             flat = lambda x: rearrange(x, "b t s h e -> b h (t s) e")  # noqa: E731
-            o = moda.moda_attention_naive(qr, kr, v, flat(st["dk"]), flat(st["dv"]), num_layers=2 * l)
-        else:
-            o = numpy_moda(qr, kr, v, q, st["dk"], st["dv"], st["dvalid"])
+            o_peer = moda.moda_attention_naive(qr, kr, v, flat(st["dk"]), flat(st["dv"]), num_layers=2 * l)
+            torch.testing.assert_close(o_peer, o, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(blk.attn.fn.merge(o), cache[f"blocks.{l}.hook_attn_out"], rtol=1e-5, atol=1e-6)
         # what this layer appended: [attn_l, ffn_l]
         nxt = states[l + 1]

@@ -162,3 +162,27 @@ def test_depth_mixing_every_design(arch, data):
         assert "note" in ds.attrs
     else:
         assert np.all(np.tril(M, -1) == 0)
+
+
+@pytest.mark.parametrize("size,dead_layers", [(2, 4), (1, 3)])
+@torch.no_grad()
+def test_dead_prefix_finds_exactly_the_blocks_that_ignore_their_own_output(data, size, dead_layers):
+    """Plant a dead prefix: every token embeds to one vector e, and the routers of the first `dead_layers`
+    layers query along e, so their softmax goes to the embedding source and the weight on their own
+    block's partial is ~0; later routers have w = 0 (uniform, weight 1/S >= 1/9 on the partial).
+    k*(eps) must return exactly `dead_layers` for every eps in the grid below 1/9."""
+    L = 8
+    model = _model("block_attnres", n_layer=L, attnres_block_size=size)
+    assert model.config.block_starts == list(range(0, L, size))
+    e = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(0))
+    model.embed_tokens.weight.copy_(e.expand_as(model.embed_tokens.weight))
+    routers = [m for name, m in model.named_modules() if type(m).__name__ == "AttnResRouter"]
+    assert len(routers) == 2 * L
+    for j, r in enumerate(routers):
+        r.key_norm.weight.fill_(1.0)
+        r.pseudo_query.copy_(50.0 * e / e.norm() if j < 2 * dead_layers else torch.zeros_like(e))
+    ds = attnres_dataset(model, data)
+    sw = ds["self_weight"].values
+    assert np.nanmax(sw[:dead_layers]) < 1e-3 and np.nanmin(sw[dead_layers:]) > 1 / 9 - 1e-6
+    for eps in (0.01, 0.02, 0.05, 0.1):
+        assert int(ds["dead_prefix"].sel(eps=eps)) == dead_layers

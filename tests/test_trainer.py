@@ -98,11 +98,18 @@ def test_committed_recipes_are_valid_and_in_sync():
     zoo = read_recipe(REPO / "depthlens/recipes/zoo_cpu.json")
     assert zoo == json.loads(json.dumps(recipes.zoo_recipe())), "rerun `python -m depthlens.training.recipes`"
     runs = recipe_runs(zoo)
-    assert {(r["model"]["arch"], r["model"]["n_layer"]) for r in runs.values()} == {(s, L) for s in SLUGS for L in (4, 8, 16)}
+    assert {(r["model"]["arch"], r["model"]["n_layer"]) for r in runs.values()} == {
+        (s, L) for s in SLUGS for L in (4, 8, 16, 32)}
+    sweep = read_recipe(REPO / "depthlens/recipes/zoo_cpu_lr.json")
+    assert sweep == json.loads(json.dumps(recipes.zoo_lr_recipe())), "rerun `python -m depthlens.training.recipes`"
+    chosen = recipes.zoo_lr_results().get("chosen", {})
     for name, r in runs.items():
         cfg = RunConfig.from_dict(r)
-        assert cfg.export == f"checkpoints/{name}" and cfg.model_config().head_dim == 16
-        assert cfg.model["d_model"] % 16 == 0 and abs(cfg.meta["planned_rel_error"]) < 0.05
+        assert cfg.export == f"checkpoints/{name}" and cfg.model_config().head_dim == 8
+        assert cfg.model["d_model"] % 8 == 0 and abs(cfg.meta["planned_rel_error"]) < 0.05  # iso-parameter
+        assert cfg.lr == chosen.get(cfg.model["arch"], recipes.ZOO_DEFAULT_LR)
+        tracked = cfg.model["arch"] in recipes.ZOO_SNAPSHOT_DESIGNS and cfg.model["n_layer"] in (16, 32)
+        assert cfg.snapshot_every_log2 == tracked
     paper = read_recipe(REPO / "depthlens/recipes/paper_gpu.json")
     cfgs = [RunConfig.from_dict(r) for r in recipe_runs(paper).values()]
     assert len(cfgs) == 10 * 7 * 4 and {c.model["n_layer"] for c in cfgs} == {16, 20, 24, 32, 40, 56, 70}
@@ -147,6 +154,42 @@ def test_loss_falls_and_checkpoint_exports(corpus, tmp_path):
     assert isinstance(load_tokenizer(out / "checkpoint"), ByteTokenizer)
     # the exported weights reproduce the recorded validation loss
     assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=16) == pytest.approx(rec["final_val_loss"], abs=1e-5)
+
+
+def test_snapshot_steps():
+    base = dict(model=dict(arch="preln"), steps=100)
+    assert RunConfig.from_dict({**base, "snapshot_every_log2": True}).snapshot_steps == [0, 16, 32, 64, 100]
+    assert RunConfig.from_dict({**base, "snapshots": [50, 3]}).snapshot_steps == [3, 50]
+    assert RunConfig.from_dict({**base, "steps": 16, "snapshot_every_log2": True}).snapshot_steps == [0, 16]
+    with pytest.raises(ValueError, match="snapshots"):
+        RunConfig.from_dict({**base, "snapshots": [101]})
+
+
+def test_snapshots_at_the_requested_steps_survive_a_kill_and_do_not_perturb_training(corpus, tmp_path):
+    """Snapshots only at the requested steps (0 = init), each a loadable checkpoint whose recorded val_loss
+    is its own; a kill + resume writes the same set; the final weights equal a run without snapshots."""
+    straight = tmp_path / "plain"
+    train(tiny(corpus, straight, steps=10))
+    snap = tmp_path / "snap"
+    kw = dict(steps=10, snapshots=[0, 3, 7], snapshot_eval_batches=1, save_every=2)
+    assert train(tiny(corpus, snap, stop_after=5, **kw)) == {"step": 5, "stopped": True}
+    train(tiny(corpus, snap, **kw))
+    dirs = sorted(p.name for p in (snap / "snapshots").iterdir())
+    assert dirs == ["step_0000000", "step_0000003", "step_0000007"]
+    for name in dirs:
+        info = json.loads((snap / "snapshots" / name / "snapshot.json").read_text())
+        step = int(name.split("_")[1])
+        assert info["step"] == step and info["tokens"] == step * 8 * 32
+        ck = load(snap / "snapshots" / name)
+        assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=8) == pytest.approx(info["val_loss"], abs=1e-5)
+    init = _weights(snap / "snapshots/step_0000000")
+    fresh = tiny(corpus, tmp_path / "x")
+    from depthlens.models.model import build_model
+
+    ref0 = build_model(fresh.model_config(), seed=fresh.seed).state_dict()
+    assert all(torch.equal(init[k], ref0[k]) for k in init)  # step 0 is the init itself
+    got, ref = _weights(snap / "checkpoint"), _weights(straight / "checkpoint")
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

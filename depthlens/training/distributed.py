@@ -177,6 +177,15 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
             get_optimizer_state_dict(model, optimizer, options=_options()))
 
 
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model state alone, gathered like `full_state`. Asking for the optimizer state before the first
+    step would make torch initialise it with a zero-gradient step, which perturbs the run (AdamW's step
+    count and decay): snapshots must not change training."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options())
+
+
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, torch.Tensor],
                     optim_sd: dict[str, Any]) -> None:
     """Inverse of `full_state` (every rank passes the same full state; FSDP2 keeps its own shard)."""

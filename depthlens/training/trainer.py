@@ -41,8 +41,8 @@ from torch import nn
 from ..data.shards import TokenDataset, batch_indices
 from ..models.model import build_model
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
-from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, clip_grad_norm, full_state, grad_sync,
-                          init_distributed, load_full_state, shutdown, sync_replicated_grads, wrap_model)
+from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, clip_grad_norm, full_model_state, full_state,
+                          grad_sync, init_distributed, load_full_state, shutdown, sync_replicated_grads, wrap_model)
 from .schedule import lr_at
 
 STATE_TENSORS = "state.safetensors"
@@ -377,7 +377,7 @@ class Trainer:
         cfg = self.cfg
         if val_loss is None:
             val_loss = self.evaluate(cfg.snapshot_eval_batches)
-        model_sd, _ = full_state(self.model, self.optimizer)
+        model_sd = full_model_state(self.model)
         path = snapshot_dir(self.out, self.step)
         if self.dist.is_main:
             model = build_model(cfg.model_config(), seed=None)
