@@ -76,11 +76,12 @@ def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool) -> nn.Module:
 
         # FSDP2 cannot shard 0-D parameters (HC's and mHC's gate scales): they stay replicated, outside
         # FSDP, and `sync_replicated_grads` averages their gradients by hand
-        scalars = {p for p in model.parameters() if p.dim() == 0}
+        replicated = replicated_params(model)
+        scalars = set(replicated)
         for block in model.blocks:
             fully_shard(block, ignored_params=scalars)
         fully_shard(model, ignored_params=scalars)
-        model._replicated_params = sorted(scalars, key=id)  # fixed order: the all-reduces must match across ranks
+        model._replicated_params = replicated
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -88,6 +89,13 @@ def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool) -> nn.Module:
     # (MoDA's last-layer depth K/V are read only by later layers), so turn on detection just for them
     return DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
                find_unused_parameters=bool(unused_parameters(model, info.device)))
+
+
+def replicated_params(model: nn.Module) -> list[nn.Parameter]:
+    """The 0-D parameters, ordered by name. Every rank must all-reduce them in the same order: the k-th
+    all-reduce of rank 0 is paired with the k-th of rank 1. Names are the same on every rank; `id()`
+    (a memory address) is not, and ordering by it averaged one gate's gradient with another's."""
+    return [p for _, p in sorted(model.named_parameters(), key=lambda np_: np_[0]) if p.dim() == 0]
 
 
 def unused_parameters(model: nn.Module, device: torch.device) -> list[str]:
