@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the main job: analyse every shipped checkpoint into reports/zoo/.
+# Set up (if needed) and run the main job: analyse every shipped checkpoint into reports/zoo/, then the zoo
+# training snapshots (if any) into reports/track/ (scripts/track-zoo.sh).
 # The previous report is replaced atomically (--overwrite); extra arguments go to `depthlens report`,
 # e.g. `bash scripts/zoo-report.sh --n-seq 64 --n-boot 2000`.
 set -euo pipefail
@@ -14,4 +15,6 @@ if [ ${#ckpts[@]} -eq 0 ]; then
   echo "zoo-report: no checkpoints in checkpoints/ (train them with: bash scripts/train_zoo.sh)" >&2
   exit 1
 fi
-exec .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"
+.venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"
+# depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them
+SKIP_SETUP=1 bash scripts/track-zoo.sh

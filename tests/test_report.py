@@ -188,8 +188,8 @@ def test_usage_and_unwritable_errors(ckpts, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # docs/cli.md: generated from `depthlens <cmd> --help` (regenerate: `.venv/bin/python tests/test_report.py`)
 
-CLI_ORDER = ("info", "hooks", "angular", "causal", "permute", "rank", "attnres", "sweep", "report", "compare",
-             "shapes", "prepare", "train", "eval")
+CLI_ORDER = ("info", "hooks", "angular", "causal", "permute", "rank", "attnres", "sweep", "report", "track",
+             "compare", "shapes", "prepare", "train", "eval")
 CLI_EXAMPLES = {
     "info": "depthlens info checkpoints/hc_l16 --json",
     "hooks": "depthlens hooks checkpoints/preln_l4",
@@ -200,6 +200,7 @@ CLI_EXAMPLES = {
     "attnres": "depthlens attnres checkpoints/block_attnres_l16 --eps 0.05",
     "sweep": "depthlens sweep checkpoints/*_l16/ --metric causal --plot /tmp/sweep.png",
     "report": "depthlens report checkpoints/*/ --out reports/zoo --overwrite",
+    "track": "depthlens track .cache/depthlens/runs/zoo/hc_l16 .cache/depthlens/runs/zoo/mhc_l16 --out reports/track",
     "compare": "depthlens compare checkpoints/preln_l16 checkpoints/hc_l16 --metrics causal,perm_abs",
     "shapes": "depthlens shapes --target 407M --design hc",
     "prepare": "depthlens prepare notes.txt code.jsonl --out data/mine --tokenizer bytes",

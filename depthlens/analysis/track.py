@@ -1,0 +1,619 @@
+"""Depth utilisation over training: every diagnostic on every snapshot of a run, on the same eval tokens.
+
+    series = scan(["runs/zoo/hc_l16", "runs/zoo/preln_l16"])     # validated, nothing loaded yet
+    ds = track(series, TrackOptions(metrics=("causal", "permutation")), cache="out/parts")
+
+A *series* is either a run directory written by the trainer with snapshots,
+
+    <run>/snapshots/step_0000064/{config.json, model.safetensors, snapshot.json}
+    snapshot.json = {"step": 64, "tokens": 131072, "val_loss": 3.21, "run": "hc_l16"}
+
+or checkpoints given in training order (depthlens or Hugging Face directories, GGUF files): the step comes
+from a `snapshot.json` next to them or from the name (`step1000`, `step_0000064`, `global_step200`), else
+the position in the list.
+
+Refusals (DepthlensError, one line, before anything is computed or written): an empty run directory, a
+snapshot whose config differs from the others (mixed architectures), a gap relative to the steps the
+recipe requested (`snapshots: [...]` or `snapshot_every_log2`), steps out of order or repeated, tokens that
+go backwards, snapshots of different runs in one directory, series with different tokenizers.
+
+The result has dims (run, step[, layer, ...]): headline shares with bootstrap CIs and shard mean/sd per
+snapshot (the same `sweep.headline` the other commands print), the score matrices, effective ranks, AttnRes
+self-weights and dead prefixes, angular profiles, plus `tokens` and `val_loss` per (run, step). Every
+per-snapshot engine result is cached as netCDF under `cache` keyed by (weights hash, eval-token hash,
+metric options): a rerun skips what is done, a changed snapshot or option is recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import xarray as xr
+
+from depthlens.errors import DepthlensError
+
+SNAPSHOTS = "snapshots"
+SNAPSHOT_JSON = "snapshot.json"
+SNAPSHOT_DIR = re.compile(r"^step_(\d+)$")
+STEP_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:global_)?step[_-]?0*(\d+)", re.IGNORECASE)
+LOG2_FIRST = 16  # snapshot_every_log2: powers of two from here, plus the final step
+
+METRICS = ("causal", "permutation", "erank", "attnres", "angular")
+SHARE_METRICS = {"causal": "causal", "permutation": "perm_abs"}  # track metric -> sweep.METRICS key
+DEAD_PREFIX_EPS = 0.05
+HF_SIGNATURE = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "n_layer", "n_embd", "n_head")
+
+
+def _fail(msg: str) -> DepthlensError:
+    return DepthlensError(msg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. series: discover and validate (configs and JSON only; no weights are read)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: Path  # checkpoint directory or GGUF file
+    step: int  # optimizer steps done when it was written (or the list position for unnamed checkpoints)
+    tokens: float  # training tokens seen (NaN when unknown)
+    val_loss: float  # validation loss at that step (NaN when unknown)
+
+
+@dataclass
+class Series:
+    name: str  # the `run` coordinate
+    source: str  # the run directory, or "list" for checkpoints given in order
+    snapshots: list[Snapshot]
+    signature: dict[str, Any]  # architecture identity shared by every snapshot (from config.json)
+    requested: list[int] | None = None  # steps the recipe asked for (None: unknown)
+    requested_from: str = ""  # where `requested` was read
+    step_kind: str = "optimizer step"  # or "position in the list" when no step is known
+
+    @property
+    def pending(self) -> list[int]:
+        """Requested steps after the last snapshot: the run is still training (or was stopped)."""
+        last = self.snapshots[-1].step
+        return [s for s in (self.requested or []) if s > last]
+
+
+def requested_steps(recipe: Mapping[str, Any]) -> list[int] | None:
+    """The snapshot steps a recipe asks for: `snapshots: [16, 32, ...]` (explicit, capped at `steps`) or
+    `snapshot_every_log2: true` (powers of two >= 16 below `steps`, plus `steps`); None if it asks for none."""
+    total = recipe.get("steps")
+    explicit = recipe.get("snapshots")
+    if explicit:
+        steps = sorted({int(s) for s in explicit})
+        return [s for s in steps if total is None or s <= int(total)]
+    if recipe.get("snapshot_every_log2"):
+        if total is None:
+            return None
+        total, out, k = int(total), [], LOG2_FIRST
+        while k < total:
+            out.append(k)
+            k *= 2
+        return out + [total]
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(f"{path}: unreadable JSON ({e.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise _fail(f"{path}: expected a JSON object")
+    return data
+
+
+def _number(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
+
+
+def _snapshot_record(d: Path) -> dict[str, Any]:
+    rec = _read_json(d / SNAPSHOT_JSON)
+    step = rec.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise _fail(f"{d / SNAPSHOT_JSON}: 'step' must be a non-negative integer, got {step!r}")
+    return rec
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / SNAPSHOTS).is_dir() or (path.name == SNAPSHOTS and path.is_dir()
+                                                                and not (path / "config.json").exists())
+
+
+def _run_recipe(run: Path, run_name: str, recipe_path: Path | None, snap_dirs: Sequence[Path]
+                ) -> tuple[dict[str, Any] | None, str]:
+    """The run's recipe (RunConfig fields): --recipe (a grid picks the run by name), else the train.json of
+    the run's final export or of a snapshot, else the resume state's trajectory."""
+    if recipe_path is not None:
+        from depthlens.training.config import read_recipe, recipe_runs
+
+        try:
+            runs = recipe_runs(read_recipe(recipe_path))
+        except ValueError as e:
+            raise _fail(str(e)) from None
+        if run_name not in runs and len(runs) != 1:
+            raise _fail(f"{recipe_path}: no run named {run_name!r} (the run of {run})")
+        return runs.get(run_name, next(iter(runs.values()))), str(recipe_path)
+    for cand in [run / "checkpoint" / "train.json", *(d / "train.json" for d in reversed(snap_dirs))]:
+        if cand.is_file():
+            rec = _read_json(cand).get("recipe")
+            if isinstance(rec, dict):
+                return rec, str(cand)
+    state = run / "resume" / "state.json"
+    if state.is_file():
+        traj = _read_json(state).get("trajectory")
+        if isinstance(traj, dict):
+            return traj, str(state)
+    return None, ""
+
+
+def _depthlens_signature(path: Path) -> dict[str, Any]:
+    from depthlens.io.checkpoint import read_config
+
+    try:
+        cfg = read_config(path).resolved().to_dict()
+    except Exception as e:  # noqa: BLE001 - CheckpointError / ValueError from a broken config, one line
+        raise _fail(str(e).splitlines()[0]) from None
+    return {"kind": "depthlens", **cfg}
+
+
+def signature(path: Path) -> dict[str, Any]:
+    """Architecture identity of one checkpoint from its config (a GGUF file is loaded to learn it)."""
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if not cfg_path.is_file():
+            raise _fail(f"{path}: not a checkpoint (no config.json)")
+        raw = _read_json(cfg_path)
+        if isinstance(raw.get("model"), dict) or "depthlens_version" in raw:
+            return _depthlens_signature(path)
+        if "model_type" in raw:
+            return {"kind": "hf", **{k: raw[k] for k in HF_SIGNATURE if k in raw}}
+        raise _fail(f"{cfg_path}: neither a depthlens nor a Hugging Face config")
+    if path.is_file():
+        from depthlens.adapters import load_any
+
+        model, _meta = load_any(path)
+        cfg = getattr(model, "config", None)
+        return {"kind": "file", "design": getattr(getattr(model, "design", None), "slug", "?"),
+                "n_layer": int(model.n_layer), "d_model": getattr(cfg, "d_model", None),
+                "vocab_size": getattr(cfg, "vocab_size", None)}
+    raise _fail(f"{path}: no such file or directory")
+
+
+def describe(sig: Mapping[str, Any]) -> str:
+    if sig.get("kind") == "depthlens":
+        return f"{sig.get('arch')} L={sig.get('n_layer')} d={sig.get('d_model')}"
+    if sig.get("kind") == "hf":
+        return f"{sig.get('model_type')} L={sig.get('num_hidden_layers', sig.get('n_layer'))} " \
+               f"d={sig.get('hidden_size', sig.get('n_embd'))}"
+    return f"{sig.get('design')} L={sig.get('n_layer')} d={sig.get('d_model')}"
+
+
+def _check_same_arch(paths: Sequence[Path], sigs: Sequence[dict[str, Any]], where: str) -> dict[str, Any]:
+    for p, s in zip(paths[1:], sigs[1:]):
+        if s != sigs[0]:
+            diff = sorted(k for k in set(s) | set(sigs[0]) if s.get(k) != sigs[0].get(k))
+            raise _fail(f"{where}: mixed architectures in one series: {paths[0].name} is {describe(sigs[0])}, "
+                        f"{p.name} is {describe(s)} (differs in {', '.join(diff[:4])})")
+    return sigs[0]
+
+
+def _check_order(snaps: Sequence[Snapshot], where: str) -> None:
+    for a, b in zip(snaps, snaps[1:]):
+        if b.step <= a.step:
+            raise _fail(f"{where}: steps must increase: {b.path.name} (step {b.step}) comes after "
+                        f"{a.path.name} (step {a.step})")
+        if np.isfinite(a.tokens) and np.isfinite(b.tokens) and b.tokens < a.tokens:
+            raise _fail(f"{where}: tokens go backwards: {b.path.name} has {b.tokens:.0f} < {a.tokens:.0f}")
+
+
+def scan_run(run: Path, recipe: Path | None = None) -> Series:
+    """One trainer run directory (or its `snapshots/` folder) → a validated Series."""
+    run = run.parent if run.name == SNAPSHOTS and not (run / SNAPSHOTS).is_dir() else run
+    root = run / SNAPSHOTS
+    found = sorted(((int(m.group(1)), d) for d in (root.iterdir() if root.is_dir() else [])
+                    if d.is_dir() and (m := SNAPSHOT_DIR.match(d.name))), key=lambda t: t[0])
+    if not found:
+        raise _fail(f"{run}: no snapshots (expected {root}/step_*/; train with `snapshot_every_log2: true` "
+                    "or `snapshots: [...]` in the recipe)")
+    snaps, names = [], set()
+    for step, d in found:
+        if not (d / SNAPSHOT_JSON).is_file():
+            raise _fail(f"{d}: missing {SNAPSHOT_JSON} (not a trainer snapshot)")
+        rec = _snapshot_record(d)
+        if rec["step"] != step:
+            raise _fail(f"{d / SNAPSHOT_JSON}: step {rec['step']} does not match the directory name")
+        names.add(str(rec.get("run", "")))
+        snaps.append(Snapshot(d, step, _number(rec.get("tokens")), _number(rec.get("val_loss"))))
+    if len(names) > 1:
+        raise _fail(f"{root}: snapshots of different runs in one directory ({', '.join(sorted(names))})")
+    name = names.pop() or run.name
+    _check_order(snaps, str(root))
+    sig = _check_same_arch([s.path for s in snaps], [signature(s.path) for s in snaps], str(root))
+    cfg, source = _run_recipe(run, name, recipe, [s.path for s in snaps])
+    req = requested_steps(cfg) if cfg is not None else None
+    if req is not None:
+        have = [s.step for s in snaps]
+        extra = [s for s in have if s not in req]
+        if extra:
+            raise _fail(f"{root}: snapshot at step {extra[0]} was not requested by the recipe ({source})")
+        missing = [s for s in req if s <= have[-1] and s not in have]
+        if missing:
+            raise _fail(f"{root}: gap in steps: step {missing[0]} requested by the recipe ({source}) has no "
+                        "snapshot")
+    return Series(name=name, source=str(run), snapshots=snaps, signature=sig, requested=req, requested_from=source)
+
+
+def scan_list(paths: Sequence[Path], name: str, tokens_per_step: float | None = None) -> Series:
+    """Checkpoints given in training order (directories or GGUF files) → a validated Series."""
+    steps: list[int | None] = []
+    records: list[dict[str, Any]] = []
+    for p in paths:
+        if not p.exists():
+            raise _fail(f"{p}: no such file or directory")
+        rec = _snapshot_record(p) if p.is_dir() and (p / SNAPSHOT_JSON).is_file() else {}
+        m = STEP_IN_NAME.search(p.stem if p.is_file() else p.name)
+        steps.append(rec["step"] if rec else (int(m.group(1)) if m else None))
+        records.append(rec)
+    known = [s is not None for s in steps]
+    if any(known) and not all(known):
+        bad = paths[known.index(False)]
+        raise _fail(f"{bad}: no step in its name or snapshot.json while the others have one")
+    kind = "optimizer step" if all(known) else "position in the list"
+    snaps = []
+    for k, (p, s, rec) in enumerate(zip(paths, steps, records)):
+        step = s if s is not None else k + 1
+        tokens = _number(rec.get("tokens")) if "tokens" in rec else \
+            (step * tokens_per_step if tokens_per_step and s is not None else float("nan"))
+        snaps.append(Snapshot(p, step, tokens, _number(rec.get("val_loss"))))
+    _check_order(snaps, "checkpoint list")
+    sig = _check_same_arch(list(paths), [signature(p) for p in paths], "checkpoint list")
+    return Series(name=name, source="list", snapshots=snaps, signature=sig, step_kind=kind)
+
+
+def scan(paths: Sequence[str | os.PathLike], *, recipe: str | os.PathLike | None = None, name: str | None = None,
+         tokens_per_step: float | None = None) -> list[Series]:
+    """Every run directory is its own series; checkpoints given directly form one series, in order."""
+    if not paths:
+        raise _fail("give at least one run directory or checkpoint")
+    runs, loose = [], []
+    for p in map(Path, paths):
+        if is_run_dir(p):
+            runs.append(scan_run(p, Path(recipe) if recipe else None))
+        elif p.is_file() or (p / "config.json").is_file():
+            loose.append(p)
+        elif p.is_dir():
+            raise _fail(f"{p}: no snapshots (expected {p}/snapshots/step_*/) and not a checkpoint")
+        else:
+            raise _fail(f"{p}: no such file or directory")
+    if loose:
+        runs.append(scan_list(loose, name or _common_name(loose), tokens_per_step))
+    names = [s.name for s in runs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _fail(f"two series are both named {dup[0]!r}; track them separately or rename one")
+    return runs
+
+
+def _common_name(paths: Sequence[Path]) -> str:
+    parents = {p.resolve().parent.name for p in paths}
+    return parents.pop() if len(parents) == 1 else "series"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. the diagnostics, per snapshot, cached
+
+
+@dataclass
+class TrackOptions:
+    """What `track` computes. Defaults match `depthlens report`, so the last step equals a report of the
+    final checkpoint."""
+
+    metrics: tuple[str, ...] = METRICS  # subset of METRICS, in canonical order
+    data: str | None = None  # eval text/JSONL/shard dir (None: held-out split of the offline corpus)
+    n_seq: int = 32  # eval sequences (the same tokens for every snapshot of every run)
+    seq_len: int | None = None  # tokens per sequence (None: min(128, smallest max_seq_len))
+    seed: int = 0  # eval-window draw and bootstrap seed
+    n_boot: int = 1000  # bootstrap resamples over sequences for the share CIs (0 = none)
+    batch_size: int | None = None  # max rows per forward (memory knob; results do not depend on it)
+    device: str = "cpu"  # where the engines run
+    window: str = "quarter"  # late-window start of the headline shares
+    causal_threshold: float = 0.45  # headline θ on the causal score (max aggregator, current variant)
+    perm_threshold: float = 0.15  # headline θ on P_abs [nats]
+    eps: float = DEAD_PREFIX_EPS  # AttnRes dead-prefix threshold reported per step
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["metrics"] = list(self.metrics)
+        return d
+
+
+def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    bad = [n for n in names if n not in METRICS]
+    if bad or not names:
+        err = ValueError(f"--metric: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
+                         if bad else f"--metric: give at least one of {','.join(METRICS)}")
+        err.usage = True  # type: ignore[attr-defined]
+        raise err
+    return tuple(m for m in METRICS if m in names)
+
+
+def applies(metric: str, slug: str) -> bool:
+    """erank: multi-stream designs; attnres: Full/Block AttnRes (as in the report)."""
+    from depthlens.report.build import applies as report_applies
+
+    return report_applies({"erank": "rank"}.get(metric, metric), slug)
+
+
+def engine(metric: str) -> tuple[Callable[..., xr.Dataset], dict[str, Any]]:
+    """The engine of `metric` and the options it runs with (the same as `depthlens report`)."""
+    from depthlens.analysis import angular, attnres, causal, permutation, rank
+
+    return {
+        "causal": (causal.causal_scores, {"variants": ("current",), "layers": "all"}),
+        "permutation": (permutation.permutation_scores, {"pairs": "late", "swap": "body"}),
+        "erank": (rank.effective_rank_dataset, {}),
+        "attnres": (attnres.attnres_dataset, {}),
+        "angular": (angular.angular_distances, {"positions": "all"}),
+    }[metric]
+
+
+def weights_id(path: Path) -> str:
+    """SHA-256 of what a checkpoint's results depend on: config + weights (a GGUF file: the file)."""
+    from depthlens.analysis.dataset import checkpoint_sha256, sha256_file
+
+    if path.is_file():
+        return sha256_file(path)
+    files = ["config.json", *sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))]
+    return checkpoint_sha256(path, files)
+
+
+def cache_key(wid: str, eval_sha: str, metric: str, opts: Mapping[str, Any]) -> str:
+    blob = json.dumps({"weights": wid, "eval": eval_sha, "metric": metric, "options": opts}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _cached(path: Path, key: str) -> xr.Dataset | None:
+    if not path.is_file():
+        return None
+    try:
+        ds = xr.load_dataset(path, engine="netcdf4")
+    except (OSError, ValueError):
+        return None  # a foreign or damaged file: recompute and replace it
+    return ds if ds.attrs.get("track_key") == key else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. per-snapshot summaries
+
+
+def _headline(ds: xr.Dataset, metric: str, opts: TrackOptions) -> dict[str, float]:
+    from depthlens.analysis.sweep import headline
+
+    theta = opts.causal_threshold if metric == "causal" else opts.perm_threshold
+    try:
+        return headline(ds, metric, theta, n_boot=opts.n_boot, seed=opts.seed, start=opts.window)
+    except (DepthlensError, ValueError):  # fewer than 2 late layers: no share at this depth
+        return {}
+
+
+def _scalar(v: Any, name: str, units: str = "1") -> xr.DataArray:
+    return xr.DataArray(np.float64(np.nan if v is None else v), attrs={"long_name": name, "units": units})
+
+
+def _share_vars(prefix: str, h: Mapping[str, Any], label: str) -> dict[str, xr.DataArray]:
+    return {f"{prefix}_share": _scalar(h.get("share"), f"share of late pairs with {label}"),
+            f"{prefix}_ci_low": _scalar(h.get("ci_low"), f"{label}: bootstrap CI low (95%, over sequences)"),
+            f"{prefix}_ci_high": _scalar(h.get("ci_high"), f"{label}: bootstrap CI high (95%, over sequences)"),
+            f"{prefix}_shard_mean": _scalar(h.get("shard_mean"), f"{label}: mean share over 5 disjoint eval shards"),
+            f"{prefix}_shard_sd": _scalar(h.get("shard_sd"), f"{label}: sd of the share over 5 eval shards")}
+
+
+def summarise(ds: xr.Dataset, metric: str, opts: TrackOptions) -> dict[str, xr.DataArray]:
+    """The per-step variables `track` keeps from one engine result (no `step` dim yet)."""
+    from depthlens.analysis.sweep import score_matrix
+
+    def keep(da: xr.DataArray, long_name: str, units: str = "1") -> xr.DataArray:
+        da = da.drop_vars([c for c in da.coords if c not in da.dims])
+        return da.assign_attrs(long_name=long_name, units=units)
+
+    if metric == "causal":
+        h = _headline(ds, "causal", opts)
+        out = _share_vars("causal", h, f"causal score > {opts.causal_threshold}")
+        out["causal_score"] = keep(score_matrix(ds, "causal", "max", "current"),
+                                   "causal score C(s, t), current variant, max over tokens")
+        out["causal_noise_floor"] = _scalar(h.get("noise_floor"), "causal score of a null intervention")
+        out["eval_loss"] = _scalar(float(ds["clean_loss_seq"].mean()), "clean next-token loss on the eval tokens",
+                                   "nat")
+        return out
+    if metric == "permutation":
+        h = _headline(ds, "perm_abs", opts)
+        out = _share_vars("perm", h, f"P_abs > {opts.perm_threshold} nat")
+        out["perm_abs"] = keep(ds["perm_abs"], "loss increase when layers i and j swap (P_abs)", "nat")
+        return out
+    if metric == "erank":
+        return {"erank": keep(ds["erank"].sel(statistic="mean"),
+                              "effective rank of the residual-mixing product (token mean)")}
+    if metric == "attnres":
+        eps = np.asarray(ds["eps"].values, dtype=float)
+        k = int(np.argmin(np.abs(eps - opts.eps)))
+        dead = float(ds["dead_prefix"].values[k]) if abs(eps[k] - opts.eps) < 1e-12 else np.nan
+        return {"self_weight": keep(ds["self_weight"], "AttnRes self-weight per layer (token mean)"),
+                "dead_prefix": _scalar(dead, f"dead prefix k*({opts.eps:g}): leading layers with self-weight "
+                                             f"below {opts.eps:g}")}
+    if metric == "angular":
+        prof = keep(ds["profile"], "angular distance between consecutive residual states d(h_l, h_l+1)")
+        return {"angular_profile": prof.rename(layer="state")}
+    raise DepthlensError(f"unknown track metric {metric!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. the whole series
+
+
+Progress = Callable[[str], None]
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def tokenizer_name(path: Path) -> str:
+    from depthlens.adapters import tokenizer_for
+
+    tok = tokenizer_for(path) if path.is_dir() else None
+    return str(getattr(tok, "name", "bytes")) if tok is not None else "bytes"
+
+
+def eval_tokens(series: Sequence[Series], opts: TrackOptions):
+    """One EvalData for every snapshot of every series (same tokenizer required), built from the first
+    snapshot; seq_len = min(128, the smallest max_seq_len) unless given."""
+    from depthlens.analysis.api import eval_data_for, load_model
+
+    names = {tokenizer_name(s.snapshots[0].path) for s in series}
+    if len(names) > 1:
+        raise _fail(f"the series use different tokenizers ({', '.join(sorted(names))}); one eval set needs one "
+                    "tokenizer: track them separately")
+    model, ck = load_model(series[0].snapshots[0].path, device=opts.device)
+    max_lens = [s.signature.get("max_seq_len") for s in series]
+    max_lens = [int(m) for m in max_lens if isinstance(m, int)]
+    own = getattr(getattr(model, "config", None), "max_seq_len", None)
+    max_lens += [int(own)] if own else [128]
+    T = opts.seq_len or min(128, min(max_lens))
+    return eval_data_for(model, opts.data, ck, n_seq=opts.n_seq, seq_len=T, seed=opts.seed)
+
+
+def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cache: Path, progress: Progress = _noop
+            ) -> tuple[dict[str, xr.Dataset], str, int]:
+    """Engine results of one snapshot (from the cache when its key matches), its design slug and L.
+    Computes only what is missing; each result is written to the cache atomically as soon as it exists."""
+    from depthlens.analysis.dataset import write_netcdf
+
+    cache.mkdir(parents=True, exist_ok=True)
+    wid = weights_id(snap.path)
+    stem = f"step_{snap.step:07d}"
+    meta_path = cache / f"{stem}.json"
+    meta = _read_json(meta_path) if meta_path.is_file() else {}
+    out: dict[str, xr.Dataset] = {}
+    todo = []
+    if meta.get("weights") == wid:  # slug and L known without loading the model
+        slug, L = str(meta["design"]), int(meta["n_layer"])
+        for m in metrics:
+            if not applies(m, slug):
+                continue
+            ds = _cached(cache / f"{stem}.{m}.nc", cache_key(wid, ev.sha256, m, _metric_opts(m, opts)))
+            if ds is None:
+                todo.append(m)
+            else:
+                out[m] = ds
+        if not todo:
+            progress(f"{snap.path.name}: cached")
+            return out, slug, L
+    from depthlens.analysis.api import load_model
+
+    model, _ = load_model(snap.path, device=opts.device)
+    slug, L = str(getattr(model.design, "slug", "?")), int(model.n_layer)
+    cfg = getattr(model, "config", None)
+    ev.check_model(getattr(cfg, "vocab_size", None), getattr(cfg, "max_seq_len", None))
+    from depthlens.io.atomic import atomic_write_text
+
+    atomic_write_text(meta_path, json.dumps({"weights": wid, "design": slug, "n_layer": L, "path": str(snap.path)}))
+    import torch
+
+    for m in metrics:
+        if m in out or not applies(m, slug):
+            continue
+        key = cache_key(wid, ev.sha256, m, _metric_opts(m, opts))
+        ds = _cached(cache / f"{stem}.{m}.nc", key)
+        if ds is None:
+            fn, kw = engine(m)
+            with torch.no_grad():
+                ds = fn(model, ev, checkpoint=snap.path, batch_size=opts.batch_size, **kw)
+            ds.attrs["track_key"] = key
+            write_netcdf(ds, cache / f"{stem}.{m}.nc", overwrite=True)
+            progress(f"{snap.path.name}: {m}")
+        out[m] = ds
+    return out, slug, L
+
+
+def _metric_opts(metric: str, opts: TrackOptions) -> dict[str, Any]:
+    _, kw = engine(metric)
+    return {**kw, "batch_size": None}  # batch_size does not change results, so it is not part of the key
+
+
+def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr.Dataset:
+    """Stack one series' per-step summaries along `step` and add tokens / val_loss."""
+    steps = [sn.step for sn in s.snapshots]
+    names = list(dict.fromkeys(k for row in per_step for k in row))
+    data = {}
+    for k in names:
+        rows = [row.get(k) for row in per_step]
+        proto = next(r for r in rows if r is not None)
+        rows = [r if r is not None else xr.full_like(proto, np.nan, dtype=float) for r in rows]
+        data[k] = xr.concat(rows, dim="step", join="outer", combine_attrs="override")
+    ds = xr.Dataset(data).assign_coords(step=steps)
+    ds["val_loss"] = ("step", [sn.val_loss for sn in s.snapshots],
+                      {"long_name": "validation loss at the snapshot (trainer)", "units": "nat"})
+    ds["tokens"] = ("step", [sn.tokens for sn in s.snapshots], {"long_name": "training tokens seen", "units": "1"})
+    ds["snapshot"] = ("step", [str(sn.path) for sn in s.snapshots], {"long_name": "snapshot path", "units": "1"})
+    return ds
+
+
+def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike, ev=None,
+          progress: Progress = _noop) -> xr.Dataset:
+    """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
+    from depthlens.analysis.dataset import depthlens_version, make_dataset
+
+    cache = Path(cache)
+    ev = ev if ev is not None else eval_tokens(series, opts)
+    parts, designs, depths, notes = [], [], [], []
+    for s in series:
+        rows, slugs = [], set()
+        for snap in s.snapshots:
+            results, slug, L = analyse(snap, opts.metrics, ev, opts, cache / _safe(s.name), progress)
+            slugs.add((slug, L))
+            rows.append({k: v for m, ds in results.items() for k, v in summarise(ds, m, opts).items()})
+        if len(slugs) > 1:
+            raise _fail(f"{s.source}: mixed architectures in one series ({sorted(slugs)})")
+        slug, L = slugs.pop()
+        skipped = [m for m in opts.metrics if not applies(m, slug)]
+        if skipped:
+            notes.append(f"{s.name}: {', '.join(skipped)} not defined for {slug}")
+        parts.append(series_dataset(s, rows).expand_dims(run=[s.name]))
+        designs.append(slug)
+        depths.append(L)
+    merged = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="override")
+    merged = merged.reindex(run=[s.name for s in series]).sortby("step")  # input order, steps ascending
+    coords = {"design": ("run", designs), "n_layer": ("run", depths),
+              "run_source": ("run", [s.source for s in series]),
+              "requested_steps": ("run", [json.dumps(s.requested) for s in series]),
+              "step_kind": ("run", [s.step_kind for s in series])}
+    merged["snapshot"] = merged["snapshot"].fillna("").astype(str)  # steps a run does not have: ""
+    data_vars = {k: merged[k] for k in merged.data_vars if k not in ("tokens",)}
+    out = make_dataset(
+        data_vars, {**{k: merged.coords[k] for k in merged.coords}, "tokens": merged["tokens"], **coords},
+        metric="track", title="depthlens depth over training",
+        options={**opts.as_dict(), "notes": notes or None},
+        provenance={**ev.provenance(), "depthlens_version": depthlens_version(),
+                    "series": [{"run": s.name, "source": s.source, "snapshots": len(s.snapshots),
+                                "requested_from": s.requested_from, "pending": s.pending} for s in series]})
+    out["step"].attrs.update(long_name="optimizer step of the snapshot", units="1")
+    out["tokens"].attrs.update(long_name="training tokens seen", units="1")
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "run"

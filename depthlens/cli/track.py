@@ -1,0 +1,144 @@
+"""The `track` command: depth diagnostics over training snapshots → one dataset (run, step), a figure and a section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import app, domain_errors, fail
+
+OUT_FILES = ("track.nc", "track.png", "README.md")
+CACHE = "parts"
+
+
+def check_out(out: Path) -> None:
+    """`out` may be new, empty, or a previous track output (then it is resumed and its files replaced)."""
+    from ..errors import DepthlensError
+
+    if out.exists() and not out.is_dir():
+        raise DepthlensError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not ((out / CACHE).is_dir() or (out / OUT_FILES[0]).is_file()):
+        raise DepthlensError(f"{out}: exists and is not a track output directory (no {CACHE}/ or track.nc)")
+    if not out.exists() and not out.parent.is_dir():
+        raise DepthlensError(f"{out.parent}: output directory does not exist")
+
+
+@app.command()
+@domain_errors
+def track(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories with snapshots/ (one series each), or checkpoint "
+                                               "directories / GGUF files in training order (one series).",
+                                               show_default=False)],
+    metric: Annotated[str, typer.Option("--metric", help="Comma list of causal,permutation,erank,attnres,angular.")]
+    = "causal,permutation,erank,attnres,angular",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory: track.nc, track.png, README.md, parts/ "
+                                      "(per-snapshot cache; a rerun resumes from it).")] = Path("track"),
+    recipe: Annotated[Path | None, typer.Option(help="Recipe the runs were trained with (default: found in the run: "
+                                                "checkpoint/train.json, a snapshot's train.json, resume/state.json); "
+                                                "its requested snapshot steps are checked for gaps.")] = None,
+    name: Annotated[str | None, typer.Option(help="Run name of a checkpoint list (default: their parent directory).")] = None,
+    tokens_per_step: Annotated[float | None, typer.Option("--tokens-per-step", min=1,
+                                                          help="Tokens per step for a checkpoint list whose steps come from names.")] = None,
+    data: Annotated[Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")] = None,
+    n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences (the same for every snapshot).")] = 32,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len)).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
+    n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the per-run summary as JSON.")] = False,
+) -> None:
+    """Depth over training: every diagnostic on every snapshot of a run, same eval tokens, resumable.
+
+    Writes OUT/track.nc (dims run, step; coords tokens, design, n_layer), OUT/track.png (shares vs tokens with
+    95% CIs, validation loss on a twin axis) and OUT/README.md (the "Depth over training" section).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import torch
+
+    from ..analysis.track import TrackOptions, eval_tokens, parse_metrics, scan
+    from ..analysis.track import track as run_track
+
+    if not runs:
+        fail("give at least one run directory or checkpoint", 2)
+    opts = TrackOptions(metrics=parse_metrics(metric), data=None if data is None else str(data), n_seq=n_seq,
+                        seq_len=seq_len, seed=seed, n_boot=n_boot, batch_size=batch_size, device=device)
+    if threads:
+        torch.set_num_threads(threads)
+    series = scan(runs, recipe=recipe, name=name, tokens_per_step=tokens_per_step)  # refuses before any write
+    check_out(out)
+    ev = eval_tokens(series, opts)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..io.atomic import atomic_write_text
+
+    out.mkdir(exist_ok=True)
+    (out / CACHE).mkdir(exist_ok=True)
+    if not (out / CACHE / ".gitignore").exists():
+        atomic_write_text(out / CACHE / ".gitignore", "# depthlens track cache: per-snapshot results, not for git\n*\n")
+    total = sum(len(s.snapshots) for s in series)
+    with Progress(TextColumn("[bold]track[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("analysing", total=total * len(opts.metrics))
+        ds = run_track(series, opts, out / CACHE, ev, progress=lambda d: bar.update(task, advance=1, description=d))
+    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metric", metric, "--out", str(out)]))
+    from ..report.track import track_rows
+
+    rows = track_rows(ds)
+    if as_json:
+        typer.echo(json.dumps(summary(ds), indent=1))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"{out} ({len(series)} run(s), {total} snapshots)")
+    for col in ("design", "L", "run", "snapshots", "tokens", *(["causal share"] if "causal_share" in ds else []),
+                *(["perm share"] if "perm_share" in ds else []), "val loss"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*r)
+    Console(width=160).print(t)
+    typer.echo(f"wrote {out / 'track.nc'}, {out / 'track.png'} and {out / 'README.md'}")
+
+
+def write_outputs(ds, out: Path, command: str) -> None:
+    """Dataset, figure and Markdown section, each written atomically."""
+    from ..analysis.dataset import write_netcdf
+    from ..analysis.plots import save_figure
+    from ..io.atomic import atomic_write_text
+    from ..report.track import fig_track, track_markdown
+
+    ds.attrs["history"] = f"{ds.attrs['history'].split(' ', 1)[0]} {command}"
+    write_netcdf(ds, out / "track.nc", overwrite=True)
+    save_figure(fig_track(ds), out / "track.png")
+    atomic_write_text(out / "README.md", track_markdown(ds, "track.png", heading="#"))
+
+
+def summary(ds) -> list[dict]:
+    """Per run: design, L, and per step the headline shares with CIs and the validation loss (JSON-safe)."""
+    import math
+
+    def f(v):
+        v = float(v)
+        return None if math.isnan(v) else v
+
+    out = []
+    for run in ds["run"].values:
+        sel = ds.sel(run=run)
+        keep = sel["snapshot"].values.astype(str) != ""
+        rec = {"run": str(run), "design": str(sel["design"].values), "n_layer": int(sel["n_layer"].values),
+               "step": [int(s) for s in sel["step"].values[keep]],
+               "tokens": [f(t) for t in sel["tokens"].values[keep]],
+               "val_loss": [f(v) for v in sel["val_loss"].values[keep]]}
+        for k in ("causal_share", "causal_ci_low", "causal_ci_high", "perm_share", "perm_ci_low", "perm_ci_high",
+                  "dead_prefix"):
+            if k in sel:
+                rec[k] = [f(v) for v in sel[k].values[keep]]
+        out.append(rec)
+    return out

@@ -1,0 +1,180 @@
+"""Depth over training: the figure and the Markdown section of a `depthlens track` dataset.
+
+    fig_track(ds)          rows: causal share, permutation share, erank, dead prefix (those present);
+                           columns: depth L; one line per run (design colour) with its 95% bootstrap CI band,
+                           validation loss dashed on a twin axis; x = training tokens (log).
+    track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from depthlens.report.figures import design_color, design_name
+
+# (variable, y label, CI prefix or None)
+ROWS = (
+    ("causal_share", "share of late pairs\nC > {causal_threshold:g}", "causal"),
+    ("perm_share", "share of late pairs\nP_abs > {perm_threshold:g} nat", "perm"),
+    ("erank", "effective rank of the\nfull mixing product", None),
+    ("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]", None),
+)
+
+
+def _x(ds: xr.Dataset, run: str) -> tuple[np.ndarray, str]:
+    """Training tokens when known for every snapshot of the run, else the step."""
+    tok = np.asarray(ds["tokens"].sel(run=run).values, dtype=float)
+    step = np.asarray(ds["step"].values, dtype=float)
+    have = _have(ds, run)
+    if have.any() and np.isfinite(tok[have]).all():
+        return tok, "training tokens"
+    return step, "step"
+
+
+def _have(ds: xr.Dataset, run: str) -> np.ndarray:
+    """Which steps of the shared `step` axis this run has a snapshot at (runs are outer-joined on step)."""
+    return np.asarray(ds["snapshot"].sel(run=run).values).astype(str) != ""
+
+
+def _row_values(ds: xr.Dataset, var: str, run: str) -> np.ndarray:
+    da = ds[var].sel(run=run)
+    if var == "erank":
+        da = da.sel(product="full") if "full" in da["product"].values else da.isel(product=0)
+    return np.asarray(da.values, dtype=float)
+
+
+def fig_track(ds: xr.Dataset) -> Any:
+    """The share-vs-tokens figure (a matplotlib Figure; the caller saves it)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    rows = [r for r in ROWS if r[0] in ds and np.isfinite(np.asarray(ds[r[0]].values, dtype=float)).any()]
+    if not rows:  # no share, rank or prefix to draw (e.g. --metric angular): the validation loss alone
+        rows = [("val_loss", "validation loss [nat]", None)]
+    depths = sorted({int(L) for L in ds["n_layer"].values})
+    fig, axes = plt.subplots(len(rows), len(depths), figsize=(5.6 * len(depths), 3.4 * len(rows)), squeeze=False,
+                             sharex="col")
+    fmt = {"causal_threshold": float(ds.attrs.get("causal_threshold", 0.45)),
+           "perm_threshold": float(ds.attrs.get("perm_threshold", 0.15)), "eps": float(ds.attrs.get("eps", 0.05))}
+    xlabel = "step"
+    for c, L in enumerate(depths):
+        runs = [str(r) for r, n in zip(ds["run"].values, ds["n_layer"].values) if int(n) == L]
+        for r, (var, ylabel, ci) in enumerate(rows):
+            ax = axes[r, c]
+            twin = ax.twinx() if var != "val_loss" and r < 2 else None
+            for run in runs:
+                slug = str(ds["design"].sel(run=run).values)
+                x, xlabel = _x(ds, run)
+                y = _row_values(ds, var, run)
+                ok = np.isfinite(x) & np.isfinite(y) & (x > 0)
+                if not ok.any():
+                    continue
+                col = design_color(slug)
+                ax.plot(x[ok], y[ok], marker="o", ms=3, color=col, label=f"{design_name(slug)} ({run})")
+                if ci is not None:
+                    lo, hi = (np.asarray(ds[f"{ci}_ci_{b}"].sel(run=run).values, dtype=float)[ok] for b in ("low", "high"))
+                    if np.isfinite(lo).any():
+                        ax.fill_between(x[ok], lo, hi, color=col, alpha=0.12, linewidth=0)
+                if twin is not None:
+                    v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
+                    okv = np.isfinite(x) & np.isfinite(v) & (x > 0)
+                    if okv.any():
+                        twin.plot(x[okv], v[okv], linestyle="--", linewidth=1, color=col, alpha=0.7)
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # minor log labels collide on short ranges
+            ax.set_ylabel(ylabel.format(**fmt))
+            if ci is not None:
+                ax.set_ylim(-0.02, 1.02)
+            if twin is not None:
+                twin.set_ylabel("validation loss [nat] (dashed)")
+            if r == 0:
+                ax.set_title(f"L = {L}")
+            if r == len(rows) - 1:
+                ax.set_xlabel(f"{xlabel} (log)")
+            if ax.get_legend_handles_labels()[0] and r == 0:
+                ax.legend(frameon=False, fontsize="x-small", loc="upper left")
+    fig.suptitle("Depth over training: late-layer use per design (95% bootstrap CI over eval sequences)")
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return "—"
+    return "—" if math.isnan(f) else format(f, spec)
+
+
+def _share(ds: xr.Dataset, prefix: str, run: str, k: int) -> str:
+    s = float(ds[f"{prefix}_share"].sel(run=run).values[k])
+    lo, hi = (float(ds[f"{prefix}_ci_{b}"].sel(run=run).values[k]) for b in ("low", "high"))
+    if math.isnan(s):
+        return "—"
+    ci = "" if math.isnan(lo) else f" [{100 * lo:.0f}, {100 * hi:.0f}]"
+    return f"{100 * s:.0f}%{ci}"
+
+
+def _first_reach(x: np.ndarray, y: np.ndarray, frac: float = 0.5) -> float:
+    """Smallest x at which y reaches `frac` of its final value (NaN if the final value is 0 or missing)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if y.size == 0 or y[-1] <= 0:
+        return float("nan")
+    hit = np.flatnonzero(y >= frac * y[-1])
+    return float(x[hit[0]])
+
+
+def track_rows(ds: xr.Dataset) -> list[list[str]]:
+    out = []
+    for run in (str(r) for r in ds["run"].values):
+        steps = np.asarray(ds["step"].values)
+        have = _have(ds, run)
+        idx = np.flatnonzero(have)
+        a, b = int(idx[0]), int(idx[-1])
+        x, _ = _x(ds, run)
+        row = [design_name(str(ds["design"].sel(run=run).values)), str(int(ds["n_layer"].sel(run=run))), run,
+               f"{len(idx)} ({int(steps[a])}–{int(steps[b])})", f"{_fmt(x[a], '.3g')} → {_fmt(x[b], '.3g')}"]
+        for prefix in ("causal", "perm"):
+            if f"{prefix}_share" in ds:
+                y = np.asarray(ds[f"{prefix}_share"].sel(run=run).values, dtype=float)
+                row.append(f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; half at "
+                           f"{_fmt(_first_reach(x[have], y[have]), '.3g')}")
+        v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
+        row.append(f"{_fmt(v[a])} → {_fmt(v[b])}")
+        out.append(row)
+    return out
+
+
+def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: str = "##") -> str:
+    """The "Depth over training" report section."""
+    head = ["design", "L", "run", "snapshots (steps)", "tokens first → last"]
+    for prefix, label in (("causal", f"C > {ds.attrs.get('causal_threshold', 0.45)}"),
+                          ("perm", f"P_abs > {ds.attrs.get('perm_threshold', 0.15)}")):
+        if f"{prefix}_share" in ds:
+            head.append(f"share {label} [95% CI], first → last; tokens to reach half the final share")
+    head.append("val loss first → last")
+    lines = [f"{heading} Depth over training", "",
+             "Every diagnostic on every training snapshot, on the same eval tokens "
+             f"({ds.attrs.get('eval_n_seq', '?')} sequences × {ds.attrs.get('eval_seq_len', '?')} tokens, "
+             f"sha256 {str(ds.attrs.get('eval_data_sha256', ''))[:12]}). Shares are over the late window "
+             f"(layers ≥ ⌊L/4⌋) with a 95% bootstrap CI over eval sequences; the last snapshot equals a "
+             "`depthlens report` of the final checkpoint.", ""]
+    if figure:
+        lines += [f"![depth over training]({figure})", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in track_rows(ds)]
+    pending = [s for s in json.loads(ds.attrs.get("series_json", "[]")) if s.get("pending")]
+    notes = json.loads(ds.attrs.get("notes_json", "[]"))
+    if pending or notes:
+        lines.append("")
+    for s in pending:
+        lines.append(f"- {s['run']}: still training (steps {s['pending']} requested, not yet written)")
+    for n in notes:
+        lines.append(f"- {n}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,289 @@
+"""`depthlens track`: snapshot series → one (run, step) dataset; last step == a direct analysis of the final
+checkpoint; resume skips done work; bad series refused with one line and nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+from typer.testing import CliRunner
+
+import depthlens
+from depthlens.analysis import track as T
+from depthlens.cli import app
+from depthlens.data.shards import write_shard
+from depthlens.data.tokenizers import ByteTokenizer
+from depthlens.models import ModelConfig, build_model
+from depthlens.training.config import RunConfig
+
+TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+        "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n")
+FAST = ["--n-seq", "4", "--seq-len", "16", "--n-boot", "40"]
+SNAP_STEPS = [2, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("corpus")
+    tok = ByteTokenizer()
+    doc = [tok.bos_id] + tok.encode(TEXT * 4)
+    write_shard(d / "train_000.bin", np.array(doc * 30))
+    write_shard(d / "val_000.bin", np.array(doc * 4))
+    (d / "eval.txt").write_text(TEXT * 6)
+    return d
+
+
+def train_run(corpus: Path, out: Path, arch: str = "preln", steps: int = 8, snapshots=SNAP_STEPS) -> RunConfig:
+    """Train a tiny model `steps` steps, writing trainer-format snapshots at `snapshots`."""
+    from depthlens.training.distributed import init_distributed
+    from depthlens.training.trainer import Trainer
+
+    cfg = RunConfig.from_dict(dict(model=dict(arch=arch, d_model=32, n_layer=4, n_head=2, vocab_size=257,
+                                              max_seq_len=32), data=str(corpus), seq_len=32, global_batch=4,
+                                   steps=steps, lr=3e-3, warmup=2, out=str(out), final_eval_batches=1,
+                                   name=out.name, threads=1))
+
+    def snap(step: int, rec: dict) -> None:
+        if step in snapshots:
+            d = out / "snapshots" / f"step_{step:07d}"
+            depthlens.save(tr.raw, d, extra_files={**tr.tokenizer_files(), "snapshot.json": json.dumps(
+                {"step": step, "tokens": step * cfg.tokens_per_step, "val_loss": tr.evaluate(1), "run": out.name})})
+
+    tr = Trainer(cfg, init_distributed("cpu"), snap)
+    tr.run()
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    return {arch: (train_run(corpus, root / f"{arch}_l4", arch), root / f"{arch}_l4")[1] for arch in ("preln", "hc")}
+
+
+def invoke(args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_error_line(r, code=1):
+    assert r.exit_code == code, (r.exit_code, r.output)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("depthlens: error:"), r.stderr
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# --- the recipe's requested steps ---------------------------------------------------------------------
+
+def test_requested_steps():
+    assert T.requested_steps({"steps": 100, "snapshot_every_log2": True}) == [16, 32, 64, 100]
+    assert T.requested_steps({"steps": 64, "snapshot_every_log2": True}) == [16, 32, 64]
+    assert T.requested_steps({"steps": 10, "snapshot_every_log2": True}) == [10]
+    assert T.requested_steps({"steps": 100, "snapshots": [64, 16, 32, 500]}) == [16, 32, 64]
+    assert T.requested_steps({"steps": 100}) is None
+
+
+# --- happy path: the last step is the final checkpoint's analysis -----------------------------------------
+
+def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
+    from depthlens.analysis import api
+    from depthlens.analysis.sweep import headline
+
+    out = tmp_path / "track"
+    r = invoke(["track", runs["preln"], "--metric", "causal,permutation,angular", "--out", out,
+                "--data", corpus / "eval.txt", *FAST, "--json"])
+    assert r.exit_code == 0, r.output
+    ds = xr.load_dataset(out / "track.nc")
+    assert list(ds["step"].values) == SNAP_STEPS and ds["run"].values.tolist() == ["preln_l4"]
+    assert ds["tokens"].sel(run="preln_l4").values.tolist() == [s * 4 * 32 for s in SNAP_STEPS]
+    assert ds.attrs["Conventions"] == "CF-1.11" and ds["causal_share"].attrs["units"] == "1"
+    assert (out / "track.png").stat().st_size > 10_000 and "Depth over training" in (out / "README.md").read_text()
+    summary = json.loads(r.stdout)
+    assert summary[0]["step"] == SNAP_STEPS and summary[0]["design"] == "preln"
+
+    final = runs["preln"] / "checkpoint"  # the trainer's export after the last step
+    last = runs["preln"] / "snapshots" / f"step_{SNAP_STEPS[-1]:07d}"
+    a, b = depthlens.load(final).model.state_dict(), depthlens.load(last).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    model, ck = api.load_model(final)
+    ev = api.eval_data_for(model, corpus / "eval.txt", ck, n_seq=4, seq_len=16, seed=0)
+    assert ev.sha256 == ds.attrs["eval_data_sha256"]
+    direct = api.causal(final, ev, variants=("current",), layers="all")
+    h = headline(direct, "causal", 0.45, n_boot=40, seed=0)
+    got = ds.sel(run="preln_l4", step=SNAP_STEPS[-1])
+    assert float(got["causal_share"]) == h["share"]
+    assert float(got["causal_ci_low"]) == h["ci_low"] and float(got["causal_ci_high"]) == h["ci_high"]
+    np.testing.assert_array_equal(got["causal_score"].values,
+                                  direct["causal_score"].sel(aggregator="max", variant="current").values)
+    perm = api.permutation(final, ev, pairs="late")
+    np.testing.assert_array_equal(got["perm_abs"].values, perm["perm_abs"].values)
+    assert float(got["perm_share"]) == headline(perm, "perm_abs", 0.15, n_boot=40, seed=0)["share"]
+    ang = api.angular(final, ev, positions="all")
+    np.testing.assert_array_equal(got["angular_profile"].values, ang["profile"].values)
+    # the first snapshot is a different model: the series is not one result repeated
+    assert not np.array_equal(ds["causal_score"].sel(run="preln_l4", step=2).values, got["causal_score"].values)
+
+
+def test_two_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
+    out = tmp_path / "both"
+    r = invoke(["track", runs["preln"], runs["hc"], "--metric", "causal,erank", "--out", out,
+                "--data", corpus / "eval.txt", *FAST])
+    assert r.exit_code == 0, r.output
+    ds = xr.load_dataset(out / "track.nc")
+    assert ds["design"].values.tolist() == ["preln", "hc"]
+    assert np.isnan(ds["erank"].sel(run="preln_l4")).all() and np.isfinite(ds["erank"].sel(run="hc_l4")).all()
+    parts = sorted(p.name for p in (out / "parts").rglob("*.nc"))
+    assert len(parts) == 3 * 1 + 3 * 2  # preln: causal; hc: causal + erank
+    evs = {xr.open_dataset(p).attrs["eval_data_sha256"] for p in (out / "parts").rglob("*.nc")}
+    assert evs == {ds.attrs["eval_data_sha256"]}
+
+
+# --- resume ---------------------------------------------------------------------------------------------
+
+def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
+    out = tmp_path / "t"
+    args = ["track", runs["preln"], "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST]
+    assert invoke(args).exit_code == 0
+    first = xr.load_dataset(out / "track.nc")
+    calls = []
+    real = T.engine
+
+    def counting(metric):
+        fn, kw = real(metric)
+        return (lambda *a, **k: calls.append(metric) or fn(*a, **k)), kw
+
+    monkeypatch.setattr(T, "engine", counting)
+    r = invoke(args)
+    assert r.exit_code == 0, r.output
+    assert calls == []  # everything came from parts/
+    xr.testing.assert_identical(first.drop_attrs(), xr.load_dataset(out / "track.nc").drop_attrs())
+    (out / "parts" / "preln_l4" / "step_0000004.causal.nc").unlink()
+    assert invoke(args).exit_code == 0
+    assert calls == ["causal"]  # only the missing snapshot
+    r = invoke([*args[:-6], "--n-seq", "5", "--seq-len", "16", "--n-boot", "40"])  # new eval tokens: all again
+    assert r.exit_code == 0 and calls == ["causal"] * 4
+
+
+# --- a list of checkpoints given in order ------------------------------------------------------------------
+
+def test_checkpoint_list_in_order(runs, corpus, tmp_path):
+    src = runs["preln"] / "snapshots"
+    ckpts = []
+    for s in SNAP_STEPS:  # HF-style local revisions: no snapshot.json, the step is in the name
+        d = tmp_path / "revs" / f"rev-step{s}"
+        shutil.copytree(src / f"step_{s:07d}", d)
+        (d / "snapshot.json").unlink()
+        ckpts.append(d)
+    out = tmp_path / "list"
+    r = invoke(["track", *ckpts, "--metric", "causal", "--out", out, "--tokens-per-step", "128",
+                "--data", corpus / "eval.txt", *FAST])
+    assert r.exit_code == 0, r.output
+    ds = xr.load_dataset(out / "track.nc")
+    assert ds["run"].values.tolist() == ["revs"] and list(ds["step"].values) == SNAP_STEPS
+    assert ds["tokens"].values.ravel().tolist() == [128.0 * s for s in SNAP_STEPS]
+    assert np.isnan(ds["val_loss"]).all()
+    one = xr.load_dataset(_track(runs["preln"], corpus, tmp_path / "ref"))
+    np.testing.assert_array_equal(ds["causal_score"].values, one["causal_score"].values)
+    r = invoke(["track", ckpts[1], ckpts[0], ckpts[2], "--metric", "causal", "--out", tmp_path / "bad"])
+    assert "steps must increase" in one_error_line(r) and not (tmp_path / "bad").exists()
+
+
+def _track(run: Path, corpus: Path, out: Path) -> Path:
+    r = invoke(["track", run, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST])
+    assert r.exit_code == 0, r.output
+    return out / "track.nc"
+
+
+# --- bad input: one line, exit 1, nothing written -----------------------------------------------------------
+
+def _mixed(run: Path, tmp: Path) -> Path:
+    bad = copy_run(run, tmp / "mixed")
+    m = build_model(ModelConfig.debug("hc", n_layer=4, d_model=32, n_head=2, vocab_size=257, max_seq_len=32))
+    d = bad / "snapshots" / "step_0000004"
+    meta = (d / "snapshot.json").read_text()
+    shutil.rmtree(d)
+    depthlens.save(m, d, extra_files={"snapshot.json": meta})
+    return bad
+
+
+def _gap(run: Path, tmp: Path) -> Path:
+    bad = copy_run(run, tmp / "gap")
+    shutil.rmtree(bad / "snapshots" / "step_0000004")
+    recipe = tmp / "recipe.json"
+    recipe.write_text(json.dumps({"steps": 8, "snapshots": SNAP_STEPS, "name": "preln_l4"}))
+    return bad
+
+
+def _unrequested(run: Path, tmp: Path) -> Path:
+    (tmp / "recipe.json").write_text(json.dumps({"steps": 8, "snapshots": [2, 8]}))
+    return run
+
+
+def _empty(run: Path, tmp: Path) -> Path:
+    (tmp / "empty").mkdir()
+    return tmp / "empty"
+
+
+def _empty_snapshots(run: Path, tmp: Path) -> Path:
+    (tmp / "es" / "snapshots").mkdir(parents=True)
+    return tmp / "es"
+
+
+def _step_mismatch(run: Path, tmp: Path) -> Path:
+    bad = copy_run(run, tmp / "mm")
+    p = bad / "snapshots" / "step_0000004" / "snapshot.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), "step": 5}))
+    return bad
+
+
+def _tokens_backwards(run: Path, tmp: Path) -> Path:
+    bad = copy_run(run, tmp / "tb")
+    p = bad / "snapshots" / "step_0000008" / "snapshot.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), "tokens": 1}))
+    return bad
+
+
+@pytest.mark.parametrize("make, needle", [
+    (_empty, "no snapshots"), (_empty_snapshots, "no snapshots"), (_mixed, "mixed architectures"),
+    (_gap, "gap in steps: step 4"), (_unrequested, "step 4 was not requested"),
+    (_step_mismatch, "does not match"), (_tokens_backwards, "tokens go backwards"),
+])
+def test_bad_series_one_line_nothing_written(runs, tmp_path, make, needle):
+    src = make(runs["preln"], tmp_path)
+    extra = ["--recipe", tmp_path / "recipe.json"] if (tmp_path / "recipe.json").exists() else []
+    out = tmp_path / "out"
+    line = one_error_line(invoke(["track", src, "--metric", "causal", "--out", out, *extra, *FAST]))
+    assert needle in line, line
+    assert not out.exists()
+
+
+def test_bad_metric_and_foreign_out_dir(runs, tmp_path):
+    one_error_line(invoke(["track", runs["preln"], "--metric", "causal,nope", "--out", tmp_path / "o"]), 2)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    line = one_error_line(invoke(["track", runs["preln"], "--metric", "causal", "--out", tmp_path / "busy", *FAST]))
+    assert "not a track output directory" in line and sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+
+
+def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
+    """A run still training (requested steps after the last snapshot) is tracked and says so."""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"runs": {"preln_l4": {"steps": 16, "snapshots": [*SNAP_STEPS, 16]}}}))
+    out = tmp_path / "o"
+    r = invoke(["track", runs["preln"], "--metric", "angular", "--recipe", recipe, "--out", out,
+                "--data", corpus / "eval.txt", *FAST])
+    assert r.exit_code == 0, r.output
+    text = (out / "README.md").read_text()
+    assert "preln_l4: still training (steps [16] requested" in text and (out / "track.png").is_file()
+    ds = xr.load_dataset(out / "track.nc")
+    assert ds["angular_profile"].dims == ("run", "step", "state") and json.loads(
+        str(ds["requested_steps"].values[0])) == [*SNAP_STEPS, 16]
