@@ -38,24 +38,16 @@ def corpus(tmp_path_factory) -> Path:
     return d
 
 
-def train_run(corpus: Path, out: Path, arch: str = "preln", steps: int = 8, snapshots=SNAP_STEPS) -> RunConfig:
-    """Train a tiny model `steps` steps, writing trainer-format snapshots at `snapshots`."""
-    from depthlens.training.distributed import init_distributed
-    from depthlens.training.trainer import Trainer
+def train_run(corpus: Path, out: Path, arch: str = "preln", steps: int = 8, **snap) -> RunConfig:
+    """Train a tiny model `steps` steps with the trainer's analysis snapshots (default: at SNAP_STEPS)."""
+    from depthlens.training.trainer import train
 
     cfg = RunConfig.from_dict(dict(model=dict(arch=arch, d_model=32, n_layer=4, n_head=2, vocab_size=257,
                                               max_seq_len=32), data=str(corpus), seq_len=32, global_batch=4,
                                    steps=steps, lr=3e-3, warmup=2, out=str(out), final_eval_batches=1,
-                                   name=out.name, threads=1))
-
-    def snap(step: int, rec: dict) -> None:
-        if step in snapshots:
-            d = out / "snapshots" / f"step_{step:07d}"
-            depthlens.save(tr.raw, d, extra_files={**tr.tokenizer_files(), "snapshot.json": json.dumps(
-                {"step": step, "tokens": step * cfg.tokens_per_step, "val_loss": tr.evaluate(1), "run": out.name})})
-
-    tr = Trainer(cfg, init_distributed("cpu"), snap)
-    tr.run()
+                                   snapshot_eval_batches=1, name=out.name, threads=1,
+                                   **(snap or {"snapshots": SNAP_STEPS})))
+    train(cfg)
     return cfg
 
 
@@ -82,14 +74,29 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-# --- the recipe's requested steps ---------------------------------------------------------------------
+# --- the trainer's snapshots: the format `track` reads, at the requested steps only ---------------------
 
 def test_requested_steps():
-    assert T.requested_steps({"steps": 100, "snapshot_every_log2": True}) == [16, 32, 64, 100]
-    assert T.requested_steps({"steps": 64, "snapshot_every_log2": True}) == [16, 32, 64]
-    assert T.requested_steps({"steps": 10, "snapshot_every_log2": True}) == [10]
-    assert T.requested_steps({"steps": 100, "snapshots": [64, 16, 32, 500]}) == [16, 32, 64]
+    assert T.requested_steps({"steps": 100, "snapshot_every_log2": True}) == [0, 16, 32, 64, 100]
+    assert T.requested_steps({"steps": 64, "snapshot_every_log2": True}) == [0, 16, 32, 64]
+    assert T.requested_steps({"steps": 10, "snapshot_every_log2": True}) == [0, 10]
+    assert T.requested_steps({"steps": 100, "snapshots": [64, 16, 32]}) == [16, 32, 64]
     assert T.requested_steps({"steps": 100}) is None
+
+
+def test_trainer_snapshots_at_requested_steps_only(corpus, tmp_path):
+    cfg = train_run(corpus, tmp_path / "log2", steps=20, snapshot_every_log2=True)
+    snaps = sorted((tmp_path / "log2" / "snapshots").iterdir())
+    assert [p.name for p in snaps] == ["step_0000000", "step_0000016", "step_0000020"]  # 0, 2^4, the last step
+    assert [p.name for p in snaps] == [f"step_{s:07d}" for s in T.requested_steps(cfg.to_dict())]
+    for p in snaps:
+        rec = json.loads((p / "snapshot.json").read_text())
+        step = int(p.name.split("_")[1])
+        assert rec["step"] == step and rec["tokens"] == step * 4 * 32 and rec["run"] == "log2"
+        assert np.isfinite(rec["val_loss"]) and depthlens.load(p).config.arch == "preln"
+    series = T.scan([tmp_path / "log2"])[0]  # the recipe is found in the run's checkpoint/train.json
+    assert series.requested == [0, 16, 20] and series.requested_from.endswith("train.json")
+    assert [s.step for s in series.snapshots] == [0, 16, 20] and series.pending == []
 
 
 # --- happy path: the last step is the final checkpoint's analysis -----------------------------------------
@@ -215,11 +222,9 @@ def _mixed(run: Path, tmp: Path) -> Path:
     return bad
 
 
-def _gap(run: Path, tmp: Path) -> Path:
+def _gap(run: Path, tmp: Path) -> Path:  # the requested steps come from the run's own checkpoint/train.json
     bad = copy_run(run, tmp / "gap")
     shutil.rmtree(bad / "snapshots" / "step_0000004")
-    recipe = tmp / "recipe.json"
-    recipe.write_text(json.dumps({"steps": 8, "snapshots": SNAP_STEPS, "name": "preln_l4"}))
     return bad
 
 

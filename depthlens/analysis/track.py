@@ -32,22 +32,23 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import xarray as xr
 
+from depthlens.analysis import registry
 from depthlens.errors import DepthlensError
 
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
 SNAPSHOT_DIR = re.compile(r"^step_(\d+)$")
 STEP_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:global_)?step[_-]?0*(\d+)", re.IGNORECASE)
-LOG2_FIRST = 16  # snapshot_every_log2: powers of two from here, plus the final step
-
-METRICS = ("causal", "permutation", "erank", "attnres", "angular")
-SHARE_METRICS = {"causal": "causal", "permutation": "perm_abs"}  # track metric -> sweep.METRICS key
-DEAD_PREFIX_EPS = 0.05
+METRICS = ("causal", "permutation", "erank", "attnres", "angular")  # names here; the registry knows the aliases
+DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column
+# engine options on top of the registry's report_opts: the same as `depthlens report` (ReportOptions defaults)
+REPORT_EXTRA = {"causal": {"layers": "all"}, "permutation": {"pairs": "late"}}
 HF_SIGNATURE = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size", "n_layer", "n_embd", "n_head")
 
@@ -86,22 +87,16 @@ class Series:
 
 
 def requested_steps(recipe: Mapping[str, Any]) -> list[int] | None:
-    """The snapshot steps a recipe asks for: `snapshots: [16, 32, ...]` (explicit, capped at `steps`) or
-    `snapshot_every_log2: true` (powers of two >= 16 below `steps`, plus `steps`); None if it asks for none."""
-    total = recipe.get("steps")
-    explicit = recipe.get("snapshots")
-    if explicit:
-        steps = sorted({int(s) for s in explicit})
-        return [s for s in steps if total is None or s <= int(total)]
-    if recipe.get("snapshot_every_log2"):
-        if total is None:
-            return None
-        total, out, k = int(total), [], LOG2_FIRST
-        while k < total:
-            out.append(k)
-            k *= 2
-        return out + [total]
-    return None
+    """The snapshot steps a recipe asks for (`snapshots: [...]` and/or `snapshot_every_log2: true`), by the
+    trainer's own rule `RunConfig.snapshot_steps` applied to those fields (a full RunConfig would also need
+    every other field valid); None if it asks for none or does not say how many steps it trains."""
+    from depthlens.training.config import RunConfig
+
+    if not (recipe.get("snapshots") or recipe.get("snapshot_every_log2")) or recipe.get("steps") is None:
+        return None
+    fields = SimpleNamespace(snapshots=[int(s) for s in recipe.get("snapshots") or []], steps=int(recipe["steps"]),
+                             snapshot_every_log2=bool(recipe.get("snapshot_every_log2")))
+    return list(RunConfig.snapshot_steps.fget(fields))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -181,13 +176,10 @@ def signature(path: Path) -> dict[str, Any]:
             return {"kind": "hf", **{k: raw[k] for k in HF_SIGNATURE if k in raw}}
         raise _fail(f"{cfg_path}: neither a depthlens nor a Hugging Face config")
     if path.is_file():
-        from depthlens.adapters import load_any
+        from depthlens.adapters.load import gguf_header
 
-        model, _meta = load_any(path)
-        cfg = getattr(model, "config", None)
-        return {"kind": "file", "design": getattr(getattr(model, "design", None), "slug", "?"),
-                "n_layer": int(model.n_layer), "d_model": getattr(cfg, "d_model", None),
-                "vocab_size": getattr(cfg, "vocab_size", None)}
+        head = gguf_header(path)  # a GGUF file: its header, nothing dequantised
+        return {"kind": "gguf", "architecture": head["architecture"], "n_layer": head["n_layer"]}
     raise _fail(f"{path}: no such file or directory")
 
 
@@ -197,7 +189,7 @@ def describe(sig: Mapping[str, Any]) -> str:
     if sig.get("kind") == "hf":
         return f"{sig.get('model_type')} L={sig.get('num_hidden_layers', sig.get('n_layer'))} " \
                f"d={sig.get('hidden_size', sig.get('n_embd'))}"
-    return f"{sig.get('design')} L={sig.get('n_layer')} d={sig.get('d_model')}"
+    return f"{sig.get('architecture')} L={sig.get('n_layer')}"
 
 
 def _check_same_arch(paths: Sequence[Path], sigs: Sequence[dict[str, Any]], where: str) -> dict[str, Any]:
@@ -329,8 +321,8 @@ class TrackOptions:
     batch_size: int | None = None  # max rows per forward (memory knob; results do not depend on it)
     device: str = "cpu"  # where the engines run
     window: str = "quarter"  # late-window start of the headline shares
-    causal_threshold: float = 0.45  # headline θ on the causal score (max aggregator, current variant)
-    perm_threshold: float = 0.15  # headline θ on P_abs [nats]
+    causal_threshold: float = registry.score("causal").theta  # headline θ on C (max aggregator, current variant)
+    perm_threshold: float = registry.score("perm_abs").theta  # headline θ on P_abs [nats]
     eps: float = DEAD_PREFIX_EPS  # AttnRes dead-prefix threshold reported per step
 
     def as_dict(self) -> dict[str, Any]:
@@ -340,7 +332,8 @@ class TrackOptions:
 
 
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    """'causal,erank' (registry aliases too: perm, rank, ...) → the canonical-order tuple of METRICS."""
+    names = [_track_name(s.strip()) for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     bad = [n for n in names if n not in METRICS]
     if bad or not names:
         err = ValueError(f"--metric: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
@@ -350,24 +343,27 @@ def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(m for m in METRICS if m in names)
 
 
-def applies(metric: str, slug: str) -> bool:
-    """erank: multi-stream designs; attnres: Full/Block AttnRes (as in the report)."""
-    from depthlens.report.build import applies as report_applies
+def _track_name(name: str) -> str:
+    try:
+        canonical = registry.get(name).name
+    except DepthlensError:
+        return name
+    return {"rank": "erank"}.get(canonical, canonical)
 
-    return report_applies({"erank": "rank"}.get(metric, metric), slug)
+
+def diagnostic(metric: str) -> registry.Diagnostic:
+    return registry.get(metric)  # "erank" is an alias of the registry's "rank"
+
+
+def applies(metric: str, slug: str) -> bool:
+    """erank: multi-stream designs; attnres: depth-softmax designs (the registry's capability flags)."""
+    return diagnostic(metric).applies(slug)
 
 
 def engine(metric: str) -> tuple[Callable[..., xr.Dataset], dict[str, Any]]:
     """The engine of `metric` and the options it runs with (the same as `depthlens report`)."""
-    from depthlens.analysis import angular, attnres, causal, permutation, rank
-
-    return {
-        "causal": (causal.causal_scores, {"variants": ("current",), "layers": "all"}),
-        "permutation": (permutation.permutation_scores, {"pairs": "late", "swap": "body"}),
-        "erank": (rank.effective_rank_dataset, {}),
-        "attnres": (attnres.attnres_dataset, {}),
-        "angular": (angular.angular_distances, {"positions": "all"}),
-    }[metric]
+    d = diagnostic(metric)
+    return registry.resolve(d.engine), {**d.report_opts, **REPORT_EXTRA.get(metric, {})}
 
 
 def weights_id(path: Path) -> str:
@@ -471,22 +467,19 @@ def _noop(_: str) -> None:
     pass
 
 
-def tokenizer_name(path: Path) -> str:
-    from depthlens.adapters import tokenizer_for
-
-    tok = tokenizer_for(path) if path.is_dir() else None
-    return str(getattr(tok, "name", "bytes")) if tok is not None else "bytes"
-
-
 def eval_tokens(series: Sequence[Series], opts: TrackOptions):
     """One EvalData for every snapshot of every series (same tokenizer required), built from the first
     snapshot; seq_len = min(128, the smallest max_seq_len) unless given."""
-    from depthlens.analysis.api import eval_data_for, load_model
+    from depthlens.analysis.api import _tokenizer_for, eval_data_for, load_model
 
-    names = {tokenizer_name(s.snapshots[0].path) for s in series}
-    if len(names) > 1:
-        raise _fail(f"the series use different tokenizers ({', '.join(sorted(names))}); one eval set needs one "
-                    "tokenizer: track them separately")
+    names = {}
+    for s in series:  # the first snapshot of each series: its tokenizer as the loader found it
+        m, c = load_model(s.snapshots[0].path, device=opts.device)
+        tok = _tokenizer_for(c, m)
+        names[s.name] = str(getattr(tok, "name", tok))
+        if len(set(names.values())) > 1:
+            raise _fail(f"the series use different tokenizers ({', '.join(f'{k}: {v}' for k, v in names.items())}); "
+                        "one eval set needs one tokenizer: track them separately")
     model, ck = load_model(series[0].snapshots[0].path, device=opts.device)
     max_lens = [s.signature.get("max_seq_len") for s in series]
     max_lens = [int(m) for m in max_lens if isinstance(m, int)]

@@ -2,7 +2,7 @@
 
     fig_track(ds)          rows: causal share, permutation share, erank, dead prefix (those present);
                            columns: depth L; one line per run (design colour) with its 95% bootstrap CI band,
-                           validation loss dashed on a twin axis; x = training tokens (log).
+                           validation loss dashed on a twin axis; x = training tokens (symlog: init at 0).
     track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot.
 """
 
@@ -48,6 +48,13 @@ def _row_values(ds: xr.Dataset, var: str, run: str) -> np.ndarray:
     return np.asarray(da.values, dtype=float)
 
 
+def _linthresh(ds: xr.Dataset) -> float:
+    """The smallest positive x over all runs (tokens, else steps): the end of symlog's linear part."""
+    xs = np.concatenate([_x(ds, str(r))[0] for r in ds["run"].values])
+    pos = xs[np.isfinite(xs) & (xs > 0)]
+    return float(pos.min()) if pos.size else 1.0
+
+
 def fig_track(ds: xr.Dataset) -> Any:
     """The share-vs-tokens figure (a matplotlib Figure; the caller saves it)."""
     import matplotlib.pyplot as plt
@@ -71,7 +78,7 @@ def fig_track(ds: xr.Dataset) -> Any:
                 slug = str(ds["design"].sel(run=run).values)
                 x, xlabel = _x(ds, run)
                 y = _row_values(ds, var, run)
-                ok = np.isfinite(x) & np.isfinite(y) & (x > 0)
+                ok = np.isfinite(x) & np.isfinite(y) & (x >= 0)
                 if not ok.any():
                     continue
                 col = design_color(slug)
@@ -82,10 +89,11 @@ def fig_track(ds: xr.Dataset) -> Any:
                         ax.fill_between(x[ok], lo, hi, color=col, alpha=0.12, linewidth=0)
                 if twin is not None:
                     v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
-                    okv = np.isfinite(x) & np.isfinite(v) & (x > 0)
+                    okv = np.isfinite(x) & np.isfinite(v) & (x >= 0)
                     if okv.any():
                         twin.plot(x[okv], v[okv], linestyle="--", linewidth=1, color=col, alpha=0.7)
-            ax.set_xscale("log")
+            # symlog: the step-0 snapshot (init) sits at 0, linear up to the first positive x, log beyond
+            ax.set_xscale("symlog", linthresh=_linthresh(ds))
             ax.xaxis.set_minor_formatter(NullFormatter())  # minor log labels collide on short ranges
             ax.set_ylabel(ylabel.format(**fmt))
             if ci is not None:
@@ -95,7 +103,7 @@ def fig_track(ds: xr.Dataset) -> Any:
             if r == 0:
                 ax.set_title(f"L = {L}")
             if r == len(rows) - 1:
-                ax.set_xlabel(f"{xlabel} (log)")
+                ax.set_xlabel(f"{xlabel} (log; 0 = initialisation)")
             if ax.get_legend_handles_labels()[0] and r == 0:
                 ax.legend(frameon=False, fontsize="x-small", loc="upper left")
     fig.suptitle("Depth over training: late-layer use per design (95% bootstrap CI over eval sequences)")
