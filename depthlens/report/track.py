@@ -66,8 +66,7 @@ def fig_track(ds: xr.Dataset) -> Any:
     depths = sorted({int(L) for L in ds["n_layer"].values})
     fig, axes = plt.subplots(len(rows), len(depths), figsize=(5.6 * len(depths), 3.4 * len(rows)), squeeze=False,
                              sharex="col")
-    fmt = {"causal_threshold": float(ds.attrs.get("causal_threshold", 0.45)),
-           "perm_threshold": float(ds.attrs.get("perm_threshold", 0.15)), "eps": float(ds.attrs.get("eps", 0.05))}
+    fmt = {k: float(ds.attrs[k]) for k in ("causal_threshold", "perm_threshold", "eps")}  # the options of the run
     xlabel = "step"
     for c, L in enumerate(depths):
         runs = [str(r) for r, n in zip(ds["run"].values, ds["n_layer"].values) if int(n) == L]
@@ -82,7 +81,7 @@ def fig_track(ds: xr.Dataset) -> Any:
                 if not ok.any():
                     continue
                 col = design_color(slug)
-                ax.plot(x[ok], y[ok], marker="o", ms=3, color=col, label=f"{design_name(slug)} ({run})")
+                ax.plot(x[ok], y[ok], marker="o", ms=3, color=col, label=design_name(slug))
                 if ci is not None:
                     lo, hi = (np.asarray(ds[f"{ci}_ci_{b}"].sel(run=run).values, dtype=float)[ok] for b in ("low", "high"))
                     if np.isfinite(lo).any():
@@ -104,10 +103,17 @@ def fig_track(ds: xr.Dataset) -> Any:
                 ax.set_title(f"L = {L}")
             if r == len(rows) - 1:
                 ax.set_xlabel(f"{xlabel} (log; 0 = initialisation)")
-            if ax.get_legend_handles_labels()[0] and r == 0:
-                ax.legend(frameon=False, fontsize="x-small", loc="upper left")
+    from matplotlib.lines import Line2D
+
+    legend = {}  # one entry per design over all panels, below the grid
+    for ax in axes.ravel():
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(lab, h)
+    legend["validation loss (right axis)"] = Line2D([], [], color="0.3", linestyle="--", linewidth=1)
     fig.suptitle("Depth over training: late-layer use per design (95% bootstrap CI over eval sequences)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 if len(rows) > 1 else 0.08, 1, 1))
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(len(legend), 6), frameon=False,
+               fontsize="small")
     return fig
 
 
@@ -162,8 +168,8 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
 def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: str = "##") -> str:
     """The "Depth over training" report section."""
     head = ["design", "L", "run", "snapshots (steps)", "tokens first → last"]
-    for prefix, label in (("causal", f"C > {ds.attrs.get('causal_threshold', 0.45)}"),
-                          ("perm", f"P_abs > {ds.attrs.get('perm_threshold', 0.15)}")):
+    for prefix, label in (("causal", f"C > {ds.attrs['causal_threshold']:g}"),
+                          ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat")):
         if f"{prefix}_share" in ds:
             head.append(f"share {label} [95% CI], first → last; tokens to reach half the final share")
     head.append("val loss first → last")
