@@ -294,6 +294,17 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
         gb = float(ds["gain_bwd"].sel(sel)) if "gain_bwd" in ds else float("nan")
         h[f"erank_{p}"], h[f"gain_fwd_{p}"], h[f"gain_bwd_{p}"] = v, gf, gb
         lines.append(f"  {p:>12}: erank {v:.3f}   Amax gain fwd {gf:.3g} / bwd {gb:.3g}")
+    if "structural_zero_grad" in ds:
+        frozen = [int(j) for j in ds["sublayer"].values[ds["structural_zero_grad"].values.astype(bool)]]
+        h["structural_zero_grad_sublayers"] = frozen
+        if frozen:
+            lines.append(f"  maps that cannot receive gradient (stay at their init): sublayers {frozen}; "
+                         "'interior' leaves out the first and last")
+    init = getattr(model.config, "mhc_init", None) if getattr(model.design, "slug", "") == "mhc" else None
+    if init is not None:
+        h["mhc_init"] = init
+        lines.append(f"  mHC init: {init}" + (" (H_res = J/n at init: products are rank 1 by construction)"
+                                               if init == "zero" else ""))
     lines.append(f"dataset: {path}")
     emit(h, as_json, lines)
 
@@ -319,11 +330,19 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
     write(ds, path, ow, _cmdline("attnres", ckpt))
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
+    by_eps = {f"{float(e):g}": int(ds["dead_prefix"].sel(eps=e)) for e in ds["eps"].values}
     h = {"metric": "attnres", "checkpoint": str(ckpt), "design": getattr(model.design, "slug", "?"),
-         "n_layer": int(model.n_layer), "eps": eps, "dead_prefix": k, "self_weight": sw, "out": str(path)}
+         "n_layer": int(model.n_layer), "eps": eps, "dead_prefix": k, "dead_prefix_by_eps": by_eps,
+         "self_weight": sw, "out": str(path)}
+    if getattr(model.config, "arch", None) == "block_attnres":
+        h["block_starts"] = list(model.config.block_starts)
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): AttnRes self-weight per layer",
              "  " + " ".join("  nan" if math.isnan(x) else f"{x:.3f}" for x in sw),
-             f"dead prefix k*({eps}) = {k} layer(s)", f"dataset: {path}"]
+             f"dead prefix k*({eps}) = {k} layer(s)",
+             "  k*(ε) over the grid: " + ", ".join(f"ε={e}: {v}" for e, v in by_eps.items())]
+    if "block_starts" in h:
+        lines.append(f"  block starts: {h['block_starts']}")
+    lines.append(f"dataset: {path}")
     emit(h, as_json, lines)
 
 
