@@ -164,7 +164,9 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
 
     try:
         with atomic_target(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight")
+            # the creator tag lets `--overwrite` recognise the file as ours (depthlens.io.atomic.recognise)
+            tag = {"png": {"Software": "depthlens"}, "pdf": {"Creator": "depthlens"}, "svg": {"Creator": "depthlens"}}
+            fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight", metadata=tag.get(fmt))
     finally:
         plt.close(fig)
     return path

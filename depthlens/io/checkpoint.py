@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DepthlensError
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -125,41 +123,34 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
 
 def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = None,
          extra_files: dict[str, str | bytes] | None = None, overwrite: bool = False) -> Path:
-    """Write a checkpoint directory atomically (temp dir in the same parent, then rename)."""
+    """Write a checkpoint directory atomically (depthlens.io.atomic.atomic_dir: temp dir in the same parent,
+    then a recoverable swap). `overwrite` replaces only an existing depthlens checkpoint, never another
+    directory or file."""
     from safetensors.torch import save_file
 
     from .._version import __version__
+    from .atomic import atomic_dir
 
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise CheckpointError(f"{path}: already exists (pass overwrite=True to replace it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight", None)
     for k, v in sd.items():
         if v.is_floating_point() and not bool(v.isfinite().all()):
             raise CheckpointError(f"refusing to save: tensor {k} contains NaN or Inf values")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        save_file(sd, str(tmp / WEIGHTS), metadata={"format": "pt", "depthlens_version": __version__})
-        meta = {"depthlens_version": __version__, "model": model.config.to_dict()}
-        (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if train is not None:
-            (tmp / TRAIN).write_text(json.dumps(_jsonable(train), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        for name, content in (extra_files or {}).items():
-            (tmp / name).write_bytes(content.encode() if isinstance(content, str) else content)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(path, overwrite=overwrite, kinds=("checkpoint",), flag="overwrite=True") as tmp:
+            save_file(sd, str(tmp / WEIGHTS), metadata={"format": "pt", "depthlens_version": __version__})
+            meta = {"depthlens_version": __version__, "model": model.config.to_dict()}
+            (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            if train is not None:
+                (tmp / TRAIN).write_text(json.dumps(_jsonable(train), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            for name, content in (extra_files or {}).items():
+                (tmp / name).write_bytes(content.encode() if isinstance(content, str) else content)
+    except CheckpointError:
         raise
+    except DepthlensError as e:
+        raise CheckpointError(str(e)) from None
     return path
 
 

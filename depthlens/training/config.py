@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from ..models.config import ModelConfig
 
 SCHEDULES = ("wsd", "cosine")
+RUN_FILES = ("resume", ".resume.new", ".resume.old", "log.jsonl", "snapshots")  # what <out> holds besides the export
 DTYPES = ("fp32", "bf16")
 
 # Fields that shape the optimisation trajectory: a resume must match them exactly (micro_batch and the
@@ -127,6 +128,12 @@ class RunConfig:
                                                       for s in self.snapshots),
              "snapshots", f"must be a list of steps in [0, steps={self.steps}], got {self.snapshots!r}")
         need(isinstance(self.snapshot_every_log2, bool), "snapshot_every_log2", "must be true or false")
+        out, export = Path(self.out).resolve(), self.export_dir.resolve()
+        inside = out in export.parents  # fine only as a new entry of <out> (the default <out>/checkpoint)
+        need(export != out and export not in out.parents and (not inside or (export.parent == out and
+                                                                          export.name not in RUN_FILES)),
+             "export", f"{self.export!r} would replace the run directory {self.out!r} or its resume state/log; "
+             "export to a path of its own (or leave it empty for <out>/checkpoint)")
 
     # ---------------------------------------------------------------------------------------------
     def model_config(self) -> ModelConfig:

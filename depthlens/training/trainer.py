@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,14 +38,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.shards import TokenDataset, batch_indices
+from ..io.atomic import atomic_write_text
 from ..models.model import build_model
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
 from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, clip_grad_norm, full_model_state, full_state,
-                          grad_sync, init_distributed, load_full_state, shutdown, sync_replicated_grads, wrap_model)
+                          grad_sync, init_distributed, load_full_state, shutdown, sync_replicated_grads, unused_parameters,
+                          wrap_model)
 from .schedule import lr_at
+from .state import STATE_JSON, STATE_TENSORS, check_complete, has_state, read_meta, read_state, write_state  # noqa: F401
 
-STATE_TENSORS = "state.safetensors"
-STATE_JSON = "state.json"
 LOG = "log.jsonl"
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
@@ -147,14 +147,12 @@ def evaluate(model: nn.Module, data: str | os.PathLike | TokenDataset, seq_len: 
 
 
 # -------------------------------------------------------------------------------------------------
-# resume state: safetensors for tensors, JSON for the rest, swapped in atomically
+# resume state: safetensors for tensors, JSON for the rest, with a checksummed manifest (state.py)
 
 
 def save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
                dist: DistInfo) -> None:
     """Every rank joins the gather (FSDP); rank 0 writes <path>/ as a whole directory swap."""
-    from safetensors.torch import save_file
-
     model_sd, optim_sd = full_state(model, optimizer)
     if not dist.is_main:
         barrier(dist)
@@ -166,30 +164,18 @@ def save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, m
     tensors["rng/cpu"] = torch.get_rng_state()
     if dist.device.type == "cuda":
         tensors["rng/cuda"] = torch.cuda.get_rng_state(dist.device)
-    meta = {**meta, "param_groups": optim_sd["param_groups"]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        save_file(tensors, str(tmp / STATE_TENSORS))
-        (tmp / STATE_JSON).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        old = path.with_name(f".{path.name}.old")
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)  # the only moment the state changes: either the old or the new one is complete
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    write_state(path, tensors, {**meta, "param_groups": optim_sd["param_groups"]})
     barrier(dist)
 
 
 def load_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo) -> dict[str, Any]:
-    """Restore model, optimizer and RNG from <path>; returns the JSON metadata (step, trajectory, ...)."""
-    from safetensors.torch import load_file
-
-    meta = json.loads((path / STATE_JSON).read_text(encoding="utf-8"))
-    tensors = load_file(str(path / STATE_TENSORS))
+    """Restore model, optimizer and RNG from <path> after checking it against its manifest and against
+    this run's model; returns the JSON metadata (step, trajectory, ...)."""
+    tensors, meta = read_state(path)
+    raw = getattr(model, "module", model)  # DDP wraps; FSDP2 keeps the module (and its global shapes)
+    trainable = {n for n, p in raw.named_parameters() if p.requires_grad}
+    updated = trainable - set(unused_parameters(raw, dist.device)) if meta.get("step") else trainable
+    check_complete(path, tensors, meta, {k: tuple(v.shape) for k, v in raw.state_dict().items()}, trainable, updated)
     model_sd = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     state: dict[str, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
@@ -299,9 +285,8 @@ class Trainer:
         """After a resume at `step`, drop log lines of steps the killed run did past its last save."""
         path = self.out / LOG
         if self.dist.is_main and path.exists():
-            keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= step]
-            path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+            keep = [ln for ln in path.read_text(encoding="utf-8").splitlines() if _log_step(ln) <= step]
+            atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
     def state_meta(self) -> dict[str, Any]:
         return {"step": self.step, "elapsed_s": self.elapsed, "last_val": self.last_val, "world": self.dist.world,
@@ -312,9 +297,9 @@ class Trainer:
 
     def maybe_resume(self) -> None:
         path = self.out / "resume"
-        if not (self.cfg.resume and (path / STATE_JSON).exists()):
+        if not (self.cfg.resume and has_state(path)):  # has_state repairs an interrupted swap first
             return
-        meta = json.loads((path / STATE_JSON).read_text(encoding="utf-8"))
+        meta = read_meta(path)
         if meta["trajectory"] != self.cfg.trajectory():
             diff = sorted(k for k in meta["trajectory"] if meta["trajectory"][k] != self.cfg.trajectory().get(k))
             raise ValueError(f"{path}: resume state was written by a different run (differs in: {', '.join(diff)}); "
@@ -430,6 +415,15 @@ class Trainer:
             "world_size": self.dist.world, "device": str(self.dist.device), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "git_sha": _git_sha(),
         }
+
+
+def _log_step(line: str) -> float:
+    """The step of a log line; +inf for a blank or partial line (a kill in the middle of an append)."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        return math.inf
+    return rec.get("step", 0) if isinstance(rec, dict) else math.inf
 
 
 def _git_sha() -> str | None:
