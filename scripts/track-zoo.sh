@@ -9,12 +9,14 @@
 # Runs without snapshots are listed and skipped; with none at all it says how to get them and exits 0.
 # Env: RUNS (default .cache/depthlens/runs/zoo), OUT (default reports/track), RECIPE (the recipe the runs were
 # trained with, to check the requested snapshot steps; default: the committed recipe that names the runs),
-# SKIP_SETUP=1 (do not run scripts/setup.sh), DEPTHLENS (default .venv/bin/depthlens).
+# JOBS (runs analysed in parallel, one thread each; default: the CPU count, at most 4), SKIP_SETUP=1 (do not run
+# scripts/setup.sh), DEPTHLENS (default .venv/bin/depthlens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-.cache/depthlens/runs/zoo}
 OUT=${OUT:-reports/track}
 DEPTHLENS=${DEPTHLENS:-.venv/bin/depthlens}
+JOBS=${JOBS:-$(n=$(nproc 2>/dev/null || echo 1); echo $(( n < 4 ? n : 4 )))}
 export MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 names=()
@@ -68,6 +70,26 @@ EOF
 )
 fi
 [ -n "${RECIPE:-}" ] && rec=(--recipe "$RECIPE")
+# a run whose series is refused (a gap, a stray step, mixed configs: one line each) is skipped, not fatal
+ok=()
+for r in "${have[@]}"; do
+  if msg=$("$DEPTHLENS" track "$r" --check "${rec[@]}" 2>&1 >/dev/null); then
+    ok+=("$r")
+  else
+    echo "track-zoo: skipping $(basename "$r"): ${msg#depthlens: error: }" >&2
+  fi
+done
+if [ ${#ok[@]} -eq 0 ]; then
+  echo "track-zoo: no run has a complete snapshot series; $OUT/ was left as it is" >&2
+  exit 1
+fi
+have=("${ok[@]}")
 mkdir -p "$(dirname "$OUT")"
 echo "track-zoo: ${#have[@]} run(s) -> $OUT ${RECIPE:+(requested steps from $RECIPE)}" >&2
+if [ "$JOBS" -gt 1 ] && [ ${#have[@]} -gt 1 ]; then
+  # fill the per-snapshot cache run by run, JOBS at a time (each run has its own OUT/parts/<run>/); the pass
+  # below then only reads it. Results do not depend on this: the cache is keyed by weights + eval-token hashes.
+  printf '%s\n' "${have[@]}" | xargs -P "$JOBS" -I{} "$DEPTHLENS" track {} --out "$OUT" "${rec[@]}" "${extra[@]}" \
+    > /dev/null
+fi
 "$DEPTHLENS" track "${have[@]}" --out "$OUT" "${rec[@]}" "${extra[@]}"

@@ -292,3 +292,40 @@ def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
     ds = xr.load_dataset(out / "track.nc")
     assert ds["angular_profile"].dims == ("run", "step", "state") and json.loads(
         str(ds["requested_steps"].values[0])) == [*SNAP_STEPS, 16]
+
+
+def test_gguf_files_in_order(tmp_path, corpus):
+    """A public model's revisions saved locally as GGUF files: the step comes from the file name, the last
+    step equals a direct analysis of the last file, and a different architecture in the list is refused."""
+    from gguf_tiny import tiny_llama, write_tiny_gguf
+
+    from depthlens.analysis import api
+    from depthlens.analysis.sweep import headline
+
+    revs = [write_tiny_gguf(tiny_llama(seed=s), tmp_path / f"tiny-step{100 * (s + 1)}.gguf") for s in range(2)]
+    out = tmp_path / "g"
+    text = corpus / "eval.txt"
+    r = invoke(["track", *revs, "--metric", "causal", "--out", out, "--data", text, "--tokens-per-step", "1000",
+                *FAST])
+    assert r.exit_code == 0, r.output
+    ds = xr.load_dataset(out / "track.nc")
+    assert list(ds["step"].values) == [100, 200] and ds["tokens"].values.ravel().tolist() == [1e5, 2e5]
+    model, ck = api.load_model(revs[-1])
+    ev = api.eval_data_for(model, text, ck, n_seq=4, seq_len=16, seed=0)
+    direct = api.causal(revs[-1], ev, variants=("current",), layers="all")
+    got = ds.sel(run=ds["run"].values[0], step=200)
+    np.testing.assert_array_equal(got["causal_score"].values,
+                                  direct["causal_score"].sel(aggregator="max", variant="current").values)
+    assert float(got["causal_share"]) == headline(direct, "causal", 0.45, n_boot=40, seed=0)["share"]
+    deeper = write_tiny_gguf(tiny_llama(seed=2, n_layer=2), tmp_path / "tiny-step300.gguf")
+    line = one_error_line(invoke(["track", *revs, deeper, "--metric", "causal", "--out", tmp_path / "bad", *FAST]))
+    assert "mixed architectures" in line and not (tmp_path / "bad").exists()
+
+
+def test_check_validates_without_writing(runs, tmp_path):
+    train_json = runs["preln"] / "checkpoint" / "train.json"  # the recipe as trained, found by run name
+    r = invoke(["track", runs["preln"], runs["hc"], "--check", "--recipe", train_json, "--out", tmp_path / "o"])
+    assert r.exit_code != 0 and "no --recipe names the run 'hc_l4'" in r.stderr
+    r = invoke(["track", runs["preln"], "--check", "--recipe", train_json, "--out", tmp_path / "o"])
+    assert r.exit_code == 0 and "preln_l4: 3 snapshots, steps [2, 4, 8]; requested by" in r.stdout
+    assert not (tmp_path / "o").exists()

@@ -126,20 +126,33 @@ def is_run_dir(path: Path) -> bool:
                                                                 and not (path / "config.json").exists())
 
 
-def _run_recipe(run: Path, run_name: str, recipe_path: Path | None, snap_dirs: Sequence[Path]
-                ) -> tuple[dict[str, Any] | None, str]:
-    """The run's recipe (RunConfig fields): --recipe (a grid picks the run by name), else the train.json of
-    the run's final export or of a snapshot, else the resume state's trajectory."""
-    if recipe_path is not None:
-        from depthlens.training.config import read_recipe, recipe_runs
+def recipes_in(path: Path) -> dict[str, dict[str, Any]]:
+    """Run name → RunConfig fields, from a recipe (one run or a grid) or a checkpoint's train.json (the
+    recipe the run was really trained with, overrides included)."""
+    from depthlens.training.config import read_recipe, recipe_runs
 
-        try:
-            runs = recipe_runs(read_recipe(recipe_path))
-        except ValueError as e:
-            raise _fail(str(e)) from None
-        if run_name not in runs and len(runs) != 1:
-            raise _fail(f"{recipe_path}: no run named {run_name!r} (the run of {run})")
-        return runs.get(run_name, next(iter(runs.values()))), str(recipe_path)
+    try:
+        data = read_recipe(path)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    if isinstance(data.get("recipe"), dict):
+        return {str(data["recipe"].get("name") or data.get("name") or ""): data["recipe"]}
+    if "runs" not in data and not data.get("name"):
+        return {"": recipe_runs(data).popitem()[1]}  # a single run that names no run: it applies to every run
+    return recipe_runs(data)
+
+
+def _run_recipe(run: Path, run_name: str, recipes: Sequence[Path], snap_dirs: Sequence[Path]
+                ) -> tuple[dict[str, Any] | None, str]:
+    """The run's recipe (RunConfig fields): the first of `recipes` (--recipe) that names the run (or names no
+    run at all), else the train.json of the run's final export or of a snapshot, else the resume state's
+    trajectory."""
+    if recipes:
+        for p in recipes:
+            runs = recipes_in(p)
+            if run_name in runs or "" in runs:
+                return runs.get(run_name, runs.get("")), str(p)
+        raise _fail(f"no --recipe names the run {run_name!r} ({run})")
     for cand in [run / "checkpoint" / "train.json", *(d / "train.json" for d in reversed(snap_dirs))]:
         if cand.is_file():
             rec = _read_json(cand).get("recipe")
@@ -210,7 +223,7 @@ def _check_order(snaps: Sequence[Snapshot], where: str) -> None:
             raise _fail(f"{where}: tokens go backwards: {b.path.name} has {b.tokens:.0f} < {a.tokens:.0f}")
 
 
-def scan_run(run: Path, recipe: Path | None = None) -> Series:
+def scan_run(run: Path, recipes: Sequence[Path] = ()) -> Series:
     """One trainer run directory (or its `snapshots/` folder) → a validated Series."""
     run = run.parent if run.name == SNAPSHOTS and not (run / SNAPSHOTS).is_dir() else run
     root = run / SNAPSHOTS
@@ -233,7 +246,7 @@ def scan_run(run: Path, recipe: Path | None = None) -> Series:
     name = names.pop() or run.name
     _check_order(snaps, str(root))
     sig = _check_same_arch([s.path for s in snaps], [signature(s.path) for s in snaps], str(root))
-    cfg, source = _run_recipe(run, name, recipe, [s.path for s in snaps])
+    cfg, source = _run_recipe(run, name, recipes, [s.path for s in snaps])
     req = requested_steps(cfg) if cfg is not None else None
     if req is not None:
         have = [s.step for s in snaps]
@@ -274,7 +287,7 @@ def scan_list(paths: Sequence[Path], name: str, tokens_per_step: float | None = 
     return Series(name=name, source="list", snapshots=snaps, signature=sig, step_kind=kind)
 
 
-def scan(paths: Sequence[str | os.PathLike], *, recipe: str | os.PathLike | None = None, name: str | None = None,
+def scan(paths: Sequence[str | os.PathLike], *, recipes: Sequence[str | os.PathLike] = (), name: str | None = None,
          tokens_per_step: float | None = None) -> list[Series]:
     """Every run directory is its own series; checkpoints given directly form one series, in order."""
     if not paths:
@@ -282,7 +295,7 @@ def scan(paths: Sequence[str | os.PathLike], *, recipe: str | os.PathLike | None
     runs, loose = [], []
     for p in map(Path, paths):
         if is_run_dir(p):
-            runs.append(scan_run(p, Path(recipe) if recipe else None))
+            runs.append(scan_run(p, [Path(r) for r in recipes]))
         elif p.is_file() or (p / "config.json").is_file():
             loose.append(p)
         elif p.is_dir():

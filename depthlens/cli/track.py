@@ -36,9 +36,10 @@ def track(
     = "causal,permutation,erank,attnres,angular",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory: track.nc, track.png, README.md, parts/ "
                                       "(per-snapshot cache; a rerun resumes from it).")] = Path("track"),
-    recipe: Annotated[Path | None, typer.Option(help="Recipe the runs were trained with (default: found in the run: "
-                                                "checkpoint/train.json, a snapshot's train.json, resume/state.json); "
-                                                "its requested snapshot steps are checked for gaps.")] = None,
+    recipe: Annotated[list[Path] | None, typer.Option(help="Recipe (or a checkpoint's train.json) the runs were trained "
+                                                      "with, repeatable: each run takes the first that names it. Default: "
+                                                      "found in the run (checkpoint/train.json, a snapshot's train.json, "
+                                                      "resume/state.json). Its requested snapshot steps are checked for gaps.")] = None,
     name: Annotated[str | None, typer.Option(help="Run name of a checkpoint list (default: their parent directory).")] = None,
     tokens_per_step: Annotated[float | None, typer.Option("--tokens-per-step", min=1,
                                                           help="Tokens per step for a checkpoint list whose steps come from names.")] = None,
@@ -50,6 +51,8 @@ def track(
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 1,
+    check: Annotated[bool, typer.Option("--check", help="Only validate the series (configs and snapshot.json; no "
+                                         "weights read, nothing written): exit 0, or 1 with the reason.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-run summary as JSON.")] = False,
 ) -> None:
     """Depth over training: every diagnostic on every snapshot of a run, same eval tokens, resumable.
@@ -71,7 +74,13 @@ def track(
                         seq_len=seq_len, seed=seed, n_boot=n_boot, batch_size=batch_size, device=device)
     if threads:
         torch.set_num_threads(threads)
-    series = scan(runs, recipe=recipe, name=name, tokens_per_step=tokens_per_step)  # refuses before any write
+    series = scan(runs, recipes=recipe or (), name=name, tokens_per_step=tokens_per_step)  # refuses before any write
+    if check:
+        for s in series:
+            typer.echo(f"{s.name}: {len(s.snapshots)} snapshots, steps {[x.step for x in s.snapshots]}"
+                       + (f"; requested by {s.requested_from}" if s.requested is not None else "")
+                       + (f"; pending {s.pending}" if s.pending else ""))
+        return
     check_out(out)
     ev = eval_tokens(series, opts)
     from rich.console import Console
