@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis.causal import causal_scores, future_cuts, token_nll
+from depthlens.analysis.causal import causal_scores, future_cut_table, future_cuts, token_nll
 from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
@@ -172,9 +172,21 @@ def test_linear_closed_form():
 # prefix reuse + staircase batching vs a naive loop (one full forward per intervention)
 
 
+def _mask(x, shape):
+    """A slice of positions (same for every sequence) or an (N, T) bool mask → (N, T) bool mask."""
+    if isinstance(x, slice):
+        m = torch.zeros(shape, dtype=torch.bool)
+        m[:, x] = True
+        return m
+    return torch.as_tensor(x, dtype=torch.bool)
+
+
 def _naive(model, tokens, s_list, intervene, measure):
-    """{s: (max, mean, pooled) matrices row, O, dloss} from full forwards with keep masks."""
+    """{s: (max, mean, pooled) matrices row, O, dloss} from full forwards with keep masks.
+
+    intervene, measure: slices (same positions in every sequence) or (N, T) bool masks (per sequence)."""
     L, T = model.n_layer, tokens.shape[1]
+    intervene, measure = _mask(intervene, tokens.shape), _mask(measure, tokens.shape)
 
     def run(keep=None):
         ctx = model.context(T)
@@ -188,17 +200,16 @@ def _naive(model, tokens, s_list, intervene, measure):
         clean = {t: u.flatten(start_dim=u.dim() - nd) for t, u in clean.items()}
         out = {}
         for s in s_list:
-            keep = torch.ones(tokens.shape, dtype=torch.bool)
-            keep[:, intervene] = False
+            keep = ~intervene
             new, logits = run({s: keep})
             new = {t: u.flatten(start_dim=u.dim() - nd) for t, u in new.items()}
             row = {}
             for t in range(s, L):
-                diff = (new[t] - clean[t])[:, measure].double()
-                den = clean[t][:, measure].double()
+                diff = (new[t] - clean[t])[measure].double()
+                den = clean[t][measure].double()
                 r = diff.norm(dim=-1) / den.norm(dim=-1).clamp_min(1e-6)
                 row[t] = (float(r.max()), float(r.mean()), float((diff.square().sum() / den.square().sum()).sqrt()))
-            dp = (logits.softmax(-1) - logits0.softmax(-1)).norm(dim=-1)[:, measure]
+            dp = (logits.softmax(-1) - logits0.softmax(-1)).norm(dim=-1)[measure]
             out[s] = (row, float(dp.max()), float((token_nll(logits, tokens) - token_nll(logits0, tokens)).mean()))
     return out
 
@@ -209,9 +220,10 @@ def test_engine_equals_naive_loop(preln, data, variant):
     d = causal_scores(preln, data, variants=(variant,), n_cuts=1, batch_size=5, seq_batch=2)
     if variant == "current":
         intervene, measure = slice(1, T), slice(1, T)
-    else:
-        c = future_cuts(T, 1)[0]
-        intervene, measure = slice(1, c), slice(c, T)
+    else:  # one cut per sequence, drawn per sequence from one seeded stream (spec §2.1)
+        c = torch.from_numpy(future_cut_table(T, data.n_seq, 1))  # (N, 1)
+        pos = torch.arange(T)
+        intervene, measure = (pos >= 1) & (pos < c), pos >= c
     ref = _naive(preln, data.tokens, range(4), intervene, measure)
     C = d.causal_score.sel(variant=variant)
     for s, (row, o, dl) in ref.items():
@@ -249,9 +261,11 @@ def _merge_io(intervened, orig, t, no_skip_front=1):
     return out
 
 
-def csordas_test_effect(model, tokens, positions):
-    """Max over (cuts, measured positions) of |Δ'_i − Δ_i| / max(|Δ_i|, 1e-6); rows = skipped layer s."""
+def csordas_test_effect(model, tokens, positions, norm="update"):
+    """Max over (cuts, measured positions) of |Δ'_i − Δ_i| / max(|Δ_i|, 1e-6); rows = skipped layer s.
+    norm='resid' divides by the clean block input |h_i| instead of |Δ_i|."""
     L = len(model.blocks)
+    inputs = {}
 
     def forward(skip=None, cut=None):
         deltas, handles = {}, []
@@ -262,6 +276,7 @@ def csordas_test_effect(model, tokens, positions):
                 if i == skip:
                     h_out = _merge_io(h_in, h_out, cut)
                 deltas[i] = (h_out - h_in).float()
+                inputs[i] = h_in.float()
                 return ({**state, "h": h_out}, carry)
             handles.append(blk.register_forward_hook(hook, with_kwargs=True))
         try:
@@ -273,29 +288,96 @@ def csordas_test_effect(model, tokens, positions):
 
     with torch.no_grad():
         clean = forward()
+        den = dict(inputs) if norm == "resid" else clean
         C = np.zeros((L, L))
         for cut in positions:
             F = slice(0, None) if cut is None else slice(cut, None)
             for s in range(L):
                 new = forward(s, cut)
                 for i in range(L):
-                    r = (new[i] - clean[i])[:, F].norm(dim=-1) / clean[i][:, F].norm(dim=-1).clamp_min(1e-6)
+                    r = (new[i] - clean[i])[:, F].norm(dim=-1) / den[i][:, F].norm(dim=-1).clamp_min(1e-6)
                     C[s, i] = max(C[s, i], float(r.max()))
     return C
 
 
-def test_equals_csordas_test_effect(preln, data):
-    T = data.seq_len
-    positions = list(range(8, T - 4, 8))
-    random.Random(123).shuffle(positions)
-    positions = positions[:4]
+def csordas_run(model, tokens, n_chunks=4, seed=123, norm="update"):
+    """Csordás' run(): random.seed(123) once, then per prompt test_future_max_effect (reshuffle
+    range(8, T−4, 8), first N_CHUNKS) and a max over prompts; also returns every prompt's positions."""
+    rng = random.Random(seed)  # `random.seed(123)` once per run; the global stream, made local
+    C, cuts = None, []
+    for n in range(tokens.shape[0]):
+        positions = list(range(8, tokens.shape[1] - 4, 8))
+        rng.shuffle(positions)
+        positions = positions[:n_chunks]
+        cuts.append(positions)
+        Cn = csordas_test_effect(model, tokens[n:n + 1], positions, norm=norm)
+        C = Cn if C is None else np.maximum(C, Cn)
+    return C, cuts
+
+
+def test_equals_csordas_test_effect(preln):
+    data = random_eval_data(97, n_seq=4, seq_len=48, seed=1, bos_id=96)  # 4 cut positions to choose from
     d = causal_scores(preln, data, variants=("current", "future"), null=False, outputs=False)
     ours = d.causal_score.sel(aggregator="max")
     np.testing.assert_allclose(ours.sel(variant="current").values, csordas_test_effect(preln, data.tokens, [None]),
                                rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ours.sel(variant="future").values, csordas_test_effect(preln, data.tokens, positions),
-                               rtol=1e-5, atol=1e-6)
-    assert d.attrs["cut_positions_json"] == f'{{"future": {positions}}}'.replace("'", '"')
+    ref, cuts = csordas_run(preln, data.tokens, n_chunks=2)
+    d2 = causal_scores(preln, data, variants=("future",), n_cuts=2, null=False, outputs=False)
+    np.testing.assert_allclose(d2.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5,
+                               atol=1e-6)
+    assert d2.attrs["cut_positions_json"] == f'{{"future": {cuts}}}'.replace("'", '"')
+    assert len({tuple(c) for c in cuts}) > 1  # sequences get different cuts (not one draw for all)
+
+
+def test_future_cuts_seeded_once_per_run():
+    table = future_cut_table(64, 5, 4, seed=123)
+    rng = random.Random(123)
+    for row in table:  # Csordás: one seed, then every prompt reshuffles a fresh range(8, T−4, 8)
+        positions = list(range(8, 60, 8))
+        rng.shuffle(positions)
+        assert row.tolist() == positions[:4]
+    assert future_cuts(64, 4) == table[0].tolist()
+    assert len({tuple(r) for r in table.tolist()}) > 1
+    np.testing.assert_array_equal(future_cut_table(64, 3, 4), table[:3])  # a prefix of the run: same cuts
+    assert future_cut_table(20, 3, 4).shape == (3, 1)  # only c = 8 fits: K = 1
+
+
+def test_resid_norm_equals_hooks(preln, data):
+    """norm='resid': |u_t' − u_t| / |h_t| with h_t the clean input of block t, read by plain forward hooks."""
+    d = causal_scores(preln, data, variants=("current",), norm="resid", null=False)
+    assert d.attrs["norm"] == "resid" and "residual" in d.attrs["norm_definition"]
+    ref = csordas_test_effect(preln, data.tokens, [None], norm="resid")
+    np.testing.assert_allclose(d.causal_score.sel(variant="current", aggregator="max").values, ref, rtol=1e-5,
+                               atol=1e-6)
+    # the diagonal is then the relative contribution max |u_s| / |h_s| (Csordás analyze_norms), not 1
+    _, cache = preln.run_with_cache(data.tokens)
+    for s in range(4):
+        h = cache[f"blocks.{s}.hook_resid_pre"][:, 1:]
+        u = cache[f"blocks.{s}.hook_attn_out"][:, 1:] + cache[f"blocks.{s}.hook_mlp_out"][:, 1:]
+        assert d.causal_score.sel(variant="current", aggregator="max").values[s, s] == pytest.approx(
+            float((u.norm(dim=-1) / h.norm(dim=-1)).max()), rel=1e-5)
+    # the pooled aggregator and the per-sequence sums use the same denominators as the engine
+    upd = causal_scores(preln, data, variants=("current",), norm="update", null=False)
+    assert upd.attrs["norm"] == "update"
+    np.testing.assert_allclose(d.seq_sq_change.values, upd.seq_sq_change.values, rtol=1e-6)  # same numerators
+    with pytest.raises(DepthlensError, match="norm"):
+        causal_scores(preln, data, norm="layer")
+
+
+def test_resid_norm_linear_closed_form():
+    g = torch.Generator().manual_seed(0)
+    A = 0.3 * torch.randn(3, 5, 5, generator=g, dtype=torch.float64)
+    lm = LinearLM(A)
+    d = causal_scores(lm, EvalData.from_tokens(torch.tensor([[0, 3]])), variants=("current",), norm="resid")
+    h0 = lm.E[3]
+    A0, A1 = A[0], A[1]
+    h1 = h0 + A0 @ h0
+    C = d.causal_score.sel(variant="current")
+    for agg in ("max", "mean", "pooled"):  # C(0, 1) = |A1 A0 h0| / |h1|;  C(0, 0) = |A0 h0| / |h0|
+        assert C.sel(aggregator=agg).values[0, 1] == pytest.approx(float(torch.linalg.norm(A1 @ A0 @ h0)
+                                                                         / torch.linalg.norm(h1)), rel=1e-6)
+        assert C.sel(aggregator=agg).values[0, 0] == pytest.approx(float(torch.linalg.norm(A0 @ h0)
+                                                                         / torch.linalg.norm(h0)), rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------------

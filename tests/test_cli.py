@@ -56,6 +56,27 @@ def test_causal_json_headline_and_dataset(zoo, tmp_path):
     ds.close()
 
 
+def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
+    out = tmp_path / "r.nc"
+    r = run(["causal", zoo["preln"], "--norm", "resid", "--agg", "pooled", "--json", "--out", out, "--n-boot", "0",
+             *FAST])
+    assert r.exit_code == 0, r.output
+    h = json.loads(r.stdout)
+    assert (h["variant"], h["aggregator"], h["norm"]) == ("current", "pooled", "resid")
+    assert h["definition"] == "causal C(s,t): variant=current, aggregator=pooled, norm=resid"
+    ds = xr.open_dataset(out)
+    assert ds.attrs["norm"] == "resid"
+    m = ds["causal_score"].sel(aggregator="pooled", variant="current").values
+    late = [(i, j) for i in range(1, 4) for j in range(i + 1, 4)]
+    assert h["share"] == pytest.approx(sum(m[i, j] > 0.45 for i, j in late) / len(late))
+    ds.close()
+    text = run(["causal", zoo["preln"], "--out", tmp_path / "u.nc", "--n-boot", "0", *FAST])
+    assert "variant=current, aggregator=max, norm=update" in text.stdout
+    one_error_line(run(["causal", zoo["preln"], "--norm", "rms", *FAST]), 2)
+    p = run(["permute", zoo["preln"], "--norm", "rel", "--json", "--out", tmp_path / "p.nc", "--n-boot", "0", *FAST])
+    assert json.loads(p.stdout)["definition"] == "permutation P_rel = P_abs / L(id), swap=body"
+
+
 def test_causal_text_has_heatmap(zoo, tmp_path):
     r = run(["causal", zoo["hc"], "--out", tmp_path / "c.nc", *FAST])
     assert r.exit_code == 0, r.output

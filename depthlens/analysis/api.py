@@ -95,7 +95,7 @@ def angular(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype:
 
 def causal(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
            **opts: Any) -> xr.Dataset:
-    """Causal score C(s, t) (opts: variants, layers, unit, direct, n_cuts, batch_size, ...)."""
+    """Causal score C(s, t) (opts: variants, layers, unit, norm, direct, n_cuts, batch_size, ...)."""
     return _run(_causal.causal_scores, model_or_path, data, opts, device=device, dtype=dtype)
 
 

@@ -1,12 +1,16 @@
 """Causal score: skip layer s, measure how much every later layer's update changes (Csordás et al. 2025;
 spec diagnostics §2).
 
-    C(s, t) = AGG_{(b,τ) ∈ F}  ‖u_t^{do(skip s on I)}(b,τ) − u_t(b,τ)‖ / max(‖u_t(b,τ)‖, ε)
+    C(s, t) = AGG_{(b,τ) ∈ F}  ‖u_t^{do(skip s on I)}(b,τ) − u_t(b,τ)‖ / max(‖n_t(b,τ)‖, ε)
 
 u_t is the update that `run_layers` hands to `on_layer` (norm over `design.update_norm_dims()` trailing
-dims), the skip is the design's own `keep` mask (spec §0). Variants: `current` I = F = [1, T);
-`future` I = [1, c), F = [c, T) for K cut positions c (Csordás: range(8, T−4, 8) shuffled by
-random.Random(123), first K = 4). Aggregators max | mean | p95 | p99 | pooled come from one pass.
+dims), the skip is the design's own `keep` mask (spec §0). The denominator n_t is a named option `norm`:
+`update` (default, Csordás' test_effect) n_t = u_t, the clean update itself; `resid` n_t = h_t, the clean
+residual state entering layer t (the design's residual view; all n streams, Frobenius, for HC/mHC), i.e. the
+change of what layer t writes relative to the stream it writes into. Variants: `current` I = F = [1, T);
+`future` I = [1, c), F = [c, T) for K cut positions c per sequence (Csordás: one random.Random(123) per run;
+each sequence, in eval order, reshuffles range(8, T−4, 8) and takes the first K = 4; spec §2.1).
+Aggregators max | mean | p95 | p99 | pooled come from one pass.
 
 How it is cheap (spec §2.3), per batch of b sequences:
   1. the clean prefix (layers < min s) runs once;
@@ -42,6 +46,12 @@ from depthlens.models.residual.base import State, state_cat, state_repeat
 VARIANTS = ("current", "future")
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
 UNITS = ("block", "attn", "mlp")
+NORMS = ("update", "resid")
+NORM_DEFINITIONS = {
+    "update": "|u_t' - u_t| / max(|u_t|, eps): relative to the clean update of layer t (Csordas test_effect)",
+    "resid": "|u_t' - u_t| / max(|h_t|, eps): relative to the clean residual state entering layer t "
+             "(design view; Frobenius over all streams for HC/mHC)",
+}
 EPS = 1e-6
 
 
@@ -75,13 +85,30 @@ def _flat_update(u: torch.Tensor, ndims: int) -> torch.Tensor:
     return u.float().flatten(start_dim=u.dim() - ndims) if ndims > 1 else u.float()
 
 
-def future_cuts(T: int, n_cuts: int = 4, seed: int = 123) -> list[int]:
-    """Csordás' cut positions: range(8, T−4, 8) shuffled by random.Random(seed), first n_cuts."""
-    cuts = list(range(8, T - 4, 8))
-    random.Random(seed).shuffle(cuts)
-    if not cuts:
+def future_cut_table(T: int, n_seq: int, n_cuts: int = 4, seed: int = 123) -> np.ndarray:
+    """Csordás' cut positions per sequence (spec §2.1): one random.Random(seed) for the whole run; sequence n
+    (eval order) reshuffles range(8, T−4, 8) and keeps the first n_cuts. (n_seq, K) int64, K = min(n_cuts, #)."""
+    base = list(range(8, T - 4, 8))
+    if not base:
         raise DepthlensError(f"the 'future' variant needs seq_len >= 13 for a cut position, got T={T}")
-    return cuts[:n_cuts]
+    rng, rows = random.Random(seed), []
+    for _ in range(n_seq):
+        cuts = list(base)
+        rng.shuffle(cuts)
+        rows.append(cuts[:n_cuts])
+    return np.array(rows, dtype=np.int64).reshape(n_seq, min(n_cuts, len(base)))
+
+
+def future_cuts(T: int, n_cuts: int = 4, seed: int = 123) -> list[int]:
+    """The cut positions of the first sequence of a run (row 0 of `future_cut_table`)."""
+    return [int(c) for c in future_cut_table(T, 1, n_cuts, seed)[0]]
+
+
+def residual_sq(model, state: State) -> torch.Tensor:
+    """‖h‖² per token (B, T) float32 of a between-layer state: the residual view, or all n streams (HC/mHC)."""
+    design = model.design
+    x = design.streams(state).flatten(-2) if getattr(design, "multi_stream", False) else design.view(state)
+    return x.float().square().sum(-1)
 
 
 def skip_mode(model) -> str:
@@ -102,33 +129,37 @@ def skip_mode(model) -> str:
 
 @dataclass(frozen=True)
 class Arm:
-    """One intervention applied to every sequence of a batch: skip layer s on I, measure on F."""
+    """One intervention on every sequence: skip layer s on I, measure on F; the k-th cut of each sequence
+    (the `future` cuts differ per sequence, so the masks are per sequence)."""
 
     variant: str
     s: int
     k: int  # cut index (0 for `current`)
-    intervene: torch.Tensor  # (T,) bool: positions I
-    measure: torch.Tensor  # (T,) bool: positions F
+    intervene: torch.Tensor  # (N, T) bool: positions I of each sequence
+    measure: torch.Tensor  # (N, T) bool: positions F of each sequence
     null: bool = False  # skip nothing (noise floor)
 
-    @property
-    def measure_np(self) -> np.ndarray:
-        return self.measure.numpy()
+    def measure_np(self, seqs: slice) -> np.ndarray:
+        return self.measure[seqs].numpy()
 
-    @property
-    def keep(self) -> torch.Tensor:
-        return torch.ones_like(self.intervene) if self.null else ~self.intervene
+    def keep(self, seqs: slice) -> torch.Tensor:
+        I = self.intervene[seqs]
+        return torch.ones_like(I) if self.null else ~I
 
 
-def make_arms(T: int, layers: list[int], variants: Sequence[str], n_cuts: int, cut_seed: int,
-              null: bool) -> tuple[list[Arm], dict[str, list[int]]]:
-    """All arms, sorted by s (staircase order); plus the positions (cuts) of each variant."""
+def make_arms(T: int, N: int, layers: list[int], variants: Sequence[str], n_cuts: int, cut_seed: int,
+              null: bool) -> tuple[list[Arm], dict[str, np.ndarray]]:
+    """All arms, sorted by s (staircase order); plus the cut positions (N, K) of each variant."""
     pos = torch.arange(T)
     arms, cuts = [], {}
     for v in variants:
-        cuts[v] = [1] if v == "current" else future_cuts(T, n_cuts, cut_seed)
-        for k, c in enumerate(cuts[v]):
-            I, Fm = ((pos >= 1), (pos >= 1)) if v == "current" else ((pos >= 1) & (pos < c), pos >= c)
+        cuts[v] = np.ones((N, 1), np.int64) if v == "current" else future_cut_table(T, N, n_cuts, cut_seed)
+        for k in range(cuts[v].shape[1]):
+            c = torch.from_numpy(cuts[v][:, k])[:, None]  # (N, 1)
+            if v == "current":
+                I = Fm = (pos >= 1).expand(N, T)
+            else:
+                I, Fm = (pos >= 1) & (pos < c), pos >= c
             arms += [Arm(v, s, k, I, Fm) for s in layers]
             if null:
                 arms.append(Arm(v, layers[0], k, I, Fm, null=True))
@@ -156,10 +187,11 @@ class _CellStore:
 
     def add(self, arms: list[Arm], t: int, seqs: slice, ratio: np.ndarray, diff_sq: np.ndarray,
             clean_sq: np.ndarray) -> None:
-        """Layer t of several arms: ratio, diff_sq (A, b, T) for the b sequences `seqs`; clean_sq (b, T)."""
+        """Layer t of several arms: ratio, diff_sq (A, b, T) for the b sequences `seqs`; clean_sq (b, T) are the
+        squared denominators (clean update or residual norm)."""
         cells = np.array([self.index[(a.s, t)] for a in arms])[:, None]
         ks = np.array([a.k for a in arms])[:, None]
-        measure = np.stack([a.measure_np for a in arms])[:, None, :]  # (A, 1, T)
+        measure = np.stack([a.measure_np(seqs) for a in arms])  # (A, b, T)
         seq = np.arange(seqs.start, seqs.stop)[None, :]
         self.R[cells, seq, ks] = np.where(measure, ratio, np.nan)
         num, den = (diff_sq * measure).sum(-1), (clean_sq * measure).sum(-1)
@@ -231,20 +263,21 @@ class _Clean:
     need_states: set[int]  # layers p whose clean input state later chunks (or C_dir) spawn from
     states: dict[int, State] = field(default_factory=dict)  # state before layer p (batch of b)
     updates: dict[int, torch.Tensor] = field(default_factory=dict)  # u_p (b, T, D) float32, flattened dims
-    update_sq: dict[int, torch.Tensor] = field(default_factory=dict)  # ‖u_p‖² per token (b, T)
+    den_sq: dict[int, torch.Tensor] = field(default_factory=dict)  # ‖n_p‖² per token (b, T): the denominator
+    norm: str = "update"  # which clean norm the ratios divide by (NORMS)
     final: State | None = None  # state after the last layer
     probs: torch.Tensor | None = None  # (b, T, V) float32
     nll: torch.Tensor | None = None  # (b, T−2)
 
 
-def _keep_rows(arms: list[Arm], b: int) -> torch.Tensor:
-    """(len(arms)·b, T) keep mask, arm-major (matches state_repeat's block order)."""
-    k = torch.stack([a.keep for a in arms])
-    return k[:, None, :].expand(len(arms), b, k.shape[-1]).reshape(-1, k.shape[-1])
+def _keep_rows(arms: list[Arm], seqs: slice) -> torch.Tensor:
+    """(len(arms)·b, T) keep mask of the b sequences `seqs`, arm-major (matches state_repeat's block order)."""
+    k = torch.stack([a.keep(seqs) for a in arms])  # (A, b, T)
+    return k.reshape(-1, k.shape[-1])
 
 
 @torch.no_grad()
-def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str, ndims: int,
+def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: str, ndims: int,
                on_update: Callable[[int, list[Arm], torch.Tensor], None], trunk: State | None = None,
                start: int | None = None) -> tuple[State | None, list[Arm]]:
     """Staircase over the chunk's arms (sorted by s): the rows of arm a join at layer a.s as a copy of the
@@ -256,6 +289,7 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str, nd
     state (None without arms) and the arms.
     """
     L = model.n_layer
+    b = seqs.stop - seqs.start
     nc = 0 if trunk is None else b
     state, active = trunk, []
     for p in range(arms[0].s if trunk is None else start, L):
@@ -266,7 +300,7 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str, nd
         if new:
             src = clean.states[p] if trunk is None else {k: v[:b] for k, v in state.items()}
             spawn = state_repeat(src, len(new))
-            keep_new = _keep_rows(new, b).to(ctx.cos.device)
+            keep_new = _keep_rows(new, seqs).to(ctx.cos.device)
             if state is None:
                 state, keep = spawn, keep_new
             else:
@@ -274,12 +308,15 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], b: int, unit: str, nd
                                              device=keep_new.device), keep_new])
                 state = state_cat([state, spawn])
             active = active + new
+        if trunk is not None and clean.norm == "resid":
+            clean.den_sq[p] = residual_sq(model, {k: v[:b] for k, v in state.items()})
         got: list[torch.Tensor] = []
         state = model.run_layers(state, ctx, p, p + 1, keep={p: keep} if keep is not None else None, unit=unit,
                                  on_layer=lambda pos, s, u: got.append(u))
         if trunk is not None:
             clean.updates[p] = _flat_update(got[0][:b], ndims).clone()  # a copy, not a view of all rows
-            clean.update_sq[p] = clean.updates[p].square().sum(-1)
+            if clean.norm == "update":
+                clean.den_sq[p] = clean.updates[p].square().sum(-1)
         if active:
             on_update(p, active, got[0][nc:])
     if trunk is not None:
@@ -302,14 +339,14 @@ def _arm_chunks(arms: list[Arm], per_chunk: int) -> list[list[Arm]]:
 def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> State:
     """state − u_s on `positions` (spec §2.4), for designs whose state is one tensor shaped like the update.
 
-    u: the flattened update (b, T, D); positions: (T,) bool.
+    u: the flattened update (b, T, D); positions: (b, T) bool.
     """
     key, x = next(iter(state.items()))
     if len(state) != 1 or x.numel() != u.numel():
         raise NotImplementedError("C_dir needs a state that is one tensor shaped like the update "
                                   f"(state keys {sorted(state)})")
     u = u.view(x.shape)
-    m = positions.view(1, -1, *([1] * (u.dim() - 2))).to(x.dtype)
+    m = positions.view(*positions.shape, *([1] * (u.dim() - 2))).to(x.dtype)
     return {key: x - u.to(x.dtype) * m}
 
 
@@ -328,13 +365,14 @@ def _direct_unsupported(model) -> str | None:
 
 @torch.no_grad()
 def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, layers: str | Sequence[int] = "all",
-                  unit: str = "block", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
+                  unit: str = "block", norm: str = "update", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
                   direct: bool = False, null: bool = True, outputs: bool = True, measure: bool = True,
                   batch_size: int | None = None, seq_batch: int | None = None,
                   checkpoint: Any = None) -> xr.Dataset:
     """Causal-score matrices C(s, t) (spec §2.2), with O[s], ΔL_skip(s), the noise floor and C_dir.
 
-    layers: which s to skip ('all', 'late' or a list). batch_size: max rows in one forward (memory knob;
+    layers: which s to skip ('all', 'late' or a list). norm: the ratio's denominator, 'update' (‖u_t‖, default)
+    or 'resid' (‖h_t‖, the clean residual state entering layer t); see NORM_DEFINITIONS. batch_size: max rows in one forward (memory knob;
     default ≈ 4096 tokens); seq_batch: sequences per clean pass (default: batch_size // min(arms, 4)).
     measure=False skips the update ratios (only O and ΔL_skip); outputs=False skips the head.
     Returns a Dataset; see `_dataset` for the variables.
@@ -344,6 +382,8 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
             raise DepthlensError(f"variant must be one of {VARIANTS}, got {v!r}")
     if unit not in UNITS:
         raise DepthlensError(f"unit must be one of {UNITS}, got {unit!r}")
+    if norm not in NORMS:
+        raise DepthlensError(f"norm must be one of {NORMS}, got {norm!r}")
     if not variants:
         raise DepthlensError("need at least one variant")
     L, N, T = model.n_layer, data.n_seq, data.seq_len
@@ -351,7 +391,7 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
         raise DepthlensError(f"causal score needs seq_len >= 2 (position 0 is never intervened on), got {T}")
     S = resolve_layers(L, layers)
     ndims = int(model.design.update_norm_dims())
-    arms, cuts = make_arms(T, S, variants, n_cuts, cut_seed, null and measure)
+    arms, cuts = make_arms(T, N, S, variants, n_cuts, cut_seed, null and measure)
     rows = batch_size or default_batch_size(data)
     per_chunk = max(1, min(len([a for a in arms if a.variant == variants[0]]), 4, rows))
     b_seq = seq_batch or max(1, rows // per_chunk)
@@ -369,18 +409,19 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
     with evaluating(model):
         for start, toks in data.batches(b_seq):
             # one function call per batch, so the batch's clean cache is freed before the next one is built
-            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), S, arms, unit, eps, per_chunk,
-                   outputs, measure, res)
+            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), S, arms, unit, norm, eps,
+                   per_chunk, outputs, measure, res)
     return _dataset(model, data, checkpoint, S, variants, cuts, res,
-                    dict(variants=list(variants), layers=S, unit=unit, n_cuts=n_cuts, cut_seed=cut_seed, eps=eps,
+                    dict(variants=list(variants), layers=S, unit=unit, norm=norm,
+                         norm_definition=NORM_DEFINITIONS[norm], n_cuts=n_cuts, cut_seed=cut_seed, eps=eps,
                          direct=direct, null=null, outputs=outputs, measure=measure, batch_size=rows,
                          seq_batch=b_seq, arms_per_chunk=per_chunk, skip_mode=skip_mode(model),
                          update_norm_dims=ndims, direct_note=direct_note))
 
 
 @torch.no_grad()
-def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, eps: float, per_chunk: int,
-           outputs: bool, measure: bool, res: _Results) -> None:
+def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, norm: str, eps: float,
+           per_chunk: int, outputs: bool, measure: bool, res: _Results) -> None:
     """All arms on one batch of sequences: clean run, staircase chunks, companions; results go to `res`."""
     L, (b, T) = model.n_layer, toks.shape
     ndims = int(model.design.update_norm_dims())
@@ -388,7 +429,7 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, e
     chunks = _arm_chunks(arms, per_chunk)
     # clean states are kept only where a later chunk (or C_dir, at every layer) branches off the trunk
     later = {a.s for chunk in chunks[1:] for a in chunk}
-    clean = _Clean(need_states=set(range(S[0], L)) if res.dstore else later)
+    clean = _Clean(need_states=set(range(S[0], L)) if res.dstore else later, norm=norm)
     trunk = model.run_layers(model.embed(toks, ctx), ctx, 0, S[0])  # the clean prefix, shared by every arm
 
     def on_update(p: int, active: list[Arm], u: torch.Tensor) -> None:
@@ -396,8 +437,8 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, e
             return
         U = _flat_update(u, ndims).view(len(active), b, T, -1)
         diff_sq = (U - clean.updates[p]).square().sum(-1)  # (arms, b, T)
-        ratio = (diff_sq.sqrt() / clean.update_sq[p].sqrt().clamp_min(eps)).cpu().numpy()
-        diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.update_sq[p].double().cpu().numpy()
+        ratio = (diff_sq.sqrt() / clean.den_sq[p].sqrt().clamp_min(eps)).cpu().numpy()
+        diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.den_sq[p].double().cpu().numpy()
         for (null, variant), idx in _groups(active).items():
             (res.null_store if null else res.store)[variant].add(
                 [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq)
@@ -405,7 +446,7 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, e
     for k, chunk in enumerate(chunks):
         if not chunk and k > 0:
             continue
-        state, active = _run_chunk(model, ctx, clean, chunk, b, unit, ndims, on_update,
+        state, active = _run_chunk(model, ctx, clean, chunk, seqs, unit, ndims, on_update,
                                    trunk=trunk if k == 0 else None, start=S[0])
         if k == 0:
             trunk = None
@@ -436,7 +477,7 @@ def _outputs(model, ctx, state: State, active: list[Arm], b: int, toks, clean: _
     A = len(active)
     logits = model.head(state, ctx)  # (A·b, T, V): no more rows than one forward of the chunk
     dp = (logits.float().softmax(-1).view(A, b, *clean.probs.shape[1:]) - clean.probs).norm(dim=-1)  # (A, b, T)
-    measure = torch.stack([a.measure for a in active]).to(dp.device)[:, None, :]
+    measure = torch.stack([a.measure[seqs] for a in active]).to(dp.device)  # (A, b, T)
     o = dp.masked_fill(~measure, -1.0).amax(-1).double().cpu().numpy()  # (A, b); ‖·‖ ≥ 0, so −1 never wins
     d = None
     if clean.nll is not None and clean.nll.shape[1] > 0:
@@ -458,14 +499,14 @@ def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per
     for t in range(arms[0].s + 1 if arms else L, L):
         todo = [a for a in arms if a.s < t]
         for chunk in _split(todo, per_chunk):
-            parts = [_subtract_update(clean.states[t], clean.updates[a.s], a.intervene.to(clean.updates[a.s].device))
-                     for a in chunk]
+            parts = [_subtract_update(clean.states[t], clean.updates[a.s],
+                                      a.intervene[seqs].to(clean.updates[a.s].device)) for a in chunk]
             got: list[torch.Tensor] = []
             model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))
             U = _flat_update(got[0], ndims).view(len(chunk), b, -1, clean.updates[t].shape[-1])
             diff_sq = (U - clean.updates[t]).square().sum(-1)
-            ratio = (diff_sq.sqrt() / clean.update_sq[t].sqrt().clamp_min(eps)).cpu().numpy()
-            diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.update_sq[t].double().cpu().numpy()
+            ratio = (diff_sq.sqrt() / clean.den_sq[t].sqrt().clamp_min(eps)).cpu().numpy()
+            diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.den_sq[t].double().cpu().numpy()
             for (_, variant), idx in _groups(chunk).items():
                 dstore[variant].add([chunk[i] for i in idx], t, seqs, ratio[idx], diff_sq[idx], clean_sq)
 
@@ -498,7 +539,8 @@ def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options)
                  "sum": ("seq_sum", "per-sequence sum of the token ratios"),
                  "count": ("seq_count", "per-sequence number of measured tokens"),
                  "num": ("seq_sq_change", "per-sequence sum of squared update changes"),
-                 "den": ("seq_sq_update", "per-sequence sum of squared clean updates")}
+                 "den": ("seq_sq_update", "per-sequence sum of squared denominators (clean |u_t|, or |h_t| "
+                         "under norm=resid)")}
         for key, (name, long) in names.items():
             lower = 0.0 if key in ("max", "sum", "num") else np.nan
             arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=lower) for v in variants])
@@ -535,7 +577,9 @@ def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options)
                                                            "units": "nat"})
     coords = {"layer": np.arange(L), "layer_other": np.arange(L), "variant": list(variants),
               "aggregator": list(AGGREGATORS), "sequence": np.arange(N)}
-    opts = {**options, "cut_positions": {v: cuts[v] for v in variants if v == "future"},
+    opts = {**options, "cut_positions": {v: cuts[v].tolist() for v in variants if v == "future"},
+            "cut_sampling": "Csordas test_future_max_effect: one random.Random(cut_seed) per run; each sequence "
+                            "(eval order) reshuffles range(8, T-4, 8) and takes the first n_cuts",
             "intervened_positions": {"current": "[1, T)", "future": "[1, c)"},
             "measured_positions": {"current": "[1, T)", "future": "[c, T)"},
             "loss_positions": "tau in [1, T-2] predicting token tau+1", "late_window_start": late_window(L),

@@ -30,6 +30,19 @@ WINDOW_STARTS = ("zero", "quarter", "half")
 CROSSING_QS = (0.5, 0.25, 0.1, 0.01)
 
 
+PERM_DEFINITIONS = {"perm_abs": "P_abs = L(swap i,j) - L(id), nats", "perm_rel": "P_rel = P_abs / L(id)",
+                    "perm_kl": "P_KL = mean KL(p_id || p_swap), nats"}
+
+
+def definition(metric: str, *, variant: str | None = None, aggregator: str | None = None, norm: str | None = None,
+               swap: str | None = None) -> str:
+    """One line naming what a headline measures: 'causal C(s,t): variant=current, aggregator=max, norm=update'."""
+    if metric in ("causal", "direct"):
+        name = "causal C(s,t)" if metric == "causal" else "direct C_dir(s,t)"
+        return f"{name}: variant={variant}, aggregator={aggregator}, norm={norm or 'update'}"
+    return f"permutation {PERM_DEFINITIONS.get(metric, metric)}" + (f", swap={swap}" if swap else "")
+
+
 def default_thresholds(metric: str) -> np.ndarray:
     """θ grids: C on [0, 1.5] step 0.05; P_abs/P_KL log-spaced 0.005–2 nats; P_rel log-spaced 0.005–1."""
     if metric in ("causal", "direct"):
@@ -251,6 +264,11 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
            "comparison": "strict >", "note": note,
            "shard_mean": shards.attrs["mean"] if shards is not None else None,
            "shard_sd": shards.attrs["sd"] if shards is not None else None}
+    causal = metric in ("causal", "direct")
+    out["norm"] = str(ds.attrs.get("norm", "update")) if causal else metric.removeprefix("perm_")
+    out["definition"] = definition(metric, variant=variant if causal else None,
+                                   aggregator=aggregator if causal else None, norm=out["norm"] if causal else None,
+                                   swap=ds.attrs.get("swap") if not causal else None)
     if metric in ("causal", "direct") and "null_score" in ds:
         out["noise_floor"] = float(ds["null_score"].sel(variant=variant).values) if "variant" in \
             ds["null_score"].dims else float(ds["null_score"].values)

@@ -200,6 +200,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            variant: Annotated[str, typer.Option(help="current | future")] = "current",
            agg: Annotated[str, typer.Option("--agg", help="max | mean | p95 | p99 | pooled")] = "max",
            unit: Annotated[str, typer.Option(help="block | attn | mlp")] = "block",
+           norm: Annotated[str, typer.Option("--norm", help="Ratio denominator: update (|u_t|, Csordás) | resid (|h_t|, the residual stream entering t)")] = "update",
            layers: Annotated[str, typer.Option(help="Skipped layers: all | late")] = "all",
            direct: Annotated[bool, typer.Option("--direct", help="Also compute the direct-effect companion C_dir.")] = False,
            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
@@ -211,6 +212,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_choice(variant, ("current", "future"), "--variant")
     check_choice(agg, ("max", "mean", "p95", "p99", "pooled"), "--agg")
     check_choice(unit, ("block", "attn", "mlp"), "--unit")
+    check_choice(norm, ("update", "resid"), "--norm")
     check_choice(layers, ("all", "late"), "--layers")
     check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
@@ -221,12 +223,13 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
     with busy(f"causal scores of {ckpt} (skipping each layer)"):
-        ds = causal_scores(model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit, direct=direct,
-                           checkpoint=ck, **_opts(c))
-    write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold}"))
+        ds = causal_scores(model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit, norm=norm,
+                           direct=direct, checkpoint=ck, **_opts(c))
+    write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
+                                                 f"--norm {norm}"))
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
-    lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): causal score C(s,t), {variant}/{agg}, unit={unit}",
+    lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
              f"share C > {threshold}: {_fmt_share(h)}",
              f"noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
              f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
@@ -261,8 +264,7 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
-    unit = {"abs": "nats", "rel": "x clean loss", "kl": "nats KL"}[norm]
-    lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): permutation score ({norm}, {unit}), swap={swap}",
+    lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}",
              f"clean loss {h.get('clean_loss', float('nan')):.4f} nats; share P > {threshold}: {_fmt_share(h)}",
              f"dataset: {path}"]
     emit(h, as_json, lines, _matrix_view(score_matrix(ds, metric, None, None)))
@@ -417,12 +419,16 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         from ..analysis.plots import share_curves as draw
 
         save_figure(draw(headline_curves, headline=theta), plot)
-    h: dict[str, Any] = {"metric": metric, "headline_threshold": theta, "checkpoints": names, "out": str(path),
-                         "plot": str(plot) if plot else None}
+    from ..analysis.sweep import definition
+
+    defn = definition(metric, variant=sel.get("variant"), aggregator=sel.get("aggregator"),
+                      swap="body" if metric != "causal" else None)
+    h: dict[str, Any] = {"metric": metric, "definition": defn, "headline_threshold": theta, "checkpoints": names,
+                         "out": str(path), "plot": str(plot) if plot else None}
     if rob is not None:
         h["ranking_order"] = rank_order or names
         h["ranking_fraction"] = float(rob["fraction"])
-    lines = [f"share(θ) for {metric} over {len(ds['threshold'])} thresholds, {len(names)} checkpoint(s)"]
+    lines = [f"share(θ) for {defn} over {len(ds['threshold'])} thresholds, {len(names)} checkpoint(s)"]
     if "crossing" in ds:
         lines.append("crossing points θ_q (share falls to q):")
         cr = ds["crossing"]
@@ -518,7 +524,8 @@ def compare(ckpts: CkptsArg,
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="headline shares over the late window (95% bootstrap CI)")
+    defs = "; ".join(dict.fromkeys(r[m]["definition"] for r in rows for m in wanted))
+    t = Table(title="headline shares over the late window (95% bootstrap CI)", caption=defs)
     for col in ("checkpoint", "design", "L", *wanted):
         t.add_column(col)
     for r in rows:

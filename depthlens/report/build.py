@@ -341,9 +341,9 @@ RECORD_KEYS = (
     "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
     "val_loss", "eval_loss",
     "causal_share", "causal_ci_low", "causal_ci_high", "causal_shard_mean", "causal_shard_sd", "causal_n_pairs",
-    "causal_noise_floor",
+    "causal_noise_floor", "causal_definition",
     "causal_theta_50", "causal_theta_10",
-    "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_theta_50", "perm_theta_10",
+    "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_definition", "perm_theta_50", "perm_theta_10",
     "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
 )
 
@@ -363,6 +363,7 @@ def _headline_fields(prefix: str, h: dict[str, Any]) -> dict[str, Any]:
             "shard_sd": "shard_sd"}
     out = {f"{prefix}_{k}": _f(h.get(v)) for k, v in keys.items()}
     out[f"{prefix}_n_pairs"] = h["n_pairs"]
+    out[f"{prefix}_definition"] = h.get("definition")
     return out
 
 
