@@ -3,6 +3,7 @@
     import depthlens.analysis.api as dl
     ds = dl.causal("ckpt/preln_l32")                        # default eval data: held-out corpus split
     ds = dl.permutation(model, data, pairs="late", swap="body")
+    ds = dl.run("permute", "ckpt/hc_l32")                    # any diagnostic by registry name or alias
     both = dl.compare(dl.causal, ["ckpt/preln_l32", "ckpt/hc_l32"])   # stacked along `checkpoint`
 
 Every result records its options and provenance (checkpoint SHA-256, config JSON, design, eval-data hash,
@@ -12,6 +13,7 @@ tokenizer (bytes when the checkpoint has none), seq_len = min(256, max_seq_len).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,11 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 import xarray as xr
 
-from depthlens.analysis import angular as _angular
-from depthlens.analysis import attnres as _attnres
-from depthlens.analysis import causal as _causal
-from depthlens.analysis import permutation as _permutation
-from depthlens.analysis import rank as _rank
+from depthlens.analysis import registry
 from depthlens.analysis.dataset import concat_checkpoints
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
 
@@ -79,31 +77,38 @@ def _is_shards(data: Any) -> bool:
     return isinstance(data, (str, os.PathLike)) and Path(data).is_dir()
 
 
-def _run(fn: Callable[..., xr.Dataset], model_or_path: Any, data: Any, opts: dict[str, Any],
+def _run(name: str, model_or_path: Any, data: Any, opts: dict[str, Any],
          data_opts: Sequence[str] = ("n_seq", "seq_len", "seed"), device: str = "cpu",
          dtype: torch.dtype | None = None) -> xr.Dataset:
+    """Load, build the eval data, then run diagnostic `name` through the registry (the CLI's path too)."""
     model, ckpt = load_model(model_or_path, device=device, dtype=dtype)
     dkw = {k: opts.pop(k) for k in data_opts if k in opts}
-    return fn(model, eval_data_for(model, data, ckpt, **dkw), checkpoint=ckpt, **opts)
+    return registry.run(name, model, eval_data_for(model, data, ckpt, **dkw), checkpoint=ckpt, **opts)
+
+
+def run(name: str, model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+        **opts: Any) -> xr.Dataset:
+    """Any diagnostic by registry name or alias ("causal", "permute", "rank", ...), with its engine's opts."""
+    return _run(name, model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def angular(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
             **opts: Any) -> xr.Dataset:
     """Angular distance D_n(ℓ) (opts: positions='last'|'all', repr='view'|'flatten'|'input', batch_size)."""
-    return _run(_angular.angular_distances, model_or_path, data, opts, device=device, dtype=dtype)
+    return _run("angular", model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def causal(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
            **opts: Any) -> xr.Dataset:
     """Causal score C(s, t) (opts: variants, layers, unit, norm, direct, n_cuts, batch_size, ...)."""
-    return _run(_causal.causal_scores, model_or_path, data, opts, device=device, dtype=dtype)
+    return _run("causal", model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def layer_skip_loss(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
                     **opts: Any) -> xr.Dataset:
     """ΔL_skip(s) and O[s] for every layer (the `current` skip, no update ratios: cost (L+1)/2 passes)."""
     opts = {"layers": "all", **opts, "variants": ("current",), "measure": False, "null": False}
-    ds = _run(_causal.causal_scores, model_or_path, data, opts, device=device, dtype=dtype)
+    ds = _run("causal", model_or_path, data, opts, device=device, dtype=dtype)
     ds.attrs.update(metric="layer_skip_loss", title="depthlens layer-skip loss")
     return ds
 
@@ -111,30 +116,31 @@ def layer_skip_loss(model_or_path: Any, data: Any = None, *, device: str = "cpu"
 def permutation(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
                 **opts: Any) -> xr.Dataset:
     """Permutation score P_abs/P_rel/P_KL (opts: pairs='late'|'all'|[(i, j)], swap='body'|'all', batch_size)."""
-    return _run(_permutation.permutation_scores, model_or_path, data, opts, device=device, dtype=dtype)
+    return _run("permutation", model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def effective_rank(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
                    **opts: Any) -> xr.Dataset:
     """Effective rank of residual-mixing products (multi-stream designs; opts: widths, batch_size)."""
-    return _run(_rank.effective_rank_dataset, model_or_path, data, opts, device=device, dtype=dtype)
+    return _run("rank", model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def attnres(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
             **opts: Any) -> xr.Dataset:
     """AttnRes self-weight, dead prefix k*(ε), consumption, mass families (opts: eps_grid, batch_size)."""
-    return _run(_attnres.attnres_dataset, model_or_path, data, opts, device=device, dtype=dtype)
+    return _run("attnres", model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def depth_mixing(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
                  **opts: Any) -> xr.Dataset:
     """Token-mean depth-mixing matrix M[i → j] for any design."""
-    return _run(_attnres.depth_mixing_dataset, model_or_path, data, opts, device=device, dtype=dtype)
+    return _run("mixing", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def compare(fn: Callable[..., xr.Dataset], checkpoints: Sequence[Any], data: Any = None, *,
+def compare(fn: Callable[..., xr.Dataset] | str, checkpoints: Sequence[Any], data: Any = None, *,
             names: Sequence[str] | None = None, **opts: Any) -> xr.Dataset:
-    """Run one of the functions above on several checkpoints with the same eval data; stack along `checkpoint`.
+    """Run one of the functions above (or a diagnostic by registry name, e.g. "permute") on several
+    checkpoints with the same eval data; stack along `checkpoint`.
 
     The default eval data is built once (from the first checkpoint's tokenizer) and reused, so every
     checkpoint sees identical tokens.
@@ -148,4 +154,6 @@ def compare(fn: Callable[..., xr.Dataset], checkpoints: Sequence[Any], data: Any
     names = list(names) if names is not None else [
         Path(c).name if isinstance(c, (str, os.PathLike)) else f"{getattr(c.design, 'slug', 'model')}_{k}"
         for k, c in enumerate(checkpoints)]
+    if isinstance(fn, str):
+        fn = functools.partial(run, registry.get(fn).name)
     return concat_checkpoints([fn(c, data, **opts) for c in checkpoints], names)

@@ -105,6 +105,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
 
 NAMES: tuple[str, ...] = tuple(d.name for d in DIAGNOSTICS)
 _BY_NAME = {n: d for d in DIAGNOSTICS for n in (d.name, *d.aliases)}
+ALIASES: tuple[str, ...] = tuple(_BY_NAME)  # every accepted diagnostic name
 _SCORES = {s.key: (d, s) for d in DIAGNOSTICS for s in d.scores}
 SCORE_KEYS: tuple[str, ...] = tuple(_SCORES)  # every headline score
 SWEEPABLE: tuple[str, ...] = tuple(k for k, (_, s) in _SCORES.items() if not s.optional)  # compare/sweep choices

@@ -176,12 +176,10 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
     check_choice(repr, ("view", "flatten", "input"), "--repr")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
-    from ..analysis.angular import angular_distances
-
     model, ck = open_model(ckpt, c)
     with busy(f"angular distances of {ckpt}"):
-        ds = angular_distances(model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
-                               **_opts(c))
+        ds = registry.run("angular", model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
+                          **_opts(c))
     write(ds, path, ow, _cmdline("angular", ckpt))
     import numpy as np
 
@@ -217,14 +215,13 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
-    from ..analysis.causal import causal_scores
     from ..analysis.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
     with busy(f"causal scores of {ckpt} (skipping each layer)"):
-        ds = causal_scores(model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit, norm=norm,
-                           direct=direct, checkpoint=ck, **_opts(c))
+        ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
+                          norm=norm, direct=direct, checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
                                                  f"--norm {norm}"))
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
@@ -254,12 +251,12 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
-    from ..analysis.permutation import permutation_scores
     from ..analysis.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
     with busy(f"permutation scores of {ckpt} (swapping layer pairs)"):
-        ds = permutation_scores(model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck, **_opts(c))
+        ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
+                          **_opts(c))
     write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
@@ -278,11 +275,9 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
-    from ..analysis.rank import effective_rank_dataset
-
     model, ck = open_model(ckpt, c)
     with busy(f"effective rank of {ckpt}"):
-        ds = effective_rank_dataset(model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
+        ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("rank", ckpt))
     er = ds["erank"]
     stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
@@ -323,12 +318,12 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
         fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "attnres", overwrite)
-    from ..analysis.attnres import EPS_GRID, attnres_dataset
+    from ..analysis.attnres import EPS_GRID
 
     model, ck = open_model(ckpt, c)
     grid = tuple(sorted(set(EPS_GRID) | {eps}))
     with busy(f"AttnRes weights of {ckpt}"):
-        ds = attnres_dataset(model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
+        ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("attnres", ckpt))
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
@@ -451,18 +446,15 @@ def _first(ds: Any, dim: str) -> Any:
     return pref if pref in vals else vals[0]
 
 
+def _late_run(d: registry.Diagnostic, model: Any, ev: Any, ck: Path | None, c: Common) -> Any:
+    """Diagnostic `d` restricted to what its late-window headline needs (compare and sweep)."""
+    return registry.run(d.name, model, ev, **d.report_opts, **d.late_opts, checkpoint=ck, **_opts(c))
+
+
 def _metric_curves(model: Any, ev: Any, ck: Path, metric: str, grid: list[float] | None, c: Common) -> Any:
     from ..analysis.sweep import share_curves
 
-    if metric == "causal":
-        from ..analysis.causal import causal_scores
-
-        ds = causal_scores(model, ev, variants=("current",), layers="late", checkpoint=ck, **_opts(c))
-    else:
-        from ..analysis.permutation import permutation_scores
-
-        ds = permutation_scores(model, ev, pairs="late", checkpoint=ck, **_opts(c))
-    return share_curves(ds, metric, grid)
+    return share_curves(_late_run(registry.score_owner(metric)[0], model, ev, ck, c), metric, grid)
 
 
 def _progress(items: list[Path], what: str):
@@ -499,8 +491,6 @@ def compare(ckpts: CkptsArg,
     for m in wanted:
         check_choice(m, METRIC_CHOICES, "--metrics")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
-    from ..analysis.causal import causal_scores
-    from ..analysis.permutation import permutation_scores
     from ..analysis.sweep import headline
 
     rows, ev = [], None
@@ -509,14 +499,11 @@ def compare(ckpts: CkptsArg,
         ev = ev or eval_data(model, ck, c)
         row: dict[str, Any] = {"checkpoint": p.resolve().name, "design": getattr(model.design, "slug", "?"),
                                "n_layer": int(model.n_layer)}
-        if "causal" in wanted:
-            ds = causal_scores(model, ev, variants=("current",), layers="late", checkpoint=ck, **_opts(c))
-            row["causal"] = headline(ds, "causal", n_boot=n_boot, seed=seed)
-        perms = [m for m in wanted if m.startswith("perm_")]
-        if perms:
-            ds = permutation_scores(model, ev, pairs="late", checkpoint=ck, **_opts(c))
-            for m in perms:
-                row[m] = headline(ds, m, n_boot=n_boot, seed=seed)
+        for d in registry.DIAGNOSTICS:  # one engine run per diagnostic, however many of its scores are wanted
+            keys = [m for m in wanted if registry.score_owner(m)[0] is d]
+            if keys:
+                ds = _late_run(d, model, ev, ck, c)
+                row.update({m: headline(ds, m, n_boot=n_boot, seed=seed) for m in keys})
         rows.append(row)
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=_json_default))

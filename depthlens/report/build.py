@@ -8,7 +8,7 @@ Steps (`build_report`):
 3. `report_eval_data`: one EvalData shared by every checkpoint (built once, as `api.compare` does):
    the held-out split of the offline corpus (or `--data`), `n_seq` x `seq_len` tokens, seq_len capped at
    the smallest `max_seq_len` of the set.
-4. `compute`: for every checkpoint the applicable diagnostics (`applies`): causal (current variant, every
+4. `compute`: for every checkpoint the applicable diagnostics (`registry`): causal (current variant, every
    layer skipped), permutation (late pairs), angular, depth mixing, effective rank (HC/mHC) and
    AttnRes self-weights (Full/Block AttnRes).
 5. `summarise`: the table records (headline shares with bootstrap CIs over sequences, effective rank,
@@ -40,32 +40,24 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from depthlens.analysis import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_write_text
 
-METRICS = ("causal", "permutation", "angular", "mixing", "rank", "attnres")
-MULTI_STREAM = ("hc", "mhc")
-ATTNRES = ("full_attnres", "block_attnres")
-SWEEP_METRICS = {"causal": "causal", "permutation": "perm_abs"}  # report metric -> sweep.METRICS key
+METRICS = registry.NAMES  # every diagnostic, in table/file order
+SWEEP_METRICS = {d.name: d.headline.key for d in registry.DIAGNOSTICS if d.headline}  # -> sweep.METRICS key
 DEAD_PREFIX_EPS = 0.05
 DEFAULT_N_SEQ = 32
 DEFAULT_SEQ_LEN = 128
 DEFAULT_N_BOOT = 1000
 
 
-def applies(metric: str, slug: str) -> bool:
-    """Whether `metric` is defined for design `slug` (rank: HC/mHC; attnres: Full/Block AttnRes)."""
-    if metric == "rank":
-        return slug in MULTI_STREAM
-    if metric == "attnres":
-        return slug in ATTNRES
-    return True
-
-
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """'causal,permutation' (or a list) → canonical-order tuple; ValueError (usage) on unknown names."""
+    """'causal,permutation' (or a list; registry aliases such as 'permute' too) → canonical-order tuple;
+    ValueError (usage) on unknown names."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in METRICS]
+    bad = [n for n in names if n not in registry.ALIASES]
+    names = [registry.get(n).name for n in names if n in registry.ALIASES]
     if bad or not names:
         err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
                          if bad else f"--metrics: give at least one of {','.join(METRICS)}")
@@ -90,6 +82,11 @@ class ReportOptions:
     batch_size: int | None = None
     threads: int | None = 1  # torch CPU threads while computing; None/0 = leave torch's setting
 
+
+    def engine_options(self, metric: str) -> dict[str, Any]:
+        """Options of diagnostic `metric`'s engine: its registry defaults plus this report's choices."""
+        own = {"causal": {"layers": self.causal_layers}, "permutation": {"pairs": self.perm_pairs}}.get(metric, {})
+        return {**registry.get(metric).report_opts, **own, "batch_size": self.batch_size}
 
     def as_dict(self) -> dict[str, Any]:
         return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
@@ -251,29 +248,9 @@ def report_eval_data(entries: Sequence[Entry], opts: ReportOptions):
 # 4. diagnostics
 
 
-def _run_metric(metric: str, e: Entry, data, opts: ReportOptions):
-    from depthlens.analysis import angular, attnres, causal, permutation, rank
-
-    bs = opts.batch_size
-    if metric == "causal":
-        return causal.causal_scores(e.model, data, variants=("current",), layers=opts.causal_layers,
-                                    batch_size=bs, checkpoint=e.path)
-    if metric == "permutation":
-        return permutation.permutation_scores(e.model, data, pairs=opts.perm_pairs, swap="body", batch_size=bs,
-                                              checkpoint=e.path)
-    if metric == "angular":
-        return angular.angular_distances(e.model, data, positions="all", batch_size=bs, checkpoint=e.path)
-    if metric == "mixing":
-        return attnres.depth_mixing_dataset(e.model, data, batch_size=bs, checkpoint=e.path)
-    if metric == "rank":
-        return rank.effective_rank_dataset(e.model, data, batch_size=bs, checkpoint=e.path)
-    if metric == "attnres":
-        return attnres.attnres_dataset(e.model, data, batch_size=bs, checkpoint=e.path)
-    raise DepthlensError(f"unknown metric {metric!r}")
-
-
 def tasks(entries: Sequence[Entry], opts: ReportOptions) -> list[tuple[Entry, str]]:
-    return [(e, m) for e in entries for m in opts.metrics if applies(m, e.slug)]
+    """(checkpoint, diagnostic) pairs to run: the requested diagnostics that apply to each design."""
+    return [(e, m) for e in entries for m in opts.metrics if registry.get(m).applies(e.slug)]
 
 
 def compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> None:
@@ -299,7 +276,7 @@ def _compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Prog
         for e, m in tasks(entries, opts):
             t0 = time.perf_counter()
             try:
-                e.datasets[m] = _run_metric(m, e, data, opts)
+                e.datasets[m] = registry.run(m, e.model, data, checkpoint=e.path, **opts.engine_options(m))
             except (DepthlensError, ValueError) as err:
                 e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
             e.seconds[m] = round(time.perf_counter() - t0, 3)
@@ -376,27 +353,24 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
              params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
              seconds=round(sum(e.seconds.values()), 2))
-    ds = e.datasets.get("causal")
-    if ds is not None:
-        h = _headline(ds, "causal", opts)
+    for d in registry.DIAGNOSTICS:  # the headline share of every diagnostic that has one, and its crossings
+        ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
+        h = _headline(ds, d.headline.key, opts) if ds is not None and d.headline else None
         if h:
-            r.update(_headline_fields("causal", h), causal_noise_floor=_f(h.get("noise_floor")))
-        if "clean_loss_seq" in ds:
-            r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
-                ds["clean_loss_seq"].values).any() else None
-    ds = e.datasets.get("permutation")
-    if ds is not None:
-        h = _headline(ds, "perm_abs", opts)
-        if h:
-            r.update(_headline_fields("perm", h))
-        if r["eval_loss"] is None and "clean_loss" in ds:
-            r["eval_loss"] = _f(ds["clean_loss"].values)
-    for metric, key in (("causal", "causal"), ("permutation", "perm")):
-        sw = sweeps.get(metric)
+            r.update(_headline_fields(d.prefix, h))
+            if f"{d.prefix}_noise_floor" in r:
+                r[f"{d.prefix}_noise_floor"] = _f(h.get("noise_floor"))
         if sw is not None and e.name in sw["checkpoint"].values:
             cr = sw["crossing"].sel(checkpoint=e.name)
-            r[f"{key}_theta_50"] = _f(cr.sel(q=0.5).values)
-            r[f"{key}_theta_10"] = _f(cr.sel(q=0.1).values)
+            r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
+            r[f"{d.prefix}_theta_10"] = _f(cr.sel(q=0.1).values)
+    ds = e.datasets.get("causal")
+    if ds is not None and "clean_loss_seq" in ds:
+        r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
+            ds["clean_loss_seq"].values).any() else None
+    ds = e.datasets.get("permutation")
+    if ds is not None and r["eval_loss"] is None and "clean_loss" in ds:
+        r["eval_loss"] = _f(ds["clean_loss"].values)
     ds = e.datasets.get("rank")
     if ds is not None:
         r["erank_full"] = _f(ds["erank"].sel(product="full", statistic="mean").values)

@@ -224,22 +224,15 @@ def checkpoint_figures(e, fig_dir: Path, record: dict[str, Any] | None = None) -
     summary.json, from `build.record`) supplies the headline shares shown in the heatmap titles."""
     record = record or {}
     shares = {d.name: record.get(f"{d.prefix}_share") for d in registry.DIAGNOSTICS if d.scores}
-    makers: dict[str, Callable[[], Any]] = {
-        "angular": lambda ds: fig_angular(ds, e),
-        "causal": lambda ds: fig_causal(ds, e, shares.get("causal")),
-        "permutation": lambda ds: fig_permutation(ds, e, shares.get("permutation")),
-        "mixing": lambda ds: fig_mixing(ds, e),
-        "attnres": lambda ds: fig_attnres(ds, e),
-        "rank": lambda ds: fig_rank(ds, e),
-    }
     out: dict[str, str] = {}
-    for metric in ("causal", "permutation", "angular", "mixing", "attnres", "rank"):
-        ds = e.datasets.get(metric)
-        if ds is None:
+    for d in registry.DIAGNOSTICS:
+        metric, ds = d.name, e.datasets.get(d.name)
+        if ds is None or d.figure is None:
             continue
+        draw = registry.resolve(d.figure)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices in masked triangles
-            fig = makers[metric](ds)
+            fig = draw(ds, e, share=shares.get(metric)) if d.headline else draw(ds, e)
         if fig is None:
             e.notes.append(f"{metric}: nothing to plot")
             continue
@@ -385,7 +378,7 @@ def cross_figures(rep, fig_dir: Path) -> dict[str, str]:
         jobs.append((f"sweep_{metric}", lambda sw=sw, metric=metric: fig_share_curves(sw, metric)))
     if rep.records:
         jobs.append(("summary", lambda: fig_summary(rep.records)))
-    for metric in ("causal", "permutation"):
+    for metric in (d.name for d in registry.DIAGNOSTICS if d.headline):
         if any(metric in e.datasets for e in rep.entries):
             jobs.append((f"overview_{metric}", lambda metric=metric: fig_overview(rep.entries, metric)))
     for key, make in jobs:
