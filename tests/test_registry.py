@@ -94,3 +94,37 @@ def test_run_dispatches_to_the_engine_with_the_options_as_given():
     want = angular_distances(model, data, positions="all")
     assert got["angular_distance"].equals(want["angular_distance"])
     assert got.attrs["positions"] == want.attrs["positions"] == "all"
+
+
+# --- readout keys (depthlens.models.readouts) ---------------------------------------------------------------
+
+def test_readout_key_round_trip_and_refusals():
+    from depthlens.models.readouts import ReadoutKey, parse_readout_key, readout_key, sublayer_label
+
+    assert readout_key("res_map", sublayer=3) == "sub3.res_map"
+    assert readout_key("res_map", sublayer=3, static=True) == "static.sub3.res_map"
+    assert readout_key("alpha", final=True) == "final.alpha" and readout_key("h0") == "h0"
+    for key in ("sub12.alpha", "static.final.w", "h0", "static.sub0.H_res", "final.self_weight"):
+        p = parse_readout_key(key)
+        assert readout_key(p.name, p.sublayer, static=p.static, final=p.final) == key
+    assert parse_readout_key("static.sub3.res_map") == ReadoutKey("res_map", 3, True, False)
+    for bad in ("sub.alpha", "sub3.", "sub3.res.map", "3.alpha"):
+        with pytest.raises(ValueError):
+            parse_readout_key(bad)
+    with pytest.raises(ValueError):
+        readout_key("alpha", sublayer=2, final=True)
+    with pytest.raises(ValueError):
+        readout_key("alpha", sublayer=-1)
+    assert [sublayer_label(j) for j in range(4)] == ["attn_0", "mlp_0", "attn_1", "mlp_1"]
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_every_readout_a_model_writes_parses(slug):
+    """No design writes a key that `readout_key` could not have built."""
+    from depthlens.models.readouts import parse_readout_key, readout_key
+
+    torch.manual_seed(0)
+    model = debug_model(slug, n_layer=2)
+    for key in model.readouts(torch.randint(0, model.config.vocab_size, (1, 8))):
+        p = parse_readout_key(key)
+        assert readout_key(p.name, p.sublayer, static=p.static, final=p.final) == key

@@ -21,11 +21,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 import xarray as xr
+from einops import rearrange
 
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
 from depthlens.analysis.metrics import dead_prefix
 from depthlens.errors import DepthlensError
+from depthlens.models.readouts import readout_key
 
 EPS_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
 FAMILIES = ("embedding", "current", "history")
@@ -33,14 +35,13 @@ PARTIAL = "partial"  # Block AttnRes label of the current block's running sum
 
 
 def _alpha(record: Mapping[str, Any], j: int, labels: Sequence[str]) -> torch.Tensor:
-    """sub{j}.alpha as (S, B, T) float64 from the routers' (B, T, S) layout (or the spec's (S, B, T))."""
-    a = torch.as_tensor(record[f"sub{j}.alpha"]).double()
+    """sub{j}.alpha as (S, B, T) float64 from the routers' (B, T, S) layout."""
+    key = readout_key("alpha", sublayer=j)
+    a = torch.as_tensor(record[key]).double()
     S = len(labels)
     if a.dim() == 3 and a.shape[-1] == S:
-        return a.permute(2, 0, 1)
-    if a.dim() == 3 and a.shape[0] == S:
-        return a
-    raise DepthlensError(f"sub{j}.alpha has shape {tuple(a.shape)}, expected ({S}, B, T) for {S} source labels")
+        return rearrange(a, "b t s -> s b t")
+    raise DepthlensError(f"{key} has shape {tuple(a.shape)}, expected (B, T, {S}) for {S} source labels")
 
 
 class _Means:
@@ -64,21 +65,21 @@ class _Means:
 
 def accumulate_record(acc: _Means, record: Mapping[str, Any], n_sub: int) -> list[list[str]]:
     """Add one batch's AttnRes readouts; returns the source labels per sublayer."""
-    if "sub0.alpha" not in record:
+    if readout_key("alpha", sublayer=0) not in record:
         raise DepthlensError("AttnRes self-weight needs sub{j}.alpha readouts (full_attnres, block_attnres)")
     labels = []
     for j in range(n_sub):
-        lab = [str(x) for x in record[f"sub{j}.source_labels"]]
+        lab = [str(x) for x in record[readout_key("source_labels", sublayer=j)]]
         labels.append(lab)
         a = _alpha(record, j, lab)
-        self_w = torch.as_tensor(record.get(f"sub{j}.self_weight", a[-1])).double()
-        emb_w = torch.as_tensor(record.get(f"sub{j}.embedding_weight", a[0])).double()
+        self_w = torch.as_tensor(record[readout_key("self_weight", sublayer=j)]).double()
+        emb_w = torch.as_tensor(record[readout_key("embedding_weight", sublayer=j)]).double()
         acc.add(("self", j), self_w)
         acc.add(("emb", j), emb_w)
         acc.add(("hist", j), 1.0 - torch.nan_to_num(self_w) - emb_w)
         # layer value s_l: per token nanmean of the two sublayers (the first one can be undefined)
         if j % 2 == 1:
-            prev = torch.as_tensor(record.get(f"sub{j - 1}.self_weight", _alpha(record, j - 1, labels[-2])[-1]))
+            prev = torch.as_tensor(record[readout_key("self_weight", sublayer=j - 1)])
             pair = torch.stack([prev.double(), self_w])
             both = torch.where(torch.isnan(pair).all(0), torch.nan, torch.nan_to_num(pair).sum(0) /
                                (~torch.isnan(pair)).sum(0).clamp_min(1))
@@ -184,8 +185,8 @@ def depth_mixing_dataset(model, data: EvalData, *, batch_size: int | None = None
             continue
         rec = model.readouts(toks) if hasattr(model, "readouts") else {}
         for j in range(2 * L):
-            if f"sub{j}.depth_mass" in rec:
-                m = torch.as_tensor(rec[f"sub{j}.depth_mass"]).double()
+            if readout_key("depth_mass", sublayer=j) in rec:
+                m = torch.as_tensor(rec[readout_key("depth_mass", sublayer=j)]).double()
                 m = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
                 prev = masses.get(j, (0, 0))
                 masses[j] = (prev[0] + m, prev[1] + toks.shape[0] * (toks.shape[1] - 1))

@@ -29,6 +29,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens._version import __version__
+from depthlens.data.shards import sha256_file  # the one streamed file hash
 from depthlens.errors import CheckpointError, DepthlensError
 
 LAYER_DIMS = ("layer", "layer_other")
@@ -131,13 +132,6 @@ def _hash_file_into(h, path: Path) -> None:
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of one file, streamed (same value as `sha256sum`)."""
-    h = hashlib.sha256()
-    _hash_file_into(h, Path(path))
-    return h.hexdigest()
 
 
 def checkpoint_sha256(checkpoint_dir: str | os.PathLike, files: Sequence[str] = CHECKPOINT_FILES) -> str:

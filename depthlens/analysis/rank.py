@@ -30,12 +30,11 @@ from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
 from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
 from depthlens.errors import DepthlensError
+from depthlens.models.readouts import readout_key
 
 PRODUCTS = ("full", "late", "interior")
 STOCHASTIC_TOL = 1e-3  # |row/column sum − 1| that still counts as stochastic: 20 Sinkhorn steps leave ~3e-5 on columns
 STATISTICS = ("mean", "median", "q25", "q75", "max")
-RES_KEY = "res_map"
-STATIC_KEYS = ("res_map", "res_static", "res_bias_map")  # names a router may give its static (α = 0) map
 
 
 def default_widths(n_sub: int) -> list[int]:
@@ -49,21 +48,22 @@ def default_widths(n_sub: int) -> list[int]:
 
 def res_maps(record: Mapping[str, Any], n_sub: int) -> torch.Tensor:
     """Stack `sub{j}.res_map` for j = 0..n_sub−1 into (B, T, K, n, n) float64."""
-    missing = [j for j in range(n_sub) if f"sub{j}.{RES_KEY}" not in record]
+    keys = [readout_key("res_map", sublayer=j) for j in range(n_sub)]
+    missing = [j for j, k in enumerate(keys) if k not in record]
     if missing:
         raise DepthlensError("effective rank needs a multi-stream design (hc, mhc): the model records no "
-                             f"'sub{{j}}.{RES_KEY}' readout (missing for sublayers {missing[:4]}...)")
-    return torch.stack([torch.as_tensor(record[f"sub{j}.{RES_KEY}"]).double() for j in range(n_sub)], dim=2)
+                             f"'sub{{j}}.res_map' readout (missing for sublayers {missing[:4]}...)")
+    return torch.stack([torch.as_tensor(record[k]).double() for k in keys], dim=2)
 
 
 def static_res_maps(record: Mapping[str, Any], n_sub: int) -> tuple[torch.Tensor | None, str | None]:
-    """(K, n, n) static maps from `static.sub{j}.<name>` (first of STATIC_KEYS present), or (None, note)."""
-    for name in STATIC_KEYS:
-        if all(f"static.sub{j}.{name}" in record for j in range(n_sub)):
-            maps = [torch.as_tensor(record[f"static.sub{j}.{name}"]).double() for j in range(n_sub)]
-            if all(m.dim() == 2 and m.shape[0] == m.shape[1] for m in maps):
-                return torch.stack(maps), None
-    return None, f"no static residual map readouts (static.sub{{j}}.{{{','.join(STATIC_KEYS)}}}); static part skipped"
+    """(K, n, n) static maps from the routers' `static.sub{j}.res_map` readouts, or (None, note)."""
+    keys = [readout_key("res_map", sublayer=j, static=True) for j in range(n_sub)]
+    if all(k in record for k in keys):
+        maps = [torch.as_tensor(record[k]).double() for k in keys]
+        if all(m.dim() == 2 and m.shape[0] == m.shape[1] for m in maps):
+            return torch.stack(maps), None
+    return None, "no static residual map readouts (static.sub{j}.res_map); static part skipped"
 
 
 def _stats(x: np.ndarray) -> np.ndarray:

@@ -114,7 +114,7 @@ def write(ds: Any, path: Path, overwrite: bool, command: str) -> None:
 
 def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: Any = None) -> None:
     if as_json:
-        typer.echo(json.dumps(headline, indent=2, default=_json_default))
+        typer.echo(_json(headline))
         return
     from rich.console import Console
 
@@ -125,11 +125,11 @@ def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: A
         con.print(view)
 
 
-def _json_default(x: Any) -> Any:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return str(x)
+def _json(x: Any) -> str:
+    """JSON text of a headline (NaN → null, numpy → Python, anything else → its str)."""
+    from ..io.jsonsafe import jsonable
+
+    return json.dumps(jsonable(x), indent=2, default=str)
 
 
 def _fmt_share(h: dict[str, Any]) -> str:
@@ -506,7 +506,7 @@ def compare(ckpts: CkptsArg,
                 row.update({m: headline(ds, m, n_boot=n_boot, seed=seed) for m in keys})
         rows.append(row)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2, default=_json_default))
+        typer.echo(_json(rows))
         return
     from rich.console import Console
     from rich.table import Table

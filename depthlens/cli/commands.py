@@ -46,6 +46,7 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     import torch
 
     from ..adapters.load import open_model
+    from ..models.readouts import parse_readout_key
 
     m = open_model(ckpt).model
     names = m.hook_names()
@@ -53,8 +54,8 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     if hasattr(m, "readouts"):  # native designs; foreign models expose hook points only
         toks = torch.zeros(1, min(4, m.config.max_seq_len), dtype=torch.long)
         r = m.readouts(toks)
-        readouts = sorted({k.split(".", 1)[1] if k.startswith("sub") else k for k in r if not k.startswith("static.")} |
-                          {k.split(".", 2)[2] for k in r if k.startswith("static.")})
+        keys = [(k, parse_readout_key(k)) for k in r]  # per-sublayer and static names once; others in full
+        readouts = sorted({p.name if p.static or p.sublayer is not None else k for k, p in keys})
     if as_json:
         typer.echo(json.dumps({"hooks": names, "readouts": readouts, "resid_view": m.design.view_name,
                                "resid_view_editable": m.design.editable_view}, indent=2))

@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, DepthlensError
+from .jsonsafe import jsonable
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -144,7 +144,7 @@ def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = 
             meta = {"depthlens_version": __version__, "model": model.config.to_dict()}
             (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             if train is not None:
-                (tmp / TRAIN).write_text(json.dumps(_jsonable(train), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                (tmp / TRAIN).write_text(json.dumps(jsonable(train), indent=2, sort_keys=True) + "\n", encoding="utf-8")
             for name, content in (extra_files or {}).items():
                 (tmp / name).write_bytes(content.encode() if isinstance(content, str) else content)
     except CheckpointError:
@@ -152,13 +152,3 @@ def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = 
     except DepthlensError as e:
         raise CheckpointError(str(e)) from None
     return path
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x

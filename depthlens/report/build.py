@@ -28,7 +28,6 @@ lists which checkpoints each file holds.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -43,6 +42,8 @@ import numpy as np
 from depthlens.analysis import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_write_text
+from depthlens.io.jsonsafe import finite_or_none as _f
+from depthlens.io.jsonsafe import jsonable
 
 METRICS = registry.NAMES  # every diagnostic, in table/file order
 SWEEP_METRICS = {d.name: d.headline.key for d in registry.DIAGNOSTICS if d.headline}  # -> sweep.METRICS key
@@ -285,33 +286,6 @@ def _compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Prog
 
 # ---------------------------------------------------------------------------------------------------------------
 # 5. summary, sweeps, robustness
-
-
-def _f(x: Any) -> float | None:
-    """JSON-safe float: NaN/inf/None → None."""
-    if x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return _f(x)
-    if isinstance(x, Path):
-        return str(x)
-    return x
 
 
 RECORD_KEYS = (
