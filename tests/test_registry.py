@@ -56,8 +56,12 @@ def _thresholds_typed(path: Path) -> list[str]:
     return out
 
 
+QUOTED = {"depthlens/report/orderings.py"}  # DepthBench's claims in the paper's own words (its θ, not a default)
+
+
 def test_default_thresholds_are_typed_once():
-    hits = [h for p in sorted(PKG.rglob("*.py")) for h in _thresholds_typed(p)]
+    hits = [h for p in sorted(PKG.rglob("*.py")) if str(p.relative_to(PKG.parent)) not in QUOTED
+            for h in _thresholds_typed(p)]
     assert hits and all(h.startswith("depthlens/analysis/registry.py:") for h in hits), hits
 
 
