@@ -91,19 +91,23 @@ def _fmt(x: float | None, lo: float | None, hi: float | None) -> str:
     return f"{x:.3g}" if lo is None or hi is None else f"{x:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
+CAVEAT = ("Each row is an ordinal claim of the paper at L = 32, checked on these checkpoints with 95 % bootstrap "
+          "CIs where the score has them. 'unresolved' means the intervals overlap: the checkpoints cannot tell. "
+          "On small, briefly trained models an ordering that holds is consistent with the paper, not a "
+          "replication of it, and one that does not hold says little about 400M-scale models.")
+HEAD = ("claim (paper)", "higher", "lower", "here: higher", "here: lower", "verdict")
+
+
+def rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
+    return [[r["paper"], r["higher"], r["lower"], _fmt(r["zoo_higher"], *r["ci_higher"]),
+             _fmt(r["zoo_lower"], *r["ci_lower"]), r["verdict"]] for r in results]
+
+
 def markdown(results: Sequence[dict[str, Any]]) -> str:
     """The report section: one row per claim, verdicts spelled out, and what the table cannot say."""
-    lines = ["## DepthBench's orderings at this scale", "",
-             "Each row is an ordinal claim of the paper at L = 32, checked on this zoo with 95 % bootstrap CIs "
-             "where the score has them. *unresolved* means the intervals overlap: the zoo cannot tell. "
-             "These are 230K-parameter models trained on 819K tokens: an ordering that holds here is "
-             "consistent with the paper, not a replication of it, and one that does not hold says little "
-             "about 400M-scale models.", "",
-             "| claim (paper) | higher | lower | zoo: higher | zoo: lower | verdict |",
-             "|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['paper']} | {r['higher']} | {r['lower']} | {_fmt(r['zoo_higher'], *r['ci_higher'])} | "
-                     f"{_fmt(r['zoo_lower'], *r['ci_lower'])} | {r['verdict']} |")
+    lines = ["## DepthBench's orderings at this scale", "", CAVEAT, "",
+             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows(results)]
     n = {v: sum(r["verdict"].startswith(v) for r in results) for v in ("holds", "reversed", "unresolved")}
     lines += ["", f"Summary: {n['holds']} hold, {n['reversed']} reversed, {n['unresolved']} unresolved, "
               f"of {len(results)} claims (point-estimate verdicts included)."]

@@ -8,6 +8,7 @@ from typing import Any
 
 from depthlens.analysis.registry import CAUSAL, PERM_ABS
 from depthlens.designs import DESIGNS
+from depthlens.report import orderings
 
 NA = "—"
 METRIC_TITLES = {
@@ -144,6 +145,10 @@ def render_html(rep) -> str:
     ]
     if "summary" in rep.figures:
         parts.append(f'<div class="grid">{_img(rep.figures["summary"], "headline numbers against depth")}</div>')
+    checked = orderings.check_all(rep.records)
+    parts.append('<h2 id="orderings">DepthBench\'s orderings at this scale</h2>')
+    parts.append(f"<p>{_h(orderings.CAVEAT)}</p>")
+    parts.append(_html_table(orderings.HEAD, orderings.rows(checked)))
     parts.append('<h2 id="sweeps">Threshold sweeps and crossing points</h2>')
     parts.append("<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
                  "is the headline θ. θ_q is where S falls to q (NaN/— when the grid never brackets it).</p>")
@@ -216,6 +221,7 @@ def render_markdown(rep) -> str:
            "", _md_table(TABLE_HEAD, table_rows(recs)), ""]
     if "summary" in rep.figures:
         out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
+    out += [orderings.markdown(orderings.check_all(recs)), ""]
     out += ["## Threshold sweeps and crossing points", ""]
     for k, p in rep.figures.items():
         if k.startswith("sweep_"):
