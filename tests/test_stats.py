@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from depthlens.analysis import stats as S
-from depthlens.analysis.metrics import RatioAggregator
 
 torch.set_num_threads(1)
 
@@ -108,25 +107,6 @@ def test_bootstrap_recomputes_max_inside_resample():
     low, high, samples = S.bootstrap_ci(lambda idx: x[idx].max(), 20, n_boot=300, seed=0)
     assert samples.max() <= 19 and low < 19  # resamples often miss the largest sequence
     assert high == 19
-
-
-def test_bootstrap_array_statistic_with_ratio_aggregator():
-    rng = np.random.default_rng(5)
-    agg = RatioAggregator()
-    for s in range(8):
-        for cell in [(0, 1), (0, 2), (1, 2)]:
-            r = rng.exponential(0.2, size=30)
-            agg.update(cell, r, seq_ids=s, num_sq=r**2, den_sq=np.ones(30))
-    ids = agg.sequence_ids()
-
-    def stat(idx):
-        return agg.matrix("max", (3, 3), seq_counts=np.bincount(idx, minlength=ids.size))
-
-    low, high, samples = S.bootstrap_ci(stat, ids.size, n_boot=50, seed=0)
-    full = agg.matrix("max", (3, 3))
-    assert samples.shape == (50, 3, 3) and low.shape == (3, 3)
-    cells = ~np.isnan(full)
-    assert np.all(high[cells] <= full[cells]) and np.all(low[cells] <= high[cells])
 
 
 def test_paired_se():

@@ -3,7 +3,7 @@
 Everything takes already-selected states/matrices and returns tensors or plain numbers:
 
 - §1 angular distance: `angular_distance`, `angular_distance_matrix`, `AngularAccumulator`
-- §2 causal-score ratios: `relative_change`, `pooled_relative_change`, `RatioAggregator`
+- §2 causal-score ratios: `relative_change`, `pooled_relative_change` (aggregated by `causal._CellStore`)
 - §4 effective rank of mixing products: `effective_rank`, `amax_gain`, `mixing_products`, `window_profile`
 - §5 dead prefix: `dead_prefix`
 - §0 late window: `late_window`, `late_pairs`;  §6 ranking: `kendall_tau`
@@ -16,14 +16,11 @@ products can have gains around 1e3.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from scipy import stats as _sps
-
-Cell = Hashable  # a causal-score cell, normally the pair (s, t) = (skipped layer, measured layer)
 
 # ---------------------------------------------------------------------------------------------------------------
 # dtype helpers
@@ -151,172 +148,6 @@ def pooled_relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor
     """
     num_sq, den_sq = _squared_norms(new, old)
     return (num_sq.sum() / den_sq.sum()).sqrt()
-
-
-AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
-_QUANTILES = {"p95": 0.95, "p99": 0.99}
-
-
-def _repeat_quantile(sorted_values: np.ndarray, weights: np.ndarray, q: float) -> float:
-    """np.quantile(np.repeat(sorted_values, weights), q) (numpy's default 'linear' rule) without repeating.
-
-    sorted_values ascending; weights are non-negative integer multiplicities (bootstrap counts).
-    """
-    cum = np.cumsum(weights)
-    total = int(cum[-1]) if cum.size else 0
-    if total == 0:
-        return float("nan")
-    h = (total - 1) * q
-    lo = math.floor(h)
-    # Position p of the repeated array is element searchsorted(cum, p, 'right') of the unrepeated one.
-    i_lo, i_hi = np.searchsorted(cum, [lo, min(lo + 1, total - 1)], side="right")
-    a, b = float(sorted_values[i_lo]), float(sorted_values[i_hi])
-    return a + (h - lo) * (b - a)
-
-
-@dataclass
-class _CellData:
-    ratios: list[np.ndarray] = field(default_factory=list)  # float32 per-token ratios
-    seq: list[np.ndarray] = field(default_factory=list)  # int64 sequence id per ratio
-    pooled_sums: dict[int, list[float]] = field(default_factory=dict)  # seq id -> [Σ‖Δ‖², Σ‖u‖²]
-    has_pooled: bool = True  # False once any update came without num/den sums
-
-
-class RatioAggregator:
-    """Streaming aggregator of per-token causal-score ratios r_{s,t}(b, τ), one cell per (s, t).
-
-    Keeps every ratio (float32) with its sequence id, plus per-sequence sums of ‖Δ‖² and ‖u‖² for the
-    pooled ratio, so statistics are exact and can be recomputed inside a bootstrap over sequences.
-
-    Aggregators (`AGGREGATORS`): `max`, `mean`, `p95`, `p99` (numpy 'linear' quantiles over pooled tokens)
-    and `pooled` = sqrt(Σ‖Δ‖² / Σ‖u‖²).
-
-    Bootstrap: `seq_counts` is an int array aligned with `sequence_ids()` giving how often each sequence
-    appears in a resample, e.g. inside `stats.bootstrap_ci`::
-
-        ids = agg.sequence_ids()
-        fn = lambda idx: agg.matrix("max", (L, L), seq_counts=np.bincount(idx, minlength=len(ids)))
-        low, high, _ = bootstrap_ci(fn, len(ids))
-    """
-
-    def __init__(self):
-        self._cells: dict[Cell, _CellData] = {}
-        self._cache: dict = {}
-
-    # -- feeding ---------------------------------------------------------------------------------------------
-
-    def update(self, cell: Cell, ratios, seq_ids, num_sq=None, den_sq=None) -> None:
-        """Add per-token ratios for `cell`.
-
-        ratios: [N] (any shape; flattened). seq_ids: int or [N] ints (sequence of each token).
-        num_sq, den_sq: per-token ‖Δ‖² and ‖u‖² ([N], summed per sequence), or scalars when all N tokens
-        belong to one sequence. Omit both to skip the pooled statistic (it then reads NaN for this cell).
-        """
-        r = _to_numpy(ratios, np.float32).ravel()
-        if np.isnan(r).any():
-            raise ValueError(f"cell {cell}: ratios contain NaN")
-        seq = np.broadcast_to(_to_numpy(seq_ids, np.int64), r.shape).ravel()
-        data = self._cells.setdefault(cell, _CellData())
-        data.ratios.append(r)
-        data.seq.append(seq.copy())
-        if num_sq is None or den_sq is None:
-            data.has_pooled = False
-        else:
-            self._add_pooled(data, seq, _to_numpy(num_sq, np.float64), _to_numpy(den_sq, np.float64))
-        self._cache.clear()
-
-    def update_from_updates(self, cell: Cell, new, old, seq_ids, eps: float = 1e-6) -> None:
-        """Convenience: ratios and pooled sums from the intervened (`new`) and clean (`old`) updates [..., d]."""
-        num_sq, den_sq = _squared_norms(new, old)
-        self.update(cell, relative_change(new, old, eps), seq_ids, num_sq, den_sq)
-
-    @staticmethod
-    def _add_pooled(data: _CellData, seq: np.ndarray, num: np.ndarray, den: np.ndarray) -> None:
-        if num.ndim == 0 and den.ndim == 0:  # batch sums: only meaningful if the batch is one sequence
-            if np.unique(seq).size != 1:
-                raise ValueError("scalar num_sq/den_sq need all tokens in one sequence; pass per-token arrays")
-            uniq, nums, dens = seq[:1], num[None], den[None]
-        else:
-            if num.size != seq.size or den.size != seq.size:
-                raise ValueError(f"num_sq/den_sq need one value per ratio ({seq.size}), got {num.size}/{den.size}")
-            uniq, inv = np.unique(seq, return_inverse=True)
-            nums = np.bincount(inv, weights=num.ravel(), minlength=uniq.size)
-            dens = np.bincount(inv, weights=den.ravel(), minlength=uniq.size)
-        for s, a, b in zip(uniq.tolist(), nums, dens):
-            acc = data.pooled_sums.setdefault(s, [0.0, 0.0])
-            acc[0] += float(a)
-            acc[1] += float(b)
-
-    # -- reading ---------------------------------------------------------------------------------------------
-
-    @property
-    def cells(self) -> list[Cell]:
-        return list(self._cells)
-
-    def sequence_ids(self) -> np.ndarray:
-        """Sorted unique sequence ids over all cells; `seq_counts` arrays are aligned with this."""
-        if "ids" not in self._cache:
-            all_seq = [s for d in self._cells.values() for s in d.seq]
-            self._cache["ids"] = np.unique(np.concatenate(all_seq)) if all_seq else np.zeros(0, np.int64)
-        return self._cache["ids"]
-
-    def n_tokens(self, cell: Cell) -> int:
-        return sum(r.size for r in self._cells[cell].ratios)
-
-    def _finalized(self, cell: Cell):
-        """(ratios sorted ascending, their dense sequence index, per-sequence [num, den] or None), cached."""
-        key = ("cell", cell)
-        if key not in self._cache:
-            data = self._cells[cell]
-            r, seq = np.concatenate(data.ratios), np.concatenate(data.seq)
-            order = np.argsort(r, kind="stable")
-            ids = self.sequence_ids()
-            pooled = None
-            if data.has_pooled:
-                pooled = np.zeros((ids.size, 2))
-                for s, (a, b) in data.pooled_sums.items():
-                    pooled[np.searchsorted(ids, s)] = (a, b)
-            self._cache[key] = (r[order], np.searchsorted(ids, seq[order]), pooled)
-        return self._cache[key]
-
-    def statistic(self, cell: Cell, name: str, seq_counts=None) -> float:
-        """One aggregate of `cell`'s ratios: name in `AGGREGATORS`. seq_counts: bootstrap multiplicities."""
-        if name not in AGGREGATORS:
-            raise ValueError(f"unknown aggregator {name!r}; choose from {AGGREGATORS}")
-        r, seq_idx, pooled = self._finalized(cell)
-        counts = np.ones(self.sequence_ids().size) if seq_counts is None else np.asarray(seq_counts, float)
-        if counts.shape != self.sequence_ids().shape:
-            raise ValueError(f"seq_counts must have shape {self.sequence_ids().shape}, got {counts.shape}")
-        w = counts[seq_idx]
-        if name == "pooled":
-            if pooled is None:
-                return float("nan")
-            num, den = counts @ pooled
-            return float(np.sqrt(num / den)) if den > 0 else float("nan")
-        if w.sum() == 0:
-            return float("nan")
-        if name == "max":
-            return float(r[w > 0].max())
-        if name == "mean":
-            return float(np.dot(w, r.astype(np.float64)) / w.sum())
-        return _repeat_quantile(r, w.astype(np.int64), _QUANTILES[name])
-
-    def summary(self, cell: Cell, seq_counts=None) -> dict[str, float]:
-        """All aggregators for one cell, as {name: value}."""
-        return {name: self.statistic(cell, name, seq_counts) for name in AGGREGATORS}
-
-    def matrix(self, name: str, shape: tuple[int, int], seq_counts=None) -> np.ndarray:
-        """A [shape] float64 matrix of one aggregator over (s, t) cells; NaN where no data was fed."""
-        out = np.full(shape, np.nan)
-        for cell in self._cells:
-            out[cell] = self.statistic(cell, name, seq_counts)
-        return out
-
-
-def _to_numpy(x, dtype) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
