@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import debug_model
@@ -132,3 +133,29 @@ def test_every_readout_a_model_writes_parses(slug):
     for key in model.readouts(torch.randint(0, model.config.vocab_size, (1, 8))):
         p = parse_readout_key(key)
         assert readout_key(p.name, p.sublayer, static=p.static, final=p.final) == key
+
+
+def test_the_architecture_docs_example_runs(monkeypatch):
+    """docs/architecture.md's worked example: its engine module and registry entry, run as written."""
+    import re
+    import sys
+    import types
+
+    text = (PKG.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    engine_src, entry_src = re.findall(r"```python\n(.*?)```", text, flags=re.S)[:2]
+    mod = types.ModuleType("depthlens.analysis.branch")
+    exec(compile(engine_src, "docs/architecture.md", "exec"), mod.__dict__)
+    monkeypatch.setitem(sys.modules, "depthlens.analysis.branch", mod)
+    d = eval(entry_src.strip().rstrip(","), {"Diagnostic": registry.Diagnostic})
+    assert d.name == "branch_share" and d.applies("deepnorm") and registry.resolve(d.engine) is mod.branch_share_dataset
+
+    torch.manual_seed(0)
+    model = debug_model("deepnorm", n_layer=2)
+    data = EvalData.from_tokens(torch.randint(0, model.config.vocab_size, (3, 10)))
+    ds = registry.resolve(d.engine)(model, data, batch_size=2)
+    rec = model.readouts(data.tokens)
+    want = [float(rec[f"sub{j}.branch_share"].double().mean()) for j in range(4)]  # every token, every sequence
+    np.testing.assert_allclose(ds["branch_share"].values, want, rtol=1e-10)
+    for other in ("preln", "keel"):  # KEEL's first sublayer is Pre-LN: no branch share there
+        with pytest.raises(DepthlensError, match="branch_share readout on every sublayer"):
+            registry.resolve(d.engine)(debug_model(other, n_layer=2), data)
