@@ -158,7 +158,7 @@ def test_every_layer_matches_an_independent_reference(rope):
             o_peer = moda.moda_attention_naive(qr, kr, v, flat(st["dk"]), flat(st["dv"]), num_layers=2 * l)
             torch.testing.assert_close(o_peer, o, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(blk.attn.fn.merge(o), cache[f"blocks.{l}.hook_attn_out"], rtol=1e-5, atol=1e-6)
-        # what this layer appended: [attn_l, ffn_l]
+        # what this layer appended: [attn_l, mlp_l]
         nxt = states[l + 1]
         k_slot = kr if rope == "rotate_ffn" else k
         torch.testing.assert_close(nxt["dk"][:, :, 2 * l], rearrange(k_slot, "b h t e -> b t h e"))
@@ -182,7 +182,7 @@ def test_readouts_depth_masses_and_labels():
     rec = ctx.record
     assert m.design.depth_mixing(rec, 2 * L) is None and m.depth_mixing(toks) is None
     assert rec["sub0.slot_labels"] == [] and not rec["sub0.depth_mass"].any()
-    assert rec["sub6.slot_labels"] == ["attn_0", "ffn_0", "attn_1", "ffn_1", "attn_2", "ffn_2"]
+    assert rec["sub6.slot_labels"] == ["attn_0", "mlp_0", "attn_1", "mlp_1", "attn_2", "mlp_2"]  # as AttnRes labels sources
     for l in range(L):
         dm, sm, sink = rec[f"sub{2 * l}.depth_mass"], rec[f"sub{2 * l}.slot_mass"], rec[f"sub{2 * l}.sink_mass"]
         assert dm.shape == sink.shape == (B, T, 4) and sm.shape == (B, T, 4, 2 * l)

@@ -23,6 +23,7 @@ from transformer_lens.hook_points import HookPoint
 
 from .backbone import RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
+from .readouts import readout_key
 from .residual import design_for
 from .residual.base import Design, RunContext, State
 
@@ -187,8 +188,8 @@ class DepthModel(HookedRootModule):
     def readouts(self, tokens: torch.Tensor) -> dict[str, Any]:
         """One forward recording every router's mixing object (per token where dynamic).
 
-        Keys are `sub{j}.<name>` for sublayer j (2l attention, 2l+1 MLP), plus `h0`, `final.*`, and the
-        static readouts `static.sub{j}.<name>`.
+        Keys are `models.readouts.readout_key(name, sublayer=j)` = `sub{j}.<name>` for sublayer j (2l attention,
+        2l+1 MLP), plus `h0`, `final.*`, and the static readouts `static.sub{j}.<name>`.
         """
         ctx = self.context(tokens.shape[1], record=True)
         self.head(self.run_layers(self.embed(tokens, ctx), ctx), ctx)
@@ -196,10 +197,10 @@ class DepthModel(HookedRootModule):
         for l, blk in enumerate(self.blocks):
             for j, r in ((2 * l, blk.router_attn), (2 * l + 1, blk.router_mlp)):
                 for k, v in r.readout().items():
-                    rec[f"static.sub{j}.{k}"] = v
+                    rec[readout_key(k, j, static=True)] = v
         if self.final_router is not None and hasattr(self.final_router, "readout"):
             for k, v in self.final_router.readout().items():
-                rec[f"static.final.{k}"] = v
+                rec[readout_key(k, static=True, final=True)] = v
         return rec
 
     @torch.no_grad()

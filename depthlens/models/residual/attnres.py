@@ -32,6 +32,7 @@ from torch import nn
 
 from ..backbone import RMSNorm
 from ..config import ModelConfig
+from ..readouts import readout_key, sublayer_label
 from . import register
 from .base import Design, Router, RunContext, State, apply_keep
 
@@ -70,16 +71,17 @@ class AttnResOperator(nn.Module):
             x = einsum(alpha, v32, "b t s, b t s d -> b t d")
         return x.to(v.dtype), alpha, logits
 
-    def put(self, ctx: RunContext, prefix: str, v: torch.Tensor, alpha: torch.Tensor, logits: torch.Tensor,
+    def put(self, ctx: RunContext, j: int | None, v: torch.Tensor, alpha: torch.Tensor, logits: torch.Tensor,
             labels: list[str], own: bool) -> None:
-        """Record the per-token readouts under `prefix.*` (spec §9.3 readouts, diagnostics §5)."""
-        ctx.put(f"{prefix}.alpha", alpha)  # (B, T, S) fp32
-        ctx.put(f"{prefix}.logits", logits)  # (B, T, S) fp32, -inf on removed sources
-        ctx.put(f"{prefix}.source_labels", labels)
+        """Record the per-token readouts of sublayer j (None: the final operator), spec §9.3, diagnostics §5."""
+        at = {"sublayer": j, "final": j is None}
+        ctx.put("alpha", alpha, **at)  # (B, T, S) fp32
+        ctx.put("logits", logits, **at)  # (B, T, S) fp32, -inf on removed sources
+        ctx.put("source_labels", labels, **at)
         # weight on the last source = the layer's own computation; NaN where that source is not "own"
-        ctx.put(f"{prefix}.self_weight", alpha[..., -1] if own else torch.full_like(alpha[..., -1], float("nan")))
-        ctx.put(f"{prefix}.embedding_weight", alpha[..., 0])
-        ctx.put(f"{prefix}.source_rms", v.float().pow(2).mean(-1).sqrt().mean((0, 1)))  # (S,)
+        ctx.put("self_weight", alpha[..., -1] if own else torch.full_like(alpha[..., -1], float("nan")), **at)
+        ctx.put("embedding_weight", alpha[..., 0], **at)
+        ctx.put("source_rms", v.float().pow(2).mean(-1).sqrt().mean((0, 1)), **at)  # (S,)
 
     def readout(self) -> dict[str, Any]:
         return {"query_norm": float(self.pseudo_query.detach().norm()),
@@ -103,7 +105,7 @@ class AttnResRouter(AttnResOperator, Router):
         v, valid = dsg.sources(state)  # (B, T, S, d), (B, T, S) | None
         x, alpha, logits = self.mix(v, valid)
         if ctx.record is not None:
-            self.put(ctx, f"sub{j}", v, alpha, logits, dsg.source_labels(state, j, pos), dsg.is_own(j, pos))
+            self.put(ctx, j, v, alpha, logits, dsg.source_labels(state, j, pos), dsg.is_own(j, pos))
         state = dsg.before_write(state, j, pos)
         y = apply_keep(branch(x), keep)  # (B, T, d), the write as it enters the state
         return dsg.write(state, y, keep), y if carry is None else carry + y  # u_l = v_2l + v_2l+1
@@ -130,7 +132,7 @@ class _AttnResDesign(Design):
         v, valid = self.sources(state)
         x, alpha, logits = final_router.mix(v, valid)
         if ctx.record is not None:
-            final_router.put(ctx, "final", v, alpha, logits, self.source_labels(state, None, None), True)
+            final_router.put(ctx, None, v, alpha, logits, self.source_labels(state, None, None), True)
         return x
 
     # --- design-specific pieces -------------------------------------------------------------------------
@@ -163,18 +165,14 @@ class _AttnResDesign(Design):
         Full: the softmax weights themselves. Block: every sublayer output inside a block carries that
         block's (or the partial's) weight. Either way x_j = sum_i M[i, j] v_i (v_0 = emb).
         """
-        ref = record["final.alpha"]
+        ref = record[readout_key("alpha", final=True)]
         B, T = ref.shape[:2]
         M = torch.zeros(B, T, n_sub + 1, n_sub + 1, dtype=torch.float64, device=ref.device)
         for j in range(n_sub + 1):
-            alpha = record["final.alpha" if j == n_sub else f"sub{j}.alpha"].double()  # (B, T, S_j)
+            alpha = record[readout_key("alpha", final=True) if j == n_sub else readout_key("alpha", j)].double()  # (B, T, S_j)
             slots = torch.tensor([self.source_slot(i) for i in range(j + 1)], device=ref.device)
             M[..., : j + 1, j] = alpha[..., slots]
         return M
-
-
-def _sublayer_label(k: int) -> str:
-    return f"{'attn' if k % 2 == 0 else 'mlp'}_{k // 2}"
 
 
 @register
@@ -201,7 +199,7 @@ class FullAttnRes(_AttnResDesign):
         return state["v"], state["valid"]
 
     def source_labels(self, state, j, pos):
-        return ["emb"] + [_sublayer_label(k) for k in range(state["v"].shape[2] - 1)]
+        return ["emb"] + [sublayer_label(k) for k in range(state["v"].shape[2] - 1)]
 
     def is_own(self, j, pos):
         return j > 0  # sublayer 0 reads the embedding only

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..readouts import readout_key
 
 State = dict[str, torch.Tensor]
 Branch = Callable[..., torch.Tensor]  # branch(x, **kw) -> y: hooks + body of one sublayer
@@ -54,8 +55,11 @@ class RunContext:
     record: dict[str, Any] | None = None  # when not None, routers store their mixing objects here
     extras: dict[str, Any] = field(default_factory=dict)
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, name: str, value: Any, sublayer: int | None = None, *, final: bool = False) -> None:
+        """Record readout `name` of sublayer `sublayer` (or of the final router, or model-level) under its
+        `readout_key`."""
         if self.record is not None:
+            key = readout_key(name, sublayer, final=final)
             self.record[key] = value.detach() if isinstance(value, torch.Tensor) else value
 
 

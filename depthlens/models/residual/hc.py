@@ -54,17 +54,17 @@ class HCRouter(StreamRouter):
             normed = self.norm(x.to(dt))  # (B, T, n, d), each stream normalised separately
             dyn_alpha = self.dynamic_alpha_scale.to(dt) * torch.tanh(normed @ self.dynamic_alpha_fn.to(dt))
             dyn_beta = self.dynamic_beta_scale.to(dt) * torch.tanh(normed @ self.dynamic_beta_fn.to(dt))
-            ctx.put(f"sub{j}.A_m_dynamic", dyn_alpha[..., 0])  # (B, T, n)
-            ctx.put(f"sub{j}.A_r_dynamic", dyn_alpha[..., 1:])  # (B, T, n, n) [source, dest]
-            ctx.put(f"sub{j}.B_dynamic", dyn_beta)  # (B, T, n)
+            ctx.put("A_m_dynamic", dyn_alpha[..., 0], sublayer=j)  # (B, T, n)
+            ctx.put("A_r_dynamic", dyn_alpha[..., 1:], sublayer=j)  # (B, T, n, n) [source, dest]
+            ctx.put("B_dynamic", dyn_beta, sublayer=j)  # (B, T, n)
             alpha, beta = alpha + dyn_alpha, beta + dyn_beta  # (B, T, n, n+1), (B, T, n)
         else:
             B, T, n, _ = x.shape
             alpha, beta = alpha.expand(B, T, n, n + 1), beta.expand(B, T, n)
         A_m, A_r = alpha[..., 0], alpha[..., 1:]  # (B, T, n), (B, T, n, n) [source, dest]
-        ctx.put(f"sub{j}.A_m", A_m)
-        ctx.put(f"sub{j}.A_r", A_r)
-        ctx.put(f"sub{j}.B", beta)
+        ctx.put("A_m", A_m, sublayer=j)
+        ctx.put("A_r", A_r, sublayer=j)
+        ctx.put("B", beta, sublayer=j)
         return A_m, beta, A_r.transpose(-1, -2)  # res_map = A_r^T: column convention [dest, source]
 
     @torch.no_grad()

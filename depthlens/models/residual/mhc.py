@@ -93,10 +93,10 @@ class MHCRouter(StreamRouter):
         H_pre, H_post, H_res = self._project(pre_l, post_l, res_l)
         for name, v in (("H_pre_logits", pre_l), ("H_post_logits", post_l), ("H_res_logits", res_l),
                         ("H_pre", H_pre), ("H_post", H_post), ("H_res", H_res)):
-            ctx.put(f"sub{j}.{name}", v)
+            ctx.put(name, v, sublayer=j)
         if ctx.record is not None:
-            ctx.put(f"sub{j}.sinkhorn_row_err", (H_res.sum(-1) - 1).abs().amax(-1))  # (B, T)
-            ctx.put(f"sub{j}.sinkhorn_col_err", (H_res.sum(-2) - 1).abs().amax(-1))  # (B, T)
+            ctx.put("sinkhorn_row_err", (H_res.sum(-1) - 1).abs().amax(-1), sublayer=j)  # (B, T)
+            ctx.put("sinkhorn_col_err", (H_res.sum(-2) - 1).abs().amax(-1), sublayer=j)  # (B, T)
         return H_pre, H_post, H_res
 
     @torch.no_grad()

@@ -4,7 +4,7 @@ The residual stream is plain Pre-LN; what changes is attention. Each query head 
 causal sequence keys of its layer AND the depth slots of the same token written by earlier layers:
 
     x^ = N_l1(h);  q, k_l, v_l = x^ W_q, x^ W_k, x^ W_v               (q, k rotated for the sequence part)
-    D_l(t) = {(k_i(t), v_i(t)), (k^F_i(t), v^F_i(t)) : i < l}         2l slots, order [attn_0, ffn_0, ...]
+    D_l(t) = {(k_i(t), v_i(t)), (k^F_i(t), v^F_i(t)) : i < l}         2l slots, order [attn_0, mlp_0, ...]
     a = softmax([q_t . k_l(s) / sqrt(d_h)]_{s <= t}  (+)  [q_t . K / sqrt(d_h)]_{K in D_l(t)})
     o_t = sum_s a_s v_l(s) + sum_slot a_slot V_slot;    u = h + o W_o
     x~ = N_l2(u);  k^F_l = x~ W^K_F, v^F_l = x~ W^V_F;    h' = u + MLP(x~)
@@ -33,6 +33,7 @@ from torch import nn
 
 from ..backbone import Sublayer, apply_rope
 from ..config import ModelConfig
+from ..readouts import sublayer_label
 from . import register
 from .base import Design, Router, State, apply_keep
 
@@ -129,21 +130,21 @@ class MoDARouter(Router):
         y = apply_keep(branch(h, depth=(dk, dv, dvalid), out=out), keep)  # (B, T, d)
         ok = torch.ones_like(h[..., :1], dtype=torch.bool) if keep is None else (keep != 0)[..., None]  # (B, T, 1)
         if ctx.record is not None and "a_depth" in out:
-            _put_depth_readouts(ctx, f"sub{j}", out, dk.shape[2])
+            _put_depth_readouts(ctx, j, out, dk.shape[2])
         state = {"h": h + y, "dk": torch.cat([dk, out["k"][:, :, None]], 2),
                  "dv": torch.cat([dv, out["v"][:, :, None]], 2), "dvalid": torch.cat([dvalid, ok], 2)}
         return state, y if carry is None else carry + y  # u_l = h_{l+1} - h_l
 
 
-def _put_depth_readouts(ctx, prefix: str, out: dict[str, torch.Tensor], n_slots: int) -> None:
+def _put_depth_readouts(ctx, j: int, out: dict[str, torch.Tensor], n_slots: int) -> None:
     """Per query head: depth mass, per-slot mass, sink mass (sequence position 0), output split."""
     bth = lambda x: rearrange(x, "b h t -> b t h")  # noqa: E731
-    ctx.put(f"{prefix}.depth_mass", bth(out["a_depth"].sum(-1)))  # (B, T, H)
-    ctx.put(f"{prefix}.slot_mass", rearrange(out["a_depth"], "b h t s -> b t h s"))  # (B, T, H, S)
-    ctx.put(f"{prefix}.sink_mass", bth(out["a_seq"][..., 0]))  # (B, T, H)
-    ctx.put(f"{prefix}.slot_labels", [f"{'attn' if s % 2 == 0 else 'ffn'}_{s // 2}" for s in range(n_slots)])
-    ctx.put(f"{prefix}.o_seq_norm", bth(out["o_seq"].float().norm(dim=-1)))  # (B, T, H)
-    ctx.put(f"{prefix}.o_depth_norm", bth(out["o_depth"].float().norm(dim=-1)))
+    ctx.put("depth_mass", bth(out["a_depth"].sum(-1)), sublayer=j)  # (B, T, H)
+    ctx.put("slot_mass", rearrange(out["a_depth"], "b h t s -> b t h s"), sublayer=j)  # (B, T, H, S)
+    ctx.put("sink_mass", bth(out["a_seq"][..., 0]), sublayer=j)  # (B, T, H)
+    ctx.put("slot_labels", [sublayer_label(s) for s in range(n_slots)], sublayer=j)  # slot s = sublayer s's K/V
+    ctx.put("o_seq_norm", bth(out["o_seq"].float().norm(dim=-1)), sublayer=j)  # (B, T, H)
+    ctx.put("o_depth_norm", bth(out["o_depth"].float().norm(dim=-1)), sublayer=j)
 
 
 @register
@@ -151,7 +152,7 @@ class MoDA(Design):
     """Pre-LN residual h plus a per-token depth-KV cache written by every sublayer.
 
     State: "h" (B, T, d); "dk", "dv" (B, T, S, H_kv, d_h) with S = 2 per finished layer, in the order
-    [attn_0, ffn_0, attn_1, ffn_1, ...]; "dvalid" (B, T, S) bool. Not a residual mix: `depth_mixing`
+    [attn_0, mlp_0, attn_1, mlp_1, ...]; "dvalid" (B, T, S) bool. Not a residual mix: `depth_mixing`
     is None, the readouts are depth-attention masses.
     """
 

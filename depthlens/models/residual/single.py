@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..backbone import RMSNorm
+from ..readouts import readout_key
 from .base import Design, Router, apply_keep
 
 
@@ -31,7 +32,7 @@ class AdditiveRouter(Router):
     def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
         h = state["h"]
         y = apply_keep(branch(h, in_scale=self.in_scale), keep)  # (B, T, d)
-        ctx.put(f"sub{j}.skip_gain", 1.0)
+        ctx.put("skip_gain", 1.0, sublayer=j)
         return {**state, "h": h + y}, y if carry is None else carry + y
 
     def readout(self) -> dict[str, Any]:
@@ -60,9 +61,10 @@ class PostNormRouter(Router):
         out = norm(z).to(h.dtype)
         if keep is not None:
             out = torch.where(keep.bool()[..., None], out, h)
-        ctx.put(f"sub{j}.skip_gain", self.alpha)
-        ctx.put(f"sub{j}.rms", r)
-        ctx.put(f"sub{j}.branch_share", y.float().norm(dim=-1) / (self.alpha * h.float().norm(dim=-1)).clamp_min(1e-12))
+        ctx.put("skip_gain", self.alpha, sublayer=j)
+        ctx.put("rms", r, sublayer=j)
+        ctx.put("branch_share", y.float().norm(dim=-1) / (self.alpha * h.float().norm(dim=-1)).clamp_min(1e-12),
+                sublayer=j)
         u = out - h
         return {**state, "h": out}, u if carry is None else carry + u
 
@@ -77,8 +79,8 @@ class SingleStreamDesign(Design):
         ref = record["h0"]  # (B, T, d)
         B, T = ref.shape[:2]
         ones = torch.ones(B, T, dtype=torch.float64, device=ref.device)
-        a = [torch.as_tensor(float(record.get(f"sub{k}.skip_gain", 1.0)), dtype=torch.float64) * ones for k in range(n_sub)]
-        r = [record[f"sub{k}.rms"].double() if f"sub{k}.rms" in record else ones for k in range(n_sub)]
+        a = [torch.as_tensor(float(record[readout_key("skip_gain", k)]), dtype=torch.float64) * ones for k in range(n_sub)]
+        r = [record[readout_key("rms", k)].double() if readout_key("rms", k) in record else ones for k in range(n_sub)]
         M = torch.zeros(B, T, n_sub + 1, n_sub + 1, dtype=torch.float64, device=ref.device)
         # M[..., i, j] = weight of source i in x_j (the input of 0-based sublayer j; j = n_sub: final).
         for j in range(n_sub + 1):

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from einops import einsum, repeat
 
+from ..readouts import readout_key
 from .base import Design, Router, State, apply_keep
 
 SKIP_MODES = ("mix", "identity")
@@ -49,14 +50,14 @@ class StreamRouter(Router):
     def maps(self, x: torch.Tensor, j: int, ctx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """X (B, T, n, d) -> pre (B, T, n), post (B, T, n), R (B, T, n, n) [dest, source], in map_dtype(x).
 
-        Implementations record their own named readouts with ctx.put(f"sub{j}.<name>", ...).
+        Implementations record their own named readouts with ctx.put("<name>", value, sublayer=j).
         """
         raise NotImplementedError
 
     def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
         x = state["x"]  # (B, T, n, d)
         pre, post, res = self.maps(x, j, ctx)
-        ctx.put(f"sub{j}.res_map", res)
+        ctx.put("res_map", res, sublayer=j)
         xm = x.to(pre.dtype)
         u = einsum(pre, xm, "b t n, b t n d -> b t d")  # width connection: the branch input
         y = branch(u.to(x.dtype))  # (B, T, d)
@@ -144,16 +145,16 @@ class MultiStreamDesign(Design):
         with pre_{2L} := c, the collapse vector. Computed forwards: the coefficient C[s] (n) of every source
         s inside X_k is carried through R_k in one batched product per sublayer.
         """
-        res0 = record["sub0.res_map"]
+        res0 = record[readout_key("res_map", 0)]
         B, T, n = res0.shape[:3]
         f64 = dict(dtype=torch.float64, device=res0.device)
         C = torch.zeros(B, T, n_sub + 1, n, **f64)  # C[..., s, :]: coefficient of source s in X_k
         C[..., 0, :] = 1.0  # X_0 = 1_n h_0
         M = torch.zeros(B, T, n_sub + 1, n_sub + 1, **f64)
         for j in range(n_sub + 1):
-            pre = record[f"sub{j}.{self.pre_name}"].double() if j < n_sub else self.collapse_vector(**f64)
+            pre = record[readout_key(self.pre_name, j)].double() if j < n_sub else self.collapse_vector(**f64)
             M[..., :, j] = einsum(C, pre.expand(B, T, n), "b t s n, b t n -> b t s")
             if j < n_sub:
-                C = einsum(record[f"sub{j}.res_map"].double(), C, "b t i k, b t s k -> b t s i")
-                C[..., j + 1, :] = record[f"sub{j}.{self.post_name}"].double()
+                C = einsum(record[readout_key("res_map", j)].double(), C, "b t i k, b t s k -> b t s i")
+                C[..., j + 1, :] = record[readout_key(self.post_name, j)].double()
         return M
