@@ -295,3 +295,13 @@ def test_late_window_rules():
     for bad in ("third", 8, -1):
         with pytest.raises(ValueError):
             M.late_window(8, bad)
+
+
+def test_loss_log_probs_positions():
+    """log p at τ = 1..T−2 against a hand computation; the targets there are tokens[:, 2:]."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 5, dtype=torch.float64)
+    got = M.loss_log_probs(logits)
+    assert got.shape == (2, 4, 5) and got.dtype == torch.float32
+    want = logits[:, 1:5] - logits[:, 1:5].exp().sum(-1, keepdim=True).log()
+    torch.testing.assert_close(got, want.float())

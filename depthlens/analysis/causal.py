@@ -34,12 +34,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_window
+from depthlens.analysis.metrics import late_window, loss_log_probs
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_repeat
 
@@ -76,8 +75,7 @@ def resolve_layers(L: int, layers: str | Sequence[int]) -> list[int]:
 
 def token_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Next-token NLL (nats) at positions τ = 1..T−2 (BOS position excluded): (B, T−2) float32."""
-    logp = F.log_softmax(logits[:, 1:-1].float(), dim=-1)
-    return -logp.gather(-1, tokens[:, 2:, None]).squeeze(-1)
+    return -loss_log_probs(logits).gather(-1, tokens[:, 2:, None]).squeeze(-1)
 
 
 def _flat_update(u: torch.Tensor, ndims: int) -> torch.Tensor:

@@ -21,12 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_pairs, late_window
+from depthlens.analysis.metrics import late_pairs, late_window, loss_log_probs
 from depthlens.analysis.stats import paired_se
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_select
@@ -56,11 +55,6 @@ def swapped_order(L: int, i: int, j: int) -> list[int]:
     order = list(range(L))
     order[i], order[j] = j, i
     return order
-
-
-def _log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """log p at the loss positions τ = 1..T−2: (b, T−2, V) float32."""
-    return F.log_softmax(logits[:, 1:-1].float(), dim=-1)
 
 
 def _nll_kl(logp: torch.Tensor, toks: torch.Tensor, logp0: torch.Tensor, p0: torch.Tensor):
@@ -158,7 +152,7 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
     """
     b, T = toks.shape
     ctx = model.context(T, device=toks.device)
-    logp0 = _log_probs(model.head(model.run_layers(model.embed(toks, ctx), ctx), ctx))
+    logp0 = loss_log_probs(model.head(model.run_layers(model.embed(toks, ctx), ctx), ctx))
     p0 = logp0.exp()
     nll0 = -logp0.gather(-1, toks[:, 2:, None]).squeeze(-1)
     clean_loss[seqs] = nll0.mean(-1).double().cpu().numpy()
@@ -168,7 +162,7 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
         js = by_i[i]
         for c in range(0, len(js), per_chunk):
             chunk = js[c:c + per_chunk]
-            logp = _log_probs(model.head(_run_pairs(model, ctx, trunk, i, chunk, b, swap), ctx))
+            logp = loss_log_probs(model.head(_run_pairs(model, ctx, trunk, i, chunk, b, swap), ctx))
             nll, kl_tok = _nll_kl(logp.view(len(chunk), b, *logp.shape[1:]), toks, logp0, p0)
             d = (nll - nll0).mean(-1).double().cpu().numpy()
             q = kl_tok.mean(-1).double().cpu().numpy()
