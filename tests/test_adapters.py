@@ -288,7 +288,7 @@ def _corrupt_cases(tmp_path, good):
     cases["badjson"] = d
     d = copy("family")
     cfg = json.loads((d / "config.json").read_text())
-    cfg["model_type"] = "bert"
+    cfg["model_type"] = "bert"  # a causal LM transformers knows (generic path), but not these weights
     (d / "config.json").write_text(json.dumps(cfg))
     cases["family"] = d
     d = copy("noweights")
@@ -313,7 +313,7 @@ def test_load_hf_errors_are_one_line(tmp_path, hf_dirs):
 
     expect = {"missing": ("no such model directory", "no such checkpoint directory or GGUF file"),
               "file": ("is a directory", "not a GGUF file"), "noconfig": "missing config.json",
-              "badjson": "not valid JSON", "family": "no depthlens adapter", "noweights": "no weights|no \\*.safetensors",
+              "badjson": "not valid JSON", "family": "weights do not match", "noweights": "no weights|no \\*.safetensors",
               "truncated": "cannot load HF model|lies outside the file", "missingtensor": "1 missing"}
     for name, path in _corrupt_cases(tmp_path, hf_dirs["llama"]).items():
         for k, loader in enumerate((load_hf, load_any)):

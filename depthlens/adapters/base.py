@@ -14,10 +14,11 @@ such a checkpoint can be analysed through the adapter but not imported as a nati
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -91,3 +92,28 @@ def rename(state: Mapping[str, torch.Tensor], table: KeyMap, *, what: str) -> di
             raise CheckpointError(f"{what}: tensor {k!r} has no depthlens counterpart (not a plain Pre-LN LLaMA)")
         out[new] = v
     return out
+
+
+# --- what an adapted model exposes as its config ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class ForeignConfig:
+    """The few ModelConfig fields the engine reads (vocab and length checks, provenance) for an HF model."""
+
+    family: str
+    model_type: str
+    n_layer: int
+    d_model: int
+    vocab_size: int
+    max_seq_len: int
+    hf_config: dict[str, Any]  # the full HF config (JSON-safe)
+    arch: str = "preln"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _lens_config(**kw: int) -> Any:
+    from transformer_lens.config import TransformerLensConfig
+
+    return TransformerLensConfig(d_head=kw["d_model"] // kw["n_heads"], **kw)

@@ -22,10 +22,8 @@ Semantics of the interventions (all families here are Pre-LN, one residual strea
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +34,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.residual.base import Design, RunContext, State, apply_keep
-from .base import AdapterSpec, resolve
+from .base import AdapterSpec, ForeignConfig, _lens_config, resolve
 from .families import spec_for
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
@@ -52,23 +50,6 @@ class ForeignPreLN(Design):
     def __init__(self, family: str):
         super().__init__(cfg=None)  # type: ignore[arg-type]  (no depthlens ModelConfig)
         self.family = family
-
-
-@dataclass(frozen=True)
-class ForeignConfig:
-    """The few ModelConfig fields the engine reads (vocab and length checks, provenance) for an HF model."""
-
-    family: str
-    model_type: str
-    n_layer: int
-    d_model: int
-    vocab_size: int
-    max_seq_len: int
-    hf_config: dict[str, Any]  # the full HF config (JSON-safe)
-    arch: str = "preln"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class LayerHooks(nn.Module):
@@ -275,12 +256,6 @@ def _layer_kinds(config: Any, n_layer: int) -> list[str]:
     return ["sliding_attention" if sliding else "full_attention"] * n_layer
 
 
-def _lens_config(**kw: int) -> Any:
-    from transformer_lens.config import TransformerLensConfig
-
-    return TransformerLensConfig(d_head=kw["d_model"] // kw["n_heads"], **kw)
-
-
 # --- tiny offline configs (torchtitan's "debugmodel") ---------------------------------------------------
 
 def debug_config(model_type: str, **overrides: Any) -> Any:
@@ -313,15 +288,43 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     return read_json_object(path / "config.json", "model config")
 
 
-def wrap_spec(hf_model: nn.Module) -> AdapterSpec:
-    """The adapter spec for a loaded HF model: its family's hand-mapped spec (CheckpointError if none)."""
-    return spec_for(getattr(hf_model.config, "model_type", None))
+def wrap(hf_model: nn.Module, tokenizer: Any = None) -> Any:
+    """A loaded HF causal LM as a LayeredLM: its family's hand-mapped adapter when there is one
+    (`adapter_path = "hand-mapped"`), else the block-level generic path (`GenericBlocksModel`,
+    `adapter_path = "generic-blocks"`), which refuses with one line what it cannot handle."""
+    mt = getattr(hf_model.config, "model_type", None)
+    try:
+        spec = spec_for(mt)
+    except CheckpointError:
+        from .generic import GenericBlocksModel
+
+        return GenericBlocksModel(hf_model, tokenizer=tokenizer)
+    return HFLayeredModel(hf_model, spec, tokenizer=tokenizer)
+
+
+def check_model_type(raw: dict[str, Any], where: Any) -> None:
+    """Before loading (config.json only): a family with an adapter, or a decoder-only causal LM transformers
+    itself implements (generic path; repository code never runs). CheckpointError (one line) otherwise."""
+    model_type = raw.get("model_type")
+    if raw.get("is_encoder_decoder"):
+        raise CheckpointError(f"{where}: model_type {model_type!r} is an encoder-decoder; depthlens analyses "
+                              "decoder-only causal LMs")
+    try:
+        spec_for(model_type)
+        return
+    except CheckpointError as e:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise CheckpointError(f"{where}: {e}; and transformers has no built-in causal LM for it "
+                                  "(repository code is never run)") from None
 
 
 def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
             attn_implementation: str | None = None, tokenizer: bool = True,
-            config: dict[str, Any] | None = None) -> HFLayeredModel:
-    """Load a local HF causal-LM directory (safetensors only) and wrap it. Never touches the Hub and never
+            config: dict[str, Any] | None = None) -> Any:
+    """Load a local HF causal-LM directory (safetensors only) and wrap it (`wrap`: HFLayeredModel for the
+    hand-mapped families, GenericBlocksModel otherwise). Never touches the Hub and never
     runs repository code (`trust_remote_code=False`, `use_safetensors=True`). Use `depthlens.adapters.load.
     open_model` to get the loader's header, dtype and NaN checks as well.
 
@@ -334,10 +337,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
     from ..io.weights import refuse_pickle, safetensors_files
 
     raw = config if config is not None else read_hf_config(path)
-    try:
-        spec = spec_for(raw.get("model_type"))
-    except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+    check_model_type(raw, path)
     refuse_pickle(Path(path))
     if not safetensors_files(Path(path)):
         raise CheckpointError(f"{path}: no weights (expected model.safetensors or model.safetensors.index.json)")
@@ -365,7 +365,7 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
         from .tokenizer import load_hf_tokenizer
 
         tok = load_hf_tokenizer(path)
-    return HFLayeredModel(hf, spec, tokenizer=tok)
+    return wrap(hf, tok)
 
 
 class _quiet_hf:

@@ -182,8 +182,9 @@ def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any) -> Opened
     import torch
 
     from ..io.weights import check_finite, check_float_dtypes, directory_header
-    from .hf import load_hf
+    from .hf import check_model_type, load_hf
 
+    check_model_type(raw, p)
     header = directory_header(p)
     check_float_dtypes(header, p)
     _check_hf_sizes(raw, header, p)
@@ -194,13 +195,12 @@ def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any) -> Opened
 
 def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
     """Layer count and embedding shape of an HF config.json against the safetensors header (before allocation)."""
-    from ..io.weights import check_shape, layer_indices
+    from ..io.weights import check_shape, layer_indices, layer_prefixes
 
     n = raw.get("num_hidden_layers", raw.get("n_layer"))
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise CheckpointError(f"{where / 'config.json'}: num_hidden_layers must be a positive integer, got {n!r}")
-    found = max((layer_indices(names, pre) for pre in ("model.layers.", "transformer.h.", "h.", "layers.",
-                                                       "gpt_neox.layers.", "model.decoder.layers.")), key=len)
+    found = max((layer_indices(names, pre) for pre in layer_prefixes(names)), key=len, default=set())
     if len(found) != n or (found and max(found) != n - 1):
         raise CheckpointError(f"{where / 'config.json'}: config says num_hidden_layers={n}, the safetensors "
                               f"files hold {len(found)} layer(s)")
@@ -238,7 +238,7 @@ def _open_gguf(p: Path, *, device: str, dtype: Any) -> Opened:
     import torch
 
     from ..io.weights import check_finite
-    from .hf import HFLayeredModel, _quiet_hf, wrap_spec
+    from .hf import _quiet_hf, wrap
 
     info = gguf_header(p)
     try:
@@ -255,7 +255,7 @@ def _open_gguf(p: Path, *, device: str, dtype: Any) -> Opened:
     hf.to(device).eval()
     check_finite(hf.named_parameters(), p)
     tok = _gguf_tokenizer(p)
-    model = HFLayeredModel(hf, wrap_spec(hf), tokenizer=tok)
+    model = wrap(hf, tok)
     raw = json.loads(hf.config.to_json_string(use_diff=False))
     extra = {"gguf_quantization": info["quantization"], "gguf_tensor_types": info["tensor_types"],
              "gguf_architecture": info["architecture"]}

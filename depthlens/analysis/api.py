@@ -37,14 +37,17 @@ def load_model(model_or_path: Any, *, device: str | torch.device = "cpu",
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
 
 
-def _tokenizer_for(checkpoint: Path | None, model: Any = None) -> Any:
+def _tokenizer_for(checkpoint: Path | None, model: Any = None, *, required: bool = True) -> Any:
     """The tokenizer the loader found with the model; bytes for byte-vocabulary models; otherwise refuse
-    (random ids would silently measure noise)."""
+    (random ids would silently measure noise). required=False (token shards, read as they are): the
+    loader's tokenizer or None, only used to check the shard manifest."""
     from depthlens.adapters.load import opened_of
 
     op = opened_of(model)
     if op is not None and op.tokenizer is not None:
         return op.tokenizer
+    if not required:
+        return None
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if model is None or vocab in (None, 257):
         return "bytes"
@@ -66,7 +69,7 @@ def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_
         out = EvalData.from_tokens(data)
     else:
         T = seq_len or min(DEFAULT_SEQ_LEN, max_len or DEFAULT_SEQ_LEN)
-        tok = "bytes" if _is_shards(data) else _tokenizer_for(checkpoint, model)
+        tok = _tokenizer_for(checkpoint, model, required=not _is_shards(data))
         out = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
     out.check_model(getattr(cfg, "vocab_size", None), max_len)
     return out

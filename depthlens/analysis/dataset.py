@@ -33,6 +33,7 @@ from depthlens.data.shards import sha256_file  # the one streamed file hash
 from depthlens.errors import CheckpointError, DepthlensError
 
 LAYER_DIMS = ("layer", "layer_other")
+EVAL_TOKEN_DIMS = ("eval_seq", "eval_pos")  # the `eval_tokens` variable every result stores (int32 ids)
 CHECKPOINT_FILES = ("model.safetensors", "config.json")
 _REQUIRED_VAR_ATTRS = ("long_name", "units")
 _CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
@@ -97,9 +98,16 @@ def make_dataset(
     """Build a labelled result Dataset with CF global attrs, options and provenance as attrs.
 
     data_vars/coords: as for `xr.Dataset` (e.g. name → (dims, values, {"long_name": ..., "units": ...})).
+    provenance["eval_tokens"] (an (N, T) id array, set by `evaldata.model_provenance`) becomes the
+    `eval_tokens` variable (dims `EVAL_TOKEN_DIMS`); `EvalData.from_dataset` reads it back.
     Every data variable must have `long_name` and `units` attrs (ValueError otherwise).
     command: recorded in `history`; defaults to the current command line.
     """
+    provenance = dict(provenance)
+    tokens = provenance.pop("eval_tokens", None)
+    if tokens is not None:  # the exact eval ids, so anyone can re-run an independent check on them
+        data_vars = {**data_vars, "eval_tokens": (EVAL_TOKEN_DIMS, np.asarray(tokens).astype(np.int32),
+                                                  {"long_name": "eval token ids (sequence x position)", "units": "1"})}
     ds = xr.Dataset(data_vars, coords)
     for name, var in ds.variables.items():
         if name in ds.data_vars:

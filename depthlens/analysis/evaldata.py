@@ -66,6 +66,23 @@ class EvalData:
         return cls(torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens),
                    name=name, source=source, bos=bos, **kw)
 
+    @classmethod
+    def from_dataset(cls, ds: Any) -> "EvalData":
+        """The exact eval tokens a result was computed on (its `eval_tokens` variable), checked against the
+        recorded `eval_data_sha256`, so an independent check can re-run on the same inputs."""
+        if "eval_tokens" not in getattr(ds, "variables", {}):
+            raise DataError("this dataset stores no eval_tokens (written before depthlens stored them)")
+        da = ds["eval_tokens"]
+        if "checkpoint" in da.dims:  # stacked comparisons: every checkpoint saw the same tokens
+            da = da.isel(checkpoint=0)
+        out = cls.from_tokens(np.asarray(da.values, dtype=np.int64), name=str(ds.attrs.get("eval_data", "tokens")),
+                              bos=bool(ds.attrs.get("eval_bos", 0)), source="eval_tokens of a result dataset",
+                              seed=ds.attrs.get("eval_seed"))
+        want = ds.attrs.get("eval_data_sha256")
+        if want is not None and out.sha256 != want:
+            raise DataError(f"eval_tokens do not hash to the recorded eval_data_sha256 ({want[:12]}...)")
+        return out
+
     @property
     def n_seq(self) -> int:
         return int(self.tokens.shape[0])
@@ -102,9 +119,10 @@ class EvalData:
 
     def provenance(self) -> dict[str, Any]:
         """What every result records about its eval data."""
+        shard = {k: v for k, v in self.meta.items() if k.startswith("shard_")}
         return {"eval_data": self.name, "eval_data_source": self.source, "eval_data_sha256": self.sha256,
                 "eval_n_seq": self.n_seq, "eval_seq_len": self.seq_len, "n_tokens": self.n_tokens,
-                "eval_bos": self.bos, "eval_seed": self.seed, "tokenizer": self.tokenizer}
+                "eval_bos": self.bos, "eval_seed": self.seed, "tokenizer": self.tokenizer, **shard}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -222,8 +240,9 @@ def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "by
 
     source: None = the held-out `split` of the project's offline corpus (built once and cached, see
     `default_corpus_dir`); a .txt file (one document); a .jsonl file (field `text`, one document per line);
-    or a directory of token shards (`<split>_*.bin`, modded-nanogpt format). tokenizer: a spec string
-    ("bytes", "gpt2", "bpe:<path>") or a Tokenizer. max_seq_len: the model's limit (DataError if exceeded).
+    or a directory of token shards (`<split>_*.bin`, modded-nanogpt format; ids read as they are, see
+    `shard_eval_data`). tokenizer: a spec string ("bytes", "gpt2", "bpe:<path>") or a Tokenizer (for shards:
+    the model's, only checked against the shard manifest; None when unknown). max_seq_len: the model's limit (DataError if exceeded).
     Fewer than n_seq sequences are returned when the source is short; fewer than one is a DataError.
     """
     if n_seq < 1:
@@ -232,6 +251,8 @@ def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "by
         raise DataError(f"seq_len must be >= 2 (BOS plus one token), got {seq_len}")
     if max_seq_len is not None and seq_len > max_seq_len:
         raise DataError(f"seq_len {seq_len} exceeds the model's max_seq_len {max_seq_len}")
+    if source is not None and Path(source).is_dir():
+        return shard_eval_data(Path(source), tokenizer, n_seq=n_seq, seq_len=seq_len, seed=seed, split=split)
     tok = _resolve_tokenizer(tokenizer)
     bos = getattr(tok, "bos_id", None)
     if source is None:
@@ -244,13 +265,7 @@ def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "by
         path = Path(source)
         if not path.exists():
             raise DataError(f"{path}: no such file or directory")
-        if path.is_dir():
-            from depthlens.data.shards import TokenDataset
-
-            ds = TokenDataset.from_dir(path, split)
-            stream, desc = ds.tokens(0, ds.n_tokens), f"{path} ({split} shards)"
-        else:
-            stream, desc = _stream_from_docs(_read_docs(path), tok), str(path)
+        stream, desc = _stream_from_docs(_read_docs(path), tok), str(path)
         name = path.name
     windows = pack_stream(stream, seq_len, bos)
     if windows.shape[0] == 0:
@@ -259,6 +274,53 @@ def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "by
     return EvalData(torch.from_numpy(np.ascontiguousarray(chosen)), name=name, source=desc, bos=bos is not None,
                     seed=seed, tokenizer=getattr(tok, "name", None),
                     meta={"n_seq_requested": n_seq, "n_windows_available": int(windows.shape[0])})
+
+
+def shard_eval_data(directory: Path, tokenizer: Any = None, *, n_seq: int = DEFAULT_N_SEQ,
+                    seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, split: str = "val") -> EvalData:
+    """Eval windows from a directory of token shards, with the shard's own ids, unchanged.
+
+    Windows are consecutive seq_len-token cuts of the split's stream (no BOS is inserted: a shard carries
+    its own document delimiters, and another tokenizer's BOS would be a foreign id). The shard tokenizer's
+    name and BOS id (from manifest.json) go to provenance. `tokenizer` is the model's (or None when it has
+    none): shards whose manifest names a tokenizer known not to match it are refused (`check_shard_tokenizer`).
+    """
+    from depthlens.data.shards import TokenDataset
+
+    ds = TokenDataset.from_dir(directory, split)
+    info = (ds.manifest or {}).get("tokenizer") or {}
+    info = info if isinstance(info, dict) else {}
+    tok = _resolve_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    check_shard_tokenizer(directory, info, tok)
+    stream = ds.tokens(0, ds.n_tokens)
+    windows = pack_stream(stream, seq_len, None)
+    if windows.shape[0] == 0:
+        raise DataError(f"{directory} ({split} shards): {len(stream)} tokens are too few for one sequence of {seq_len}")
+    chosen = _select(windows, n_seq, seed)
+    bos = info.get("bos_id")
+    meta = {"n_seq_requested": n_seq, "n_windows_available": int(windows.shape[0]),
+            "shard_tokenizer": str(info.get("name", "unknown")),
+            "shard_bos_id": int(bos) if isinstance(bos, int) and not isinstance(bos, bool) else -1,
+            "shard_data_hash": ds.data_hash(), "shard_split": split}
+    return EvalData(torch.from_numpy(np.ascontiguousarray(chosen)), name=directory.name,
+                    source=f"{directory} ({split} shards)", bos=False, seed=seed,
+                    tokenizer=meta["shard_tokenizer"], meta=meta)
+
+
+def check_shard_tokenizer(directory: Path, info: dict[str, Any], tok: Any) -> None:
+    """DataError when the shard's tokenizer (manifest.json) is known not to be the model's: different vocab
+    size or BOS id, or a different name for depthlens' own tokenizers (bytes, gpt2, bpe-*). Unknown on either
+    side (no manifest, or a model shipped without tokenizer): accepted, and the provenance says so."""
+    if tok is None or not info:
+        return
+    mine = {"name": getattr(tok, "name", None), "vocab_size": getattr(tok, "vocab_size", None),
+            "bos_id": getattr(tok, "bos_id", None)}
+    theirs = {k: info.get(k) for k in mine}
+    foreign = any(str(n or "").startswith(("hf-", "gguf-")) for n in (mine["name"], theirs["name"]))
+    for key in ("vocab_size", "bos_id", *(() if foreign else ("name",))):
+        if key in info and mine[key] is not None and theirs[key] != mine[key]:
+            raise DataError(f"{directory}: shards were tokenized with {theirs['name']!r} ({key} {theirs[key]!r}), "
+                            f"the model's tokenizer is {mine['name']!r} ({key} {mine[key]!r})")
 
 
 def random_eval_data(vocab_size: int, n_seq: int = 8, seq_len: int = 64, seed: int = 0,
@@ -320,6 +382,7 @@ def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None
     op = opened_of(model)
     rec.update(op.provenance if op is not None else {"model_source": "in-memory"})  # source, adapter path, GGUF quant
     rec.update({k: v for k, v in data.provenance().items() if k not in ("eval_data_sha256", "n_tokens")})
+    rec["eval_tokens"] = data.tokens  # stored as the `eval_tokens` variable (make_dataset): re-runnable inputs
     rec["n_layer"] = int(model.n_layer)
     return rec
 

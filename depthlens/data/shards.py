@@ -138,6 +138,16 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
         raise DataError(f"{path}: unreadable manifest ({e})") from None
 
 
+def confined(directory: Path, name: str) -> Path:
+    """directory / name, refused (DataError) unless it resolves to a file inside `directory`: a manifest
+    cannot point the reader at other files (absolute paths, `..`, symlinks out of the directory)."""
+    root = directory.resolve()
+    path = (directory / name).resolve()
+    if path.parent != root and root not in path.parents:
+        raise DataError(f"{directory / MANIFEST_NAME}: shard path {name!r} points outside the shard directory")
+    return path
+
+
 # ---------------------------------------------------------------------------------------------
 # batch order
 
@@ -197,13 +207,19 @@ class TokenDataset:
         sorted (matches our `train_000.bin` and the FineWeb-Edu `finewebedu_train_000001.bin`)."""
         directory = Path(directory)
         manifest = read_manifest(directory)
-        if manifest is not None and split in manifest.get("splits", {}):
-            names = [s["file"] for s in manifest["splits"][split]["shards"]]
+        if manifest is not None and not isinstance(manifest, dict):
+            raise DataError(f"{directory / MANIFEST_NAME}: expected a JSON object")
+        splits = (manifest or {}).get("splits", {})
+        if isinstance(splits, dict) and split in splits:
+            try:
+                names = [str(s["file"]) for s in splits[split]["shards"]]
+            except (TypeError, KeyError):
+                raise DataError(f"{directory / MANIFEST_NAME}: malformed '{split}' split (needs shards[].file)") from None
         else:
             names = sorted(p.name for p in directory.glob(f"*{split}_[0-9]*.bin"))
         if not names:
             raise DataError(f"{directory}: no '{split}' shards")
-        return cls([directory / n for n in names], manifest)
+        return cls([confined(directory, n) for n in names], manifest)
 
     @property
     def n_tokens(self) -> int:

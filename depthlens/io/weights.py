@@ -119,6 +119,12 @@ def layer_indices(names: Iterable[str], prefix: str) -> set[int]:
     return {int(m.group(1)) for m in map(pat.match, names) if m}
 
 
+def layer_prefixes(names: Iterable[str]) -> set[str]:
+    """Every "<path>." that is followed by a layer index in some tensor name ("model.layers.", "gpt_neox.layers.")."""
+    pat = re.compile(r"^(.*?\.)\d+\.")
+    return {m.group(1) for m in map(pat.match, names) if m}
+
+
 def check_layer_count(n_config: int, names: Iterable[str], prefix: str, where: str | os.PathLike,
                       field: str = "n_layer") -> None:
     """The config's layer count must be the number of layers the weight file holds (checked before building

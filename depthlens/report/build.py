@@ -226,10 +226,10 @@ def sort_key(e: Entry) -> tuple:
 
 def report_eval_data(entries: Sequence[Entry], opts: ReportOptions):
     """One EvalData for all checkpoints: same tokenizer required; checked against every model."""
-    from depthlens.analysis.api import _tokenizer_for
+    from depthlens.analysis.api import _is_shards, _tokenizer_for
     from depthlens.analysis.evaldata import load_eval_data
 
-    toks = [_tokenizer_for(e.path, e.model) for e in entries]
+    toks = [_tokenizer_for(e.path, e.model, required=not _is_shards(opts.data)) for e in entries]
     names = {getattr(t, "name", t) for t in toks}
     if len(names) > 1:
         raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(map(str, names)))}); "

@@ -1,0 +1,320 @@
+"""GenericBlocksModel: the LayeredLM protocol over any decoder-only HF causal LM whose blocks form one
+`nn.ModuleList` (GPT-NeoX/Pythia, Phi, Gemma, OLMo, ...), at block granularity, the way Csordás et al.'s
+code intervenes: a skipped block passes its input through as its output; a permutation reorders blocks.
+
+Nothing of the family is mapped by hand. The HF model's own forward does the family-specific work:
+
+* `context(T)`: one forward on (1, T) dummy ids with every block swapped for a probe that records the
+  arguments the model passes it (masks, rotary tables, position ids: whatever that family uses) and
+  returns its input. The recorded (1, ...) tensors broadcast over the batch.
+* `embed(tokens)`: the model's forward up to the first block (embedding, position embedding, scaling),
+  stopped there by a pre-hook: h0 (B, T, d) = the first block's input.
+* `run_layers`: block `order[p]` called directly with the arguments recorded for position p (what the HF
+  loop passes when its ModuleList is permuted, as in Csordás' code: a per-position mask type, e.g. Gemma-2's
+  alternating sliding window, stays with the position); keep[p] (B, T) = 0 replaces the block's output by
+  its input at those tokens.
+* `head(h_L)`: the model's forward again, with every block swapped for a pass-through that injects h_L, so
+  the family's own final norm, LM head and logit soft-capping apply.
+
+Only whole blocks can be skipped (`unit="block"`); the residual view is the hidden state between blocks.
+Provenance records `adapter_path = "generic-blocks"`. A model without exactly one ModuleList of
+`num_hidden_layers` blocks, or an encoder(-decoder), is refused with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from ..errors import CheckpointError
+from ..models.residual.base import Design, RunContext, State
+from .base import AdapterSpec, ForeignConfig, _lens_config
+
+OnLayer = Callable[[int, State, torch.Tensor], None]
+COPIED_ATTRS = ("attention_type", "layer_idx", "is_sliding", "sliding_window", "layer_type")
+
+
+class ForeignBlocks(Design):
+    """One residual stream h (B, T, d) between HF blocks, whatever the block does inside."""
+
+    slug = "generic"
+    view_name = "hidden state between HF decoder blocks (generic-blocks path)"
+
+    def __init__(self, family: str):
+        super().__init__(cfg=None)  # type: ignore[arg-type]
+        self.family = family
+
+
+class _Stop(Exception):
+    """Raised by a pre-hook to end a forward once the first block's input is known."""
+
+
+class _Probe(nn.Module):
+    """Stands in for block i during a forward: records its arguments, returns its input (or injects h)."""
+
+    def __init__(self, block: nn.Module, sink: list, index: int, inject: torch.Tensor | None = None,
+                 as_tuple: bool = False):
+        super().__init__()
+        for a in COPIED_ATTRS:  # the model's loop may read these off the layer (mask type per layer)
+            if a in vars(block) or hasattr(type(block), a):
+                try:
+                    object.__setattr__(self, a, getattr(block, a))
+                except AttributeError:
+                    pass
+        self._sink, self._index, self._inject, self._tuple = sink, index, inject, as_tuple
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        h = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
+        rest = args[1:] if "hidden_states" not in kwargs and args else args
+        self._sink.append((self._index, rest, kwargs))
+        out = self._inject if self._inject is not None else h
+        return (out,) if self._tuple else out
+
+
+class _BlockHooks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_resid_pre = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+
+def find_blocks(hf: nn.Module, n_layer: int) -> str:
+    """Dotted path of the one ModuleList holding the model's `n_layer` decoder blocks; CheckpointError if
+    there is none or more than one (not counting lists nested inside a block)."""
+    lists = [name for name, m in hf.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layer and name]
+    top = [n for n in lists if not any(n != o and n.startswith(o + ".") for o in lists)]
+    if len(top) != 1:
+        raise CheckpointError(f"model_type {hf.config.model_type!r} has no depthlens adapter, and its decoder blocks "
+                              f"do not form one ModuleList of {n_layer} (found {len(top)}); the generic-blocks "
+                              "path cannot analyse it")
+    return top[0]
+
+
+def check_generic(hf: nn.Module) -> None:
+    """Refuse what the generic path cannot honestly analyse: encoder-decoders, and any model whose logits at
+    position 0 depend on a later token (not causal: BERT-style encoders behind a causal-LM head)."""
+    mt = getattr(hf.config, "model_type", "?")
+    refuse = CheckpointError(f"model_type {mt!r} has no depthlens adapter and is not a decoder-only causal LM "
+                             "(the generic-blocks path needs one)")
+    if getattr(hf.config, "is_encoder_decoder", False):
+        raise refuse
+    dev = hf.get_input_embeddings().weight.device
+    ids = torch.tensor([[1, 2, 3], [1, 2, 4]], device=dev) % int(hf.config.vocab_size)
+    with torch.no_grad():
+        logits = hf(input_ids=ids, use_cache=False).logits
+    if not torch.equal(logits[0, :2], logits[1, :2]):
+        raise refuse
+
+
+class GenericBlocksModel(HookedRootModule):
+    """LayeredLM over an HF decoder-only `*ForCausalLM` at block level (see module docstring)."""
+
+    adapter_path = "generic-blocks"
+
+    def __init__(self, hf_model: nn.Module, *, tokenizer: Any = None):
+        super().__init__()
+        c = hf_model.config
+        n = _n_layer(c)
+        check_generic(hf_model)
+        self.hf = hf_model
+        self.tokenizer = tokenizer
+        self.blocks_path = find_blocks(hf_model, n)
+        names = {id(m): k for k, m in hf_model.named_modules()}
+        emb, out = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
+        self.spec = AdapterSpec(family=str(c.model_type), model_types=(str(c.model_type),), blocks=self.blocks_path,
+                                embed=names.get(id(emb), ""), final_norm="", lm_head=names.get(id(out), ""),
+                                attn_norm="", attn="", mlp_norm="", mlp="")
+        self.design = ForeignBlocks(str(c.model_type))
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([_BlockHooks() for _ in range(n)])
+        self.hook_resid_final = HookPoint()
+        heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 1)
+        self.cfg = _lens_config(n_layers=n, d_model=self.d_model, n_heads=heads, n_ctx=self.max_seq_len,
+                                d_vocab=self.vocab_size)
+        self.setup()
+
+    def setup(self) -> None:
+        """HookedRootModule.setup over this wrapper's own hook points only (the HF subtree keeps its names)."""
+        self.mod_dict, self.hook_dict = {}, {}
+        for name, module in self.named_modules():
+            if name in ("", "hf") or name.startswith("hf."):
+                continue
+            module.name = name
+            self.mod_dict[name] = module
+            if isinstance(module, HookPoint):
+                self.hook_dict[name] = module
+
+    # --- shape --------------------------------------------------------------------------------------------
+    @property
+    def hf_config(self) -> Any:
+        return self.hf.config
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.hf.get_submodule(self.blocks_path)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+    @property
+    def d_model(self) -> int:
+        c = self.hf_config
+        return int(getattr(c, "hidden_size", None) or getattr(c, "n_embd", None) or getattr(c, "d_model"))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+    @property
+    def max_seq_len(self) -> int:
+        c = self.hf_config
+        return int(getattr(c, "max_position_embeddings", 0) or getattr(c, "n_positions", 0) or 1 << 20)
+
+    @property
+    def config(self) -> Any:
+        c = self.hf_config
+        return ForeignConfig(family=str(c.model_type), model_type=str(c.model_type), n_layer=self.n_layer,
+                             d_model=self.d_model, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
+                             hf_config=json.loads(c.to_json_string(use_diff=False)), arch=self.design.slug)
+
+    def _device(self) -> torch.device:
+        return self.hf.get_input_embeddings().weight.device
+
+    # --- forward pieces ---------------------------------------------------------------------------------
+    def _swapped(self, probes: list[nn.Module]) -> "_Swap":
+        return _Swap(self.layers, probes)
+
+    def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
+        """Record, once per length, the arguments the model passes each block (probe forward on (1, T))."""
+        if seq_len > self.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds the model's max_position_embeddings {self.max_seq_len}")
+        device = device or self._device()
+        sink: list = []
+        ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+        with torch.no_grad(), self._swapped([_Probe(b, sink, i) for i, b in enumerate(self.layers)]):
+            self.hf(input_ids=ids, use_cache=False)
+        calls = {i: (rest, kw) for i, rest, kw in sink}
+        if sorted(calls) != list(range(self.n_layer)):
+            raise CheckpointError(f"{self.hf_config.model_type}: the model's forward did not call each of its "
+                                  f"{self.n_layer} blocks once; the generic-blocks path cannot analyse it")
+        empty = torch.empty(0, device=device)
+        ctx = RunContext(cos=empty, sin=empty, record={} if record else None)
+        ctx.extras["block_calls"] = calls
+        h = torch.zeros(1, seq_len, self.d_model, device=device, dtype=self.hf.get_input_embeddings().weight.dtype)
+        with torch.no_grad():
+            ctx.extras["as_tuple"] = isinstance(self.layers[0](h, *calls[0][0], **calls[0][1]), tuple)
+        return ctx
+
+    def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
+        """tokens (B, T) -> {"h": the first block's input (B, T, d)}."""
+        got: list[torch.Tensor] = []
+
+        def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            got.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+            raise _Stop
+
+        handle = self.layers[0].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            self.hf(input_ids=tokens, use_cache=False)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+        h = self.hook_embed(got[0])
+        ctx.put("h0", h)
+        return {"h": h}
+
+    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
+                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
+                   order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
+        """Blocks at positions start..stop-1; keep {pos: (B, T)}: 0 = the block's input passes through."""
+        if unit != "block":
+            raise ValueError("the generic-blocks path skips whole blocks only (unit='block'); attn/mlp sublayers "
+                             "need a hand-mapped adapter")
+        if swap not in ("body", "all"):
+            raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
+        if order is not None and sorted(order) != list(range(self.n_layer)):
+            raise ValueError(f"order must be a permutation of range({self.n_layer}), got {order}")
+        stop = self.n_layer if stop is None else stop
+        keep = keep or {}
+        h = state["h"]
+        calls = ctx.extras["block_calls"]
+        for pos in range(start, stop):
+            src = order[pos] if order is not None else pos
+            hk = self.blocks[pos]
+            h = hk.hook_resid_pre(h)
+            rest, kw = calls[pos]  # the arguments the model's loop passes at this position (Csordás: the list is permuted)
+            out = self.layers[src](h, *rest, **kw)
+            out = out[0] if isinstance(out, tuple) else out
+            k = keep.get(pos)
+            if k is not None:  # (B, T) -> (B, T, 1): block input passed through where k == 0
+                k = k.to(out.dtype).unsqueeze(-1)
+                out = k * out + (1 - k) * h
+            out = hk.hook_resid_post(out)
+            if on_layer is not None:
+                on_layer(pos, {"h": out}, out - h)
+            h = out
+        return {**state, "h": h}
+
+    def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
+        return self.hook_resid_final(state["h"])
+
+    def head(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """h_L -> logits (B, T, V) through the model's own final norm, LM head and soft-capping."""
+        h = self.final_hidden(state, ctx)
+        B, T = h.shape[:2]
+        sink: list = []
+        as_tuple = bool(ctx.extras.get("as_tuple", False))
+        probes = [_Probe(b, sink, i, inject=h if i == 0 else None, as_tuple=as_tuple) for i, b in enumerate(self.layers)]
+        ids = torch.zeros(B, T, dtype=torch.long, device=h.device)
+        with self._swapped(probes):
+            out = self.hf(input_ids=ids, use_cache=False)
+        return out.logits
+
+    def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
+        ctx = self.context(tokens.shape[1], device=tokens.device)
+        return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
+
+    def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None) -> torch.Tensor:
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without tokenizer files; pass token ids instead")
+        return self.tokenizer.to_tokens(text, prepend_bos=prepend_bos, device=self._device())
+
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    def extra_repr(self) -> str:
+        return f"family={self.spec.family}, path=generic-blocks, n_layer={self.n_layer}, d_model={self.d_model}"
+
+
+class _Swap:
+    """Temporarily replace every entry of a ModuleList (restored on exit, even on error)."""
+
+    def __init__(self, layers: nn.ModuleList, replacement: list[nn.Module]):
+        self.layers, self.replacement = layers, replacement
+
+    def __enter__(self) -> None:
+        self.saved = list(self.layers)
+        for i, m in enumerate(self.replacement):
+            self.layers[i] = m
+
+    def __exit__(self, *exc: Any) -> None:
+        for i, m in enumerate(self.saved):
+            self.layers[i] = m
+
+
+def _n_layer(c: Any) -> int:
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        v = getattr(c, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise CheckpointError(f"model_type {c.model_type!r}: config states no layer count (num_hidden_layers)")
+
+
+__all__ = ["GenericBlocksModel", "find_blocks", "check_generic"]
