@@ -3,7 +3,9 @@
 Public API (heavy imports happen on first use, so `depthlens --help` stays instant):
 
     ModelConfig, DepthModel, build_model   the backbone with ten residual designs
-    load, save                             safetensors + JSON checkpoints
+    load, save                             depthlens' own safetensors + JSON checkpoints
+    open                                   any model by path (depthlens dir, HF dir, GGUF file) through the one
+                                           loader -> Opened(model, meta, tokenizer, provenance)
     DESIGNS, SLUGS                         the design registry
 """
 
@@ -19,6 +21,7 @@ _LAZY = {
     "DepthModel": ("depthlens.models.model", "DepthModel"),
     "build_model": ("depthlens.models.model", "build_model"),
     "Checkpoint": ("depthlens.io.checkpoint", "Checkpoint"),
+    "open": ("depthlens.adapters.load", "open_model"),
 }
 
 __all__ = ["DESIGNS", "SLUGS", "__version__", "load", "save", *_LAZY]

@@ -55,7 +55,7 @@ def test_gguf_logits_match_the_source_model(tmp_path, quant, tol):
     assert (p["model_source"], p["weights_format"], p["gguf_quantization"], p["adapter_path"]) == \
         ("gguf", "gguf", quant, "hand-mapped")
     assert op.meta.kind == "gguf" and op.meta.family == "llama" and op.model.n_layer == 4
-    assert opened_of(op.model) is op
+    assert opened_of(op.model) is op and depthlens.open is open_model
 
 
 def test_gguf_tokenizer_comes_from_the_file(sources):
