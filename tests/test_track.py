@@ -54,7 +54,11 @@ def train_run(corpus: Path, out: Path, arch: str = "preln", steps: int = 8, **sn
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
-    return {arch: (train_run(corpus, root / f"{arch}_l4", arch), root / f"{arch}_l4")[1] for arch in ("preln", "hc")}
+    out = {arch: root / f"{arch}_l4" for arch in ("preln", "hc", "block_attnres")}
+    train_run(corpus, out["preln"], "preln")
+    train_run(corpus, out["hc"], "hc")
+    train_run(corpus, out["block_attnres"], "block_attnres", snapshots=[0, 4, 8])  # other steps: outer join
+    return out
 
 
 def invoke(args):
@@ -140,18 +144,33 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     assert not np.array_equal(ds["causal_score"].sel(run="preln_l4", step=2).values, got["causal_score"].values)
 
 
-def test_two_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
-    out = tmp_path / "both"
-    r = invoke(["track", runs["preln"], runs["hc"], "--metric", "causal,erank", "--out", out,
-                "--data", corpus / "eval.txt", *FAST])
+def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
+    from depthlens.analysis import api
+
+    out = tmp_path / "all"
+    r = invoke(["track", runs["preln"], runs["hc"], runs["block_attnres"], "--metric", "causal,erank,attnres",
+                "--out", out, "--data", corpus / "eval.txt", *FAST])
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
-    assert ds["design"].values.tolist() == ["preln", "hc"]
-    assert np.isnan(ds["erank"].sel(run="preln_l4")).all() and np.isfinite(ds["erank"].sel(run="hc_l4")).all()
+    assert ds["design"].values.tolist() == ["preln", "hc", "block_attnres"]
+    assert list(ds["step"].values) == [0, 2, 4, 8]  # the union; a run lacks the others
+    assert ds["snapshot"].sel(run="preln_l4", step=0).item() == "" and np.isnan(ds["tokens"].sel(run="hc_l4", step=0))
+    assert np.isnan(ds["causal_share"].sel(run="block_attnres_l4", step=2)) and \
+        ds["tokens"].sel(run="block_attnres_l4", step=0) == 0
+    assert np.isnan(ds["erank"].sel(run="preln_l4")).all() and np.isfinite(ds["erank"].sel(run="hc_l4", step=8)).all()
     parts = sorted(p.name for p in (out / "parts").rglob("*.nc"))
-    assert len(parts) == 3 * 1 + 3 * 2  # preln: causal; hc: causal + erank
+    assert len(parts) == 3 * 1 + 3 * 2 + 3 * 2  # preln: causal; hc: causal + erank; block_attnres: causal + attnres
     evs = {xr.open_dataset(p).attrs["eval_data_sha256"] for p in (out / "parts").rglob("*.nc")}
     assert evs == {ds.attrs["eval_data_sha256"]}
+    # the last step of the rank and AttnRes rows are the engines' own numbers on the final checkpoints
+    model, ck = api.load_model(runs["hc"] / "checkpoint")
+    ev = api.eval_data_for(model, corpus / "eval.txt", ck, n_seq=4, seq_len=16, seed=0)
+    er = api.effective_rank(runs["hc"] / "checkpoint", ev)
+    np.testing.assert_array_equal(ds["erank"].sel(run="hc_l4", step=8).values, er["erank"].sel(statistic="mean").values)
+    ar = api.attnres(runs["block_attnres"] / "checkpoint", ev)
+    got = ds.sel(run="block_attnres_l4", step=8)
+    np.testing.assert_array_equal(got["self_weight"].values, ar["self_weight"].values)
+    assert float(got["dead_prefix"]) == float(ar["dead_prefix"].sel(eps=0.05))
 
 
 # --- resume ---------------------------------------------------------------------------------------------
