@@ -181,13 +181,13 @@ def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
     assert invoke(args).exit_code == 0
     first = xr.load_dataset(out / "track.nc")
     calls = []
-    real = T.engine
+    real = T.registry.run
 
-    def counting(metric):
-        fn, kw = real(metric)
-        return (lambda *a, **k: calls.append(metric) or fn(*a, **k)), kw
+    def counting(name, *a, **k):
+        calls.append(name)
+        return real(name, *a, **k)
 
-    monkeypatch.setattr(T, "engine", counting)
+    monkeypatch.setattr(T.registry, "run", counting)
     r = invoke(args)
     assert r.exit_code == 0, r.output
     assert calls == []  # everything came from parts/

@@ -373,10 +373,9 @@ def applies(metric: str, slug: str) -> bool:
     return diagnostic(metric).applies(slug)
 
 
-def engine(metric: str) -> tuple[Callable[..., xr.Dataset], dict[str, Any]]:
-    """The engine of `metric` and the options it runs with (the same as `depthlens report`)."""
-    d = diagnostic(metric)
-    return registry.resolve(d.engine), {**d.report_opts, **REPORT_EXTRA.get(metric, {})}
+def engine_options(metric: str) -> dict[str, Any]:
+    """The options `metric`'s engine runs with: the same as `depthlens report` (ReportOptions.engine_options)."""
+    return {**diagnostic(metric).report_opts, **REPORT_EXTRA.get(metric, {})}
 
 
 def weights_id(path: Path) -> str:
@@ -545,9 +544,9 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
         key = cache_key(wid, ev.sha256, m, _metric_opts(m, opts))
         ds = _cached(cache / f"{stem}.{m}.nc", key)
         if ds is None:
-            fn, kw = engine(m)
-            with torch.no_grad():
-                ds = fn(model, ev, checkpoint=snap.path, batch_size=opts.batch_size, **kw)
+            with torch.no_grad():  # the registry is the one dispatch path (as for report, API and CLI)
+                ds = registry.run(diagnostic(m).name, model, ev, checkpoint=snap.path, batch_size=opts.batch_size,
+                                  **engine_options(m))
             ds.attrs["track_key"] = key
             write_netcdf(ds, cache / f"{stem}.{m}.nc", overwrite=True)
             progress(f"{snap.path.name}: {m}")
@@ -556,8 +555,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
 
 
 def _metric_opts(metric: str, opts: TrackOptions) -> dict[str, Any]:
-    _, kw = engine(metric)
-    return {**kw, "batch_size": None}  # batch_size does not change results, so it is not part of the key
+    return {**engine_options(metric), "batch_size": None}  # batch_size does not change results: not in the key
 
 
 def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr.Dataset:
