@@ -16,5 +16,7 @@ if [ ${#ckpts[@]} -eq 0 ]; then
   exit 1
 fi
 .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"
-# depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them
-SKIP_SETUP=1 bash scripts/track-zoo.sh
+# depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them.
+# TRACK_ARGS go to `depthlens track`, e.g. TRACK_ARGS="--device cuda" or "--n-seq 16" (JOBS: runs in parallel)
+# shellcheck disable=SC2086  # TRACK_ARGS is a list of options
+SKIP_SETUP=1 bash scripts/track-zoo.sh ${TRACK_ARGS:+-- $TRACK_ARGS}

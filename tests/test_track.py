@@ -348,3 +348,16 @@ def test_check_validates_without_writing(runs, tmp_path):
     r = invoke(["track", runs["preln"], "--check", "--recipe", train_json, "--out", tmp_path / "o"])
     assert r.exit_code == 0 and "preln_l4: 3 snapshots, steps [2, 4, 8]; requested by" in r.stdout
     assert not (tmp_path / "o").exists()
+
+
+def test_undefined_share_is_said_not_hidden(corpus, tmp_path):
+    """L = 1 has no late pair: the share is NaN in the dataset and the section says why."""
+    ckpts = [depthlens.save(build_model(ModelConfig.debug("preln", n_layer=1, vocab_size=257, max_seq_len=32),
+                                        seed=s), tmp_path / "one" / f"step{s + 1}") for s in range(2)]
+    out = tmp_path / "o"
+    r = invoke(["track", *ckpts, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST])
+    assert r.exit_code == 0, r.output
+    ds = xr.load_dataset(out / "track.nc")
+    assert np.isnan(ds["causal_share"]).all() and np.isnan(ds["tokens"]).all() and list(ds["step"].values) == [1, 2]
+    assert "one: no causal share at some steps (fewer than 2 layers in the late window)" in \
+        (out / "README.md").read_text()

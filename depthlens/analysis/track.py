@@ -596,6 +596,9 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
         skipped = [m for m in opts.metrics if not applies(m, slug)]
         if skipped:
             notes.append(f"{s.name}: {', '.join(skipped)} not defined for {slug}")
+        for m, var in (("causal", "causal_share"), ("permutation", "perm_share")):
+            if m in opts.metrics and any(not np.isfinite(float(r[var])) for r in rows if var in r):
+                notes.append(f"{s.name}: no {m} share at some steps (fewer than 2 layers in the late window)")
         parts.append(series_dataset(s, rows).expand_dims(run=[s.name]))
         designs.append(slug)
         depths.append(L)

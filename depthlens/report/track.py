@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from depthlens.designs import SLUGS
 from depthlens.report.figures import design_color, design_name
 
 # (variable, y label, CI prefix or None)
@@ -105,10 +106,12 @@ def fig_track(ds: xr.Dataset) -> Any:
                 ax.set_xlabel(f"{xlabel} (log; 0 = initialisation)")
     from matplotlib.lines import Line2D
 
-    legend = {}  # one entry per design over all panels, below the grid
+    legend = {}  # one entry per design over all panels, below the grid, in registry order
     for ax in axes.ravel():
         for h, lab in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(lab, h)
+    order = [design_name(slug) for slug in SLUGS]
+    legend = dict(sorted(legend.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     legend["validation loss (right axis)"] = Line2D([], [], color="0.3", linestyle="--", linewidth=1)
     fig.suptitle("Depth over training: late-layer use per design (95% bootstrap CI over eval sequences)")
     fig.tight_layout(rect=(0, 0.04 if len(rows) > 1 else 0.08, 1, 1))
