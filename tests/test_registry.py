@@ -159,3 +159,17 @@ def test_the_architecture_docs_example_runs(monkeypatch):
     for other in ("preln", "keel"):  # KEEL's first sublayer is Pre-LN: no branch share there
         with pytest.raises(DepthlensError, match="branch_share readout on every sublayer"):
             registry.resolve(d.engine)(debug_model(other, n_layer=2), data)
+
+
+def test_api_compare_by_registry_name_equals_compare_by_function():
+    from depthlens.analysis import api
+
+    torch.manual_seed(0)
+    models = [debug_model("preln", n_layer=4, seed=0), debug_model("hc", n_layer=4, seed=1)]
+    data = EvalData.from_tokens(torch.randint(0, models[0].config.vocab_size, (2, 12)))
+    by_name = api.compare("permute", models, data, names=["a", "b"])
+    by_fn = api.compare(api.permutation, models, data, names=["a", "b"])
+    assert by_name["perm_abs"].dims[0] == "checkpoint" and list(by_name["checkpoint"].values) == ["a", "b"]
+    np.testing.assert_array_equal(by_name["perm_abs"].values, by_fn["perm_abs"].values)
+    with pytest.raises(DepthlensError, match="unknown diagnostic"):
+        api.compare("permutations", models, data)
