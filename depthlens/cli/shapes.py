@@ -1,4 +1,4 @@
-"""Planning commands: shapes (the iso-parameter shape planner)."""
+"""The `shapes` command: the iso-parameter shape planner."""
 
 from __future__ import annotations
 
