@@ -86,8 +86,8 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
         for v in ("output_effect", "output_effect_seq", "skip_delta_loss", "skip_delta_loss_seq", "clean_loss_seq"):
             if v in cur:
                 both[v] = cur[v]
-        both.attrs.update(variants=["current", "future"], layers_current=cur.attrs.get("layers"),
-                          layers_future=fut.attrs.get("layers"), cut_positions_json=fut.attrs["cut_positions_json"])
+        both.attrs.update(variants_json='["current", "future"]', layers_current_json=cur.attrs["layers_json"],
+                          layers_future_json=fut.attrs["layers_json"], cut_positions_json=fut.attrs["cut_positions_json"])
         return both
 
     stage("angular", lambda: angular_distances(model, data, positions="all", checkpoint=model_path))
@@ -114,9 +114,9 @@ def summarise(out: Path, run: dict) -> dict:
     L = int(run["n_layer"])
     heads = {}
     if "update" in causal:
-        heads["causal"] = headline(causal["update"], "causal", 0.45, n_boot=1000, seed=0)
+        heads["causal"] = headline(causal["update"], "causal", 0.45, n_boot=200, seed=0)
     if perm is not None:
-        heads["permutation"] = headline(perm, "perm_abs", 0.15, n_boot=1000, seed=0)
+        heads["permutation"] = headline(perm, "perm_abs", 0.15, n_boot=200, seed=0)
     cu = causal.get("update")
     from depthlens.analysis.metrics import late_window
 
@@ -130,7 +130,8 @@ def summarise(out: Path, run: dict) -> dict:
                             for n, ds in causal.items() if "null_score" in ds},
             "clean_loss": float(perm["clean_loss"]) if perm is not None else None,
             "skip_delta_loss": [float(x) for x in cu["skip_delta_loss"].values] if cu is not None else None,
-            "output_effect": [float(x) for x in cu["output_effect"].values] if cu is not None else None,
+            "output_effect": [float(x) for x in cu["output_effect"].sel(variant="current").values] if cu is not None
+            else None,
             "angular_d1": [float(x) for x in d["angular"]["profile"].values[:L]] if "angular" in d else None,
             "reference_8x128": _reference(out)}
 
