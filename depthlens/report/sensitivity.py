@@ -80,8 +80,6 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     import matplotlib.pyplot as plt
 
     from depthlens.analysis.plots import heatmap, save_figure
-    from depthlens.analysis.sweep import default_thresholds
-    from depthlens.analysis.stats import share_curve
 
     files: dict[str, str] = {}
     a = summary["late_window_start"]
@@ -190,8 +188,6 @@ def _definition_figures(d, rows, norms, a, save) -> None:
     axes[1].set(xscale="log", xlabel="θ", ylabel="share of late pairs with P > θ", title="permutation S(θ)")
     axes[1].legend(fontsize=7, frameon=False)
     save(fig, "sweeps")
-
-    # permutation heatmap, angular distance, layer-skip loss and output effect
 
 
 def _pct(x: float | None) -> str:
