@@ -186,7 +186,10 @@ def _definition_figures(d, rows, norms, a, save) -> None:
         axes[1].plot(th, share_curve(d["permutation"][metric].values, th, a, nan_policy="omit"), label=metric)
     axes[1].axvline(0.15, color="0.4", linewidth=1)
     axes[1].set(xscale="log", xlabel="θ", ylabel="share of late pairs with P > θ", title="permutation S(θ)")
-    axes[1].legend(fontsize=7, frameon=False)
+    if "permutation" in d:
+        axes[1].legend(fontsize=7, frameon=False)
+    else:
+        axes[1].text(0.5, 0.5, "permutation stage not computed", ha="center", transform=axes[1].transAxes)
     save(fig, "sweeps")
 
 
