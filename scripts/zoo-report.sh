@@ -19,4 +19,7 @@ fi
 # depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them.
 # TRACK_ARGS go to `depthlens track`, e.g. TRACK_ARGS="--device cuda" or "--n-seq 16" (JOBS: runs in parallel)
 # shellcheck disable=SC2086  # TRACK_ARGS is a list of options
+# Default --n-seq 8: 10 runs x 7 snapshots, with 276 late swap pairs per L=32 snapshot, cost ~45 CPU-minutes at
+# 8 sequences (4x that at the engine default of 32); the CIs in reports/track/ are correspondingly wide.
+TRACK_ARGS=${TRACK_ARGS---n-seq 8}
 SKIP_SETUP=1 bash scripts/track-zoo.sh ${TRACK_ARGS:+-- $TRACK_ARGS}
