@@ -37,8 +37,8 @@ import torch
 import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_window, loss_log_probs
+from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
+from depthlens.analysis.metrics import late_window, loss_log_probs, loss_logits
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_repeat
 
@@ -390,9 +390,9 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
     S = resolve_layers(L, layers)
     ndims = int(model.design.update_norm_dims())
     arms, cuts = make_arms(T, N, S, variants, n_cuts, cut_seed, null and measure)
-    rows = batch_size or default_batch_size(data)
+    rows = batch_size or default_rows(data)
     per_chunk = max(1, min(len([a for a in arms if a.variant == variants[0]]), 4, rows))
-    b_seq = seq_batch or max(1, rows // per_chunk)
+    b_seq = seq_batch or max(1, min(N, rows // per_chunk))  # few sequences: more arms per chunk instead
     per_chunk = max(1, rows // b_seq)
     K = {v: cuts[v].shape[1] for v in variants}  # cut slots per sequence
     direct_note = _direct_unsupported(model) if direct and measure else None
@@ -449,8 +449,7 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, n
         if k == 0:
             trunk = None
             if outputs:
-                logits = model.head(clean.final, ctx)
-                clean.probs, clean.nll = logits.float().softmax(-1), token_nll(logits, toks)
+                clean.probs, clean.nll = _probs_nll(model.head(clean.final, ctx), toks)
                 if T > 2:
                     res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
             clean.final = None
@@ -469,24 +468,39 @@ def _groups(arms: list[Arm]) -> dict[tuple[bool, str], list[int]]:
     return out
 
 
+def _probs_nll(logits: torch.Tensor, toks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p (b, T, V), next-token NLL (b, T−2)) from logits (b, T, V), consumed in place (fp32 logits).
+
+    softmax's own steps (m = max z, e = exp(z − m), p = e / Σe) with the NLL read off the same pass,
+    −log p[target] = log Σe − (z[target] − m), instead of a second log-softmax over the vocabulary. The clean
+    run and every arm go through this function, so identical logits give identical outputs (O = ΔL = 0).
+    """
+    z = logits.float()
+    m = z.amax(-1, keepdim=True)  # (b, T, 1)
+    zt = loss_logits(z).gather(-1, toks[:, 2:, None]).squeeze(-1)  # (b, T−2) target logits, before z is consumed
+    e = z.sub_(m).exp_()
+    se = e.sum(-1, keepdim=True)
+    nll = se[:, 1:-1, 0].log() - (zt - m[:, 1:-1, 0])  # the same loss positions τ = 1..T−2
+    return e.div_(se), nll
+
+
 def _outputs(model, ctx, state: State, active: list[Arm], b: int, toks, clean: _Clean, seqs: slice,
              O: dict[str, np.ndarray], dloss: np.ndarray) -> None:
-    """O[s] = max over F of ‖p' − p‖₂ and ΔL_skip(s) (current variant) for the chunk's arms (one head call)."""
-    A = len(active)
-    logits = model.head(state, ctx)  # (A·b, T, V): no more rows than one forward of the chunk
-    dp = (logits.float().softmax(-1).view(A, b, *clean.probs.shape[1:]) - clean.probs).norm(dim=-1)  # (A, b, T)
-    measure = torch.stack([a.measure[seqs] for a in active]).to(dp.device)  # (A, b, T)
-    o = dp.masked_fill(~measure, -1.0).amax(-1).double().cpu().numpy()  # (A, b); ‖·‖ ≥ 0, so −1 never wins
-    d = None
-    if clean.nll is not None and clean.nll.shape[1] > 0:
-        nll = token_nll(logits, toks.repeat(A, 1)).view(A, b, -1)
-        d = (nll - clean.nll).mean(-1).double().cpu().numpy()
+    """O[s] = max over F of ‖p' − p‖₂ and ΔL_skip(s) (current variant) for the chunk's arms.
+
+    One head call per arm (b rows, the size of the clean pass's head call, so the (rows, T, V) logits never
+    exceed one plain forward's), none for the null arm (it has no output effect). The vocabulary work is done
+    in place on the logits (`_probs_nll`), then p' − p and its norm.
+    """
     for i, a in enumerate(active):
         if a.null:
             continue
-        O[a.variant][a.s, seqs] = np.fmax(O[a.variant][a.s, seqs], o[i])
-        if a.variant == "current" and d is not None:
-            dloss[a.s, seqs] = d[i]
+        p, nll = _probs_nll(model.head({k: v[i * b:(i + 1) * b] for k, v in state.items()}, ctx), toks)
+        if a.variant == "current" and nll.shape[1] > 0:
+            dloss[a.s, seqs] = (nll - clean.nll).mean(-1).double().cpu().numpy()
+        dp = p.sub_(clean.probs).norm(dim=-1)  # (b, T): ‖p' − p‖₂
+        o = dp.masked_fill(~a.measure[seqs].to(dp.device), -1.0).amax(-1)  # ‖·‖ ≥ 0, so −1 never wins
+        O[a.variant][a.s, seqs] = np.fmax(O[a.variant][a.s, seqs], o.double().cpu().numpy())
 
 
 def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per_chunk: int,

@@ -411,3 +411,10 @@ def model_device(model) -> torch.device:
 def default_batch_size(data: EvalData, tokens_per_batch: int = 4096) -> int:
     """Sequences per clean forward: about `tokens_per_batch` tokens, at least 1."""
     return max(1, min(data.n_seq, tokens_per_batch // data.seq_len))
+
+
+def default_rows(data: EvalData, tokens_per_batch: int = 4096) -> int:
+    """Rows per forward when interventions ride along the batch (causal arms, swap pairs): about
+    `tokens_per_batch` tokens, at least 1. Not capped by n_seq: with few sequences the arms fill the rows,
+    so each call stays large enough to run at full matmul efficiency."""
+    return max(1, tokens_per_batch // data.seq_len)

@@ -124,13 +124,18 @@ def angular_distance_matrix(states: torch.Tensor) -> torch.Tensor:
 # §2 causal-score ratios
 
 
+def loss_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits at the loss positions τ = 1..T−2 (see `loss_log_probs`): (B, T−2, V) float32."""
+    return logits[:, 1:-1].float()
+
+
 def loss_log_probs(logits: torch.Tensor) -> torch.Tensor:
     """log p over the vocabulary at the loss positions τ = 1..T−2: (B, T−2, V) float32, targets tokens[:, 2:].
 
     Position 0 (BOS) and the last position (it predicts nothing inside the window) are excluded; the causal
     and permutation scores both measure their losses here.
     """
-    return torch.log_softmax(logits[:, 1:-1].float(), dim=-1)
+    return torch.log_softmax(loss_logits(logits), dim=-1)
 
 
 def relative_change(new: torch.Tensor, old: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

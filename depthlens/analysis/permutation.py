@@ -24,8 +24,8 @@ import torch
 import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_pairs, late_window, loss_log_probs
+from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
+from depthlens.analysis.metrics import late_pairs, late_window, loss_logits
 from depthlens.analysis.stats import paired_se
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_select
@@ -57,15 +57,18 @@ def swapped_order(L: int, i: int, j: int) -> list[int]:
     return order
 
 
-def _nll_kl(logp: torch.Tensor, toks: torch.Tensor, logp0: torch.Tensor, p0: torch.Tensor):
-    """Per-token NLL and KL(p0 ‖ p) = Σ p0 (log p0 − log p) from log p (A, b, T−2, V); (A, b, T−2) each.
+def _nll_kl(logits: torch.Tensor, toks: torch.Tensor, z0: torch.Tensor, lse0: torch.Tensor, p0: torch.Tensor):
+    """Per-token NLL and KL(p0 ‖ p) at the loss positions from one swap's logits (b, T, V): (b, T−2) each.
 
-    The difference is formed inside the sum (exactly 0 for identical distributions) and in place in `logp`,
-    which is consumed, so no further (A, b, T−2, V) temporary is allocated.
+    With lse = logsumexp(z): NLL = lse − z[target] and KL = Σ p0 (log p0 − log p) = Σ p0 (z0 − z) + (lse − lse0)·Σ p0,
+    so the vocabulary is read twice (lse, then one fused difference and dot) and no log-softmax is
+    materialised. z0, lse0, p0: the clean logits, logsumexp and probabilities at the loss positions. Both terms
+    vanish together for identical logits (KL exactly 0).
     """
-    A = logp.shape[0]
-    nll = -logp.gather(-1, toks[:, 2:, None].expand(A, *toks[:, 2:].shape, 1)).squeeze(-1)
-    kl = logp.neg_().add_(logp0).mul_(p0).sum(-1)
+    z = loss_logits(logits)  # (b, T−2, V)
+    lse = z.logsumexp(-1)  # (b, T−2)
+    nll = lse - z.gather(-1, toks[:, 2:, None]).squeeze(-1)
+    kl = torch.linalg.vecdot(p0, z0 - z) + (lse - lse0) * p0.sum(-1)
     return nll, kl
 
 
@@ -118,9 +121,10 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
     by_i: dict[int, list[int]] = {}
     for i, j in P:
         by_i.setdefault(i, []).append(j)
-    rows = batch_size or default_batch_size(data)
+    rows = batch_size or default_rows(data)
     # pairs differ in which layer runs at positions i and j, so their rows cannot share those calls: prefer many
-    # sequences per call (b = all rows) and batch several pairs only when there are fewer sequences than rows
+    # sequences per call (b = all rows) and batch several pairs (sharing i) when there are fewer sequences
+    # than rows, so every call carries about `rows` rows
     b_seq = seq_batch or max(1, min(rows, N))
     per_chunk = max(1, rows // b_seq)
     dl = np.full((L, L, N), np.nan)
@@ -152,9 +156,10 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
     """
     b, T = toks.shape
     ctx = model.context(T, device=toks.device)
-    logp0 = loss_log_probs(model.head(model.run_layers(model.embed(toks, ctx), ctx), ctx))
-    p0 = logp0.exp()
-    nll0 = -logp0.gather(-1, toks[:, 2:, None]).squeeze(-1)
+    z0 = loss_logits(model.head(model.run_layers(model.embed(toks, ctx), ctx), ctx))  # (b, T−2, V)
+    lse0 = z0.logsumexp(-1)  # (b, T−2)
+    p0 = (z0 - lse0[..., None]).exp_()
+    nll0 = lse0 - z0.gather(-1, toks[:, 2:, None]).squeeze(-1)
     clean_loss[seqs] = nll0.mean(-1).double().cpu().numpy()
     trunk, at = model.embed(toks, ctx), 0
     for i in sorted(by_i):
@@ -162,13 +167,13 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
         js = by_i[i]
         for c in range(0, len(js), per_chunk):
             chunk = js[c:c + per_chunk]
-            logp = loss_log_probs(model.head(_run_pairs(model, ctx, trunk, i, chunk, b, swap), ctx))
-            nll, kl_tok = _nll_kl(logp.view(len(chunk), b, *logp.shape[1:]), toks, logp0, p0)
-            d = (nll - nll0).mean(-1).double().cpu().numpy()
-            q = kl_tok.mean(-1).double().cpu().numpy()
-            for k, j in enumerate(chunk):
-                dl[i, j, seqs] = dl[j, i, seqs] = d[k]
-                kl[i, j, seqs] = kl[j, i, seqs] = q[k]
+            final = _run_pairs(model, ctx, trunk, i, chunk, b, swap)
+            for k, j in enumerate(chunk):  # one head call per pair: b rows, the clean head call's size
+                logits = model.head({key: v[k * b:(k + 1) * b] for key, v in final.items()}, ctx)
+                nll, kl_tok = _nll_kl(logits, toks, z0, lse0, p0)
+                dl[i, j, seqs] = dl[j, i, seqs] = (nll - nll0).mean(-1).double().cpu().numpy()
+                kl[i, j, seqs] = kl[j, i, seqs] = kl_tok.mean(-1).double().cpu().numpy()
+
 
 def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Dataset:
     L = model.n_layer
