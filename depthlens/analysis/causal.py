@@ -404,17 +404,60 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
         O={v: np.full((L, N), np.nan) for v in variants}, dloss=np.full((L, N), np.nan),
         clean_loss=np.full(N, np.nan))
     device = model_device(model)
+    batches, mine = _my_share(list(data.batches(b_seq)), arms, S)
+    own_layers = sorted({a.s for a in mine})
     with evaluating(model):
-        for start, toks in data.batches(b_seq):
+        for start, toks in batches if mine else []:
             # one function call per batch, so the batch's clean cache is freed before the next one is built
-            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), S, arms, unit, norm, eps,
+            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), own_layers, mine, unit, norm, eps,
                    per_chunk, outputs, measure, res)
+    _merge_ranks(res)
     return _dataset(model, data, checkpoint, S, variants, cuts, res,
                     dict(variants=list(variants), layers=S, unit=unit, norm=norm,
                          norm_definition=NORM_DEFINITIONS[norm], n_cuts=n_cuts, cut_seed=cut_seed, eps=eps,
                          direct=direct, null=null, outputs=outputs, measure=measure, batch_size=rows,
                          seq_batch=b_seq, arms_per_chunk=per_chunk, skip_mode=skip_mode(model),
                          update_norm_dims=ndims, direct_note=direct_note))
+
+
+def _my_share(batches: list, arms: list[Arm], S: list[int]) -> tuple[list, list[Arm]]:
+    """This process's (sequence batches, arms) under torchrun (depthlens.analysis.distributed): the sequence
+    batches split over ranks when there are enough of them, otherwise the skipped layers (round-robin). One
+    process: everything."""
+    from depthlens.analysis.distributed import shard, world
+
+    rank, n = world()
+    if n == 1:
+        return batches, arms
+    if len(batches) >= n:
+        return shard(batches, rank, n), arms
+    own = set(shard(S, rank, n))
+    return batches, [a for a in arms if a.s in own]
+
+
+def _merge_ranks(res: _Results) -> None:
+    """Merge every rank's results in place (each cell was computed by one rank): ratios, O, ΔL, losses by
+    fmax over NaN, the pooled sums by addition. A no-op in one process."""
+    from depthlens.analysis.distributed import merge, world
+
+    if world()[1] == 1:
+        return
+    arrays: dict[str, np.ndarray] = {"dloss": res.dloss, "clean_loss": res.clean_loss}
+    how = {"dloss": "fmax", "clean_loss": "fmax"}
+    for v, o in res.O.items():
+        arrays[f"O/{v}"], how[f"O/{v}"] = o, "fmax"
+    for name in ("store", "null_store", "dstore"):
+        for v, st in getattr(res, name).items():
+            for f, h in (("R", "fmax"), ("num", "sum"), ("den", "sum")):
+                arrays[f"{name}/{v}/{f}"], how[f"{name}/{v}/{f}"] = getattr(st, f), h
+    merged = merge(arrays, how)
+    res.dloss[...], res.clean_loss[...] = merged["dloss"], merged["clean_loss"]
+    for v in res.O:
+        res.O[v][...] = merged[f"O/{v}"]
+    for name in ("store", "null_store", "dstore"):
+        for v, st in getattr(res, name).items():
+            for f in ("R", "num", "den"):
+                getattr(st, f)[...] = merged[f"{name}/{v}/{f}"]
 
 
 @torch.no_grad()

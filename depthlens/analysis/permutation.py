@@ -129,13 +129,15 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
     per_chunk = max(1, rows // b_seq)
     dl = np.full((L, L, N), np.nan)
     kl = np.full((L, L, N), np.nan)
-    clean_loss = np.zeros(N)
+    clean_loss = np.full(N, np.nan)
     device = model_device(model)
+    batches, mine = _my_share(list(data.batches(b_seq)), by_i)
     with evaluating(model):
-        for start, toks in data.batches(b_seq):
+        for start, toks in batches if mine else []:
             # one call per batch: its state cache is freed before the next batch builds one
-            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), by_i, per_chunk, swap, dl, kl,
+            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), mine, per_chunk, swap, dl, kl,
                    clean_loss)
+    dl, kl, clean_loss = _merge_ranks(dl, kl, clean_loss)
     for l in range(L):
         dl[l, l] = kl[l, l] = 0.0
     return _dataset(model, data, checkpoint, P, dl, kl, clean_loss,
@@ -143,6 +145,31 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
                          swap=swap, batch_size=rows, seq_batch=b_seq, pairs_per_chunk=per_chunk,
                          late_window_start=late_window(L), loss_positions="tau in [1, T-2] predicting token tau+1",
                          kl_direction="KL(p_id || p_swapped)"))
+
+
+def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int, list[int]]]:
+    """This process's (sequence batches, pairs by i) under torchrun: the sequence batches split over ranks when
+    there are enough of them, otherwise the pairs (round-robin over the sorted pairs). One process: all."""
+    from depthlens.analysis.distributed import shard, world
+
+    rank, n = world()
+    if n == 1:
+        return batches, by_i
+    if len(batches) >= n:
+        return shard(batches, rank, n), by_i
+    mine: dict[int, list[int]] = {}
+    for i, j in shard([(i, j) for i in sorted(by_i) for j in by_i[i]], rank, n):
+        mine.setdefault(i, []).append(j)
+    return batches, mine
+
+
+def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
+    """Every rank's (dl, kl, clean_loss) merged by fmax over NaN (each cell computed by one rank, or by every
+    rank identically for clean_loss). One process: unchanged."""
+    from depthlens.analysis.distributed import merge
+
+    m = merge({"dl": dl, "kl": kl, "clean_loss": clean_loss}, {"dl": "fmax", "kl": "fmax", "clean_loss": "fmax"})
+    return m["dl"], m["kl"], m["clean_loss"]
 
 
 @torch.no_grad()

