@@ -49,7 +49,7 @@ def test_explore_notebook_executes(kernel_env, monkeypatch, tiny):
     with warnings.catch_warnings():
         # jupyter_client/zmq emit event-loop and deprecation noise on some platforms; not ours to fix
         warnings.simplefilter("ignore")
-        NotebookClient(nb, kernel_name=KERNEL, timeout=600, resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+        NotebookClient(nb, kernel_name=KERNEL, timeout=1200, resources={"metadata": {"path": str(NOTEBOOK.parent)}},
                        allow_errors=False).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
