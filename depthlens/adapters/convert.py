@@ -159,7 +159,7 @@ def import_llama(hf_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
         raise ValueError(f"arch must be one of {EXPORTABLE}, got {arch!r}")
     path = Path(hf_dir)
     read_hf_config(path)  # one-line errors for a missing/invalid directory
-    hf_cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    hf_cfg = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     cfg = depthlens_config_from_hf(hf_cfg, arch=arch)
     hf_state = _read_safetensors(path)
     if cfg.tie_embeddings:
