@@ -208,8 +208,15 @@ def test_existing_and_unwritable_outputs(zoo, tmp_path, cmd):
     one_error_line(run([cmd, zoo["preln"], "--out", existing, *FAST]), 1)
     assert existing.read_text() == "keep me"
     one_error_line(run([cmd, zoo["preln"], "--out", tmp_path / "no" / "such" / "dir.nc", *FAST]), 1)
-    assert run([cmd, zoo["preln"], "--out", existing, "--overwrite", *FAST]).exit_code == 0
-    assert xr.open_dataset(existing).attrs["metric"]
+    # --overwrite replaces only a depthlens dataset: never a foreign file of the same name
+    one_error_line(run([cmd, zoo["preln"], "--out", existing, "--overwrite", *FAST]), 1)
+    assert existing.read_text() == "keep me"
+    ours = tmp_path / "ours.nc"
+    assert run([cmd, zoo["preln"], "--out", ours, *FAST]).exit_code == 0
+    one_error_line(run([cmd, zoo["preln"], "--out", ours, *FAST]), 1)  # no silent replacement
+    assert run([cmd, zoo["preln"], "--out", ours, "--overwrite", *FAST]).exit_code == 0
+    with xr.open_dataset(ours) as ds:
+        assert ds.attrs["metric"]
 
 
 def test_unwritable_directory(zoo, tmp_path):

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DepthlensError
+from ..io.atomic import atomic_dir
 from .base import invert, rename
 from .llama import LLAMA_KEYS
 
@@ -76,20 +77,23 @@ def export_llama(model_or_path: Any, out_dir: str | os.PathLike, *, overwrite: b
     if cfg.arch not in EXPORTABLE:
         raise CheckpointError(f"export to LLaMA supports {', '.join(EXPORTABLE)}; {cfg.arch!r} has no LLaMA equivalent")
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise CheckpointError(f"{out}: already exists and is not empty (pass overwrite=True)")
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     if cfg.arch == "lns":
         state = _fold_lns(state, cfg.n_layer, +1)
     hf_state = rename(state, invert(LLAMA_KEYS), what="depthlens->llama")
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(hf_state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    hf_llama_config(cfg).save_pretrained(str(out))
     side = {"depthlens_version": __version__, "source_arch": cfg.arch, "lns_folded": int(cfg.arch == "lns"),
             "source": src, "model": cfg.to_dict()}
-    (out / SIDE_CAR).write_text(json.dumps(side, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    try:  # built whole, swapped in; replaces only an earlier export (depthlens.io.atomic)
+        with atomic_dir(out, overwrite=overwrite, kinds=("converted checkpoint",), flag="overwrite=True") as tmp:
+            save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            hf_llama_config(cfg).save_pretrained(str(tmp))
+            (tmp / SIDE_CAR).write_text(json.dumps(side, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    except CheckpointError:
+        raise
+    except DepthlensError as e:
+        raise CheckpointError(str(e)) from None
     return out
 
 

@@ -241,18 +241,15 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike, overwrite: bool = Fals
     Raises DepthlensError (one-line message) if `path` exists and not overwrite, or the directory is
     missing/unwritable. On any failure no file (partial or temp) is left behind. Returns the path.
     """
+    from depthlens.io.atomic import atomic_target, check_target
+
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise DepthlensError(f"{path} already exists; pass overwrite=True (--force) to replace it")
     if path.is_dir():
         raise DepthlensError(f"{path} is a directory, not a file path")
+    check_target(path, overwrite, kinds=("netCDF dataset",))  # replaces only a depthlens netCDF file
     parent = path.parent
-    if not parent.is_dir():
-        raise DepthlensError(f"cannot write {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DepthlensError(f"cannot write {path}: directory {parent} is not writable")
-    from depthlens.io.atomic import atomic_target
-
     with atomic_target(path) as tmp:  # created by netCDF itself, so it gets normal permissions
         ds.to_netcdf(tmp, engine="netcdf4")
     return path

@@ -87,21 +87,25 @@ def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:
 
         raise DataError(f"--seq-len {c.seq_len} exceeds the model's max_seq_len {max_len}")
     n_seq = max(1, c.tokens // T) if c.tokens else c.n_seq
-    return eval_data_for(model, c.data, ckpt, n_seq=n_seq, seq_len=T, seed=c.seed)
+    from .validate import note_capped
+
+    ev = eval_data_for(model, c.data, ckpt, n_seq=n_seq, seq_len=T, seed=c.seed)
+    note_capped(ev, "--tokens" if c.tokens else "--n-seq")
+    return ev
 
 
 def resolve_out(out: Path | None, ckpt: Path, metric: str, overwrite: bool) -> tuple[Path, bool]:
-    """The netCDF path, and whether an existing file may be replaced (always for the default name)."""
-    if out is None:
-        return Path(f"{ckpt.resolve().name}.{metric}.nc"), True
+    """The netCDF path (default ./<ckpt>.<metric>.nc), checked before any work: an existing file is replaced
+    only with --overwrite and only when it is a depthlens netCDF dataset (the default name too)."""
     from ..errors import DepthlensError
+    from ..io.atomic import check_target
 
-    if out.exists() and not overwrite:
-        raise DepthlensError(f"{out}: already exists (pass --overwrite to replace it)")
-    if out.exists() and out.is_dir():
+    out = Path(f"{ckpt.resolve().name}.{metric}.nc") if out is None else out
+    if out.is_dir():
         raise DepthlensError(f"{out}: is a directory")
     if not out.parent.exists():
         raise DepthlensError(f"{out.parent}: output directory does not exist")
+    check_target(out, overwrite, kinds=("netCDF dataset",))
     return out, overwrite
 
 
@@ -351,6 +355,9 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
     emit(h, as_json, lines)
 
 
+GRID_MAX = 10_000  # threshold grid points: share(θ) curves are smooth far below this
+
+
 def parse_grid(text: str) -> list[float]:
     """'0:1.5:0.05' (start:stop:step, inclusive) or '0.1,0.2,0.5'."""
     import numpy as np
@@ -358,14 +365,18 @@ def parse_grid(text: str) -> list[float]:
     try:
         if ":" in text:
             a, b, s = (float(x) for x in text.split(":"))
-            if s <= 0 or b < a:
+            if not (s > 0 and b >= a and math.isfinite(a) and math.isfinite(b)):
                 raise ValueError
+            if (b - a) / s + 1 > GRID_MAX:  # sized before allocating: 10^7 points would write 1.3 GB
+                fail(f"--thresholds {text}: {int((b - a) / s) + 1:,} points; at most {GRID_MAX:,}", 2)
             vals = list(np.round(np.arange(a, b + s / 2, s), 10))
         else:
             vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         fail(f"--thresholds: expected start:stop:step or a comma list, got {text!r}", 2)
         raise
+    if len(vals) > GRID_MAX:
+        fail(f"--thresholds: {len(vals):,} points; at most {GRID_MAX:,}", 2)
     for v in vals:
         check_threshold(v, "--thresholds")
     if not vals:
@@ -393,14 +404,21 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         check_threshold(headline_threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
-    if plot is not None and plot.exists() and not overwrite:
-        fail(f"{plot}: already exists (pass --overwrite to replace it)")
+    if plot is not None:  # checked now, so a bad --plot cannot fail after the dataset was written
+        from ..io.atomic import check_target
+
+        if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+            fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
+        check_target(plot, overwrite, kinds=("figure",))
     from ..analysis.dataset import concat_checkpoints
     from ..analysis.sweep import robustness
 
     names = [p.resolve().name for p in ckpts]
     if len(set(names)) != len(names):
         fail("checkpoint names must be distinct", 2)
+    rank_order = [s.strip() for s in order.split(",")] if order else None
+    if rank_order is not None and sorted(rank_order) != sorted(names):
+        fail(f"--order must list each checkpoint name once ({', '.join(names)}); got {order!r}", 2)
     curves = []
     ev = None
     for p in _progress(ckpts, "sweep"):
@@ -409,7 +427,6 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         curves.append(_metric_curves(model, ev, ck, metric, grid, c))
     ds = concat_checkpoints(curves, names)
     theta = registry.score(metric).theta if headline_threshold is None else headline_threshold
-    rank_order = [s.strip() for s in order.split(",")] if order else None
     sel = {k: _first(ds, k) for k in ("window_start", "aggregator", "variant") if k in ds["share"].dims}
     headline_curves = ds["share"].sel(sel)
     rob = robustness(headline_curves, rank_order or names, theta) if len(names) > 1 else None
@@ -496,6 +513,8 @@ def compare(ckpts: CkptsArg,
             threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
     wanted = [m.strip() for m in metrics.split(",") if m.strip()]
+    if not wanted:
+        fail(f"--metrics {metrics!r} names no metric; give a comma list of {', '.join(METRIC_CHOICES)}", 2)
     for m in wanted:
         check_choice(m, METRIC_CHOICES, "--metrics")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)

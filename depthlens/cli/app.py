@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import Any, Callable
 
@@ -46,6 +47,15 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def dumps(x: Any, **kw: Any) -> str:
+    """Strict JSON for stdout: null, never NaN/Infinity (which no JSON parser accepts)."""
+    import json
+
+    from ..io.jsonsafe import jsonable
+
+    return json.dumps(jsonable(x), allow_nan=False, default=str, **kw)
+
+
 def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn expected failures into one stderr line and exit 1, never a traceback."""
 
@@ -54,6 +64,9 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         from ..errors import DepthlensError
 
         try:
+            from .validate import check_options
+
+            check_options(dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments))  # before any work
             return fn(*args, **kwargs)
         except typer.Exit:
             raise

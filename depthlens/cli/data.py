@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, fail
+from .app import app, domain_errors, dumps, fail
 
 
 @app.command()
@@ -23,6 +22,7 @@ def prepare(
     seed: Annotated[int, typer.Option()] = 0,
     fineweb: Annotated[bool, typer.Option("--fineweb-instructions", help="Print how to fetch FineWeb-Edu shards, then exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing depthlens dataset at --out.")] = False,
 ) -> None:
     """Tokenize text into token shards (256 x int32 header + uint16 tokens, FineWeb-Edu compatible)."""
     from ..data.corpus import build_corpus, fineweb_instructions, prepare_files
@@ -33,13 +33,13 @@ def prepare(
         return
     tok = get_tokenizer(tokenizer)
     if files:
-        manifest = prepare_files(files, out, tok, val_fraction, text_field=text_field, seed=seed)
+        manifest = prepare_files(files, out, tok, val_fraction, text_field=text_field, seed=seed, overwrite=overwrite)
     else:
         if val_fraction <= 0:
             fail("the offline corpus needs a validation split: --val-fraction > 0", 2)
-        manifest = build_corpus(out, tok, max_bytes=max_bytes, val_fraction=val_fraction, seed=seed)
+        manifest = build_corpus(out, tok, max_bytes=max_bytes, val_fraction=val_fraction, seed=seed, overwrite=overwrite)
     summary = {"out": str(out), "tokenizer": tok.name,
                "n_tokens": {s: v.get("n_tokens") for s, v in manifest.get("splits", {}).items()},
                "data_hash": manifest.get("data_hash")}
-    typer.echo(json.dumps(summary, indent=2) if as_json else
+    typer.echo(dumps(summary, indent=2) if as_json else
                "\n".join(f"{k}: {v}" for k, v in summary.items()))

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, fail
+from .app import app, domain_errors, dumps, fail
 
 
 @app.command("eval")
@@ -41,6 +40,9 @@ def evaluate(
     tok = get_tokenizer(tok) if isinstance(tok, str) else tok
     T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions
     ev = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=model.config.max_seq_len)
+    from .validate import note_capped
+
+    note_capped(ev)
     ev.check_model(model.config.vocab_size, model.config.max_seq_len)
     total, count = 0.0, 0
     with torch.no_grad():
@@ -71,7 +73,7 @@ def evaluate(
         r = teacher_forced_nll(model, tok, items, limit=limit)
         result["domain"][name] = {k: v for k, v in r.items() if k != "per_item"}
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(dumps(result, indent=2))
         return
     typer.echo(f"{ckpt}: val loss {result['val_loss']:.4f} nats/token (ppl {math.exp(result['val_loss']):.2f}) "
                f"on {count:,} tokens of {ev.name}")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors
+from .app import app, domain_errors, dumps
 
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON to stdout.")]
@@ -23,7 +22,7 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     s = describe(open_model(ckpt))
     s["checkpoint"] = str(ckpt)
     if as_json:
-        typer.echo(json.dumps(s, indent=2, sort_keys=True))
+        typer.echo(dumps(s, indent=2, sort_keys=True))
         return
     from rich.console import Console
     from rich.table import Table

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, fail
+from .app import app, domain_errors, dumps, fail
 
 
 @app.command()
@@ -59,7 +58,7 @@ def report(
 
         rep = build_report(ckpts, out, opts, overwrite=overwrite, progress=step, on_loaded=on_loaded)
     if as_json:
-        typer.echo(json.dumps(rep.records, indent=1))
+        typer.echo(dumps(rep.records, indent=1))
         return
     from rich.table import Table
 

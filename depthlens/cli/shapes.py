@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Annotated
 
 import typer
 
 from ..designs import SLUGS
-from .app import app, domain_errors, fail
+from .app import app, domain_errors, dumps, fail
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
 
@@ -17,20 +17,27 @@ def parse_count(text: str) -> float:
     """'407M' -> 4.07e8, '250k' -> 2.5e5, '1e6' -> 1e6."""
     t = text.strip().lower()
     try:
-        return float(t[:-1]) * _SUFFIX[t[-1]] if t and t[-1] in _SUFFIX else float(t)
+        n = float(t[:-1]) * _SUFFIX[t[-1]] if t and t[-1] in _SUFFIX else float(t)
     except ValueError:
         fail(f"cannot read a parameter count from {text!r} (examples: 407M, 250k, 1.6B)", 2)
         raise  # unreachable
+    if not (math.isfinite(n) and 1e5 <= n <= 1e13):
+        fail(f"--target must be a parameter count between 100k and 10T; got {text!r}", 2)
+    return n
 
 
-def parse_list(text: str | None, kind=float) -> list | None:
+def parse_list(text: str | None, kind=float, option: str = "--depths", hi: float = 10_000) -> list | None:
+    """A comma-separated list of positive numbers (at most `hi`, at most 1000 of them)."""
     if text is None:
         return None
     try:
-        return [kind(x) for x in text.replace(" ", "").split(",") if x]
+        out = [kind(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        fail(f"cannot read a comma-separated list of numbers from {text!r}", 2)
+        fail(f"{option}: cannot read a comma-separated list of numbers from {text!r}", 2)
         raise
+    if not out or len(out) > 1000 or not all(math.isfinite(v) and 0 < v <= hi for v in out):
+        fail(f"{option} must list 1 to 1000 numbers in (0, {hi:g}]; got {text!r}", 2)
+    return out
 
 
 @app.command()
@@ -54,16 +61,19 @@ def shapes(
     from ..designs import check_design
     from ..training.shapes import plan
 
-    check_design(design)
+    try:
+        check_design(design)
+    except ValueError as e:
+        fail(f"--design: {e}", 2)
     kw = dict(head_dim=head_dim, tie_embeddings=tie_embeddings)
     if n_kv_head is not None:
         kw["n_kv_head"] = n_kv_head
     if ffn_multiple is not None:
         kw["ffn_multiple"] = ffn_multiple
-    rows = plan(parse_count(target), depths=parse_list(depths, int), aspect_ratios=parse_list(aspect_ratios),
+    rows = plan(parse_count(target), depths=parse_list(depths, int), aspect_ratios=parse_list(aspect_ratios, float, "--aspect-ratios"),
                 design=design, vocab_size=vocab_size, multiple=multiple, seq_len=seq_len, prefill_len=prefill_len, **kw)
     if as_json:
-        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        typer.echo(dumps([r.to_dict() for r in rows], indent=2))
         return
     from rich.console import Console
     from rich.table import Table

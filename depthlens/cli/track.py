@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, fail
+from .app import app, domain_errors, dumps, fail
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -102,7 +101,7 @@ def track(
 
     rows = track_rows(ds)
     if as_json:
-        typer.echo(json.dumps(summary(ds), indent=1))
+        typer.echo(dumps(summary(ds), indent=1))
         return
     from rich.table import Table
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors
+from .app import app, domain_errors, dumps
 
 
 @app.command()
@@ -35,4 +34,4 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
     record = run_recipe(recipe, overrides or [], run=run)
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
-        typer.echo(json.dumps({k: record[k] for k in keys if k in record}))
+        typer.echo(dumps({k: record[k] for k in keys if k in record}))

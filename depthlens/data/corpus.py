@@ -22,7 +22,6 @@ import importlib.resources as ir
 import json
 import os
 import platform
-import re
 import sysconfig
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,11 +43,11 @@ from depthlens.data.shards import (
 )
 from depthlens.data.tokenizers import Tokenizer
 from depthlens.errors import DataError
+from depthlens.io.atomic import atomic_dir
 
 SHARD_TOKENS = 100_000_000  # tokens per shard file, as in modded-nanogpt / FineWeb-Edu
 CODE_EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 SPLITS = ("train", "val")
-_SHARD_NAME = re.compile(r"^(train|val)_\d+\.bin$")
 
 
 @dataclass(frozen=True)
@@ -153,15 +152,19 @@ def _versions() -> dict[str, str]:
 
 
 def _write_dataset(out_dir: str | os.PathLike, tokenizer: Tokenizer, splits: dict[str, list[Document]],
-                   sources: list[dict[str, Any]], options: dict[str, Any], shard_tokens: int) -> dict[str, Any]:
-    """Tokenize each split into shards, save the tokenizer, write manifest.json; return the manifest."""
+                   sources: list[dict[str, Any]], options: dict[str, Any], shard_tokens: int,
+                   overwrite: bool = True) -> dict[str, Any]:
+    """Tokenize each split into shards, save the tokenizer, write manifest.json; return the manifest.
+    The directory is built under a temp name and swapped in whole: an earlier build's shards never mix
+    with this one's, and `out_dir` may replace only a depthlens dataset (or an empty directory)."""
     if tokenizer.vocab_size > 65536:
         raise DataError(f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids; uint16 shards hold at most 65536")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.iterdir():  # shards of an earlier build would otherwise be picked up by a glob
-        if _SHARD_NAME.match(stale.name):
-            stale.unlink()
+    with atomic_dir(out_dir, overwrite=overwrite, kinds=("dataset",)) as out:  # built whole, then swapped in
+        return _write_splits(out, tokenizer, splits, sources, options, shard_tokens)
+
+
+def _write_splits(out: Path, tokenizer: Tokenizer, splits: dict[str, list[Document]], sources: list[dict[str, Any]],
+                  options: dict[str, Any], shard_tokens: int) -> dict[str, Any]:
     tokenizer.save(out / "tokenizer")
     manifest: dict[str, Any] = {
         "format": "depthlens-tokens/1",
@@ -221,7 +224,8 @@ def _take(sources: Sequence[Source], budget: float | None) -> list[tuple[Source,
 
 
 def build_corpus(out_dir: str | os.PathLike, tokenizer: Tokenizer, *, max_bytes: int | None = None,
-                 val_fraction: float = 0.05, seed: int = 0, shard_tokens: int = SHARD_TOKENS) -> dict[str, Any]:
+                 val_fraction: float = 0.05, seed: int = 0, shard_tokens: int = SHARD_TOKENS,
+                 overwrite: bool = True) -> dict[str, Any]:
     """Tokenize the packaged English + code corpus into `out_dir`; return the manifest.
 
     Files are split whole: val = those whose seeded name hash < `val_fraction`, with at least one
@@ -246,7 +250,7 @@ def build_corpus(out_dir: str | os.PathLike, tokenizer: Tokenizer, *, max_bytes:
                                 "bytes_used": len(text.encode("utf-8")), "sha256": hashlib.sha256(data).hexdigest()})
     options = {"source": "packages", "max_bytes": max_bytes, "val_fraction": val_fraction, "seed": seed,
                "shard_tokens": shard_tokens}
-    return _write_dataset(out_dir, tokenizer, splits, sources, options, shard_tokens)
+    return _write_dataset(out_dir, tokenizer, splits, sources, options, shard_tokens, overwrite)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +325,7 @@ def _split_documents(docs: list[Document], val_fraction: float, seed: int) -> di
 
 def prepare_files(paths: Iterable[str | os.PathLike], out_dir: str | os.PathLike, tokenizer: Tokenizer,
                   val_fraction: float = 0.05, *, text_field: str = "text", seed: int = 0,
-                  shard_tokens: int = SHARD_TOKENS) -> dict[str, Any]:
+                  shard_tokens: int = SHARD_TOKENS, overwrite: bool = True) -> dict[str, Any]:
     """Tokenize local `.txt` (one document each), `.jsonl` (field `text_field` per line) and `.parquet`
     (column `text_field`; needs pyarrow) files into shards in `out_dir`; return the manifest.
 
@@ -347,7 +351,7 @@ def prepare_files(paths: Iterable[str | os.PathLike], out_dir: str | os.PathLike
     options = {"source": "files", "val_fraction": val_fraction, "seed": seed, "text_field": text_field,
                "shard_tokens": shard_tokens}
     return _write_dataset(out_dir, tokenizer, _split_documents(docs, val_fraction, seed), sources, options,
-                          shard_tokens)
+                          shard_tokens, overwrite)
 
 
 # ---------------------------------------------------------------------------------------------

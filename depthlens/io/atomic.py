@@ -180,6 +180,8 @@ def recognise(path: str | os.PathLike) -> str | None:
     if path.is_dir():
         if (path / "state.json").is_file() and (path / "state.safetensors").is_file():
             return "resume state"
+        if isinstance(_json(path / "depthlens_export.json"), dict):  # adapters.convert.export_llama
+            return "converted checkpoint"
         cfg = _json(path / "config.json")
         if isinstance(cfg, dict) and "depthlens_version" in cfg:
             return "checkpoint"
@@ -244,6 +246,8 @@ def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, 
         if not path.parent.is_dir():
             raise DepthlensError(f"cannot write {path}: directory {path.parent} does not exist")
         return path
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        return path  # an empty directory: nothing to lose
     if not overwrite:
         raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
     kind = recognise(path)

@@ -28,6 +28,43 @@ def check_fields(cls: type, d: Any, what: str) -> None:
         raise ValueError(f"{what} has unknown field(s): {', '.join(unknown)}")
 
 
+# Largest sizes a config may ask for: well above any released decoder (Llama 3.1 405B: L=126, d=16384,
+# V=128256, context 128K), far below what would allocate terabytes from a typo.
+UPPER_BOUNDS = {"n_layer": 4096, "d_model": 65536, "n_head": 4096, "n_kv_head": 4096, "vocab_size": 1 << 24,
+                "d_ff": 1 << 20, "max_seq_len": 1 << 20, "hc_streams": 64, "mhc_sinkhorn_iters": 10_000,
+                "attnres_n_blocks": 4096, "attnres_block_size": 4096, "ffn_multiple": 65536}
+
+
+def _type_ok(v: Any, ann: str) -> bool:
+    """Does `v` (parsed JSON) fit the annotation string `ann` (int, float, bool, str, list[int], X | None)?"""
+    alts = [a.strip() for a in ann.split("|")]
+    if v is None:
+        return "None" in alts
+    for a in alts:
+        if a == "int" and isinstance(v, int) and not isinstance(v, bool):
+            return True
+        if a == "float" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return True
+        if a == "bool" and isinstance(v, bool):
+            return True
+        if a == "str" and isinstance(v, str):
+            return True
+        if a == "list[int]" and isinstance(v, (list, tuple)) and all(_type_ok(x, "int") for x in v):
+            return True
+    return False
+
+
+def check_types(obj: Any, what: str) -> None:
+    """Refuse a field whose value has the wrong JSON type (`"hc_streams": 2.5`, `"n_layer": "4"`, `true`)."""
+    for f in dataclasses.fields(obj):
+        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if any(t in ann for t in ("dict", "Any", "tuple")):
+            continue
+        v = getattr(obj, f.name)
+        if not _type_ok(v, ann):
+            raise ValueError(f"{what} {f.name!r}: must be {ann.replace(' | None', ' or null')}, got {v!r}")
+
+
 def kimi_block_starts(n_layer: int, n_blocks: int = 8) -> list[int]:
     """Block AttnRes boundaries by the Kimi K3 rule: S = ceil(L / n_blocks) layers per block.
 
@@ -90,7 +127,11 @@ class ModelConfig:
             if not cond:
                 raise ValueError(f"config field {field_name!r}: {msg}")
 
+        check_types(self, "config field")
         need(self.arch in SLUGS, "arch", f"unknown design {self.arch!r}; expected one of {', '.join(SLUGS)}")
+        for name, hi in UPPER_BOUNDS.items():  # sizes bounded before anything is allocated from them
+            v = getattr(self, name)
+            need(v is None or v <= hi, name, f"{v} exceeds {hi:,} (a typo? this would allocate a huge model)")
         for name in ("d_model", "n_layer", "n_head", "vocab_size", "max_seq_len", "ffn_multiple"):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, f"must be a positive int, got {v!r}")

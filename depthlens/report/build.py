@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -41,7 +39,7 @@ import numpy as np
 
 from depthlens.analysis import registry
 from depthlens.errors import DepthlensError
-from depthlens.io.atomic import atomic_write_text
+from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
 
@@ -162,6 +160,7 @@ def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
     """Fail early (DepthlensError, one line) if `out` exists without overwrite, is a file or a directory that is
     not a report (never replaced, so `--out checkpoints --overwrite` cannot wipe anything), or can't be created."""
     out = Path(out)
+    recover(out)  # an interrupted swap of an earlier run: keep the newest complete report
     if out.exists() or out.is_symlink():
         if not out.is_dir():
             raise DepthlensError(f"{out} exists and is not a directory")
@@ -534,60 +533,34 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
     from . import figures, render
 
     out = check_out(out, overwrite)
-    created: list[Path] = []
-    anc = out.parent
-    while not anc.exists():
-        created.append(anc)
-        anc = anc.parent
-    tmp = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        (tmp / "figures").mkdir()
-        t0 = time.perf_counter()
-        rows = {r["checkpoint"]: r for r in rep.records}
-        for e in rep.entries:
-            e.figures = figures.checkpoint_figures(e, tmp / "figures", rows.get(e.name))
-            progress(f"{e.name}: figures")
-        rep.figures = figures.cross_figures(rep, tmp / "figures")
-        progress("cross-checkpoint figures")
-        rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
-        t0 = time.perf_counter()
-        for metric in METRICS:
-            for fname, names, ds in merged_datasets(rep.entries, metric):
-                write_netcdf(ds, tmp / fname)
-                rep.files[fname] = names
-        for metric, sw in rep.sweeps.items():
-            fname = f"sweep_{SWEEP_METRICS[metric]}.nc"
-            write_netcdf(sw, tmp / fname)
-            rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
-        rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
-        atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
-        atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
-        atomic_write_text(tmp / "index.html", render.render_html(rep))
-        atomic_write_text(tmp / "README.md", render.render_markdown(rep))
-        if out.exists():
-            if not overwrite:
-                raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        tmp = None
+        # built under a temp name, swapped in whole; on failure or SIGTERM nothing is left (depthlens.io.atomic)
+        with atomic_dir(out, overwrite=overwrite, checked=True) as tmp:
+            (tmp / "figures").mkdir()
+            t0 = time.perf_counter()
+            for e in rep.entries:
+                e.figures = figures.checkpoint_figures(e, tmp / "figures")
+                progress(f"{e.name}: figures")
+            rep.figures = figures.cross_figures(rep, tmp / "figures")
+            progress("cross-checkpoint figures")
+            rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+            for metric in METRICS:
+                for fname, names, ds in merged_datasets(rep.entries, metric):
+                    write_netcdf(ds, tmp / fname)
+                    rep.files[fname] = names
+            for metric, sw in rep.sweeps.items():
+                fname = f"sweep_{SWEEP_METRICS[metric]}.nc"
+                write_netcdf(sw, tmp / fname)
+                rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
+            rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
+            atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
+            atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+            atomic_write_text(tmp / "index.html", render.render_html(rep))
+            atomic_write_text(tmp / "README.md", render.render_markdown(rep))
         progress("write")
     except OSError as e:
         raise DepthlensError(f"cannot write {out}: {e.strerror or e}") from e
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-            for d in created:  # parents this call created, innermost first
-                try:
-                    d.rmdir()
-                except OSError:
-                    break
     return out
 
 

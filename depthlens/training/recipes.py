@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..designs import SLUGS, checkpoint_name
+from ..io.atomic import atomic_write_text
 from .shapes import GPT2_VOCAB, param_counts, solve_width
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -206,7 +207,7 @@ def write_recipes(directory: Path = RECIPES_DIR) -> list[Path]:
     for name, recipe in (("zoo_cpu.json", zoo_recipe()), ("zoo_cpu_lr.json", zoo_lr_recipe()),
                          ("paper_gpu.json", paper_recipe())):
         path = directory / name
-        path.write_text(json.dumps(recipe, indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(recipe, indent=1) + "\n")
         paths.append(path)
     return paths
 

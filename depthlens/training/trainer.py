@@ -81,6 +81,43 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
     return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
 
 
+def train_bytes(cfg: RunConfig, micro: int, world: int = 1, device: str = "cpu") -> float:
+    """A deliberately low estimate of one rank's training memory, so only runs that cannot fit are refused:
+    fp32 weights + grads + AdamW moments (16 B per parameter, sharded under FSDP), plus what one micro-batch
+    keeps for backward: >= 16·d per token and layer (2·n·d more for the n streams of HC/mHC), the logits
+    (2·V per token), and on CPU the attention probabilities (H·T² per layer: the math attention path
+    materialises them; CUDA's flash path does not)."""
+    c = cfg.model_config().resolved()
+    n = 12 * c.n_layer * c.d_model ** 2 + c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
+    state = 16.0 * n / (world if cfg.fsdp else 1)
+    streams = c.hc_streams if c.arch in ("hc", "mhc") else 0
+    elem = 2.0 if cfg.dtype == "bf16" else 4.0
+    tokens = micro * cfg.seq_len
+    acts = elem * tokens * ((16 + 2 * streams) * c.d_model * c.n_layer + 2 * c.vocab_size)
+    attn = elem * micro * c.n_head * cfg.seq_len ** 2 * c.n_layer if device == "cpu" else 0.0
+    return state + acts + attn
+
+
+def device_bytes(device: torch.device) -> float | None:
+    """Total memory of `device` (physical RAM for the CPU); None when unknown."""
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg: RunConfig, micro: int, dist: DistInfo) -> None:
+    """Refuse up front (one line) a run whose memory estimate exceeds the device: seq_len or global_batch of
+    10^6 must fail here, not with an out-of-memory kill after minutes."""
+    need, have = train_bytes(cfg, micro, dist.world, dist.device.type), device_bytes(dist.device)
+    if have is not None and need > have:
+        raise ValueError(f"run config: training needs at least {need / 2**30:,.1f} GiB per rank (micro_batch={micro}, "
+                         f"seq_len={cfg.seq_len}, model {cfg.model_config().n_layer}x{cfg.model_config().d_model}) but "
+                         f"{dist.device.type} memory is {have / 2**30:,.1f} GiB; lower micro_batch or seq_len")
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: decay matrices and embeddings (>= 2-D), never gains, scalars or mixing logits (< 2-D)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -207,6 +244,7 @@ class Trainer:
             raise ValueError(f"micro_batch={self.micro} must divide the per-rank batch {self.local_batch} "
                              f"(global_batch={cfg.global_batch} / world={dist.world})")
         self.accum = self.local_batch // self.micro
+        check_memory(cfg, self.micro, dist)  # before the data is opened or the model allocated
 
         self.train_data = open_data(cfg.data, "train")
         self.n_train = self.train_data.n_sequences(cfg.seq_len)
