@@ -119,7 +119,7 @@ def test_export_load_import_round_trip(tmp_path, arch):
         torch.testing.assert_close(back.state_dict()[k], v, rtol=0 if exact else 1e-6, atol=0 if exact else 1e-7)
     reloaded = checkpoint.load(tmp_path / "back")
     assert reloaded.config.arch == arch and reloaded.train["hf_model_type"] == "llama"
-    with pytest.raises(CheckpointError, match="not empty"):
+    with pytest.raises(CheckpointError, match="already exists"):
         export_llama(native, out)
 
 

@@ -31,6 +31,9 @@ def prepare(
     if fineweb:
         typer.echo(fineweb_instructions())
         return
+    from ..io.atomic import check_target
+
+    check_target(out, overwrite, kinds=("dataset",))  # before any tokenizing
     tok = get_tokenizer(tokenizer)
     if files:
         manifest = prepare_files(files, out, tok, val_fraction, text_field=text_field, seed=seed, overwrite=overwrite)

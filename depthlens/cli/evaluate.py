@@ -35,28 +35,10 @@ def evaluate(
     from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, teacher_forced_nll
     from ..data.tokenizers import get_tokenizer
 
-    model = open_model(ckpt, device=device, tokenizer=tokenizer).model
-    tok = _tokenizer_for(ckpt, model)
-    tok = get_tokenizer(tok) if isinstance(tok, str) else tok
-    T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions
-    ev = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=model.config.max_seq_len)
-    from .validate import note_capped
+    from .feedback import bar, spinner
+    from .validate import input_path
 
-    note_capped(ev)
-    ev.check_model(model.config.vocab_size, model.config.max_seq_len)
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for _, toks in ev.batches(max(1, 8192 // T)):
-            toks = toks.to(device)
-            logits = model(toks[:, :-1]).float()
-            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1), reduction="sum")
-            total, count = total + float(nll), count + toks[:, 1:].numel()
-    result = {"checkpoint": str(ckpt), "design": model.config.arch, "n_layer": model.config.n_layer,
-              "val_loss": total / count, "val_tokens": count, "val_data": ev.name, "val_data_sha256": ev.sha256,
-              "tokenizer": getattr(tok, "name", "?"), "domain": {}}
-    sets = []
-    if humaneval:
-        sets.append(("humaneval", humaneval_items()))
+    specs = []  # --jsonl parsed before any work
     for spec in jsonl or []:
         name, _, rest = spec.partition("=")
         if not rest:
@@ -68,10 +50,38 @@ def evaluate(
             pf, af = PRESETS[name]
         else:
             fail(f"--jsonl {name}: give the fields as {name}=FILE:prompt_field,answer_field", 2)
-        sets.append((name, jsonl_items(file, pf, af)))
-    for name, items in sets:
-        r = teacher_forced_nll(model, tok, items, limit=limit)
-        result["domain"][name] = {k: v for k, v in r.items() if k != "per_item"}
+        input_path(Path(file), f"--jsonl {name}")
+        specs.append((name, file, pf, af))
+
+    with spinner(f"loading {ckpt}", as_json):
+        model = open_model(ckpt, device=device, tokenizer=tokenizer).model
+    tok = _tokenizer_for(ckpt, model)
+    tok = get_tokenizer(tok) if isinstance(tok, str) else tok
+    T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions
+    ev = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=model.config.max_seq_len)
+    from .validate import note_capped
+
+    note_capped(ev)
+    ev.check_model(model.config.vocab_size, model.config.max_seq_len)
+    total, count = 0.0, 0
+    per = max(1, 8192 // T)
+    with torch.no_grad(), bar("eval", -(-ev.n_seq // per), as_json) as advance:
+        for _, toks in ev.batches(per):
+            toks = toks.to(device)
+            logits = model(toks[:, :-1]).float()
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1), reduction="sum")
+            total, count = total + float(nll), count + toks[:, 1:].numel()
+            advance(1, loss=total / count)
+    result = {"checkpoint": str(ckpt), "design": model.config.arch, "n_layer": model.config.n_layer,
+              "val_loss": total / count, "val_tokens": count, "val_data": ev.name, "val_data_sha256": ev.sha256,
+              "tokenizer": getattr(tok, "name", "?"), "domain": {}}
+    sets = [("humaneval", humaneval_items())] if humaneval else []
+    sets += [(name, jsonl_items(file, pf, af)) for name, file, pf, af in specs]
+    with bar("domain NLL", len(sets), as_json) as advance:
+        for name, items in sets:
+            r = teacher_forced_nll(model, tok, items, limit=limit)
+            result["domain"][name] = {k: v for k, v in r.items() if k != "per_item"}
+            advance(1)
     if as_json:
         typer.echo(dumps(result, indent=2))
         return

@@ -19,7 +19,10 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     """Design, shape and parameter counts (total, non-embedding, overhead vs Pre-LN) of a checkpoint."""
     from ..adapters.load import describe, open_model
 
-    s = describe(open_model(ckpt))
+    from .feedback import spinner
+
+    with spinner(f"loading {ckpt}", as_json):
+        s = describe(open_model(ckpt))
     s["checkpoint"] = str(ckpt)
     if as_json:
         typer.echo(dumps(s, indent=2, sort_keys=True))

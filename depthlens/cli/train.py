@@ -31,7 +31,18 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
         for name in recipe_runs(read_recipe(recipe)):
             typer.echo(name)
         return
-    record = run_recipe(recipe, overrides or [], run=run)
+    from ..training.config import load_recipe
+    from .feedback import bar
+
+    cfg = load_recipe(recipe, overrides or [], run=run)  # validated before any work; also sizes the bar
+    main = int(os.environ.get("RANK", "0")) == 0
+    with bar(f"train {cfg.name or recipe.stem}", cfg.steps, as_json=not main) as advance:
+        advance(0)
+
+        def progress(step: int, rec: dict) -> None:
+            advance(1, loss=rec.get("loss"), val=rec.get("val_loss"), **{"tok/s": rec.get("tok_s")})
+
+        record = run_recipe(recipe, overrides or [], run=run, callback=progress)
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
         typer.echo(dumps({k: record[k] for k in keys if k in record}))

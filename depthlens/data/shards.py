@@ -133,9 +133,19 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: a shard manifest is a JSON object, got {type(manifest).__name__}")
+    splits = manifest.get("splits", {})
+    ok = isinstance(splits, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("shards"), list)
+        and all(isinstance(s, dict) and isinstance(s.get("file"), str) and "/" not in s["file"] for s in v["shards"])
+        for v in splits.values())
+    if not ok:
+        raise DataError(f"{path}: malformed 'splits' (each split needs a 'shards' list of {{\"file\": name}})")
+    return manifest
 
 
 def confined(directory: Path, name: str) -> Path:

@@ -271,6 +271,7 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
     try:
         with _guard(tmp):
             yield tmp
+            follow_umask(tmp)
             os.replace(tmp, path)
     except OSError as e:
         raise DepthlensError(f"cannot write {path}: {e.strerror or e}") from e
@@ -311,9 +312,20 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False, kinds: tuple
                 break
 
 
+def follow_umask(path: Path) -> None:
+    """Give `path` (and, for a directory, everything in it) the permissions a plain open()/mkdir() would:
+    some writers (safetensors, mkstemp) create 0600 files regardless of the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def swap_in(tmp: Path, path: Path) -> None:
     """Make the complete directory `tmp` the new `path` (see the module doc for the protocol)."""
     new, old = _hidden(path, "new"), _hidden(path, "old")
+    follow_umask(tmp)
     with _signals_held():
         _remove(new)
         os.replace(tmp, new)  # from here on the new copy is complete and recoverable

@@ -1,0 +1,383 @@
+"""The bad-input matrix: every command, every kind of bad input (option ranges, path kinds, config fields,
+resource caps, outputs that must not be replaced), each answered by one stderr line naming the offence,
+the documented exit code (2 usage, 1 domain), no traceback, and nothing left behind. Plus signals during
+writes: SIGTERM cleans up in place, SIGKILL's leftovers are cleaned by the next writer.
+
+In-process (typer's CliRunner) except the few SIGKILL cases, and every case fails before any real work,
+so the whole matrix runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import depthlens
+from depthlens.cli import app
+from depthlens.models import ModelConfig, build_model
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["--n-seq", "2", "--seq-len", "16"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bad")
+    e = {"root": root}
+    for arch in ("preln", "hc"):
+        m = build_model(ModelConfig.debug(arch, vocab_size=257, max_seq_len=32), seed=0)
+        e[arch] = depthlens.save(m, root / f"{arch}_l4")
+    os.mkfifo(root / "fifo")
+    e["fifo"] = root / "fifo"
+    (root / "notes.txt").write_text("A small text. " * 200)
+    e["txt"] = root / "notes.txt"
+    (root / "foreign.nc").write_text("not ours")
+    (root / "foreign.png").write_text("not ours")
+    (root / "foreign_dir").mkdir()
+    (root / "foreign_dir" / "keep.txt").write_text("keep")
+    for name, edit in {"cfg_float_streams": {"hc_streams": 2.5}, "cfg_huge_depth": {"n_layer": 200000},
+                       "cfg_string_width": {"d_model": "64"}}.items():
+        d = root / name
+        d.mkdir()
+        cfg = json.loads((e["hc"] / "config.json").read_text())
+        cfg["model"].update(edit)
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "model.safetensors").write_bytes((e["hc"] / "model.safetensors").read_bytes())
+    for name, text in {"list_manifest": "[1, 2]", "keyless_manifest": '{"splits": {"train": {}}}'}.items():
+        (root / name).mkdir()
+        (root / name / "manifest.json").write_text(text)
+    return e
+
+
+def _recipe(env: dict[str, Path], name: str, **over) -> Path:
+    base = dict(model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
+                data=str(env["root"] / "no_such_corpus"), seq_len=32, global_batch=8, steps=5, warmup=1,
+                out=str(env["root"] / f"run_{name}"))
+    for k, v in over.items():
+        if k == "model":
+            base["model"].update(v)
+        else:
+            base[k] = v
+    path = env["root"] / f"recipe_{name}.json"
+    path.write_text(json.dumps(base))
+    return path
+
+
+# (case id, argv with {placeholders}, exit code, a substring of the one error line)
+CASES: list[tuple[str, list[str], int, str]] = []
+ANALYSES = ["angular", "causal", "permute", "rank", "attnres"]
+for cmd in ANALYSES:
+    ck = "{hc}" if cmd == "rank" else "{preln}"
+    CASES += [
+        (f"{cmd}-device-cuda", [cmd, ck, "--device", "cuda", *FAST], 1, "--device cuda"),
+        (f"{cmd}-device-tpu9", [cmd, ck, "--device", "tpu9", *FAST], 2, "--device"),
+        (f"{cmd}-seed-negative", [cmd, ck, "--seed", "-1", *FAST], 2, "--seed"),
+        (f"{cmd}-seed-huge", [cmd, ck, "--seed", "99999999999999999999999", *FAST], 2, "--seed"),
+        (f"{cmd}-data-dev-zero", [cmd, ck, "--data", "/dev/zero", *FAST], 2, "character device"),
+        (f"{cmd}-data-fifo", [cmd, ck, "--data", "{fifo}", *FAST], 2, "FIFO"),
+        (f"{cmd}-data-missing", [cmd, ck, "--data", "{root}/nope.txt", *FAST], 1, "nope.txt"),
+        (f"{cmd}-n-seq-zero", [cmd, ck, "--n-seq", "0", "--seq-len", "16"], 2, "--n-seq"),
+        (f"{cmd}-seq-len-too-long", [cmd, ck, "--n-seq", "2", "--seq-len", "4096"], 1, "--seq-len"),
+        (f"{cmd}-out-foreign-overwrite", [cmd, ck, "--out", "{root}/foreign.nc", "--overwrite", *FAST], 1,
+         "not recognisably depthlens"),
+        (f"{cmd}-out-exists", [cmd, ck, "--out", "{root}/foreign.nc", *FAST], 1, "already exists"),
+        (f"{cmd}-out-no-dir", [cmd, ck, "--out", "{root}/no/dir/x.nc", *FAST], 1, "does not exist"),
+        (f"{cmd}-out-is-dir", [cmd, ck, "--out", "{root}/foreign_dir", *FAST], 1, "directory"),
+        (f"{cmd}-threads-negative", [cmd, ck, "--threads", "-1", *FAST], 2, "--threads"),
+        (f"{cmd}-ckpt-missing", [cmd, "{root}/no_ckpt", *FAST], 1, "no_ckpt"),
+    ]
+for cmd in ("causal", "permute"):
+    CASES += [(f"{cmd}-n-boot-huge", [cmd, "{preln}", "--n-boot", "1000000000", *FAST], 2, "--n-boot"),
+              (f"{cmd}-threshold-nan", [cmd, "{preln}", "--threshold", "nan", *FAST], 2, "--threshold")]
+CASES += [
+    ("sweep-grid-huge", ["sweep", "{preln}", "--thresholds", "0:1e12:1", *FAST], 2, "points"),
+    ("sweep-grid-10M", ["sweep", "{preln}", "--thresholds", "0:1:0.0000001", *FAST], 2, "points"),
+    ("sweep-grid-bad", ["sweep", "{preln}", "--thresholds", "1:0:0.1", *FAST], 2, "--thresholds"),
+    ("sweep-grid-empty", ["sweep", "{preln}", "--thresholds", ",", *FAST], 2, "--thresholds"),
+    ("sweep-order-unknown", ["sweep", "{preln}", "{hc}", "--order", "x,y", *FAST], 2, "--order"),
+    ("sweep-plot-no-dir", ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/nodir/p.png", *FAST], 1,
+     "does not exist"),
+    ("sweep-plot-suffix", ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/p.txt", *FAST], 2, "--plot"),
+    ("sweep-plot-foreign", ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/foreign.png",
+                            "--overwrite", *FAST], 1, "not recognisably"),
+    ("sweep-metric-bogus", ["sweep", "{preln}", "--metric", "bogus", *FAST], 2, "--metric"),
+    ("sweep-device-cuda", ["sweep", "{preln}", "--device", "cuda", *FAST], 1, "--device"),
+    ("compare-metrics-empty", ["compare", "{preln}", "--metrics", ",", *FAST], 2, "--metrics"),
+    ("compare-metrics-bogus", ["compare", "{preln}", "--metrics", "causal,bogus", *FAST], 2, "--metrics"),
+    ("compare-n-boot-huge", ["compare", "{preln}", "--n-boot", "1000000000", *FAST], 2, "--n-boot"),
+    ("compare-device-cuda", ["compare", "{preln}", "--device", "cuda", *FAST], 1, "--device"),
+    ("info-missing", ["info", "{root}/no_ckpt"], 1, "no_ckpt"),
+    ("info-float-streams", ["info", "{root}/cfg_float_streams"], 1, "hc_streams"),
+    ("info-huge-depth", ["info", "{root}/cfg_huge_depth"], 1, "n_layer"),
+    ("info-string-width", ["info", "{root}/cfg_string_width"], 1, "d_model"),
+    ("hooks-missing", ["hooks", "{root}/no_ckpt"], 1, "no_ckpt"),
+    ("eval-device-cuda", ["eval", "{preln}", "--device", "cuda"], 1, "--device cuda"),
+    ("eval-device-bad", ["eval", "{preln}", "--device", "gpu"], 2, "--device"),
+    ("eval-tokenizer-unknown", ["eval", "{preln}", "--tokenizer", "nonesuch"], 2, "--tokenizer"),
+    ("eval-data-fifo", ["eval", "{preln}", "--data", "{fifo}"], 2, "FIFO"),
+    ("eval-data-dev-zero", ["eval", "{preln}", "--data", "/dev/zero"], 2, "character device"),
+    ("eval-jsonl-no-file", ["eval", "{preln}", "--jsonl", "gsm8k"], 2, "--jsonl"),
+    ("eval-jsonl-missing", ["eval", "{preln}", "--jsonl", "gsm8k={root}/nope.jsonl"], 1, "nope.jsonl"),
+    ("eval-jsonl-fields", ["eval", "{preln}", "--jsonl", "mine={txt}"], 2, "--jsonl"),
+    ("eval-seed-negative", ["eval", "{preln}", "--seed", "-1"], 2, "--seed"),
+    ("shapes-target-zero", ["shapes", "--target", "0"], 2, "--target"),
+    ("shapes-target-negative", ["shapes", "--target", "-5M"], 2, "--target"),
+    ("shapes-target-text", ["shapes", "--target", "lots"], 2, "parameter count"),
+    ("shapes-target-huge", ["shapes", "--target", "1e30"], 2, "--target"),
+    ("shapes-depths-nonpositive", ["shapes", "--depths", "0,-3"], 2, "--depths"),
+    ("shapes-depths-text", ["shapes", "--depths", "a,b"], 2, "--depths"),
+    ("shapes-aspect-zero", ["shapes", "--aspect-ratios", "0"], 2, "--aspect-ratios"),
+    ("shapes-design-unknown", ["shapes", "--design", "nonesuch"], 2, "--design"),
+    ("report-device-cuda", ["report", "{preln}", "--out", "{root}/rep", "--device", "cuda"], 1, "--device"),
+    ("report-out-foreign", ["report", "{preln}", "--out", "{root}/foreign_dir", "--overwrite"], 1, "not a depthlens report"),
+    ("report-n-boot-huge", ["report", "{preln}", "--out", "{root}/rep", "--n-boot", "1000000000"], 2, "--n-boot"),
+    ("report-data-fifo", ["report", "{preln}", "--out", "{root}/rep", "--data", "{fifo}"], 2, "FIFO"),
+    ("report-seed-huge", ["report", "{preln}", "--out", "{root}/rep", "--seed", "99999999999999999999999"], 2, "--seed"),
+    ("track-device-cuda", ["track", "{root}", "--device", "cuda"], 1, "--device"),
+    ("track-n-boot-huge", ["track", "{root}", "--n-boot", "1000000000"], 2, "--n-boot"),
+    ("prepare-missing-input", ["prepare", "{root}/nope.txt", "--out", "{root}/shards"], 1, "nope.txt"),
+    ("prepare-out-foreign", ["prepare", "{txt}", "--out", "{root}/foreign_dir", "--overwrite"], 1, "not recognisably"),
+    ("prepare-out-exists", ["prepare", "{txt}", "--out", "{root}/foreign_dir"], 1, "already exists"),
+    ("prepare-tokenizer-unknown", ["prepare", "{txt}", "--out", "{root}/shards", "--tokenizer", "nonesuch"], 2,
+     "--tokenizer"),
+    ("prepare-seed-negative", ["prepare", "{txt}", "--out", "{root}/shards", "--seed", "-1"], 2, "--seed"),
+    ("train-recipe-missing", ["train", "{root}/no_recipe.json"], 1, "no_recipe.json"),
+    ("train-recipe-not-json", ["train", "{txt}"], 1, "JSON"),
+    ("train-unknown-field", ["train", "@recipe:typo", "lrr=1"], 1, "lrr"),
+    ("train-float-streams", ["train", "@recipe:streams", "model.arch=hc", "model.hc_streams=2.5"], 1, "hc_streams"),
+    ("train-huge-depth", ["train", "@recipe:depth", "model.n_layer=200000"], 1, "n_layer"),
+    ("train-seq-len-memory", ["train", "@recipe:seq", "seq_len=1000000", "model.max_seq_len=1000000"], 1, "GiB"),
+    ("train-global-batch-memory", ["train", "@recipe:batch", "global_batch=1000000"], 1, "GiB"),
+    ("train-export-own-out", ["train", "@recipe:export", "export={root}/run_export"], 1, "export"),
+    ("train-micro-batch", ["train", "@recipe:micro", "micro_batch=3"], 1, "micro_batch"),
+    ("train-lr-negative", ["train", "@recipe:lr", "lr=-1"], 1, "lr"),
+    ("train-data-missing", ["train", "@recipe:data"], 1, "no_such_corpus"),
+    ("train-data-list-manifest", ["train", "@recipe:manifest", "data={root}/list_manifest"], 1, "manifest"),
+    ("train-data-keyless-manifest", ["train", "@recipe:keyless", "data={root}/keyless_manifest"], 1, "shards"),
+    ("train-data-dev-zero", ["train", "@recipe:zero", "data=/dev/zero"], 1, "/dev/zero"),
+    ("train-bad-override", ["train", "@recipe:override", "novalue"], 1, "key=value"),
+]
+
+
+def _argv(args: list[str], env: dict[str, Path]) -> list[str]:
+    out = []
+    for a in args:
+        if a.startswith("@recipe:"):
+            a = str(_recipe(env, a.split(":", 1)[1]))
+        out.append(a.format(**{k: str(v) for k, v in env.items()}))
+    return out
+
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "recipe_" not in p.name}
+
+
+def test_matrix_is_large_and_covers_every_command():
+    import typer
+
+    assert len(CASES) >= 80 and len({c[0] for c in CASES}) == len(CASES)
+    covered = {c[1][0] for c in CASES}
+    assert covered == set(typer.main.get_command(app).commands), set(typer.main.get_command(app).commands) - covered
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(env, case, monkeypatch):
+    _, args, code, needle = case
+    monkeypatch.chdir(env["root"])
+    argv = _argv(args, env)
+    before = _listing(env["root"])
+    r = CliRunner().invoke(app, argv)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == code, (r.exit_code, r.stderr, r.stdout)
+    assert len(lines) == 1 and lines[0].startswith("depthlens: error:"), r.stderr
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in r.output and not (r.exception and not isinstance(r.exception, SystemExit))
+    assert _listing(env["root"]) == before, "the failed command left or removed files"
+    assert (env["root"] / "foreign.nc").read_text() == "not ours"
+    assert (env["root"] / "foreign_dir" / "keep.txt").read_text() == "keep"
+
+
+# --- outputs: default names, recognition, strict JSON, announced caps -------------------------------
+
+def test_default_output_name_is_never_replaced_silently(env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["angular", str(env["preln"]), *FAST]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    default = tmp_path / "preln_l4.angular.nc"
+    stamp = default.stat().st_mtime_ns
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1 and "already exists" in r.stderr and default.stat().st_mtime_ns == stamp
+    assert CliRunner().invoke(app, [*args, "--overwrite"]).exit_code == 0  # ours: replaceable on request
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preln_l4.angular.nc"]
+
+
+def test_json_is_strict_without_bootstrap(env, tmp_path):
+    r = CliRunner().invoke(app, ["causal", str(env["preln"]), "--n-boot", "0", "--json", "--out", str(tmp_path / "c.nc"), *FAST])
+    assert r.exit_code == 0, r.stderr
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    h = json.loads(r.stdout, parse_constant=refuse)
+    assert h["ci_low"] is None and h["ci_high"] is None and 0 <= h["share"] <= 1
+
+
+def test_n_seq_cap_is_announced(env, tmp_path):
+    r = CliRunner().invoke(app, ["angular", str(env["preln"]), "--data", str(env["txt"]), "--n-seq", "100000",
+                                 "--seq-len", "16", "--json", "--out", str(tmp_path / "a.nc")])
+    assert r.exit_code == 0, r.stderr
+    assert "--n-seq 100000 capped to" in r.stderr
+
+
+def test_files_follow_the_umask(env, tmp_path):
+    old = os.umask(0o022)
+    try:
+        ck = depthlens.save(build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0), tmp_path / "ck")
+        r = CliRunner().invoke(app, ["angular", str(ck), "--out", str(tmp_path / "a.nc"), *FAST])
+        assert r.exit_code == 0, r.stderr
+    finally:
+        os.umask(old)
+    assert ck.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in ck.iterdir()} == {0o644}
+    assert (tmp_path / "a.nc").stat().st_mode & 0o777 == 0o644
+
+
+def test_save_overwrite_replaces_only_a_checkpoint(tmp_path):
+    from depthlens.errors import CheckpointError
+
+    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
+    with pytest.raises(CheckpointError, match="not recognisably depthlens output"):
+        depthlens.save(m, tmp_path / "photos", overwrite=True)
+    assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"meow"
+    depthlens.save(m, tmp_path / "ck")
+    depthlens.save(m, tmp_path / "ck", overwrite=True)  # a checkpoint: replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "photos"]
+
+
+def test_crashed_swap_is_recovered_on_the_next_write(tmp_path):
+    """A kill between the two renames of an --overwrite swap left only .ck.old and .ck.new: the next save
+    (or load through recover) puts the newest complete copy back at the final path."""
+    from depthlens.io.atomic import recover
+
+    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
+    depthlens.save(m, tmp_path / "ck")
+    os.replace(tmp_path / "ck", tmp_path / ".ck.old")
+    note = recover(tmp_path / "ck")
+    assert "restored" in note and (tmp_path / "ck" / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+# --- signals during writes ----------------------------------------------------------------------------
+
+class Stop(Exception):
+    pass
+
+
+def _writers(tmp: Path):
+    """(name, target, write(): one depthlens writer writing `target`) for the signal tests."""
+    import xarray as xr
+
+    from depthlens.analysis.dataset import write_netcdf
+    from depthlens.training.state import write_state
+
+    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
+    ds = xr.Dataset({"x": ("i", [1.0, 2.0])}, attrs={"source": "depthlens test"})
+    return [("checkpoint", tmp / "ck", lambda: depthlens.save(m, tmp / "ck", overwrite=True)),
+            ("netcdf", tmp / "x.nc", lambda: write_netcdf(ds, tmp / "x.nc", overwrite=True)),
+            ("resume state", tmp / "resume", lambda: write_state(tmp / "resume", {"rng/cpu": torch.zeros(2)}, {"step": 1})),
+            ("dataset", tmp / "shards", lambda: _dataset(tmp))]
+
+
+def _dataset(tmp: Path):
+    from depthlens.data.corpus import prepare_files
+    from depthlens.data.tokenizers import ByteTokenizer
+
+    (tmp / "in.txt").write_text("hello world\n" * 50 + "\n" + "second document\n" * 50) if not (tmp / "in.txt").exists() else None
+    return prepare_files([tmp / "in.txt"], tmp / "shards", ByteTokenizer(), 0.0)
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "netcdf", "resume state", "dataset"])
+def test_sigterm_during_a_write_removes_the_temp(tmp_path, which, monkeypatch):
+    """A SIGTERM arriving inside the write: the atomic helper's handler removes the temp, then hands the
+    signal on (here to a Python handler that raises, standing in for the default 'terminate')."""
+    import depthlens.io.atomic as atomic
+
+    name, target, write = next(w for w in _writers(tmp_path) if w[0] == which)
+    write()  # a previous complete copy
+    before = sorted(p.name for p in tmp_path.iterdir())
+    real_guard = atomic._guard
+
+    def guard_then_signal(tmp):
+        cm = real_guard(tmp)
+
+        class Wrapped:
+            def __enter__(self):
+                cm.__enter__()
+                try:
+                    tmp.write_bytes(b"partial") if which == "netcdf" else tmp.mkdir()
+                    os.kill(os.getpid(), signal.SIGTERM)  # delivered here, inside the write
+                except BaseException:
+                    cm.__exit__(*sys.exc_info())
+                    raise
+
+            def __exit__(self, *exc):
+                return cm.__exit__(*exc)
+
+        return Wrapped()
+
+    def stop(signum, frame):
+        raise Stop
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        monkeypatch.setattr(atomic, "_guard", guard_then_signal)
+        with pytest.raises(Stop):
+            write()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp; the old copy intact
+    assert signal.getsignal(signal.SIGTERM) is old
+
+
+KILL_CODE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import depthlens.io.atomic as atomic
+import test_bad_inputs as t
+tmp = Path({tmp!r})
+name, target, write = next(w for w in t._writers(tmp) if w[0] == {which!r})
+real = atomic.swap_in if {which!r} in ("checkpoint", "dataset") else atomic.os.replace
+def killed(*a, **k):
+    os.kill(os.getpid(), signal.SIGKILL)
+if {which!r} in ("checkpoint", "dataset"):
+    atomic.swap_in = killed
+else:
+    atomic.os.replace = killed
+write()
+"""
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "netcdf"])
+def test_sigkill_leftovers_are_cleaned_by_the_next_write(tmp_path, which):
+    """SIGKILL cannot be caught: the temp stays. The next write of the same target removes it (its process
+    is dead) and succeeds; nothing else is touched."""
+    (tmp_path / "mine.txt").write_text("mine")
+    code = KILL_CODE.format(tests=str(REPO / "tests"), tmp=str(tmp_path), which=which)
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert any(".tmp-" in p.name for p in tmp_path.iterdir()), "the kill left no temp: the test did not bite"
+    name, target, write = next(w for w in _writers(tmp_path) if w[0] == which)
+    write()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mine.txt", target.name])
