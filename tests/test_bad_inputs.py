@@ -153,7 +153,7 @@ CASES += [
     ("train-recipe-not-json", ["train", "{txt}"], 1, "JSON"),
     ("train-unknown-field", ["train", "@recipe:typo", "lrr=1"], 1, "lrr"),
     ("train-float-streams", ["train", "@recipe:streams", "model.arch=hc", "model.hc_streams=2.5"], 1, "hc_streams"),
-    ("train-huge-depth", ["train", "@recipe:depth", "model.n_layer=200000"], 1, "n_layer"),
+    ("train-huge-depth", ["train", "@recipe:depth", "model.n_layer=200000"], 1, "GiB"),
     ("train-seq-len-memory", ["train", "@recipe:seq", "seq_len=1000000", "model.max_seq_len=1000000"], 1, "GiB"),
     ("train-global-batch-memory", ["train", "@recipe:batch", "global_batch=1000000"], 1, "GiB"),
     ("train-export-own-out", ["train", "@recipe:export", "export={root}/run_export"], 1, "export"),
