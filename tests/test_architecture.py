@@ -109,3 +109,13 @@ def test_root_modules_import_no_layer_and_nothing_imports_the_root():
 def test_no_import_cycle():
     cycles = _cycles(import_edges(_modules()))
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_explicit_design_registry_covers_every_slug():
+    """models/residual lists its families explicitly (no registration by import side effect)."""
+    from depthlens.designs import SLUGS
+    from depthlens.models.residual import _DESIGNS
+
+    assert tuple(_DESIGNS) == SLUGS  # same designs, same order as the slug registry
+    src = (PKG / "models" / "residual").glob("*.py")
+    assert not [p.name for p in src if "@register" in p.read_text(encoding="utf-8")]

@@ -33,7 +33,6 @@ from torch import nn
 from ..backbone import RMSNorm
 from ..config import ModelConfig
 from ..readouts import readout_key, sublayer_label
-from . import register
 from .base import Design, Router, RunContext, State, apply_keep
 
 
@@ -175,7 +174,6 @@ class _AttnResDesign(Design):
         return M
 
 
-@register
 class FullAttnRes(_AttnResDesign):
     """x_j = AttnRes(w_j, gamma_j; [v_0 = emb, v_1..v_j]) over every earlier sublayer output (spec §9.2).
 
@@ -214,7 +212,6 @@ class FullAttnRes(_AttnResDesign):
         return i
 
 
-@register
 class BlockAttnRes(_AttnResDesign):
     """Block AttnRes with Kimi K3 semantics (spec §9.3), boundaries `cfg.block_starts` in layers.
 

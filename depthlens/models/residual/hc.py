@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import register
 from ..backbone import RMSNorm
 from .streams import MultiStreamDesign, StreamRouter, map_dtype
 
@@ -80,7 +79,6 @@ class HCRouter(StreamRouter):
         return out
 
 
-@register
 class HC(MultiStreamDesign):
     slug = "hc"
     pre_name, post_name = "A_m", "B"

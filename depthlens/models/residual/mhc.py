@@ -36,7 +36,6 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from . import register
 from .streams import MultiStreamDesign, StreamRouter, map_dtype
 
 
@@ -108,7 +107,6 @@ class MHCRouter(StreamRouter):
                 "alpha_res": float(self.alpha_res), "t_max": self.t_max}
 
 
-@register
 class MHC(MultiStreamDesign):
     slug = "mhc"
     pre_name, post_name = "H_pre", "H_post"

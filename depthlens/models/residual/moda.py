@@ -34,7 +34,6 @@ from torch import nn
 from ..backbone import Sublayer, apply_rope
 from ..config import ModelConfig
 from ..readouts import sublayer_label
-from . import register
 from .base import Design, Router, State, apply_keep
 
 DepthKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dk, dv (B, T, S, H_kv, d_h); dvalid (B, T, S)
@@ -147,7 +146,6 @@ def _put_depth_readouts(ctx, j: int, out: dict[str, torch.Tensor], n_slots: int)
     ctx.put("o_depth_norm", bth(out["o_depth"].float().norm(dim=-1)), sublayer=j)
 
 
-@register
 class MoDA(Design):
     """Pre-LN residual h plus a per-token depth-KV cache written by every sublayer.
 
