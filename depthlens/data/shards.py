@@ -141,10 +141,14 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     splits = manifest.get("splits", {})
     ok = isinstance(splits, dict) and all(
         isinstance(v, dict) and isinstance(v.get("shards"), list)
-        and all(isinstance(s, dict) and isinstance(s.get("file"), str) and "/" not in s["file"] for s in v["shards"])
+        and all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in v["shards"])
         for v in splits.values())
     if not ok:
         raise DataError(f"{path}: malformed 'splits' (each split needs a 'shards' list of {{\"file\": name}})")
+    for v in splits.values():  # a manifest names files of its own directory, nothing else
+        for s in v["shards"]:
+            if "/" in s["file"] or "\\" in s["file"] or s["file"] in ("", ".", ".."):
+                raise DataError(f"{path}: shard file {s['file']!r} is outside the shard directory")
     return manifest
 
 
