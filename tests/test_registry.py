@@ -57,10 +57,7 @@ def _thresholds_typed(path: Path) -> list[str]:
     return out
 
 
-QUOTED = {"depthlens/report/orderings.py",  # DepthBench's claims in the paper's own words (its θ, not a default)
-          # KNOWN GAP: the definition-sensitivity report (merged at 19:50) still types 0.45/0.15 itself;
-          # it should read registry.THRESHOLDS. Listed so the gap is visible here, not silently passing.
-          "depthlens/report/sensitivity.py"}
+QUOTED = {"depthlens/report/orderings.py"}  # DepthBench's claims in the paper's own words (its θ, not a default)
 
 
 def test_default_thresholds_are_typed_once():

@@ -17,21 +17,25 @@ import numpy as np
 import xarray as xr
 
 from depthlens.analysis.causal import AGGREGATORS, NORM_DEFINITIONS
+from depthlens.analysis.registry import CAUSAL, PERM_ABS
 from depthlens.analysis.stats import share_above
 from depthlens.analysis.sweep import PERM_DEFINITIONS, definition
+
+C_THETA, P_THETA = CAUSAL.theta, PERM_ABS.theta  # the registry's defaults, which are also the paper's θ
+C_KEY, P_KEY = f"share_gt_{C_THETA:g}", f"share_gt_{P_THETA:g}"  # record keys of the headline shares
 
 # DepthBench claims (spec diagnostics, table at the top): L = 32, late = last ¾ of the layers
 PAPER_REFERENCE = {
     "note": "DepthBench (arXiv 2609.32534, not retrieved; spec diagnostics): L = 32, late = last 3/4 of layers; "
             "its causal-score and permutation definitions are not known exactly",
-    "causal_theta": 0.45, "permutation_theta": 0.15,
+    "causal_theta": C_THETA, "permutation_theta": P_THETA,
     "designs": {"Pre-LN": {"causal": 0.01, "permutation": 0.08},
                 "HC": {"causal": 0.07, "permutation": 0.35},
                 "Full AttnRes": {"causal": 0.16, "permutation": 0.46}},
 }
 
 
-def causal_definition_table(by_norm: Mapping[str, xr.Dataset], thresholds: Sequence[float] = (0.45,),
+def causal_definition_table(by_norm: Mapping[str, xr.Dataset], thresholds: Sequence[float] = (C_THETA,),
                             start: str | int = "quarter") -> list[dict[str, Any]]:
     """One row per (norm, variant, aggregator): the late-pair share above each θ and the late-pair median."""
     rows = []
@@ -51,7 +55,7 @@ def causal_definition_table(by_norm: Mapping[str, xr.Dataset], thresholds: Seque
     return rows
 
 
-def permutation_definition_table(ds: xr.Dataset, thresholds: Sequence[float] = (0.15,),
+def permutation_definition_table(ds: xr.Dataset, thresholds: Sequence[float] = (P_THETA,),
                                  start: str | int = "quarter") -> list[dict[str, Any]]:
     """One row per permutation normalisation (abs nats, rel, KL)."""
     rows = []
@@ -99,12 +103,12 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
                 da.attrs["long_name"] = f"C(s,t), {agg}, norm={norm}"
                 hi = float(np.nanmax(da.values)) if np.isfinite(da.values).any() else 1.0
                 heatmap(da, axes[r, c], vmin=0.0, vmax=min(max(hi, 1e-6), 1.5),
-                        title=f"{variant}, norm={norm}: S(0.45) = "
-                              f"{share_above(da.values, 0.45, a, nan_policy='omit'):.2f}")
+                        title=f"{variant}, norm={norm}: S({C_THETA:g}) = "
+                              f"{share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}")
         fig.suptitle(f"causal score C(s,t), aggregator={agg} (rows s < {a} not skipped unless computed)")
         save(fig, f"causal_{agg}")
 
-    # definition sensitivity: share above 0.45 for every definition, with the paper's values
+    # definition sensitivity: share above the default θ for every definition, with the paper's values
     rows = summary["causal_definitions"]
     if rows:
         _definition_figures(d, rows, norms, a, save)
@@ -129,7 +133,7 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
                 da = da.rename(layer="skipped layer s", layer_other="later layer t")
                 da.attrs["long_name"] = f"C(s,t), {agg}, norm=update"
                 heatmap(da, axes[r, c], vmin=0.0, vmax=1.0,
-                        title=f"{variant}/{agg}: S(0.45) = {share_above(da.values, 0.45, a, nan_policy='omit'):.2f}")
+                        title=f"{variant}/{agg}: S({C_THETA:g}) = {share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}")
         fig.suptitle("reference stage: 8 sequences × 128 tokens, late s, norm=update (colour clipped at 1)")
         save(fig, "reference_causal")
     if "causal_update" not in d:
@@ -148,7 +152,7 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
 
 
 def _definition_figures(d, rows, norms, a, save) -> None:
-    """The share-above-0.45 bars for every definition and the S(θ) sweeps."""
+    """The share-above-θ bars for every definition and the S(θ) sweeps."""
     import matplotlib.pyplot as plt
 
     from depthlens.analysis.stats import share_curve
@@ -156,13 +160,13 @@ def _definition_figures(d, rows, norms, a, save) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4))
     labels = [f"{r['variant'][:3]}/{r['aggregator']}/{r['norm']}" for r in rows]
-    vals = [r["share_gt_0.45"] for r in rows]
+    vals = [r[C_KEY] for r in rows]
     ax.bar(range(len(rows)), vals, color=["C0" if r["norm"] == "update" else "C1" for r in rows])
     for name, ref in PAPER_REFERENCE["designs"].items():
         ax.axhline(ref["causal"], linestyle="--", linewidth=1, color="0.4")
         ax.text(len(rows) - 0.5, ref["causal"], f" paper {name}", va="center", fontsize=7)
     ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
-    ax.set_ylabel("share of late pairs with C > 0.45")
+    ax.set_ylabel(f"share of late pairs with C > {C_THETA:g}")
     ax.set_ylim(0, 1.02)
     ax.set_title("one model, every causal-score definition (variant/aggregator/norm; blue update, orange resid)")
     save(fig, "definitions")
@@ -178,13 +182,13 @@ def _definition_figures(d, rows, norms, a, save) -> None:
                              color={"update": {"current": "C0", "future": "C2"},
                                     "resid": {"current": "C1", "future": "C3"}}[norm][variant],
                              label=f"{variant}/{agg}/{norm}")
-    axes[0].axvline(0.45, color="0.4", linewidth=1)
+    axes[0].axvline(C_THETA, color="0.4", linewidth=1)
     axes[0].set(xlabel="θ", ylabel="share of late pairs with C > θ", title="causal S(θ)")
     axes[0].legend(fontsize=6, ncol=2, frameon=False)
     for metric in ("perm_abs", "perm_rel", "perm_kl") if "permutation" in d else ():
         th = default_thresholds(metric)
         axes[1].plot(th, share_curve(d["permutation"][metric].values, th, a, nan_policy="omit"), label=metric)
-    axes[1].axvline(0.15, color="0.4", linewidth=1)
+    axes[1].axvline(P_THETA, color="0.4", linewidth=1)
     axes[1].set(xscale="log", xlabel="θ", ylabel="share of late pairs with P > θ", title="permutation S(θ)")
     if "permutation" in d:
         axes[1].legend(fontsize=7, frameon=False)
@@ -242,10 +246,10 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
         "This is a small eval set (the spec asks for ≥ 256 × 1024 tokens for permutation scores); max "
         "aggregators grow with it, so treat the numbers as this eval set's, not the model's.", "",
         "## Headlines (toolkit defaults)", "",
-        f"* **Causal** ({hc['definition']}): share of late pairs with C > 0.45 = "
+        f"* **Causal** ({hc['definition']}): share of late pairs with C > {C_THETA:g} = "
         f"**{_pct(hc['share'])}** (95 % bootstrap CI {_pct(hc['ci_low'])} – "
         f"{_pct(hc['ci_high'])}; noise floor {hc.get('noise_floor', float('nan')):.1e}).",
-        f"* **Permutation** ({hp['definition']}): share of late pairs with P_abs > 0.15 nats = "
+        f"* **Permutation** ({hp['definition']}): share of late pairs with P_abs > {P_THETA:g} nats = "
         f"**{_pct(hp['share'])}** (CI {_pct(hp['ci_low'])} – {_pct(hp['ci_high'])}); clean loss "
         f"{_num(s.get('clean_loss'))} nats.",
         f"* Paper reference (L = 32): Pre-LN ≈{_pct(ref['Pre-LN']['causal'])} causal / "
@@ -253,16 +257,16 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
         f"{_pct(ref['HC']['permutation'])}; Full AttnRes {_pct(ref['Full AttnRes']['causal'])} / "
         f"{_pct(ref['Full AttnRes']['permutation'])}.", "",
         "## Definition sensitivity: one model, every definition", "",
-        "Share of the late pairs above θ = 0.45 (causal) for every variant × aggregator × normalisation; "
+        f"Share of the late pairs above θ = {C_THETA:g} (causal) for every variant × aggregator × normalisation; "
         "the median late-pair score shows where the bulk sits.", "",
-        "| variant | aggregator | norm | share C > 0.45 | median late C |", "|---|---|---|---|---|"]
+        f"| variant | aggregator | norm | share C > {C_THETA:g} | median late C |", "|---|---|---|---|---|"]
     for r in s["causal_definitions"]:
-        lines.append(f"| {r['variant']} | {r['aggregator']} | {r['norm']} | {_pct(r['share_gt_0.45'])} | "
+        lines.append(f"| {r['variant']} | {r['aggregator']} | {r['norm']} | {_pct(r[C_KEY])} | "
                      f"{r['median_late']:.3f} |")
-    lines += ["", "| permutation | share P > 0.15 | median late P |", "|---|---|---|"]
-    for r in s["permutation_definitions"] or [{"formula": "permutation stage not computed", "share_gt_0.15": None,
+    lines += ["", f"| permutation | share P > {P_THETA:g} | median late P |", "|---|---|---|"]
+    for r in s["permutation_definitions"] or [{"formula": "permutation stage not computed", P_KEY: None,
                                                 "median_late": float("nan")}]:
-        lines.append(f"| {r['formula']} | {_pct(r['share_gt_0.15'])} | {_num(r['median_late'])} |")
+        lines.append(f"| {r['formula']} | {_pct(r[P_KEY])} | {_num(r['median_late'])} |")
     ref8 = s.get("reference_8x128")
     if ref8:
         lines += ["", "### The reference measurements of issue 10 (8 sequences × 128 tokens, norm=update)", "",
@@ -270,13 +274,13 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
                   "eval set as the figures quoted in the issue:", "",
                   "| variant | max | mean | p95 | p99 | pooled |", "|---|---|---|---|---|---|"]
         for variant in ("current", "future"):
-            by = {r["aggregator"]: r["share_gt_0.45"] for r in ref8 if r["variant"] == variant}
+            by = {r["aggregator"]: r[C_KEY] for r in ref8 if r["variant"] == variant}
             lines.append(f"| {variant} | " + " | ".join(_num(by.get(a), ".2f")
                                                        for a in ("max", "mean", "p95", "p99", "pooled")) + " |")
     lines += ["", "What this does and does not tell a user: see `docs/calibration.md`.", ""]
     lines += ["", "Normalisations: " + "; ".join(f"`{k}`: {v}" for k, v in NORM_DEFINITIONS.items()) + ".", "",
               "## Figures", ""]
-    for key, caption in (("definitions", "share above 0.45 under every definition"), ("sweeps", "share(θ) sweeps"),
+    for key, caption in (("definitions", f"share above {C_THETA:g} under every definition"), ("sweeps", "share(θ) sweeps"),
                          ("causal_max", "causal heatmaps, max"), ("causal_mean", "causal heatmaps, mean"),
                          ("permutation_angular", "permutation and angular distance"),
                          ("reference_causal", "causal heatmaps of the 8 × 128 reference stage"),
@@ -289,14 +293,14 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _share(rows: list[dict[str, Any]], variant: str, agg: str, norm: str, key: str = "share_gt_0.45") -> float | None:
+def _share(rows: list[dict[str, Any]], variant: str, agg: str, norm: str, key: str = C_KEY) -> float | None:
     return next((r[key] for r in rows if (r["variant"], r["aggregator"], r["norm"]) == (variant, agg, norm)), None)
 
 
 ISSUE_QUOTE = {  # issue 10: SmolLM2-135M, 8 sequences × 128 tokens of the default corpus, L = 30, norm = update
     "current": {"max": 0.99, "mean": 0.35, "p95": 0.76, "pooled": 0.37},
     "future": {"max": 0.64, "mean": 0.00, "p95": 0.02, "pooled": 0.00},
-    "permutation_abs_0.15": 0.93,
+    "permutation_abs_quoted": 0.93,
 }
 
 
@@ -305,10 +309,10 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
     that does and does not tell a user. Numbers come from the real-model summary (stages not computed read
     'not computed'); the prose states only what holds for any numbers it is given, or quotes them."""
     rows, perm = s["causal_definitions"], {r["norm"]: r for r in s["permutation_definitions"]}
-    perm = perm or {n: {"formula": PERM_DEFINITIONS[f"perm_{n}"], "share_gt_0.15": None} for n in ("abs", "rel", "kl")}
+    perm = perm or {n: {"formula": PERM_DEFINITIONS[f"perm_{n}"], P_KEY: None} for n in ("abs", "rel", "kl")}
     ref8 = s.get("reference_8x128") or []
     ref = PAPER_REFERENCE["designs"]
-    shares = [r["share_gt_0.45"] for r in rows]
+    shares = [r[C_KEY] for r in rows]
 
     def sh(v: str, a: str, n: str) -> str:
         x = _share(rows, v, a, n)
@@ -333,12 +337,12 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         "## The paper's reference values", "",
         "DepthBench (spec `diagnostics.md`; the paper itself could not be retrieved) reports, at L = 32 with the "
         "last ¾ of the layers as the late window:", "",
-        "| design | share of late pairs with causal score > 0.45 | share with permutation score > 0.15 |",
+        f"| design | share of late pairs with causal score > {C_THETA:g} | share with permutation score > {P_THETA:g} |",
         "|---|---|---|"]
     for name, v in ref.items():
         lines.append(f"| {name} | ≈{_pct(v['causal'])} | ≈{_pct(v['permutation'])} |")
     lines += ["", "## One real model, every definition", "",
-              "Causal score, share of late pairs with C > 0.45 (`norm`: `update` divides by the clean update "
+              f"Causal score, share of late pairs with C > {C_THETA:g} (`norm`: `update` divides by the clean update "
               "‖u_t‖ as Csordás' `test_effect` does; `resid` by the clean residual ‖h_t‖ entering layer t):", "",
               f"| variant | aggregator | norm = update ({s['n_seq']} × {s['seq_len']}) | norm = resid "
               f"({s['n_seq']} × {s['seq_len']}) | norm = update, 8 × 128 (`reference` stage) | quoted (issue 10, "
@@ -349,12 +353,12 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
             lines.append(f"| {variant} | {agg} | {_pct(_share(rows, variant, agg, 'update'))} | "
                          f"{_pct(_share(rows, variant, agg, 'resid'))} | {_pct(_share(ref8, variant, agg, 'update'))} "
                          f"| {'—' if q is None else f'{q:.2f}'} |")
-    lines += ["", "Permutation score, share of late pairs with P > 0.15:", "",
+    lines += ["", f"Permutation score, share of late pairs with P > {P_THETA:g}:", "",
               "| normalisation | share | quoted (issue 10, 8 × 128) |", "|---|---|---|"]
     for n in ("abs", "rel", "kl"):
-        q = f"{ISSUE_QUOTE['permutation_abs_0.15']:.2f}" if n == "abs" else "—"
-        lines.append(f"| {perm[n]['formula']} | {_pct(perm[n]['share_gt_0.15'])} | {q} |")
-    rng = [x for x in shares + [r["share_gt_0.45"] for r in ref8] if x is not None and np.isfinite(x)]
+        q = f"{ISSUE_QUOTE['permutation_abs_quoted']:.2f}" if n == "abs" else "—"
+        lines.append(f"| {perm[n]['formula']} | {_pct(perm[n][P_KEY])} | {q} |")
+    rng = [x for x in shares + [r[C_KEY] for r in ref8] if x is not None and np.isfinite(x)]
     lines += [
         "", "## What this tells a user, and what it does not", "",
         "* **The headline share is a property of the definition as much as of the model.** On one model and "
@@ -379,8 +383,8 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         f"fraction of h_t: current/max {sh('current', 'max', 'resid')} under `resid` against "
         f"{sh('current', 'max', 'update')} under `update`. On SmolLM2's layers 26 and 28 (12 tokens, "
         "`tests/test_real_model.py`), the diagonal C(s, s) is 1 under `update` and 0.23 / 0.38 under `resid`.",
-        f"* **Permutation.** Quoted for 8 × 128: swapping two late layers raises the loss by more than 0.15 nats "
-        f"for 93 % of the late pairs (measured here: {_pct(perm['abs']['share_gt_0.15'])}); the paper's Pre-LN "
+        f"* **Permutation.** Quoted for 8 × 128: swapping two late layers raises the loss by more than {P_THETA:g} nats "
+        f"for 93 % of the late pairs (measured here: {_pct(perm['abs'][P_KEY])}); the paper's Pre-LN "
         f"value is ≈{_pct(ref['Pre-LN']['permutation'])}. This model's late layers are far from interchangeable; "
         "whether the paper's Pre-LN models would be too cannot be read off these numbers.",
         "* **What it does not tell.** None of these shares measures \"how much computational depth the model "
