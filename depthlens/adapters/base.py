@@ -117,3 +117,18 @@ def _lens_config(**kw: int) -> Any:
     from transformer_lens.config import TransformerLensConfig
 
     return TransformerLensConfig(d_head=kw["d_model"] // kw["n_heads"], **kw)
+
+
+def setup_own_hooks(root: nn.Module) -> None:
+    """HookedRootModule.setup over a wrapper's own modules and hook points, skipping the wrapped HF model
+    under `root.hf` (its module names stay untouched)."""
+    from transformer_lens.hook_points import HookPoint  # heavy: only when a wrapper is built
+
+    root.mod_dict, root.hook_dict = {}, {}
+    for name, module in root.named_modules():
+        if name in ("", "hf") or name.startswith("hf."):
+            continue
+        module.name = name
+        root.mod_dict[name] = module
+        if isinstance(module, HookPoint):
+            root.hook_dict[name] = module

@@ -33,7 +33,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.residual.base import Design, RunContext, State
-from .base import AdapterSpec, ForeignConfig, _lens_config
+from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
 COPIED_ATTRS = ("attention_type", "layer_idx", "is_sliding", "sliding_window", "layer_type")
@@ -140,14 +140,7 @@ class GenericBlocksModel(HookedRootModule):
 
     def setup(self) -> None:
         """HookedRootModule.setup over this wrapper's own hook points only (the HF subtree keeps its names)."""
-        self.mod_dict, self.hook_dict = {}, {}
-        for name, module in self.named_modules():
-            if name in ("", "hf") or name.startswith("hf."):
-                continue
-            module.name = name
-            self.mod_dict[name] = module
-            if isinstance(module, HookPoint):
-                self.hook_dict[name] = module
+        setup_own_hooks(self)
 
     # --- shape --------------------------------------------------------------------------------------------
     @property

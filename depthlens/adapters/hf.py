@@ -34,7 +34,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.residual.base import Design, RunContext, State, apply_keep
-from .base import AdapterSpec, ForeignConfig, _lens_config, resolve
+from .base import AdapterSpec, ForeignConfig, _lens_config, resolve, setup_own_hooks
 from .families import spec_for
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
@@ -91,14 +91,7 @@ class HFLayeredModel(HookedRootModule):
     def setup(self) -> None:
         """HookedRootModule.setup over this wrapper's own hook points only: the HF subtree keeps its module
         names untouched (a TransformerBridge-converted model names its own components)."""
-        self.mod_dict, self.hook_dict = {}, {}
-        for name, module in self.named_modules():
-            if name in ("", "hf") or name.startswith("hf."):
-                continue
-            module.name = name
-            self.mod_dict[name] = module
-            if isinstance(module, HookPoint):
-                self.hook_dict[name] = module
+        setup_own_hooks(self)
 
     # --- the HF modules, by spec path ------------------------------------------------------------------
     @property
