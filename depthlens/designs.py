@@ -11,6 +11,7 @@ from dataclasses import dataclass
 CAPABILITIES = {
     "multistream": "the state carries n streams [B, T, n, d] mixed by residual maps (readout res_map)",
     "depth_softmax": "each sublayer reads a softmax over earlier outputs (readouts alpha, self_weight)",
+    "stochastic_maps": "residual maps are projected to be doubly stochastic (Sinkhorn), whatever the parameters",
 }
 
 
@@ -35,7 +36,7 @@ DESIGNS: dict[str, Design] = {
         Design("deepnorm", "DeepNorm", "norm"),
         Design("keel", "KEEL", "norm"),
         Design("hc", "HC", "multi_stream", frozenset({"multistream"})),
-        Design("mhc", "mHC", "multi_stream", frozenset({"multistream"})),
+        Design("mhc", "mHC", "multi_stream", frozenset({"multistream", "stochastic_maps"})),
         Design("full_attnres", "Full AttnRes", "cross_layer", frozenset({"depth_softmax"})),
         Design("block_attnres", "Block AttnRes", "cross_layer", frozenset({"depth_softmax"})),
         Design("moda", "MoDA", "cross_layer"),

@@ -194,6 +194,19 @@ def test_sequence_longer_than_max_is_refused():
         m(torch.zeros(1, 9, dtype=torch.long))
 
 
+@pytest.mark.parametrize("kw,msg", [({"order": [0, 0, 2, 3]}, "permutation of range"),
+                                    ({"order": [0, 1, 2]}, "permutation of range"),
+                                    ({"unit": "ffn"}, "unit must be"), ({"swap": "some"}, "swap must be")])
+def test_run_layers_refuses_bad_arguments(kw, msg):
+    """One contract for DepthModel and the adapters (models.protocol.check_run_layers_args): a repeated
+    layer in `order` used to run silently on the native model."""
+    m = build_model(ModelConfig.debug("preln"))
+    toks = torch.zeros(1, 4, dtype=torch.long)
+    ctx = m.context(4)
+    with pytest.raises(ValueError, match=msg):
+        m.run_layers(m.embed(toks, ctx), ctx, **kw)
+
+
 # --- hooks -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", SINGLE)

@@ -82,7 +82,8 @@ def test_capabilities_match_what_the_models_do(slug):
 
 
 def test_unknown_capability_is_refused():
-    assert set(CAPABILITIES) == {"multistream", "depth_softmax"}
+    assert set(CAPABILITIES) == {"multistream", "depth_softmax", "stochastic_maps"}
+    assert [s for s in DESIGNS if has_capability(s, "stochastic_maps")] == ["mhc"]
     with pytest.raises(ValueError, match="unknown design capability 'streams'"):
         has_capability("hc", "streams")
     assert not has_capability("gpt2-foreign", "multistream")

@@ -32,6 +32,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
+from ..models.protocol import check_run_layers_args
 from ..models.residual.base import Design, RunContext, State
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
 
@@ -227,13 +228,10 @@ class GenericBlocksModel(HookedRootModule):
                    keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
                    order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
         """Blocks at positions start..stop-1; keep {pos: (B, T)}: 0 = the block's input passes through."""
-        if unit != "block":
+        if unit in ("attn", "mlp"):
             raise ValueError("the generic-blocks path skips whole blocks only (unit='block'); attn/mlp sublayers "
                              "need a hand-mapped adapter")
-        if swap not in ("body", "all"):
-            raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
-        if order is not None and sorted(order) != list(range(self.n_layer)):
-            raise ValueError(f"order must be a permutation of range({self.n_layer}), got {order}")
+        check_run_layers_args(self.n_layer, unit, swap, order, units=("block",))
         stop = self.n_layer if stop is None else stop
         keep = keep or {}
         h = state["h"]

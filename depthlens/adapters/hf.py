@@ -33,6 +33,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
+from ..models.protocol import check_run_layers_args
 from ..models.residual.base import Design, RunContext, State, apply_keep
 from .base import AdapterSpec, ForeignConfig, _lens_config, resolve, setup_own_hooks
 from .families import spec_for
@@ -163,12 +164,7 @@ class HFLayeredModel(HookedRootModule):
         keep: {pos: (B, T) mask}, 0 = drop that layer's write(s) at the token; unit: "block" | "attn" | "mlp".
         order: order[p] = the decoder layer that runs at position p. swap: "body" == "all" here.
         """
-        if unit not in ("block", "attn", "mlp"):
-            raise ValueError(f"unit must be 'block', 'attn' or 'mlp', got {unit!r}")
-        if swap not in ("body", "all"):
-            raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
-        if order is not None and sorted(order) != list(range(self.n_layer)):
-            raise ValueError(f"order must be a permutation of range({self.n_layer}), got {order}")
+        check_run_layers_args(self.n_layer, unit, swap, order)
         stop = self.n_layer if stop is None else stop
         keep = keep or {}
         h = state["h"]

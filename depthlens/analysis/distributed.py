@@ -17,6 +17,7 @@ Outside torchrun (WORLD_SIZE unset or 1) every function here is a no-op: rank 0 
 
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 from typing import Any, Sequence, TypeVar
@@ -38,7 +39,17 @@ def world() -> tuple[int, int]:
         return 0, 1
     minutes = float(os.environ.get("DEPTHLENS_DIST_TIMEOUT_MIN", "60"))
     dist.init_process_group(backend="gloo", timeout=timedelta(minutes=minutes))
+    # tear the group down before interpreter shutdown: a gloo group left to the C++ destructors at exit
+    # aborts the process ("terminate called without an active exception", SIGABRT) now and then
+    atexit.register(_shutdown)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_main() -> bool:

@@ -29,6 +29,7 @@ import xarray as xr
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
 from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
+from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
 from depthlens.models.readouts import readout_key
 
@@ -90,10 +91,6 @@ def product_tokens(H: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict
     return out
 
 
-def _with_flags(tok: dict[str, torch.Tensor], H: torch.Tensor, constrained: bool) -> dict[str, Any]:
-    return {**tok, "zero_grad": structural_zero_grad(H, constrained)}
-
-
 def structural_zero_grad(H: torch.Tensor, constrained: bool = True) -> np.ndarray:
     """(K,) bool: maps whose entries cannot receive gradient, whatever the data (spec §8 "Correction").
 
@@ -140,7 +137,8 @@ def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int
     statistic), erank_window (window, statistic), erank_sublayer (sublayer), and *_static (product) when given.
     """
     widths = list(widths or default_widths(H.shape[-3]))
-    res = _summaries(_with_flags(product_tokens(H, n_layer, widths), H, constrained), len(widths))
+    tok = {**product_tokens(H, n_layer, widths), "zero_grad": structural_zero_grad(H, constrained)}
+    res = _summaries(tok, len(widths))
     if static is not None:
         res.update(_static_summaries(static, n_layer, widths))
     return res
@@ -158,7 +156,7 @@ def effective_rank_dataset(model, data: EvalData, *, widths: Sequence[int] | Non
     parts: list[dict[str, torch.Tensor]] = []
     static, note, n_streams = None, None, None
     zero_grad = np.ones(K, dtype=bool)
-    constrained = getattr(getattr(model, "config", None), "arch", None) == "mhc"  # Sinkhorn-projected maps
+    constrained = has_capability(getattr(model.design, "slug", ""), "stochastic_maps")  # Sinkhorn-projected maps
     for _, toks in data.batches(batch_size or default_batch_size(data)):
         rec = model.readouts(toks.to(device))
         H = res_maps(rec, K)[:, 1:].cpu()  # drop the BOS position: (B, T-1, K, n, n)

@@ -309,7 +309,10 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
         if frozen:
             lines.append(f"  maps that cannot receive gradient (stay at their init): sublayers {frozen}; "
                          "'interior' leaves out the first and last")
-    init = getattr(model.config, "mhc_init", None) if getattr(model.design, "slug", "") == "mhc" else None
+    from ..designs import has_capability
+
+    init = (getattr(model.config, "mhc_init", None)
+            if has_capability(getattr(model.design, "slug", ""), "stochastic_maps") else None)
     if init is not None:
         h["mhc_init"] = init
         lines.append(f"  mHC init: {init}" + (" (H_res = J/n at init: products are rank 1 by construction)"
@@ -343,7 +346,7 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
     h = {"metric": "attnres", "checkpoint": str(ckpt), "design": getattr(model.design, "slug", "?"),
          "n_layer": int(model.n_layer), "eps": eps, "dead_prefix": k, "dead_prefix_by_eps": by_eps,
          "self_weight": sw, "out": str(path)}
-    if getattr(model.config, "arch", None) == "block_attnres":
+    if getattr(model.config, "arch", None) == "block_attnres":  # the only design with a block schedule
         h["block_starts"] = list(model.config.block_starts)
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): AttnRes self-weight per layer",
              "  " + " ".join("  nan" if math.isnan(x) else f"{x:.3f}" for x in sw),

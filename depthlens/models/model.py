@@ -23,6 +23,7 @@ from transformer_lens.hook_points import HookPoint
 
 from .backbone import RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
+from .protocol import check_run_layers_args
 from .readouts import readout_key
 from .residual import design_for
 from .residual.base import Design, RunContext, State
@@ -154,10 +155,7 @@ class DepthModel(HookedRootModule):
         swap:  "body" keeps routers at their position; "all" moves them with the body.
         on_layer(pos, state_after, update): streamed readout, so no full activation cache is needed.
         """
-        if unit not in ("block", "attn", "mlp"):
-            raise ValueError(f"unit must be 'block', 'attn' or 'mlp', got {unit!r}")
-        if swap not in ("body", "all"):
-            raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
+        check_run_layers_args(self.n_layer, unit, swap, order)
         stop = self.n_layer if stop is None else stop
         keep = keep or {}
         for pos in range(start, stop):

@@ -21,6 +21,20 @@ import torch
 from .residual.base import RunContext, State
 
 
+UNITS = ("block", "attn", "mlp")
+
+
+def check_run_layers_args(n_layer: int, unit: str, swap: str, order: list[int] | None,
+                          units: tuple[str, ...] = UNITS) -> None:
+    """The argument contract of `run_layers`, shared by DepthModel and every adapter (one place, one message)."""
+    if unit not in units:
+        raise ValueError(f"unit must be one of {', '.join(map(repr, units))}, got {unit!r}")
+    if swap not in ("body", "all"):
+        raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
+    if order is not None and sorted(order) != list(range(n_layer)):
+        raise ValueError(f"order must be a permutation of range({n_layer}), got {order}")
+
+
 @runtime_checkable
 class LayeredLM(Protocol):
     design: Any  # has .slug, .view(state), .update_norm_dims(), .multi_stream, .editable_view
