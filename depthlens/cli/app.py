@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 from typing import Any, Callable
 
@@ -26,7 +27,8 @@ class OneLineErrors(TyperGroup):
             msg = " ".join(e.format_message().split())
             ctx = getattr(e, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None and ctx.command_path != "depthlens" else ""
-            sys.stderr.write(f"depthlens: error: {where}{msg}\n")
+            if not _other_rank():  # every rank parses the same argv: rank 0 says it once
+                sys.stderr.write(f"depthlens: error: {where}{msg}\n")
             rv = e.exit_code
         except typer.Abort:
             sys.stderr.write("depthlens: aborted\n")
@@ -41,10 +43,36 @@ app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, ric
                   help="Does this residual design turn extra layers into extra computation?")
 
 
+_rank0_voice = False  # set by rank0_errors on the ranks other than 0
+
+
+def _other_rank() -> bool:
+    """Under torchrun (WORLD_SIZE > 1), a rank other than 0. From the environment: no torch import."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and int(os.environ.get("RANK", "0") or 0) != 0
+
+
 def fail(message: str, code: int = 1) -> None:
     """Print one line to stderr and exit with `code` (1 = domain error, 2 = usage)."""
-    sys.stderr.write(f"depthlens: error: {message.splitlines()[0] if message else 'failed'}\n")
+    if not _rank0_voice:
+        sys.stderr.write(f"depthlens: error: {message.splitlines()[0] if message else 'failed'}\n")
     raise typer.Exit(code)
+
+
+def rank0_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Under torchrun, only rank 0 prints the error line; the other ranks exit with their code, silently. For
+    commands whose ranks agree on failure (`report`: `distributed.agree` brings a failing rank's line to rank 0,
+    and every other error is the same on every rank). Put it above @domain_errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _rank0_voice
+        _rank0_voice = _other_rank()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _rank0_voice = False
+
+    return wrapper
 
 
 def dumps(x: Any, **kw: Any) -> str:

@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps, fail
+from .app import app, domain_errors, dumps, fail, rank0_errors
 
 
 @app.command()
+@rank0_errors
 @domain_errors
 def report(
     ckpts: Annotated[list[Path], typer.Argument(help="Checkpoint directories (e.g. checkpoints/*/).")],
@@ -29,7 +30,9 @@ def report(
     """Report on many checkpoints: heatmaps, design × depth table with CIs, sweeps, robustness (HTML + Markdown).
 
     Every diagnostic on identical eval data (rank: HC/mHC only; attnres: Full/Block AttnRes only), written atomically.
+    Under torchrun the checkpoints are split over the ranks; rank 0 writes the same report.
     """
+    import contextlib
     import time
 
     import matplotlib
@@ -38,7 +41,8 @@ def report(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..report.build import ReportOptions, build_report, n_steps, parse_metrics
+    from ..analysis.distributed import is_main
+    from ..report.build import ReportOptions, build_report, parse_metrics
 
     if not ckpts:
         fail("give at least one checkpoint directory", 2)
@@ -46,17 +50,23 @@ def report(
                          metrics=parse_metrics(metrics), n_boot=n_boot, threads=threads or None)
     err = Console(stderr=True)
     t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]report[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err, transient=True) as bar:
-        task = bar.add_task("loading checkpoints", total=None)
+    main = is_main()  # under torchrun only rank 0 shows progress, prints and writes
+    with (Progress(TextColumn("[bold]report[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=err, transient=True) if main
+          else contextlib.nullcontext()) as bar:
+        task = bar.add_task("loading checkpoints", total=None) if main else None
 
-        def on_loaded(entries) -> None:
-            bar.update(task, total=n_steps(entries, opts), description="computing")
+        def on_loaded(n_steps: int) -> None:
+            if main:
+                bar.update(task, total=n_steps, description="computing")
 
         def step(desc: str) -> None:
-            bar.update(task, advance=1, description=desc)
+            if main:
+                bar.update(task, advance=1, description=desc)
 
         rep = build_report(ckpts, out, opts, overwrite=overwrite, progress=step, on_loaded=on_loaded)
+    if rep is None:  # a rank other than 0: its checkpoints went to rank 0
+        return
     if as_json:
         typer.echo(dumps(rep.records, indent=1))
         return

@@ -18,6 +18,11 @@ Steps (`build_report`):
    into place at the end (the old report, with overwrite, is swapped out and removed only then). Every file
    inside is written atomically too (temp then rename). On any failure nothing is left behind.
 
+Under torchrun (`build_report` when WORLD_SIZE > 1: `compute_spread`) steps 2-4 run on every rank for its own
+checkpoints (report.ranks assigns them by estimated cost); rank 0 gathers the computed entries and runs steps
+5-6 exactly as one process does. After each step every rank `agree`s ok/error (analysis.distributed), so a
+failing rank stops the run on every rank with its one line and nothing is written.
+
 Merged netCDF files: the per-checkpoint Datasets of one metric are concatenated along `checkpoint` only
 within groups of identical dimensions and index coordinates (in practice: the same depth L; AttnRes also
 splits by design, since Full and Block AttnRes have different sources). One group → `<metric>.nc`;
@@ -132,6 +137,7 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     command: str = ""
+    world_size: int = 1  # processes that computed it (torchrun ranks); provenance only, results do not depend on it
 
 
 Progress = Callable[[str], None]  # called once per finished step with a short description
@@ -195,15 +201,20 @@ def _names(paths: Sequence[Path]) -> list[str]:
     return out
 
 
-def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu") -> list[Entry]:
-    """Load and validate every checkpoint (CheckpointError on the first bad one), in the given order."""
+def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
+                 only: Sequence[int] | None = None) -> list[Entry]:
+    """Load and validate every checkpoint (CheckpointError on the first bad one), in the given order.
+    only: the positions to load (one rank's share); names stay those of the whole set."""
     from depthlens.adapters.load import describe, open_model
 
     if not paths:
         raise DepthlensError("report needs at least one checkpoint")
     paths = [Path(p) for p in paths]
+    keep = range(len(paths)) if only is None else set(only)
     entries = []
-    for name, p in zip(_names(paths), paths):
+    for k, (name, p) in enumerate(zip(_names(paths), paths)):
+        if k not in keep:
+            continue
         op = open_model(p, device=device)
         s = describe(op)
         train = getattr(op.meta.checkpoint, "train", None) or {}
@@ -223,17 +234,26 @@ def sort_key(e: Entry) -> tuple:
 # 3. eval data
 
 
-def report_eval_data(entries: Sequence[Entry], opts: ReportOptions):
-    """One EvalData for all checkpoints: same tokenizer required; checked against every model."""
+def tokenizer_facts(entries: Sequence[Entry], opts: ReportOptions) -> tuple[list[Any], list[tuple[str, int]]]:
+    """Every checkpoint's tokenizer, and its (tokenizer name, max_seq_len): all the shared eval data depends on."""
     from depthlens.analysis.api import _is_shards, _tokenizer_for
-    from depthlens.analysis.evaldata import load_eval_data
 
     toks = [_tokenizer_for(e.path, e.model, required=not _is_shards(opts.data)) for e in entries]
-    names = {getattr(t, "name", t) for t in toks}
+    return toks, [(str(getattr(t, "name", t)), int(e.model.config.max_seq_len)) for t, e in zip(toks, entries)]
+
+
+def report_eval_data(entries: Sequence[Entry], opts: ReportOptions, facts: Sequence[tuple[str, int]] | None = None):
+    """One EvalData for all checkpoints: same tokenizer required; checked against every model.
+    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (report.ranks)."""
+    from depthlens.analysis.evaldata import load_eval_data
+
+    toks, own = tokenizer_facts(entries, opts)
+    facts = own if facts is None else facts
+    names = {name for name, _ in facts}
     if len(names) > 1:
-        raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(map(str, names)))}); "
+        raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(names))}); "
                              "a report compares them on one eval set")
-    max_len = min(int(e.model.config.max_seq_len) for e in entries)
+    max_len = min(m for _, m in facts)
     T = opts.seq_len or min(DEFAULT_SEQ_LEN, max_len)
     data = load_eval_data(opts.data, toks[0], n_seq=opts.n_seq, seq_len=T, seed=opts.seed, max_seq_len=max_len)
     for e in entries:
@@ -513,7 +533,8 @@ def manifest(rep: Report) -> dict[str, Any]:
     d = rep.data
     return jsonable({
         "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "options": rep.options.as_dict(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": rep.world_size,
+        "options": rep.options.as_dict(),
         "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
                       "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
         "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
@@ -568,28 +589,90 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
 # everything
 
 
-def n_steps(entries: Sequence[Entry], opts: ReportOptions) -> int:
-    """Progress steps of `build_report` after loading: metric runs, figures per checkpoint, summary,
-    cross-checkpoint figures, write."""
-    return len(tasks(entries, opts)) + len(entries) + 3
+def compute_spread(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions, *,
+                   overwrite: bool = False, progress: Progress = _noop,
+                   on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
+    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
+    (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
+    step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
+    from depthlens.analysis.distributed import (agree, device_for_rank, gather_to_main, local_only,
+                                                long_wait_group, world)
+
+    from .ranks import assign, attempt, pack, unpack
+
+    group = long_wait_group()
+    rank, n = world()
+    paths = [Path(p) for p in paths]
+
+    def plan() -> list[int]:
+        check_out(out, overwrite)
+        return assign(paths, n)
+
+    def load() -> tuple[list[Entry], list[tuple[str, int]]]:
+        own = load_entries(paths, device=device_for_rank(opts.device), only=mine)
+        return own, tokenizer_facts(own, opts)[1]
+
+    # 1. rank 0 checks --out and assigns the checkpoints (its assignment is the one every rank uses)
+    err, owner = attempt(plan) if rank == 0 else (None, None)
+    mine = [i for i, r in enumerate(agree(err, owner, group)[0]) if r == rank]
+    # 2. load my checkpoints; every rank builds the eval data one process builds, from the whole set's facts
+    err, loaded = attempt(load)
+    entries, facts = loaded or ([], [])
+    facts = [f for part in agree(err, facts, group) for f in part]
+    err, data = attempt(lambda: report_eval_data(entries, opts, facts=facts) if entries else None)
+    hashes = {h for h in agree(err, None if data is None else data.sha256, group) if h is not None}
+    if len(hashes) > 1:  # identical inputs must give identical tokens: never compare checkpoints on different data
+        raise DepthlensError(f"the ranks built different eval data ({len(hashes)} token hashes)")
+    if on_loaded is not None:
+        on_loaded(n_steps(entries, opts, n_checkpoints=len(paths)))
+    # 3. every diagnostic on my checkpoints; the engines must not split their arms over the ranks again
+    t0 = time.perf_counter()
+    with local_only():
+        err, _ = attempt(lambda: compute(entries, data, opts, progress))
+    agree(err, None, group)
+    # 4. records and datasets to rank 0
+    parts = gather_to_main([(i, pack(e)) for i, e in zip(mine, entries)], group)
+    if parts is None:
+        return None
+    done = dict(p for part in parts for p in part)
+    return [Entry(**unpack(done[i])) for i in range(len(paths))], data, time.perf_counter() - t0, n
+
+
+def n_steps(entries: Sequence[Entry], opts: ReportOptions, n_checkpoints: int | None = None) -> int:
+    """Progress steps of `build_report` after loading: metric runs of `entries` (rank 0's share under
+    torchrun), figures per checkpoint (all n_checkpoints), summary, cross-checkpoint figures, write."""
+    return len(tasks(entries, opts)) + (len(entries) if n_checkpoints is None else n_checkpoints) + 3
 
 
 def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions | None = None, *,
                  overwrite: bool = False, progress: Progress = _noop,
-                 on_loaded: Callable[[list[Entry]], None] | None = None) -> Report:
-    """Load, compute, summarise and write a report. `on_loaded(entries)` runs once the checkpoints are
-    validated (the CLI sizes its progress bar there)."""
+                 on_loaded: Callable[[int], None] | None = None) -> Report | None:
+    """Load, compute, summarise and write a report. `on_loaded(n_steps)` runs once the checkpoints are
+    validated (the CLI sizes its progress bar there).
+
+    Under torchrun (WORLD_SIZE > 1) every rank computes whole checkpoints of its own (report.ranks) and rank 0
+    writes the report a single process writes; the other ranks return None."""
+    from depthlens.analysis.distributed import launched
+
     opts = opts or ReportOptions()
     t_start = time.perf_counter()
-    check_out(out, overwrite)
-    entries = load_entries(paths, device=opts.device)
-    data = report_eval_data(entries, opts)
-    if on_loaded is not None:
-        on_loaded(entries)
-    t0 = time.perf_counter()
-    compute(entries, data, opts, progress)
-    t_compute = time.perf_counter() - t0
+    world_size = 1
+    if launched():
+        spread = compute_spread(paths, out, opts, overwrite=overwrite, progress=progress, on_loaded=on_loaded)
+        if spread is None:
+            return None
+        entries, data, t_compute, world_size = spread
+    else:
+        check_out(out, overwrite)
+        entries = load_entries(paths, device=opts.device)
+        data = report_eval_data(entries, opts)
+        if on_loaded is not None:
+            on_loaded(n_steps(entries, opts))
+        t0 = time.perf_counter()
+        compute(entries, data, opts, progress)
+        t_compute = time.perf_counter() - t0
     rep = summarise(entries, data, opts, progress)
+    rep.world_size = world_size
     rep.command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     rep.seconds["compute"] = round(t_compute, 2)
     write_report(rep, out, overwrite, progress)
