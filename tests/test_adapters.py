@@ -113,6 +113,22 @@ def test_protocol_reproduces_hf_logits(loaded, fam):
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
+def test_unembedding_is_the_hf_head(loaded, fam):
+    """The head split at its matmul (what the vocabulary-chunked loss walks) is the HF head exactly."""
+    import torch.nn.functional as F
+
+    from depthlens.models.protocol import unembedding_of
+
+    w = loaded[fam]
+    with torch.no_grad():
+        ctx = w.context(T)
+        state = w.run_layers(w.embed(_tokens(), ctx), ctx)
+        u = unembedding_of(w)
+        torch.testing.assert_close(F.linear(u.hidden(state, ctx), u.weight, u.bias), w.head(state, ctx), rtol=0,
+                                   atol=0)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
 def test_keep_mask_equals_an_hf_layer_hook_skip(loaded, fam):
     w = loaded[fam]
     toks = _tokens(1)

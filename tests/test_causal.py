@@ -98,7 +98,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def ds(preln, data):
-    return causal_scores(preln, data, direct=True, batch_size=4)
+    return causal_scores(preln, data, direct=True, outputs=True, batch_size=4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_zero_output_layer_gives_zero_row(data):
     with torch.no_grad():
         m.blocks[1].attn.fn.o_proj.weight.zero_()
         m.blocks[1].mlp.fn.down_proj.weight.zero_()
-    d = causal_scores(m, data, variants=("current",), batch_size=4)
+    d = causal_scores(m, data, variants=("current",), outputs=True, batch_size=4)
     C = d.causal_score.sel(variant="current")
     assert np.all(C.sel(aggregator=["max", "mean", "p95", "p99"]).values[:, 1] == 0)
     pooled = C.sel(aggregator="pooled").values[1]
@@ -217,7 +217,7 @@ def _naive(model, tokens, s_list, intervene, measure):
 @pytest.mark.parametrize("variant", ["current", "future"])
 def test_engine_equals_naive_loop(preln, data, variant):
     T = data.seq_len
-    d = causal_scores(preln, data, variants=(variant,), n_cuts=1, batch_size=5, seq_batch=2)
+    d = causal_scores(preln, data, variants=(variant,), n_cuts=1, outputs=True, batch_size=5, seq_batch=2)
     if variant == "current":
         intervene, measure = slice(1, T), slice(1, T)
     else:  # one cut per sequence, drawn per sequence from one seeded stream (spec §2.1)
@@ -236,8 +236,8 @@ def test_engine_equals_naive_loop(preln, data, variant):
 
 
 def test_batched_equals_unbatched(preln, data):
-    a = causal_scores(preln, data, variants=("current", "future"), batch_size=1)
-    b = causal_scores(preln, data, variants=("current", "future"), batch_size=16, seq_batch=3)
+    a = causal_scores(preln, data, variants=("current", "future"), outputs=True, batch_size=1)
+    b = causal_scores(preln, data, variants=("current", "future"), outputs=True, batch_size=16, seq_batch=3)
     np.testing.assert_allclose(a.causal_score.values, b.causal_score.values, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(a.seq_max.values, b.seq_max.values, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(a.output_effect.values, b.output_effect.values, rtol=1e-4, atol=1e-7)
@@ -387,7 +387,7 @@ def test_resid_norm_linear_closed_form():
 @pytest.mark.parametrize("arch", SLUGS)
 def test_all_designs_structure(arch, data):
     m = _model(arch, 3)
-    d = causal_scores(m, data, n_cuts=2, batch_size=4)
+    d = causal_scores(m, data, n_cuts=2, outputs=True, batch_size=4)
     cur = d.causal_score.sel(variant="current", aggregator="max").values
     assert np.all(np.isfinite(cur))
     assert np.all(np.tril(cur, -1) == 0)
@@ -439,3 +439,8 @@ def test_future_fewer_sequences_than_cuts(preln):
     assert len(cuts[0]) == 4
     np.testing.assert_allclose(d.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_measure_nothing_is_refused(preln, data):
+    with pytest.raises(DepthlensError, match="nothing to compute"):
+        causal_scores(preln, data, measure=False)

@@ -77,6 +77,22 @@ def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     assert json.loads(p.stdout)["definition"] == "permutation P_rel = P_abs / L(id), swap=body"
 
 
+def test_causal_companions_only_with_outputs(zoo, tmp_path):
+    """O[s] and ΔL_skip put the LM head on every arm: computed (and printed) only with --outputs; the printed
+    maximum is the stored one."""
+    plain = run(["causal", zoo["preln"], "--out", tmp_path / "a.nc", "--n-boot", "0", *FAST])
+    assert plain.exit_code == 0 and "layer-skip loss" not in plain.stdout
+    with xr.open_dataset(tmp_path / "a.nc") as ds:
+        assert "skip_delta_loss" not in ds and "output_effect" not in ds
+    r = run(["causal", zoo["preln"], "--outputs", "--out", tmp_path / "b.nc", "--n-boot", "0", *FAST])
+    assert r.exit_code == 0, r.output
+    with xr.open_dataset(tmp_path / "b.nc") as ds:
+        dl = ds.skip_delta_loss.values
+        s = int(dl.argmax())
+        assert ds.attrs["outputs"] in (1, True) and ds.output_effect.shape == (1, 4)
+    assert f"max {dl[s]:.3f} nats at layer {s}" in r.stdout
+
+
 def test_causal_text_has_heatmap(zoo, tmp_path):
     r = run(["causal", zoo["hc"], "--out", tmp_path / "c.nc", *FAST])
     assert r.exit_code == 0, r.output

@@ -100,6 +100,7 @@ def test_generic_path_equals_the_hand_mapped_llama_adapter():
     for v in ("perm_abs", "perm_kl"):
         np.testing.assert_allclose(a[v].values, b[v].values, atol=1e-5)
     assert b.attrs["design"] == "generic" and a.attrs["design"] == "preln"
+    assert (a.attrs["head_path"], b.attrs["head_path"]) == ("vocab-chunked", "whole-logits")  # the two loss paths
     with pytest.raises(ValueError, match="whole blocks only"):
         ctx = gen.context(T)
         gen.run_layers(gen.embed(_ids(), ctx), ctx, unit="attn")

@@ -141,7 +141,7 @@ def test_diagnostics_on_hf_export_equal_native(tmp_path):
     data = EvalData.from_tokens(_tokens(native.config.vocab_size, B=3, T=16, seed=2))
     runs = {
         "angular": (api.angular, {}, ["angular_distance"]),
-        "causal": (api.causal, dict(variants=("current", "future")),
+        "causal": (api.causal, dict(variants=("current", "future"), outputs=True),
                    ["causal_score", "output_effect", "skip_delta_loss"]),
         "permutation": (api.permutation, dict(pairs="all"), None),
         "layer_skip_loss": (api.layer_skip_loss, {}, ["skip_delta_loss", "output_effect"]),

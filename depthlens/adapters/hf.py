@@ -33,7 +33,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
-from ..models.protocol import check_run_layers_args
+from ..models.protocol import Unembedding, check_run_layers_args
 from ..models.residual.base import Design, RunContext, State, apply_keep
 from .base import AdapterSpec, ForeignConfig, _lens_config, resolve, setup_own_hooks
 from .families import spec_for
@@ -216,6 +216,16 @@ class HFLayeredModel(HookedRootModule):
         """state after the last layer -> logits (B, T, V)."""
         h = resolve(self.hf, self.spec.final_norm)(self.final_hidden(state, ctx))
         return resolve(self.hf, self.spec.lm_head)(h)
+
+    def unembedding(self) -> Unembedding | None:
+        """final norm, then the `lm_head` Linear (the spec'd families apply nothing after it); None when the
+        head module is not a plain nn.Linear."""
+        lm_head = resolve(self.hf, self.spec.lm_head)
+        if type(lm_head) is not nn.Linear:
+            return None
+        norm = resolve(self.hf, self.spec.final_norm)
+        return Unembedding(hidden=lambda state, ctx: norm(self.final_hidden(state, ctx)), weight=lm_head.weight,
+                           bias=lm_head.bias)
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, unit...)."""

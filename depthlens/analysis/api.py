@@ -103,14 +103,14 @@ def angular(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype:
 
 def causal(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
            **opts: Any) -> xr.Dataset:
-    """Causal score C(s, t) (opts: variants, layers, unit, norm, direct, n_cuts, batch_size, ...)."""
+    """Causal score C(s, t) (opts: variants, layers, unit, norm, direct, outputs, n_cuts, batch_size, ...)."""
     return _run("causal", model_or_path, data, opts, device=device, dtype=dtype)
 
 
 def layer_skip_loss(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
                     **opts: Any) -> xr.Dataset:
     """ΔL_skip(s) and O[s] for every layer (the `current` skip, no update ratios: cost (L+1)/2 passes)."""
-    opts = {"layers": "all", **opts, "variants": ("current",), "measure": False, "null": False}
+    opts = {"layers": "all", **opts, "variants": ("current",), "measure": False, "null": False, "outputs": True}
     ds = _run("causal", model_or_path, data, opts, device=device, dtype=dtype)
     ds.attrs.update(metric="layer_skip_loss", title="depthlens layer-skip loss")
     return ds

@@ -21,9 +21,9 @@ How it is cheap (spec §2.3), per batch of b sequences:
   3. each layer's intervened update is reduced at once to per-token ratios (never L²·T·d in memory).
 Memory: rows per forward ≤ batch_size, plus the clean updates u_t (t ≥ min s) and branch states of b
 sequences.
-Companions from the same runs: output effect O[s] = max ‖p' − p‖₂, layer-skip loss ΔL_skip(s) (nats),
-and the null-intervention noise floor (an arm that skips nothing, through the same batched path). The
-direct effect C_dir (spec §2.4) feeds each later layer its clean input minus the clean u_s.
+Companions from the same runs, when asked (`outputs=True`: they put the LM head on every arm): output effect
+O[s] = max ‖p' − p‖₂, layer-skip loss ΔL_skip(s) (nats). Always: the null-intervention noise floor (an arm
+that skips nothing, through the same batched path). The direct effect C_dir (spec §2.4) feeds each later layer its clean input minus the clean u_s.
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def _direct_unsupported(model) -> str | None:
 @torch.no_grad()
 def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, layers: str | Sequence[int] = "all",
                   unit: str = "block", norm: str = "update", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
-                  direct: bool = False, null: bool = True, outputs: bool = True, measure: bool = True,
+                  direct: bool = False, null: bool = True, outputs: bool = False, measure: bool = True,
                   batch_size: int | None = None, seq_batch: int | None = None,
                   checkpoint: Any = None) -> xr.Dataset:
     """Causal-score matrices C(s, t) (spec §2.2), with O[s], ΔL_skip(s), the noise floor and C_dir.
@@ -372,7 +372,9 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
     layers: which s to skip ('all', 'late' or a list). norm: the ratio's denominator, 'update' (‖u_t‖, default)
     or 'resid' (‖h_t‖, the clean residual state entering layer t); see NORM_DEFINITIONS. batch_size: max rows in one forward (memory knob;
     default ≈ 4096 tokens); seq_batch: sequences per clean pass (default: batch_size // min(arms, 4)).
-    measure=False skips the update ratios (only O and ΔL_skip); outputs=False skips the head.
+    outputs=True adds the companions O[s] and ΔL_skip(s) (and the clean loss): one LM-head pass per skipped
+    layer, a (rows, V) softmax each, about a third of the default run's cost on a 49K-vocabulary model, so
+    they are computed only when asked. measure=False skips the update ratios (only O and ΔL_skip).
     Returns a Dataset; see `_dataset` for the variables.
     """
     for v in variants:
@@ -384,13 +386,15 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
         raise DepthlensError(f"norm must be one of {NORMS}, got {norm!r}")
     if not variants:
         raise DepthlensError("need at least one variant")
+    if not (measure or outputs):
+        raise DepthlensError("nothing to compute: measure=False needs outputs=True (O[s] and ΔL_skip)")
     L, N, T = model.n_layer, data.n_seq, data.seq_len
     if T < 2:
         raise DepthlensError(f"causal score needs seq_len >= 2 (position 0 is never intervened on), got {T}")
     S = resolve_layers(L, layers)
     ndims = int(model.design.update_norm_dims())
     arms, cuts = make_arms(T, N, S, variants, n_cuts, cut_seed, null and measure)
-    rows = batch_size or default_rows(data)
+    rows = batch_size or default_rows(data, model)
     per_chunk = max(1, min(len([a for a in arms if a.variant == variants[0]]), 4, rows))
     b_seq = seq_batch or max(1, min(N, rows // per_chunk))  # few sequences: more arms per chunk instead
     per_chunk = max(1, rows // b_seq)
@@ -491,11 +495,13 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, n
                                    trunk=trunk if k == 0 else None, start=S[0])
         if k == 0:
             trunk = None
-            if outputs:
-                clean.probs, clean.nll = _probs_nll(model.head(clean.final, ctx), toks)
-                if T > 2:
-                    res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
-            clean.final = None
+            # the clean loss always (one head call per batch: the report's and track's eval loss); the clean
+            # distribution only for the companions
+            probs, clean.nll = _probs_nll(model.head(clean.final, ctx), toks)
+            clean.probs = probs if outputs else None
+            if T > 2:
+                res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
+            clean.final = probs = None
         if outputs and active:
             _outputs(model, ctx, state, active, b, toks, clean, seqs, res.O, res.dloss)
         del state
@@ -628,8 +634,8 @@ def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options)
                                 np.nansum(dloss, 1) / np.maximum((~np.isnan(dloss)).sum(1), 1))
             dv["skip_delta_loss"] = (("layer",), mean, {"long_name": "loss increase when the layer is skipped",
                                                         "units": "nat"})
-        dv["clean_loss_seq"] = (("sequence",), clean_loss, {"long_name": "per-sequence clean next-token loss",
-                                                           "units": "nat"})
+    dv["clean_loss_seq"] = (("sequence",), clean_loss, {"long_name": "per-sequence clean next-token loss",
+                                                       "units": "nat"})
     coords = {"layer": np.arange(L), "layer_other": np.arange(L), "variant": list(variants),
               "aggregator": list(AGGREGATORS), "sequence": np.arange(N)}
     opts = {**options, "cut_positions": {v: cuts[v].tolist() for v in variants if v == "future"},

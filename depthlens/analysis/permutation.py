@@ -25,8 +25,9 @@ import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_pairs, late_window, loss_logits
+from depthlens.analysis.metrics import late_pairs, late_window
 from depthlens.analysis.stats import paired_se
+from depthlens.analysis.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_select
 
@@ -55,21 +56,6 @@ def swapped_order(L: int, i: int, j: int) -> list[int]:
     order = list(range(L))
     order[i], order[j] = j, i
     return order
-
-
-def _nll_kl(logits: torch.Tensor, toks: torch.Tensor, z0: torch.Tensor, lse0: torch.Tensor, p0: torch.Tensor):
-    """Per-token NLL and KL(p0 ‖ p) at the loss positions from one swap's logits (b, T, V): (b, T−2) each.
-
-    With lse = logsumexp(z): NLL = lse − z[target] and KL = Σ p0 (log p0 − log p) = Σ p0 (z0 − z) + (lse − lse0)·Σ p0,
-    so the vocabulary is read twice (lse, then one fused difference and dot) and no log-softmax is
-    materialised. z0, lse0, p0: the clean logits, logsumexp and probabilities at the loss positions. Both terms
-    vanish together for identical logits (KL exactly 0).
-    """
-    z = loss_logits(logits)  # (b, T−2, V)
-    lse = z.logsumexp(-1)  # (b, T−2)
-    nll = lse - z.gather(-1, toks[:, 2:, None]).squeeze(-1)
-    kl = torch.linalg.vecdot(p0, z0 - z) + (lse - lse0) * p0.sum(-1)
-    return nll, kl
 
 
 @torch.no_grad()
@@ -105,11 +91,13 @@ def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: s
 
 @torch.no_grad()
 def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
-                       batch_size: int | None = None, seq_batch: int | None = None,
+                       batch_size: int | None = None, seq_batch: int | None = None, chunked_head: bool = True,
                        checkpoint: Any = None) -> xr.Dataset:
     """P_abs, P_rel, P_KL for the requested pairs (spec §3), symmetric [L, L] matrices with a zero diagonal.
 
-    batch_size: max rows per forward (default ≈ 4096 tokens); seq_batch: sequences per clean pass.
+    batch_size: max rows per forward (default: `default_rows`); seq_batch: sequences per clean pass.
+    chunked_head: walk the LM head in vocabulary chunks when the model's head is one matmul (`vocab`); False
+    forces whole (rows, V) logits (same numbers within float32 rounding; the reference path for tests).
     Returns a Dataset; pairs not computed are NaN.
     """
     if swap not in SWAPS:
@@ -121,7 +109,7 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
     by_i: dict[int, list[int]] = {}
     for i, j in P:
         by_i.setdefault(i, []).append(j)
-    rows = batch_size or default_rows(data)
+    rows = batch_size or default_rows(data, model)
     # pairs differ in which layer runs at positions i and j, so their rows cannot share those calls: prefer many
     # sequences per call (b = all rows) and batch several pairs (sharing i) when there are fewer sequences
     # than rows, so every call carries about `rows` rows
@@ -136,13 +124,14 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
         for start, toks in batches if mine else []:
             # one call per batch: its state cache is freed before the next batch builds one
             _batch(model, toks.to(device), slice(start, start + toks.shape[0]), mine, per_chunk, swap, dl, kl,
-                   clean_loss)
+                   clean_loss, chunked_head)
     dl, kl, clean_loss = _merge_ranks(dl, kl, clean_loss)
     for l in range(L):
         dl[l, l] = kl[l, l] = 0.0
     return _dataset(model, data, checkpoint, P, dl, kl, clean_loss,
                     dict(pairs=[list(p) for p in P], pair_set=pairs if isinstance(pairs, str) else "explicit",
                          swap=swap, batch_size=rows, seq_batch=b_seq, pairs_per_chunk=per_chunk,
+                         head_path=head_path(model, chunked_head),
                          late_window_start=late_window(L), loss_positions="tau in [1, T-2] predicting token tau+1",
                          kl_direction="KL(p_id || p_swapped)"))
 
@@ -174,32 +163,33 @@ def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
 
 @torch.no_grad()
 def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], per_chunk: int, swap: str,
-           dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray) -> None:
+           dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray, chunked: bool | None) -> None:
     """Every pair on one batch of sequences. Fills dl/kl [i, j, seqs] (both triangles).
 
-    A clean forward gives the reference distribution; then the clean trunk is walked once more, layer by
+    Runs cover toks[:, :T−1]: the last token is only a target, and by causality no loss position depends on
+    it. A clean forward gives the reference distribution; then the clean trunk is walked once more, layer by
     layer, and every pair (i, j) branches from the trunk state before layer i. Only one clean state is held
-    (no per-i cache), for one extra partial pass up to the last i.
+    (no per-i cache), for one extra partial pass up to the last i. Losses and KLs come from
+    `vocab.LossAgainstReference` (the head walked in vocabulary chunks when it is one matmul).
     """
     b, T = toks.shape
-    ctx = model.context(T, device=toks.device)
-    z0 = loss_logits(model.head(model.run_layers(model.embed(toks, ctx), ctx), ctx))  # (b, T−2, V)
-    lse0 = z0.logsumexp(-1)  # (b, T−2)
-    p0 = (z0 - lse0[..., None]).exp_()
-    nll0 = lse0 - z0.gather(-1, toks[:, 2:, None]).squeeze(-1)
+    x = toks[:, :-1]  # (b, T−1)
+    ctx = model.context(T - 1, device=toks.device)
+    loss = LossAgainstReference(model, ctx, toks, chunked=chunked)
+    nll0 = loss.reference(model.run_layers(model.embed(x, ctx), ctx))  # (b, T−2)
     clean_loss[seqs] = nll0.mean(-1).double().cpu().numpy()
-    trunk, at = model.embed(toks, ctx), 0
+    trunk, at = model.embed(x, ctx), 0
     for i in sorted(by_i):
         trunk, at = model.run_layers(trunk, ctx, at, i), i
         js = by_i[i]
         for c in range(0, len(js), per_chunk):
             chunk = js[c:c + per_chunk]
-            final = _run_pairs(model, ctx, trunk, i, chunk, b, swap)
-            for k, j in enumerate(chunk):  # one head call per pair: b rows, the clean head call's size
-                logits = model.head({key: v[k * b:(k + 1) * b] for key, v in final.items()}, ctx)
-                nll, kl_tok = _nll_kl(logits, toks, z0, lse0, p0)
-                dl[i, j, seqs] = dl[j, i, seqs] = (nll - nll0).mean(-1).double().cpu().numpy()
-                kl[i, j, seqs] = kl[j, i, seqs] = kl_tok.mean(-1).double().cpu().numpy()
+            nll, kl_tok = loss(_run_pairs(model, ctx, trunk, i, chunk, b, swap))  # (len(chunk)·b, T−2) each
+            d_seq = (nll.view(len(chunk), b, -1) - nll0).mean(-1).double().cpu().numpy()  # (pairs, b)
+            kl_seq = kl_tok.view(len(chunk), b, -1).mean(-1).double().cpu().numpy()
+            for k, j in enumerate(chunk):
+                dl[i, j, seqs] = dl[j, i, seqs] = d_seq[k]
+                kl[i, j, seqs] = kl[j, i, seqs] = kl_seq[k]
 
 
 def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Dataset:

@@ -213,6 +213,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            norm: Annotated[str, typer.Option("--norm", help="Ratio denominator: update (|u_t|, Csordás) | resid (|h_t|, the residual stream entering t)")] = "update",
            layers: Annotated[str, typer.Option(help="Skipped layers: all | late")] = "all",
            direct: Annotated[bool, typer.Option("--direct", help="Also compute the direct-effect companion C_dir.")] = False,
+           outputs: Annotated[bool, typer.Option("--outputs", help="Also compute the output effect O[s] and the layer-skip loss ΔL_skip(s) (one LM-head pass per skipped layer).")] = False,
            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
@@ -233,16 +234,29 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     variants = ("current", "future") if variant == "future" else ("current",)
     with busy(f"causal scores of {ckpt} (skipping each layer)"):
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
-                          norm=norm, direct=direct, checkpoint=ck, **_opts(c))
+                          norm=norm, direct=direct, outputs=outputs, checkpoint=ck, **_opts(c))
     write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
-                                                 f"--norm {norm}"))
+                                                 f"--norm {norm}" + (" --outputs" if outputs else "")))
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
              f"share C > {threshold}: {_fmt_share(h)}",
              f"noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
+             *_skip_loss_lines(ds),
              f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
     emit(h, as_json, lines, _matrix_view(score_matrix(ds, "causal", agg, variant), 1.0))
+
+
+def _skip_loss_lines(ds) -> list[str]:
+    """With --outputs: the layer whose skip costs most, in loss and in output distribution."""
+    if "skip_delta_loss" not in ds:
+        return []
+    import numpy as np
+
+    dl, o = ds.skip_delta_loss.values, ds.output_effect.sel(variant="current").values
+    s, so = int(np.nanargmax(dl)), int(np.nanargmax(o))
+    return [f"layer-skip loss ΔL_skip: max {dl[s]:.3f} nats at layer {s}, mean {np.nanmean(dl):.3f}; "
+            f"output effect O: max {o[so]:.3f} at layer {so}"]
 
 
 @app.command()

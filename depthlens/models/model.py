@@ -23,7 +23,7 @@ from transformer_lens.hook_points import HookPoint
 
 from .backbone import RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
-from .protocol import check_run_layers_args
+from .protocol import Unembedding, check_run_layers_args
 from .readouts import readout_key
 from .residual import design_for
 from .residual.base import Design, RunContext, State
@@ -175,6 +175,11 @@ class DepthModel(HookedRootModule):
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """state after the last layer -> logits (B, T, V)."""
         return self.lm_head(self.norm(self.final_hidden(state, ctx)))
+
+    def unembedding(self) -> Unembedding:
+        """The head as `norm(final_hidden)` then `lm_head` (no bias, no logit transform): see `Unembedding`."""
+        return Unembedding(hidden=lambda state, ctx: self.norm(self.final_hidden(state, ctx)),
+                           weight=self.lm_head.weight, bias=None)
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, swap...)."""

@@ -8,13 +8,15 @@ model wrapped by an adapter gets every diagnostic for free.
     state = m.run_layers(state, ctx, start, stop, keep={l: (B, T) mask}, unit="block",
                          order=[...], swap="body", on_layer=fn(pos, state_after, update))
     logits = m.head(state, ctx)              # (B, T, V)
+    u = m.unembedding()                      # optional: the head split at its one matmul, or None
     m.design.view(state)                     # residual view (B, T, d) of a between-layer state
     m.design.update_norm_dims()              # trailing dims of an update u_l that its norm runs over
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -33,6 +35,26 @@ def check_run_layers_args(n_layer: int, unit: str, swap: str, order: list[int] |
         raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
     if order is not None and sorted(order) != list(range(n_layer)):
         raise ValueError(f"order must be a permutation of range({n_layer}), got {order}")
+
+
+@dataclass(frozen=True)
+class Unembedding:
+    """The LM head split at its one matmul: head(state) == F.linear(hidden(state, ctx), weight, bias).
+
+    A model offers it only when that identity is exact (no soft-capping or other logit transform after the
+    projection), so the analysis can walk the vocabulary in chunks of `weight` rows instead of materialising
+    (rows, V) logits (depthlens.analysis.vocab).
+    """
+
+    hidden: Callable[[State, RunContext], torch.Tensor]  # state -> (B, T, d): final norm applied
+    weight: torch.Tensor  # (V, d)
+    bias: torch.Tensor | None  # (V,) or None
+
+
+def unembedding_of(model: Any) -> Unembedding | None:
+    """The model's `Unembedding`, or None when it has none (its head is then only callable whole)."""
+    fn = getattr(model, "unembedding", None)
+    return fn() if callable(fn) else None
 
 
 @runtime_checkable
