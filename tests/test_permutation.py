@@ -57,6 +57,16 @@ def test_prefix_cached_equals_full_run(preln, data, ds):
     np.testing.assert_allclose(ds.perm_rel.values, ds.perm_abs.values / base, rtol=1e-5)
 
 
+def test_trunk_walked_again_when_the_state_cache_is_too_big(preln, data, ds, monkeypatch):
+    """Without room for the per-i clean states the trunk is walked a second time: the same numbers."""
+    import depthlens.analysis.permutation as perm
+
+    monkeypatch.setattr(perm, "TRUNK_CACHE_BYTES", 0)
+    again = permutation_scores(preln, data, pairs="all", batch_size=4, seq_batch=1)
+    for v in ("perm_abs", "perm_kl", "delta_loss_seq"):
+        np.testing.assert_array_equal(again[v].values, ds[v].values)
+
+
 def test_symmetric_zero_diagonal_and_both_ways(preln, data, ds):
     for var in ("perm_abs", "perm_rel", "perm_kl"):
         m = ds[var].values

@@ -32,6 +32,7 @@ from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_select
 
 SWAPS = ("body", "all")
+TRUNK_CACHE_BYTES = 1 << 30  # clean states before each first-swapped layer i kept from the reference pass
 
 
 def resolve_pairs(L: int, pairs: str | Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -167,20 +168,32 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
     """Every pair on one batch of sequences. Fills dl/kl [i, j, seqs] (both triangles).
 
     Runs cover toks[:, :T−1]: the last token is only a target, and by causality no loss position depends on
-    it. A clean forward gives the reference distribution; then the clean trunk is walked once more, layer by
-    layer, and every pair (i, j) branches from the trunk state before layer i. Only one clean state is held
-    (no per-i cache), for one extra partial pass up to the last i. Losses and KLs come from
-    `vocab.LossAgainstReference` (the head walked in vocabulary chunks when it is one matmul).
+    it. One clean forward gives the reference distribution and, on the way, the clean state before every i
+    that starts a pair; each pair (i, j) branches from that state. When those states would exceed
+    TRUNK_CACHE_BYTES, only one is held and the clean trunk is walked a second time instead (one extra
+    partial pass). Losses and KLs come from `vocab.LossAgainstReference` (the head walked in vocabulary
+    chunks when it is one matmul).
     """
     b, T = toks.shape
     x = toks[:, :-1]  # (b, T−1)
     ctx = model.context(T - 1, device=toks.device)
     loss = LossAgainstReference(model, ctx, toks, chunked=chunked)
-    nll0 = loss.reference(model.run_layers(model.embed(x, ctx), ctx))  # (b, T−2)
+    starts = sorted(by_i)
+    state = model.embed(x, ctx)
+    cache_all = len(starts) * sum(v.numel() * v.element_size() for v in state.values()) <= TRUNK_CACHE_BYTES
+    cached: dict[int, State] = {}
+    at = 0
+    for i in starts if cache_all else []:
+        state, at = model.run_layers(state, ctx, at, i), i
+        cached[i] = state
+    nll0 = loss.reference(model.run_layers(state, ctx, at))  # (b, T−2)
     clean_loss[seqs] = nll0.mean(-1).double().cpu().numpy()
     trunk, at = model.embed(x, ctx), 0
-    for i in sorted(by_i):
-        trunk, at = model.run_layers(trunk, ctx, at, i), i
+    for i in starts:
+        if cache_all:
+            trunk = cached.pop(i)
+        else:
+            trunk, at = model.run_layers(trunk, ctx, at, i), i
         js = by_i[i]
         for c in range(0, len(js), per_chunk):
             chunk = js[c:c + per_chunk]
