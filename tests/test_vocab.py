@@ -156,3 +156,11 @@ def test_cpu_rows_follow_the_cache_rule(monkeypatch):
     monkeypatch.setattr("depthlens.analysis.evaldata.last_level_cache_bytes", lambda default=0: 1 << 40)
     assert default_rows(data, m) == 4096 // 16  # capped
     assert default_rows(data) == 4096 // 16 and default_rows(data, m, tokens_per_batch=64) == 4  # explicit wins
+
+
+def test_chunk_size_rule():
+    """CPU: a (rows, C) float32 block of ≈ 2 MiB (248 rows of SmolLM2 → 2048, the measured best); accelerators:
+    256 MiB blocks (few launches); always a multiple of 256 within [256, V]."""
+    assert vocab.chunk_size(248, 49152) == 2048
+    assert vocab.chunk_size(4096, 49152) == 256 and vocab.chunk_size(1, 300) == 300
+    assert vocab.chunk_size(4096, 49152, "cuda") == 16384 and vocab.chunk_size(4096, 49152, "cuda:1") == 16384

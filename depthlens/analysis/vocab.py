@@ -32,14 +32,22 @@ import torch.nn.functional as F
 from depthlens.models.protocol import Unembedding, unembedding_of
 from depthlens.models.residual.base import RunContext, State
 
-BLOCK_BYTES = 2 << 20  # one (rows, C) float32 logit block: about an L2 cache, so each chunk is reduced in cache
-ROW_BLOCK = 512  # rows per vocabulary walk (larger row blocks force smaller, less efficient chunks)
+# one (rows, C) float32 logit block: on the CPU about an L2 cache, so each chunk is reduced in cache; on an
+# accelerator large blocks (few kernel launches), still far below whole logits for long row counts
+BLOCK_BYTES = {"cpu": 2 << 20, "accelerator": 256 << 20}
+# rows per vocabulary walk (on the CPU larger row blocks force smaller, less efficient chunks)
+ROW_BLOCK = {"cpu": 512, "accelerator": 8192}
 
 
-def chunk_size(rows: int, vocab: int, block_bytes: int = BLOCK_BYTES) -> int:
-    """Vocabulary rows per chunk for `rows` hidden states: a (rows, C) float32 block of ≈ block_bytes,
-    a multiple of 256, at least 256 and at most the vocabulary."""
-    return int(min(vocab, max(256, block_bytes // (4 * max(rows, 1)) // 256 * 256)))
+def _kind(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else "accelerator"
+
+
+def chunk_size(rows: int, vocab: int, device: torch.device | str = "cpu") -> int:
+    """Vocabulary rows per chunk for `rows` hidden states: a (rows, C) float32 block of ≈ BLOCK_BYTES for the
+    device, a multiple of 256, at least 256 and at most the vocabulary."""
+    block = BLOCK_BYTES[_kind(torch.device(device))]
+    return int(min(vocab, max(256, block // (4 * max(rows, 1)) // 256 * 256)))
 
 
 @torch.no_grad()
@@ -52,7 +60,7 @@ def logsumexp_and_target(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     chunk: vocabulary rows per chunk (default `chunk_size`).
     """
     R, V = h.shape[0], weight.shape[0]
-    C = chunk or chunk_size(R, V)
+    C = chunk or chunk_size(R, V, h.device)
     maxes, sums = [], []
     z_target = torch.zeros(R, dtype=torch.float32, device=h.device)
     floor = torch.finfo(torch.float32).min  # a chunk of −inf logits contributes exp(−inf) = 0, not NaN
@@ -74,7 +82,7 @@ def expected_embedding(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                        lse: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(p W (R, d), Σ_v p (R,)) for p = softmax(F.linear(h, weight, bias)) given its logsumexp, float32."""
     R, V = h.shape[0], weight.shape[0]
-    C = chunk or chunk_size(R, V)
+    C = chunk or chunk_size(R, V, h.device)
     pw = torch.zeros(R, weight.shape[1], dtype=torch.float32, device=h.device)
     total = torch.zeros(R, dtype=torch.float32, device=h.device)
     for c0 in range(0, V, C):
@@ -116,10 +124,10 @@ class LossAgainstReference:
 
     def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(lse, target logit), each (n·b, T−2), walking ROW_BLOCK rows at a time."""
-        u = self.unembed
+        u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
         flat, tgt = h.reshape(-1, h.shape[-1]), self.targets.repeat(n, 1).reshape(-1)
-        parts = [logsumexp_and_target(flat[r:r + ROW_BLOCK], u.weight, u.bias, tgt[r:r + ROW_BLOCK])
-                 for r in range(0, flat.shape[0], ROW_BLOCK)]
+        parts = [logsumexp_and_target(flat[r:r + rb], u.weight, u.bias, tgt[r:r + rb])
+                 for r in range(0, flat.shape[0], rb)]
         lse, zt = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         return lse.view(h.shape[:2]), zt.view(h.shape[:2])
 
@@ -142,10 +150,10 @@ class LossAgainstReference:
         if self.chunked:
             h = self._hidden(state)  # (b, T−2, d)
             lse, zt = self._lse_target(h, 1)
-            u = self.unembed
+            u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
             flat, lse_flat = h.reshape(-1, h.shape[-1]), lse.reshape(-1)
-            parts = [expected_embedding(flat[r:r + ROW_BLOCK], u.weight, u.bias, lse_flat[r:r + ROW_BLOCK])
-                     for r in range(0, flat.shape[0], ROW_BLOCK)]
+            parts = [expected_embedding(flat[r:r + rb], u.weight, u.bias, lse_flat[r:r + rb])
+                     for r in range(0, flat.shape[0], rb)]
             pw = torch.cat([p[0] for p in parts]).view(*h.shape[:2], -1)
             psum = torch.cat([p[1] for p in parts]).view(h.shape[:2])
             self.ref = {"h": h.float(), "lse": lse, "pw": pw, "psum": psum}
