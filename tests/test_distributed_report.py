@@ -199,3 +199,16 @@ def test_assignment_balances_estimated_cost():
     by_cost = sorted(range(len(paths)), key=lambda i: -c[i])
     assert [assign(paths, 8)[i] for i in by_cost] == [0, 1, 2, 3, 4]  # more ranks than checkpoints: one each
     assert cost(ROOT / "no-such-checkpoint") == 0.0
+
+
+def test_device_cuda_means_one_gpu_per_rank(monkeypatch):
+    from depthlens.analysis.distributed import device_for_rank
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    for n_gpu, want in ((8, "cuda:3"), (2, "cuda:1"), (1, "cuda:0"), (0, "cuda")):  # 1: CUDA_VISIBLE_DEVICES per rank
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=n_gpu: n)
+        assert device_for_rank("cuda") == want
+        assert device_for_rank("cuda:5") == "cuda:5" and device_for_rank("cpu") == "cpu"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert device_for_rank("cuda") == "cuda"  # one process: as given

@@ -163,7 +163,10 @@ def _matrix_view(da: Any, vmax: float | None = None) -> Any:
 
 
 def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads=1) -> Common:
-    return Common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    from ..analysis.distributed import device_for_rank
+
+    # under torchrun `--device cuda` is cuda:LOCAL_RANK: one GPU per rank
+    return Common(data, tokens, n_seq, seq_len, batch_size, seed, device_for_rank(device), dtype, threads)
 
 
 def _opts(c: Common) -> dict[str, Any]:
