@@ -212,3 +212,21 @@ def test_device_cuda_means_one_gpu_per_rank(monkeypatch):
         assert device_for_rank("cuda:5") == "cuda:5" and device_for_rank("cpu") == "cpu"
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert device_for_rank("cuda") == "cuda"  # one process: as given
+
+
+def test_a_dataset_travels_exactly(text):
+    """pack/unpack (the trip to rank 0) keeps every value, coordinate, encoding and attribute type; a netCDF
+    round trip would turn int attributes into numpy integers."""
+    from depthlens.report.build import Entry, ReportOptions, compute, load_entries, report_eval_data
+    from depthlens.report.ranks import pack, unpack
+
+    opts = ReportOptions(data=text, n_seq=2, seq_len=16, n_boot=0, metrics=("angular", "rank"))
+    entries = load_entries(CKPTS[1:2])
+    compute(entries, report_eval_data(entries, opts), opts)
+    back = Entry(**unpack(pack(entries[0])))
+    assert back.model is None and back.name == "hc_l4" and set(back.datasets) == {"angular", "rank"}
+    for m, ds in entries[0].datasets.items():
+        got = back.datasets[m]
+        xr.testing.assert_identical(got, ds)
+        assert {k: type(v) for k, v in got.attrs.items()} == {k: type(v) for k, v in ds.attrs.items()}
+        assert all(got[k].encoding == ds[k].encoding for k in ds.variables)
