@@ -254,3 +254,39 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
         assert worst < 1e-4, f"{name}: 2-process weights differ from 1-process by {worst:.2e}"
         assert load(tmp_path / name / "checkpoint").train["final_val_loss"] == pytest.approx(
             ones[name]["final_val_loss"], abs=1e-4)
+
+
+def test_bf16_autocast_trains_close_to_fp32_with_fp32_losses(corpus, tmp_path, monkeypatch):
+    """dtype=bf16 on CPU: the matmuls run under bf16 autocast (the LM head emits bf16 logits), the loss is
+    taken on fp32 logits (cross_entropy sees float32), logged losses stay finite and near the fp32 run's."""
+    import torch.nn.functional as F
+
+    from depthlens.training import trainer as T
+
+    seen: dict[str, set] = {"head": set(), "ce": set()}
+    real_ce = F.cross_entropy
+
+    def spy_ce(logits, *a, **k):
+        seen["ce"].add(logits.dtype)
+        return real_ce(logits, *a, **k)
+
+    real_init = T.Trainer.__init__
+
+    def hooked_init(self, *a, **k):
+        real_init(self, *a, **k)
+        self.model.lm_head.register_forward_hook(lambda m, i, o: seen["head"].add(o.dtype))
+
+    monkeypatch.setattr(T.F, "cross_entropy", spy_ce)
+    monkeypatch.setattr(T.Trainer, "__init__", hooked_init)
+    runs = {}
+    for dt in ("fp32", "bf16"):
+        seen["head"].clear(), seen["ce"].clear()
+        out = tmp_path / dt
+        rec = train(tiny(corpus, out, steps=12, lr=1e-2, warmup=2, dtype=dt, name=dt))
+        runs[dt] = (log_losses(out), rec["final_val_loss"])
+        assert seen["head"] == {torch.bfloat16 if dt == "bf16" else torch.float32}
+        assert seen["ce"] == {torch.float32}
+    (l32, v32), (l16, v16) = runs["fp32"], runs["bf16"]
+    assert all(math.isfinite(x) for x in l16) and math.isfinite(v16)
+    assert l16[0] == pytest.approx(l32[0], rel=1e-2)  # same init, same batch: only bf16 rounding differs
+    assert l16 != l32 and abs(v16 - v32) < 0.1 and l16[-1] < l16[0] - 1.0  # and it learns as fp32 does

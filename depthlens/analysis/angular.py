@@ -51,14 +51,15 @@ def _state_reader(model, repr: str):
 
 @torch.no_grad()
 def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.Tensor:
-    """(L+1, B·P, D) float32 states of one batch at the measured positions P."""
+    """(L+1, B·P, D) float32 states of one batch at the measured positions P, on the tokens' device (a model
+    placed over several devices hands back each layer's state on that layer's device)."""
     L = model.n_layer
     ctx = model.context(tokens.shape[1], device=tokens.device)
     read = _state_reader(model, repr)
     states: list[torch.Tensor | None] = [None] * (L + 1)
 
     def keep(l: int, x: torch.Tensor) -> None:
-        states[l] = x[:, pos].float().reshape(-1, x.shape[-1])
+        states[l] = x[:, pos].float().reshape(-1, x.shape[-1]).to(tokens.device)  # fp32 before any norm
 
     state = model.embed(tokens, ctx)
     if repr == "input":

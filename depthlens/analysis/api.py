@@ -34,7 +34,24 @@ def load_model(model_or_path: Any, *, device: str | torch.device = "cpu",
         from depthlens.adapters.load import open_model
 
         return open_model(model_or_path, device=str(device), dtype=dtype).model, Path(model_or_path)
+    _check_in_memory(model_or_path, device, dtype)
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
+
+
+def _check_in_memory(model: Any, device: str | torch.device, dtype: torch.dtype | None) -> None:
+    """An in-memory model runs where and in what precision it is: a `dtype` (or a non-default `device`) it does
+    not have is refused rather than silently ignored (the model is the caller's; it is never moved here)."""
+    from depthlens.analysis.evaldata import model_device
+    from depthlens.errors import DepthlensError
+
+    params = list(model.parameters())[:1] if hasattr(model, "parameters") else []
+    if dtype is not None and params and params[0].dtype != dtype:
+        raise DepthlensError(f"dtype={dtype} but the model's weights are {params[0].dtype}; move the model "
+                             f"yourself (model.to({dtype})) or pass a checkpoint path")
+    want, here = torch.device(device), model_device(model)
+    if want.type != "cpu" and (want.type != here.type or want.index not in (None, here.index)):
+        raise DepthlensError(f"device={device} but the model is on {here}; move the model yourself or pass a "
+                             "checkpoint path")
 
 
 def _tokenizer_for(checkpoint: Path | None, model: Any = None, *, required: bool = True) -> Any:

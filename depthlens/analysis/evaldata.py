@@ -402,7 +402,11 @@ def evaluating(model) -> Iterator[Any]:
 
 
 def model_device(model) -> torch.device:
-    """Device of the model's first parameter (CPU for parameter-free test models)."""
+    """Where token ids go: the model's `input_device` (the embedding's device when an adapter is placed over
+    several devices), else the device of its first parameter (CPU for parameter-free test models)."""
+    dev = getattr(model, "input_device", None)
+    if dev is not None:
+        return torch.device(dev)
     for p in model.parameters() if hasattr(model, "parameters") else ():
         return p.device
     return torch.device("cpu")

@@ -73,7 +73,7 @@ def jsonl_items(path: str | Path, prompt_field: str, answer_field: str) -> list[
 
 def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     """Clean logits (B, T, V) through the LayeredLM protocol."""
-    ctx = model.context(tokens.shape[1])
+    ctx = model.context(tokens.shape[1], device=tokens.device)
     return model.head(model.run_layers(model.embed(tokens, ctx), ctx), ctx)
 
 
@@ -103,9 +103,9 @@ def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max
         if len(seq) < 2 or len(seq) - len(a) < 1:
             continue
         toks = torch.tensor([seq], dtype=torch.long, device=_device(model))
-        logp = torch.log_softmax(_logits(model, toks).float(), -1)[0]  # (T, V)
+        logp = torch.log_softmax(_logits(model, toks).float(), -1)[0]  # (T, V) fp32: bf16 logits, fp32 softmax
         start = len(seq) - len(a)  # first answer position
-        tgt = toks[0, start:]
+        tgt = toks[0, start:].to(logp.device)  # the head may sit on another device than the embedding
         nll = -logp[start - 1: len(seq) - 1].gather(-1, tgt[:, None]).squeeze(-1)  # (len(a),)
         per_item.append(float(nll.mean()))
         total_nll += float(nll.sum())
@@ -118,10 +118,9 @@ def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max
 
 
 def _device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
+    from .evaldata import model_device
+
+    return model_device(model)
 
 
 def describe_sets(names: Iterable[str]) -> str:

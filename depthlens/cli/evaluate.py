@@ -23,7 +23,8 @@ def evaluate(
     jsonl: Annotated[list[str] | None, typer.Option("--jsonl", help="NAME=FILE[:prompt_field,answer_field]; presets gsm8k, mbpp.")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many items per domain set.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
-    device: Annotated[str, typer.Option()] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; losses are summed in fp32/fp64).")] = "fp32",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Validation loss (nats/token) and domain NLL (nats per answer token) of a checkpoint."""
@@ -31,7 +32,7 @@ def evaluate(
 
     from ..adapters.load import open_model
     from ..analysis.api import _tokenizer_for
-    from ..analysis.evaldata import load_eval_data
+    from ..analysis.evaldata import load_eval_data, model_device
     from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, teacher_forced_nll
     from ..data.tokenizers import get_tokenizer
 
@@ -53,8 +54,12 @@ def evaluate(
         input_path(Path(file), f"--jsonl {name}")
         specs.append((name, file, pf, af))
 
+    from .analyze import DTYPES, check_choice
+
+    torch_dtype = getattr(torch, DTYPES[check_choice(dtype, tuple(DTYPES), "--dtype")])
     with spinner(f"loading {ckpt}", as_json):
-        model = open_model(ckpt, device=device, tokenizer=tokenizer).model
+        model = open_model(ckpt, device=device, dtype=None if torch_dtype == torch.float32 else torch_dtype,
+                           tokenizer=tokenizer).model
     tok = _tokenizer_for(ckpt, model)
     tok = get_tokenizer(tok) if isinstance(tok, str) else tok
     T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions
@@ -67,9 +72,10 @@ def evaluate(
     per = max(1, 8192 // T)
     with torch.no_grad(), bar("eval", -(-ev.n_seq // per), as_json) as advance:
         for _, toks in ev.batches(per):
-            toks = toks.to(device)
-            logits = model(toks[:, :-1]).float()
-            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1), reduction="sum")
+            toks = toks.to(model_device(model))
+            logits = model(toks[:, :-1]).float()  # (b, T-1, V) fp32 before the softmax, whatever the weights' dtype
+            tgt = toks[:, 1:].to(logits.device)  # the head may sit on another device than the embedding
+            nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.reshape(-1), reduction="sum")
             total, count = total + float(nll), count + toks[:, 1:].numel()
             advance(1, loss=total / count)
     result = {"checkpoint": str(ckpt), "design": model.config.arch, "n_layer": model.config.n_layer,

@@ -37,7 +37,10 @@ def state_cat(states: list[State]) -> State:
 
 
 def state_select(state: State, index: torch.Tensor | slice) -> State:
-    """Rows `index` of every tensor of the state."""
+    """Rows `index` of every tensor of the state (an index tensor follows each tensor's device: a model placed
+    over several GPUs hands states back on the device of the layer that produced them)."""
+    if isinstance(index, torch.Tensor):
+        return {k: v[index.to(v.device)] for k, v in state.items()}
     return {k: v[index] for k, v in state.items()}
 
 
