@@ -18,6 +18,11 @@ Semantics of the interventions (all families here are Pre-LN, one residual strea
 * keep[l] (B, T): 0 drops layer l's writes at that token, so the token keeps its input (Csordas' merge_io);
 * order[p]: which decoder layer runs at position p; `swap="body"` and `"all"` coincide (no routers);
 * on_layer(pos, state_after, update) with update = h_{l+1} - h_l (B, T, d).
+
+Placement over several devices (`place`, `depthlens.adapters.placement`): the embedding, each decoder layer
+and the head may live on different devices; the state moves to the device of the layer that runs and comes
+back on its position's home device, and the RunContext keeps one copy of the rotary tables, position ids
+and masks per device.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class HFLayeredModel(HookedRootModule):
         self.cfg = _lens_config(n_layers=self.n_layer, d_model=c.hidden_size, n_heads=c.num_attention_heads,
                                 n_ctx=self.max_seq_len, d_vocab=c.vocab_size)
         self._kinds = _layer_kinds(c, self.n_layer)
+        self.placement = None  # a `placement.Placement` once `place` ran; None: the model's own single device
         self.setup()
 
     def setup(self) -> None:
@@ -130,6 +136,50 @@ class HFLayeredModel(HookedRootModule):
     def _param(self) -> torch.Tensor:
         return resolve(self.hf, self.spec.embed).weight
 
+    # --- placement over several devices -----------------------------------------------------------------
+    def part_sizes(self) -> Any:
+        """Parameter counts of embedding, each layer and head (the input of device_map="auto")."""
+        from .placement import PartSizes
+
+        count = lambda *paths: sum(p.numel() for q in paths if q for p in resolve(self.hf, q).parameters())  # noqa: E731
+        tied = resolve(self.hf, self.spec.lm_head).weight is self._param()
+        return PartSizes(embed=count(self.spec.embed, self.spec.pos_embed),
+                         layers=tuple(sum(p.numel() for p in layer.parameters()) for layer in self.layers),
+                         head=count(self.spec.final_norm) + (0 if tied else count(self.spec.lm_head)), tied=tied)
+
+    def place(self, device_map: Any, devices: list[str] | None = None) -> "HFLayeredModel":
+        """Move the embedding, each decoder layer and the head to the devices of `device_map` ("auto", a device
+        name, a dict {"embed", "layers", "head"} or a Placement; see `depthlens.adapters.placement`)."""
+        from .placement import resolve_device_map
+
+        p = resolve_device_map(device_map, self.part_sizes(), devices)
+        sp = self.spec
+        for path in (sp.embed, sp.pos_embed, sp.rotary):
+            if path:
+                resolve(self.hf, path).to(p.embed)
+        for layer, dev in zip(self.layers, p.layers):
+            layer.to(dev)
+        for path in (sp.final_norm, sp.lm_head):
+            resolve(self.hf, path).to(p.head)
+        self.placement = p
+        return self
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where token ids go: the embedding's device."""
+        return self._param().device
+
+    def _home(self, layer: int, like: torch.Tensor) -> torch.device:
+        """Device of decoder layer `layer` (the tensor's own device when the model is not placed)."""
+        return like.device if self.placement is None else self.placement.layers[layer]
+
+    def _on(self, ctx: RunContext, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, position_ids) on `dev`, copied once per device and kept in the context."""
+        key = ("rope", dev)
+        if key not in ctx.extras:
+            ctx.extras[key] = (ctx.cos.to(dev), ctx.sin.to(dev), ctx.extras["position_ids"].to(dev))
+        return ctx.extras[key]
+
     # --- LayeredLM ------------------------------------------------------------------------------------------
     def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
         """RoPE tables (1, T, dh) from the model's own rotary module, position ids (1, T); masks are built
@@ -138,7 +188,7 @@ class HFLayeredModel(HookedRootModule):
             raise ValueError(f"sequence length {seq_len} exceeds the model's max_position_embeddings "
                              f"{self.max_seq_len}")
         w = self._param()
-        device = device or w.device
+        device = w.device if self.placement is not None else (device or w.device)  # the tables start at the embedding
         pos = torch.arange(seq_len, device=device).unsqueeze(0)
         if self.spec.rotary:
             cos, sin = resolve(self.hf, self.spec.rotary)(torch.zeros((), dtype=w.dtype, device=device), pos)
@@ -149,8 +199,8 @@ class HFLayeredModel(HookedRootModule):
         return ctx
 
     def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
-        """tokens (B, T) -> {"h": h0 (B, T, d)}."""
-        h = self.hook_embed(resolve(self.hf, self.spec.embed)(tokens))
+        """tokens (B, T) -> {"h": h0 (B, T, d)} on the embedding's device."""
+        h = self.hook_embed(resolve(self.hf, self.spec.embed)(tokens.to(self.input_device)))
         if self.spec.pos_embed:
             h = h + self.hook_pos_embed(resolve(self.hf, self.spec.pos_embed)(ctx.extras["position_ids"]))
         ctx.put("h0", h)
@@ -171,10 +221,13 @@ class HFLayeredModel(HookedRootModule):
         for pos in range(start, stop):
             src = order[pos] if order is not None else pos
             k = keep.get(pos)
+            # runs on layer src's device; comes back on position pos's home device, so rows that ran different
+            # layers at pos (a batch of swap pairs) can be concatenated again
+            home = self._home(pos, h)
             h_out = self._layer(h, ctx, pos, src, k if unit in ("block", "attn") else None,
-                                k if unit in ("block", "mlp") else None)
+                                k if unit in ("block", "mlp") else None).to(home)
             if on_layer is not None:
-                on_layer(pos, {"h": h_out}, h_out - h)
+                on_layer(pos, {"h": h_out}, h_out - h.to(home))
             h = h_out
         return {**state, "h": h}
 
@@ -182,11 +235,14 @@ class HFLayeredModel(HookedRootModule):
                keep_attn: torch.Tensor | None, keep_mlp: torch.Tensor | None) -> torch.Tensor:
         """One decoder layer (weights of layer `src`, hooks of position `pos`): (B, T, d) -> (B, T, d)."""
         layer, hk, sp = self.layers[src], self.blocks[pos], self.spec
-        h = hk.hook_resid_pre(h)
+        dev = self._home(src, h)  # layer src's device: its input, masks and tables go there
+        h = hk.hook_resid_pre(h.to(dev))
+        keep_attn, keep_mlp = (None if k is None else k.to(dev) for k in (keep_attn, keep_mlp))
+        cos, sin, _ = self._on(ctx, dev)
         x = getattr(layer, sp.attn_norm)(hk.hook_attn_in(h))
         mask = self._mask(ctx, h, src)
         if sp.rotary:
-            a = getattr(layer, sp.attn)(hidden_states=x, position_embeddings=(ctx.cos, ctx.sin), attention_mask=mask)
+            a = getattr(layer, sp.attn)(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)
         else:
             a = getattr(layer, sp.attn)(x, attention_mask=mask)
         a = apply_keep(hk.hook_attn_out(a[0] if isinstance(a, tuple) else a), keep_attn)
@@ -202,10 +258,16 @@ class HFLayeredModel(HookedRootModule):
         kind = self._kinds[src]
         key = ("mask", kind, h.shape[0], h.dtype, h.device)
         if key not in ctx.extras:
-            build = (masking_utils.create_sliding_window_causal_mask if kind == "sliding_attention"
-                     else masking_utils.create_causal_mask)
-            ctx.extras[key] = build(config=self.hf_config, inputs_embeds=h, attention_mask=None, cache=None,
-                                    position_ids=ctx.extras["position_ids"])
+            base = ("mask", kind, h.shape[0], h.dtype, None)  # built once, where the position ids are
+            if base not in ctx.extras:
+                build = (masking_utils.create_sliding_window_causal_mask if kind == "sliding_attention"
+                         else masking_utils.create_causal_mask)
+                pos = ctx.extras["position_ids"]
+                like = torch.empty((), dtype=h.dtype, device=pos.device).expand(h.shape)  # shape/dtype only, no memory
+                ctx.extras[base] = build(config=self.hf_config, inputs_embeds=like, attention_mask=None, cache=None,
+                                         position_ids=pos)
+            m = ctx.extras[base]
+            ctx.extras[key] = m.to(h.device) if isinstance(m, torch.Tensor) else m  # one copy per device
         return ctx.extras[key]
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
@@ -214,8 +276,11 @@ class HFLayeredModel(HookedRootModule):
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """state after the last layer -> logits (B, T, V)."""
-        h = resolve(self.hf, self.spec.final_norm)(self.final_hidden(state, ctx))
-        return resolve(self.hf, self.spec.lm_head)(h)
+        norm = resolve(self.hf, self.spec.final_norm)
+        h = self.final_hidden(state, ctx)
+        if self.placement is not None:
+            h = h.to(self.placement.head)
+        return resolve(self.hf, self.spec.lm_head)(norm(h))
 
     def unembedding(self) -> Unembedding | None:
         """final norm, then the `lm_head` Linear (the spec'd families apply nothing after it); None when the
@@ -229,7 +294,7 @@ class HFLayeredModel(HookedRootModule):
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, unit...)."""
-        ctx = self.context(tokens.shape[1], device=tokens.device)
+        ctx = self.context(tokens.shape[1], device=self.input_device)
         return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
 
     # --- conveniences -----------------------------------------------------------------------------------
@@ -321,14 +386,15 @@ def check_model_type(raw: dict[str, Any], where: Any) -> None:
 
 def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
             attn_implementation: str | None = None, tokenizer: bool = True,
-            config: dict[str, Any] | None = None) -> Any:
+            config: dict[str, Any] | None = None, device_map: Any = None) -> Any:
     """Load a local HF causal-LM directory (safetensors only) and wrap it (`wrap`: HFLayeredModel for the
     hand-mapped families, GenericBlocksModel otherwise). Never touches the Hub and never
     runs repository code (`trust_remote_code=False`, `use_safetensors=True`). Use `depthlens.adapters.load.
     open_model` to get the loader's header, dtype and NaN checks as well.
 
     dtype: float32 by default (diagnostics want fp32); "auto" keeps the checkpoint's dtype. config: the
-    already-parsed config.json (read here when not given).
+    already-parsed config.json (read here when not given). device_map: place the model over several devices
+    instead of moving it to `device` (`place_model`): the weights are read into host memory first.
     Raises CheckpointError with one line for a missing, incomplete, unsupported or corrupt model.
     """
     from transformers import AutoModelForCausalLM
@@ -358,13 +424,28 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
         what = missing[0] if missing else bad[0]
         raise CheckpointError(f"{path}: weights do not match config.json ({len(missing)} missing, {len(bad)} "
                               f"mismatched tensor(s), e.g. {what})")
-    hf.to(device).eval()
+    if device_map is None:
+        hf.to(device)
+    hf.eval()
     tok = None
     if tokenizer:
         from .tokenizer import load_hf_tokenizer
 
         tok = load_hf_tokenizer(path)
-    return wrap(hf, tok)
+    return place_model(wrap(hf, tok), device_map)
+
+
+def place_model(model: Any, device_map: Any) -> Any:
+    """`model.place(device_map)` for the hand-mapped adapter; None leaves it where it is. The generic-blocks path
+    runs on one device and refuses a map with one line."""
+    if device_map is None:
+        return model
+    if not isinstance(model, HFLayeredModel):
+        from ..errors import DepthlensError
+
+        raise DepthlensError(f"device_map: model_type {model.hf_config.model_type!r} runs on the generic-blocks "
+                             "path, which places the whole model on one device (use --device)")
+    return model.place(device_map)
 
 
 class _quiet_hf:

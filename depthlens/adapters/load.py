@@ -88,11 +88,14 @@ def opened_of(model: Any) -> Opened | None:
 
 
 def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None,
-               tokenizer: str | None = None) -> Opened:
+               tokenizer: str | None = None, device_map: Any = None) -> Opened:
     """Open a depthlens checkpoint directory, a local HF directory or a GGUF file (see module docstring).
 
     dtype: None keeps float32 for foreign models and the saved dtype for depthlens ones. tokenizer: a spec
-    ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. Raises CheckpointError (one line).
+    ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. device_map (HF and GGUF models through the
+    hand-mapped adapter): "auto" (balanced over the visible GPUs), a device name, or {"embed": dev, "layers":
+    [dev per layer], "head": dev}; replaces `device` (`depthlens.adapters.placement`).
+    Raises CheckpointError (one line).
     """
     p = Path(path)
     if not p.exists():
@@ -102,7 +105,7 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
             raise CheckpointError(f"{p}: not a GGUF file; a model is a depthlens/Hugging Face directory or a .gguf file"
                                   + ("" if p.suffix.lower() not in (".bin", ".pt", ".pth", ".ckpt") else
                                      " (pickle weights are never loaded; convert them to safetensors)"))
-        op = _open_gguf(p, device=device, dtype=dtype)
+        op = _open_gguf(p, device=device, dtype=dtype, device_map=device_map)
     else:
         from ..io.checkpoint import read_json_object
         from ..io.weights import refuse_pickle
@@ -110,11 +113,14 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
         refuse_pickle(p)
         ggufs = sorted(p.glob("*.gguf"))
         if not (p / "config.json").is_file() and len(ggufs) == 1:
-            op = _open_gguf(ggufs[0], device=device, dtype=dtype)
+            op = _open_gguf(ggufs[0], device=device, dtype=dtype, device_map=device_map)
         else:
             raw = read_json_object(p / "config.json", "model config")
             if detect_kind(raw) == "hf":
-                op = _open_hf(p, raw, device=device, dtype=dtype)
+                op = _open_hf(p, raw, device=device, dtype=dtype, device_map=device_map)
+            elif device_map is not None:
+                raise CheckpointError(f"{p}: device_map applies to Hugging Face and GGUF models; a depthlens "
+                                      "checkpoint runs on one device (use --device)")
             else:
                 op = _open_native(p, device=device, dtype=dtype)
     if tokenizer:
@@ -123,6 +129,8 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
         op.tokenizer = op.meta.tokenizer = get_tokenizer(tokenizer)
         op.meta.bos_id = getattr(op.tokenizer, "bos_id", None)
     op.provenance.update(_tokenizer_provenance(op.tokenizer))
+    if getattr(op.model, "placement", None) is not None:
+        op.provenance["device_map"] = json.dumps(op.model.placement.as_dict())
     op.meta.provenance = op.provenance
     object.__setattr__(op.model, "_depthlens_opened", op)  # nn.Module.__setattr__ would not mind, plain objects too
     return op
@@ -178,18 +186,19 @@ def _native_tokenizer(p: Path, vocab_size: int) -> Any:
 
 # --- Hugging Face directories ----------------------------------------------------------------------------
 
-def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any) -> Opened:
+def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any, device_map: Any = None) -> Opened:
     import torch
 
     from ..io.weights import check_finite, check_float_dtypes, directory_header
-    from .hf import check_model_type, load_hf
+    from .hf import check_model_type, load_hf, place_model
 
     check_model_type(raw, p)
     header = directory_header(p)
     check_float_dtypes(header, p)
     _check_hf_sizes(raw, header, p)
-    model = load_hf(p, dtype=dtype or torch.float32, device=device, config=raw)
-    check_finite(model.hf.named_parameters(), p)
+    model = load_hf(p, dtype=dtype or torch.float32, device=device if device_map is None else "cpu", config=raw)
+    check_finite(model.hf.named_parameters(), p)  # on the host, before a device_map spreads the weights
+    model = place_model(model, device_map)
     return _hf_opened(model, p, raw, source="hf", weights_format="safetensors")
 
 
@@ -232,13 +241,13 @@ def _is_gguf(p: Path) -> bool:
         return False
 
 
-def _open_gguf(p: Path, *, device: str, dtype: Any) -> Opened:
+def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None) -> Opened:
     """A llama.cpp GGUF file: sizes checked on its header, dequantised to float by transformers' GGUF loader
     (needs the `gguf` package), run through the same HF adapter; the quantisation type goes to provenance."""
     import torch
 
     from ..io.weights import check_finite
-    from .hf import _quiet_hf, wrap
+    from .hf import _quiet_hf, place_model, wrap
 
     info = gguf_header(p)
     try:
@@ -252,10 +261,12 @@ def _open_gguf(p: Path, *, device: str, dtype: Any) -> Opened:
     except Exception as e:  # transformers/gguf raise many types for a file they cannot read
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
         raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
-    hf.to(device).eval()
+    if device_map is None:
+        hf.to(device)
+    hf.eval()
     check_finite(hf.named_parameters(), p)
     tok = _gguf_tokenizer(p)
-    model = wrap(hf, tok)
+    model = place_model(wrap(hf, tok), device_map)
     raw = json.loads(hf.config.to_json_string(use_diff=False))
     extra = {"gguf_quantization": info["quantization"], "gguf_tensor_types": info["tensor_types"],
              "gguf_architecture": info["architecture"]}

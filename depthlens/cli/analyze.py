@@ -27,7 +27,8 @@ SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", min=2, help="Tokens 
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Eval-data and bootstrap seed.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (analysis precision).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")]
+DeviceMapOpt = Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the dataset here (netCDF). Default: ./<ckpt>.<metric>.nc")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
@@ -48,6 +49,7 @@ class Common:
     device: str = "cpu"
     dtype: str = "fp32"
     threads: int = 1
+    device_map: str | None = None  # --device-map: "auto" or a JSON {embed, layers, head} (HF/GGUF models)
 
 
 def check_threshold(value: float, name: str = "--threshold") -> float:
@@ -71,8 +73,10 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     dtype = getattr(torch, DTYPES[check_choice(c.dtype, tuple(DTYPES), "--dtype")])
     from ..adapters.load import open_model as open_checkpoint
+    from ..adapters.placement import parse_device_map
 
-    op = open_checkpoint(ckpt, device=c.device, dtype=None if dtype == torch.float32 else dtype)
+    op = open_checkpoint(ckpt, device=c.device, dtype=None if dtype == torch.float32 else dtype,
+                         device_map=parse_device_map(c.device_map))
     return op.model, ckpt
 
 
@@ -162,11 +166,11 @@ def _matrix_view(da: Any, vmax: float | None = None) -> Any:
     return terminal_heatmap(m, labels, labels, vmin=0.0, vmax=max(hi, 1e-12))
 
 
-def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads=1) -> Common:
+def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads=1, device_map=None) -> Common:
     from ..analysis.distributed import device_for_rank
 
     # under torchrun `--device cuda` is cuda:LOCAL_RANK: one GPU per rank
-    return Common(data, tokens, n_seq, seq_len, batch_size, seed, device_for_rank(device), dtype, threads)
+    return Common(data, tokens, n_seq, seq_len, batch_size, seed, device_for_rank(device), dtype, threads, device_map)
 
 
 def _opts(c: Common) -> dict[str, Any]:
@@ -185,11 +189,12 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
             repr: Annotated[str, typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False,
+            as_json: JsonOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
     check_choice(positions, ("last", "all"), "--positions")
     check_choice(repr, ("view", "flatten", "input"), "--repr")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     model, ck = open_model(ckpt, c)
     with busy(f"angular distances of {ckpt}"):
@@ -220,7 +225,8 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-           threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+           device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
+           overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
     check_choice(variant, ("current", "future"), "--variant")
@@ -229,7 +235,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_choice(norm, ("update", "resid"), "--norm")
     check_choice(layers, ("all", "late"), "--layers")
     check_choice(window, ("quarter", "half", "zero"), "--window")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     from ..analysis.sweep import headline, score_matrix
 
@@ -271,14 +277,15 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
             window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
+            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
     check_choice(norm, ("abs", "rel", "kl"), "--norm")
     check_choice(swap, ("body", "all"), "--swap")
     check_choice(pairs, ("late", "all"), "--pairs")
     check_choice(window, ("quarter", "half", "zero"), "--window")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     from ..analysis.sweep import headline, score_matrix
 
