@@ -17,8 +17,10 @@
 #      `depthlens causal` on the checkpoint step b exported (400M, L = 16), --json headline + wall time.
 #                                                                                  -> gpu_causal.json
 # --dry-run: a) the Pre-LN model at L = 4, d = 64 on 2 x 8 tokens (nnsight included, SmolLM2 left out);
-#   b) the same recipe run with model.n_layer=2 model.d_model=64, 3 steps of 4 x 32 tokens, cpu/fp32, no compile;
-#   c) torchrun --nproc_per_node 1 on CPU (gloo) on b's checkpoint. Written to a temp reports dir.
+#   b) the same recipe run with model.n_layer=2 model.d_model=64, 3 steps of 4 x 32 tokens, cpu, bf16 autocast
+#      (the GPU run's dtype path), no compile;
+#   c) torchrun --nproc_per_node 1 on CPU (gloo) on b's checkpoint, --dtype bf16 as on the GPU. Written to a
+#      temp reports dir.
 #
 # STATUS: no GPU was lent to the task that wrote this script; only --dry-run has been run (on CPU). The
 # CUDA paths (real_scale --device cuda, the bf16+compile trainer at 400M, per-rank cuda:N) are unverified.
@@ -65,8 +67,8 @@ if [[ $DRY == 1 ]]; then
            --threads 1 --device cpu)
   TRAIN_TOKENS=20000
   TRAIN_ARGS=(model.n_layer=2 model.d_model=64 model.n_head=2 seq_len=32 global_batch=4 micro_batch=4 steps=3
-              warmup=1 device=cpu dtype=fp32 compile=false threads=1 eval_every=0 final_eval_batches=1 save_every=0)
-  CAUSAL_ARGS=(--n-seq 4 --seq-len 16 --n-boot 10 --threads 1 --dtype fp32)
+              warmup=1 device=cpu dtype=bf16 compile=false threads=1 eval_every=0 final_eval_batches=1 save_every=0)
+  CAUSAL_ARGS=(--n-seq 4 --seq-len 16 --n-boot 10 --threads 1 --dtype bf16)  # bf16 runs on CPU too (torch >= 2.1)
   LIMITS=(300 300 300)  # generous: on a loaded 2-core box, importing torch alone can take 30+ s
 else
   command -v nvidia-smi >/dev/null || { echo "bench/gpu.sh: nvidia-smi not found (use --dry-run on CPU)" >&2; exit 1; }

@@ -35,9 +35,9 @@ def test_gpu_script_dry_run(tmp_path):
     assert tr["run"] == "preln_l16_lr0.003" and tr["steps"] == 3 and tr["device"] == "cpu"
     assert tr["tokens_per_s"] > 0 and tr["mfu"] is None  # no peak FLOP/s on CPU: MFU is not made up
     assert tr["device_name"] == "cpu" and tr["torch"] and tr["n_params"] > 0
-    assert "model.n_layer=2" in tr["overrides"]
+    assert "model.n_layer=2" in tr["overrides"] and "dtype=bf16" in tr["overrides"]  # the GPU run's dtype path
 
     ca = json.loads((reports / "gpu_causal.json").read_text())
     assert ca["nproc_per_node"] == 1 and ca["device"] == "cpu"
-    assert isinstance(ca["headline"], dict) and ca["headline"]
+    assert isinstance(ca["headline"], dict) and ca["headline"] and "--dtype bf16" in ca["args"]
     assert not list(tmp_path.glob("depthlens-gpu.*"))  # the script's scratch dir is removed
