@@ -248,3 +248,21 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
     src.write_text("import torch\ndef f(h):\n    return h + torch.arange(3)\n"
                    "def g(h):\n    return h + torch.arange(3, device=h.device)\n")
     assert list(_unplaced_factory_calls(src)) == [("f", 3, "arange")]
+
+
+def test_report_and_track_take_dtype(ckpt):
+    """report/track --dtype: the models are loaded in it; track's cache key holds a non-default dtype (a bf16
+    rerun never reuses fp32 results) and keeps fp32 keys as they were; an unknown name is a usage error."""
+    from depthlens.analysis import track as TR
+    from depthlens.cli import app
+    from depthlens.report.build import ReportOptions, load_entries
+
+    (e,) = load_entries([ckpt], dtype="bf16")
+    assert next(e.model.parameters()).dtype == torch.bfloat16
+    assert ReportOptions(dtype="bf16").as_dict()["dtype"] == "bf16"
+    key = lambda dt: TR.cache_key("w", "e", "causal", TR._metric_opts("causal", TR.TrackOptions(dtype=dt)))  # noqa: E731
+    assert key("fp32") == TR.cache_key("w", "e", "causal", {**TR.engine_options("causal"), "batch_size": None})
+    assert key("bf16") != key("fp32")
+    for cmd in (["report", str(ckpt), "--out", "r"], ["track", str(ckpt)], ["angular", str(ckpt)]):
+        r = CliRunner().invoke(app, [*cmd, "--dtype", "fp8"])
+        assert r.exit_code == 2 and "--dtype must be one of" in r.stderr, (cmd, r.output)

@@ -112,6 +112,23 @@ SWEEPABLE: tuple[str, ...] = tuple(k for k, (_, s) in _SCORES.items() if not s.o
 THRESHOLDS: Mapping[str, float] = MappingProxyType({k: s.theta for k, (_, s) in _SCORES.items()})
 
 
+# --dtype names of every analysis command (CLI, report, track), to torch dtype attribute names. bf16 changes the
+# forward only: the engines reduce (norms, sums of squares, softmax/NLL, angles, SVDs) in float32/float64.
+DTYPES: Mapping[str, str] = MappingProxyType({"fp32": "float32", "float32": "float32", "bf16": "bfloat16",
+                                              "bfloat16": "bfloat16", "fp64": "float64", "float64": "float64"})
+
+
+def load_dtype(name: str) -> Any:
+    """The torch dtype to load weights in for --dtype `name`, None for float32 (the loaders' default);
+    DepthlensError for an unknown name."""
+    if name not in DTYPES:
+        raise DepthlensError(f"--dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+    import torch
+
+    dt = getattr(torch, DTYPES[name])
+    return None if dt == torch.float32 else dt
+
+
 def get(name: str) -> Diagnostic:
     """The diagnostic called `name` (or an alias); DepthlensError listing the names otherwise."""
     try:

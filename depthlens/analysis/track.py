@@ -333,6 +333,7 @@ class TrackOptions:
     n_boot: int = 1000  # bootstrap resamples over sequences for the share CIs (0 = none)
     batch_size: int | None = None  # max rows per forward (memory knob; results do not depend on it)
     device: str = "cpu"  # where the engines run
+    dtype: str = "fp32"  # weights and activations (fp32 | bf16 | fp64); part of the cache key unless fp32
     window: str = "quarter"  # late-window start of the headline shares
     causal_threshold: float = registry.score("causal").theta  # headline θ on C (max aggregator, current variant)
     perm_threshold: float = registry.score("perm_abs").theta  # headline θ on P_abs [nats]
@@ -529,7 +530,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
             return out, slug, L
     from depthlens.analysis.api import load_model
 
-    model, _ = load_model(snap.path, device=opts.device)
+    model, _ = load_model(snap.path, device=opts.device, dtype=registry.load_dtype(opts.dtype))
     slug, L = str(getattr(model.design, "slug", "?")), int(model.n_layer)
     cfg = getattr(model, "config", None)
     ev.check_model(getattr(cfg, "vocab_size", None), getattr(cfg, "max_seq_len", None))
@@ -555,7 +556,8 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
 
 
 def _metric_opts(metric: str, opts: TrackOptions) -> dict[str, Any]:
-    return {**engine_options(metric), "batch_size": None}  # batch_size does not change results: not in the key
+    # batch_size does not change results: not in the key; a non-default dtype does (fp32 keys stay as they were)
+    return {**engine_options(metric), "batch_size": None, **({} if opts.dtype == "fp32" else {"dtype": opts.dtype})}
 
 
 def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr.Dataset:

@@ -34,8 +34,7 @@ OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an exis
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
 BootOpt = Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences (0 = no CI).")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")]
-DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp64": "float64",
-          "float64": "float64"}
+DTYPES = registry.DTYPES
 
 
 @dataclass
@@ -71,11 +70,11 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
 
     if c.threads:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
-    dtype = getattr(torch, DTYPES[check_choice(c.dtype, tuple(DTYPES), "--dtype")])
+    check_choice(c.dtype, tuple(DTYPES), "--dtype")
     from ..adapters.load import open_model as open_checkpoint
     from ..adapters.placement import parse_device_map
 
-    op = open_checkpoint(ckpt, device=c.device, dtype=None if dtype == torch.float32 else dtype,
+    op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype),
                          device_map=parse_device_map(c.device_map))
     return op.model, ckpt
 

@@ -54,12 +54,12 @@ def evaluate(
         input_path(Path(file), f"--jsonl {name}")
         specs.append((name, file, pf, af))
 
-    from .analyze import DTYPES, check_choice
+    from ..analysis.registry import DTYPES, load_dtype
+    from .analyze import check_choice
 
-    torch_dtype = getattr(torch, DTYPES[check_choice(dtype, tuple(DTYPES), "--dtype")])
+    check_choice(dtype, tuple(DTYPES), "--dtype")
     with spinner(f"loading {ckpt}", as_json):
-        model = open_model(ckpt, device=device, dtype=None if torch_dtype == torch.float32 else torch_dtype,
-                           tokenizer=tokenizer).model
+        model = open_model(ckpt, device=device, dtype=load_dtype(dtype), tokenizer=tokenizer).model
     tok = _tokenizer_for(ckpt, model)
     tok = get_tokenizer(tok) if isinstance(tok, str) else tok
     T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions

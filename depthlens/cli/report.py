@@ -21,6 +21,7 @@ def report(
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len)).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N | mps")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
     metrics: Annotated[str, typer.Option(help="Comma-separated subset of causal,permutation,angular,mixing,rank,attnres.")] = "causal,permutation,angular,mixing,rank,attnres",
     n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")] = 1,
@@ -46,7 +47,11 @@ def report(
 
     if not ckpts:
         fail("give at least one checkpoint directory", 2)
-    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device,
+    from ..analysis.registry import DTYPES
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
+    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
                          metrics=parse_metrics(metrics), n_boot=n_boot, threads=threads or None)
     err = Console(stderr=True)
     t0 = time.perf_counter()

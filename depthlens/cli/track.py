@@ -49,6 +49,7 @@ def track(
     n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 1,
     check: Annotated[bool, typer.Option("--check", help="Only validate the series (configs and snapshot.json; no "
                                          "weights read, nothing written): exit 0, or 1 with the reason.")] = False,
@@ -69,8 +70,12 @@ def track(
 
     if not runs:
         fail("give at least one run directory or checkpoint", 2)
+    from ..analysis.registry import DTYPES
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
     opts = TrackOptions(metrics=parse_metrics(metric), data=None if data is None else str(data), n_seq=n_seq,
-                        seq_len=seq_len, seed=seed, n_boot=n_boot, batch_size=batch_size, device=device)
+                        seq_len=seq_len, seed=seed, n_boot=n_boot, batch_size=batch_size, device=device, dtype=dtype)
     if threads:
         torch.set_num_threads(threads)
     series = scan(runs, recipes=recipe or (), name=name, tokens_per_step=tokens_per_step)  # refuses before any write

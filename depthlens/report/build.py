@@ -79,6 +79,7 @@ class ReportOptions:
     seq_len: int | None = None
     seed: int = 0
     device: str = "cpu"
+    dtype: str = "fp32"  # weights and activations (--dtype fp32 | bf16 | fp64); reductions stay fp32/fp64
     metrics: tuple[str, ...] = METRICS
     n_boot: int = DEFAULT_N_BOOT
     causal_layers: str = "all"
@@ -94,7 +95,8 @@ class ReportOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
-                "seed": self.seed, "device": self.device, "metrics": list(self.metrics), "n_boot": self.n_boot,
+                "seed": self.seed, "device": self.device, "dtype": self.dtype, "metrics": list(self.metrics),
+                "n_boot": self.n_boot,
                 "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
                 "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
                 "window_start": "quarter",
@@ -202,7 +204,7 @@ def _names(paths: Sequence[Path]) -> list[str]:
 
 
 def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
-                 only: Sequence[int] | None = None) -> list[Entry]:
+                 only: Sequence[int] | None = None, dtype: str = "fp32") -> list[Entry]:
     """Load and validate every checkpoint (CheckpointError on the first bad one), in the given order.
     only: the positions to load (one rank's share); names stay those of the whole set."""
     from depthlens.adapters.load import describe, open_model
@@ -215,7 +217,7 @@ def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
     for k, (name, p) in enumerate(zip(_names(paths), paths)):
         if k not in keep:
             continue
-        op = open_model(p, device=device)
+        op = open_model(p, device=device, dtype=registry.load_dtype(dtype))
         s = describe(op)
         train = getattr(op.meta.checkpoint, "train", None) or {}
         entries.append(Entry(name=name, path=p, model=op.model, slug=op.meta.arch, n_layer=int(op.meta.n_layer),
@@ -609,7 +611,7 @@ def compute_spread(paths: Sequence[str | os.PathLike], out: str | os.PathLike, o
         return assign(paths, n)
 
     def load() -> tuple[list[Entry], list[tuple[str, int]]]:
-        own = load_entries(paths, device=device_for_rank(opts.device), only=mine)
+        own = load_entries(paths, device=device_for_rank(opts.device), only=mine, dtype=opts.dtype)
         return own, tokenizer_facts(own, opts)[1]
 
     # 1. rank 0 checks --out and assigns the checkpoints (its assignment is the one every rank uses)
@@ -664,7 +666,7 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
         entries, data, t_compute, world_size = spread
     else:
         check_out(out, overwrite)
-        entries = load_entries(paths, device=opts.device)
+        entries = load_entries(paths, device=opts.device, dtype=opts.dtype)
         data = report_eval_data(entries, opts)
         if on_loaded is not None:
             on_loaded(n_steps(entries, opts))
