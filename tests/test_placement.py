@@ -164,3 +164,48 @@ def test_cli_device_map_is_refused_for_a_depthlens_checkpoint_and_auto_without_g
                                  "--out", str(tmp_path / "a.nc")])
     assert r.exit_code == 1 and "device_map applies to Hugging Face" in r.stderr and "Traceback" not in r.output
     assert not (tmp_path / "a.nc").exists()
+
+
+# --- the generic-blocks path (families without a hand-mapped adapter) ---------------------------------------
+
+def _neox():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from depthlens.adapters.hf import wrap
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("gpt_neox", vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                               num_attention_heads=4, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+                               pad_token_id=0)
+    return wrap(AutoModelForCausalLM.from_config(cfg).eval())
+
+
+def test_generic_blocks_placed_equals_unplaced_and_moves_each_blocks_inputs():
+    from depthlens.adapters.generic import GenericBlocksModel
+    from depthlens.analysis import registry
+    from depthlens.analysis.evaldata import random_eval_data
+
+    ref, placed = _neox(), _neox()
+    assert isinstance(placed, GenericBlocksModel)
+    placed.place({"embed": "cpu", "layers": "cpu", "head": "cpu"})
+    data = random_eval_data(101, n_seq=2, seq_len=12, seed=0)
+    for name, opts, var in (("causal", {"variants": ("current",)}, "causal_score"),
+                            ("permutation", {"pairs": "all"}, "perm_abs")):
+        np.testing.assert_array_equal(registry.run(name, ref, data, **opts)[var].values,
+                                      registry.run(name, placed, data, **opts)[var].values)
+    with pytest.raises(DepthlensError, match="head on the embedding"):
+        _neox().place({"embed": "cpu", "layers": "cpu", "head": "meta"})
+
+    g = _neox().place({"embed": "cpu", "layers": ["cpu", "cpu", "meta", "meta"], "head": "cpu"})
+    seen: list[tuple[int, set]] = []
+    for i, block in enumerate(g.layers):
+        block.register_forward_pre_hook(
+            (lambda i: lambda m, a, k: seen.append((i, {t.device.type for t in (*a, *k.values(), *(
+                k.get("position_embeddings") or ())) if isinstance(t, torch.Tensor)})))(i), with_kwargs=True)
+    ctx = g.context(8)
+    h0 = g.embed(torch.randint(0, 101, (2, 8)), ctx)
+    seen.clear()  # the context probe and embed's stop at block 0 are not block calls
+    keep = {3: torch.zeros(2, 8)}  # a host mask for a block on meta
+    state = g.run_layers(h0, ctx, keep=keep)
+    assert state["h"].device.type == "meta" and state["h"].shape == (2, 8, 32)
+    assert seen == [(0, {"cpu"}), (1, {"cpu"}), (2, {"meta"}), (3, {"meta"})]

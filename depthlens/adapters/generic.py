@@ -17,6 +17,8 @@ Nothing of the family is mapped by hand. The HF model's own forward does the fam
   the family's own final norm, LM head and logit soft-capping apply.
 
 Only whole blocks can be skipped (`unit="block"`); the residual view is the hidden state between blocks.
+`place(device_map)` puts each block on its device and everything else (embedding, final norm, LM head: their
+names are not mapped) on the embedding's device; the recorded block arguments are copied once per device.
 Provenance records `adapter_path = "generic-blocks"`. A model without exactly one ModuleList of
 `num_hidden_layers` blocks, or an encoder(-decoder), is refused with one line.
 """
@@ -134,6 +136,7 @@ class GenericBlocksModel(HookedRootModule):
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([_BlockHooks() for _ in range(n)])
         self.hook_resid_final = HookPoint()
+        self.placement = None  # a `placement.Placement` once `place` ran
         heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 1)
         self.cfg = _lens_config(n_layers=n, d_model=self.d_model, n_heads=heads, n_ctx=self.max_seq_len,
                                 d_vocab=self.vocab_size)
@@ -180,6 +183,46 @@ class GenericBlocksModel(HookedRootModule):
     def _device(self) -> torch.device:
         return self.hf.get_input_embeddings().weight.device
 
+    input_device = property(_device)  # where token ids go
+
+    # --- placement over several devices -----------------------------------------------------------------
+    def part_sizes(self) -> Any:
+        """Blocks by parameter count; everything outside the blocks counts as the embedding (the head stays there)."""
+        from .placement import PartSizes
+
+        layers = tuple(sum(p.numel() for p in b.parameters()) for b in self.layers)
+        return PartSizes(embed=sum(p.numel() for p in self.hf.parameters()) - sum(layers), layers=layers, head=0)
+
+    def place(self, device_map: Any, devices: list[str] | None = None) -> "GenericBlocksModel":
+        """Each block on its device of `device_map`, the rest of the model (embedding, final norm, head) on the
+        embedding's; a map that puts the head elsewhere is refused (the final norm is not known by name)."""
+        from ..errors import DepthlensError
+        from .placement import resolve_device_map
+
+        p = resolve_device_map(device_map, self.part_sizes(), devices)
+        if p.head != p.embed:
+            raise DepthlensError("device_map: the generic-blocks path keeps the head on the embedding's device "
+                                 f"(embed {p.embed}, head {p.head})")
+        blocks = self.layers
+        with _Swap(blocks, [nn.Identity() for _ in blocks]):  # move everything but the blocks
+            self.hf.to(p.embed)
+        for block, dev in zip(blocks, p.layers):
+            block.to(dev)
+        self.placement = p
+        return self
+
+    def _home(self, layer: int, like: torch.Tensor) -> torch.device:
+        return like.device if self.placement is None else self.placement.layers[layer]
+
+    def _calls_on(self, ctx: RunContext, pos: int, dev: torch.device) -> tuple[tuple, dict]:
+        """The arguments recorded for position `pos`, on `dev` (copied once per device, kept in the context)."""
+        key = ("block_calls", pos, dev)
+        if key not in ctx.extras:
+            from .placement import move
+
+            ctx.extras[key] = move(ctx.extras["block_calls"][pos], dev)
+        return ctx.extras[key]
+
     # --- forward pieces ---------------------------------------------------------------------------------
     def _swapped(self, probes: list[nn.Module]) -> "_Swap":
         return _Swap(self.layers, probes)
@@ -188,7 +231,7 @@ class GenericBlocksModel(HookedRootModule):
         """Record, once per length, the arguments the model passes each block (probe forward on (1, T))."""
         if seq_len > self.max_seq_len:
             raise ValueError(f"sequence length {seq_len} exceeds the model's max_position_embeddings {self.max_seq_len}")
-        device = device or self._device()
+        device = self._device() if self.placement is not None else (device or self._device())
         sink: list = []
         ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
         with torch.no_grad(), self._swapped([_Probe(b, sink, i) for i, b in enumerate(self.layers)]):
@@ -200,9 +243,11 @@ class GenericBlocksModel(HookedRootModule):
         empty = torch.empty(0, device=device)
         ctx = RunContext(cos=empty, sin=empty, record={} if record else None)
         ctx.extras["block_calls"] = calls
-        h = torch.zeros(1, seq_len, self.d_model, device=device, dtype=self.hf.get_input_embeddings().weight.dtype)
+        dev0 = self._home(0, empty)
+        h = torch.zeros(1, seq_len, self.d_model, device=dev0, dtype=self.hf.get_input_embeddings().weight.dtype)
         with torch.no_grad():
-            ctx.extras["as_tuple"] = isinstance(self.layers[0](h, *calls[0][0], **calls[0][1]), tuple)
+            rest, kw = self._calls_on(ctx, 0, dev0)
+            ctx.extras["as_tuple"] = isinstance(self.layers[0](h, *rest, **kw), tuple)
         return ctx
 
     def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
@@ -215,7 +260,7 @@ class GenericBlocksModel(HookedRootModule):
 
         handle = self.layers[0].register_forward_pre_hook(grab, with_kwargs=True)
         try:
-            self.hf(input_ids=tokens, use_cache=False)
+            self.hf(input_ids=tokens.to(self._device()), use_cache=False)
         except _Stop:
             pass
         finally:
@@ -235,21 +280,22 @@ class GenericBlocksModel(HookedRootModule):
         stop = self.n_layer if stop is None else stop
         keep = keep or {}
         h = state["h"]
-        calls = ctx.extras["block_calls"]
         for pos in range(start, stop):
             src = order[pos] if order is not None else pos
             hk = self.blocks[pos]
-            h = hk.hook_resid_pre(h)
-            rest, kw = calls[pos]  # the arguments the model's loop passes at this position (Csordás: the list is permuted)
+            home, dev = self._home(pos, h), self._home(src, h)  # block src runs on its device; the state comes home
+            h = hk.hook_resid_pre(h.to(dev))
+            # the arguments the model's loop passes at this position (Csordás: the list is permuted)
+            rest, kw = self._calls_on(ctx, pos, dev)
             out = self.layers[src](h, *rest, **kw)
             out = out[0] if isinstance(out, tuple) else out
             k = keep.get(pos)
             if k is not None:  # (B, T) -> (B, T, 1): block input passed through where k == 0
-                k = k.to(out.dtype).unsqueeze(-1)
+                k = k.to(dev, out.dtype).unsqueeze(-1)
                 out = k * out + (1 - k) * h
-            out = hk.hook_resid_post(out)
+            out = hk.hook_resid_post(out).to(home)
             if on_layer is not None:
-                on_layer(pos, {"h": out}, out - h)
+                on_layer(pos, {"h": out}, out - h.to(home))
             h = out
         return {**state, "h": h}
 
@@ -258,7 +304,7 @@ class GenericBlocksModel(HookedRootModule):
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """h_L -> logits (B, T, V) through the model's own final norm, LM head and soft-capping."""
-        h = self.final_hidden(state, ctx)
+        h = self.final_hidden(state, ctx).to(self._device())  # the final norm and head live with the embedding
         B, T = h.shape[:2]
         sink: list = []
         as_tuple = bool(ctx.extras.get("as_tuple", False))
@@ -269,7 +315,7 @@ class GenericBlocksModel(HookedRootModule):
         return out.logits
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
-        ctx = self.context(tokens.shape[1], device=tokens.device)
+        ctx = self.context(tokens.shape[1], device=self._device())
         return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
 
     def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None) -> torch.Tensor:

@@ -436,15 +436,9 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
 
 
 def place_model(model: Any, device_map: Any) -> Any:
-    """`model.place(device_map)` for the hand-mapped adapter; None leaves it where it is. The generic-blocks path
-    runs on one device and refuses a map with one line."""
+    """`model.place(device_map)` (hand-mapped adapter or generic-blocks path); None leaves it where it is."""
     if device_map is None:
         return model
-    if not isinstance(model, HFLayeredModel):
-        from ..errors import DepthlensError
-
-        raise DepthlensError(f"device_map: model_type {model.hf_config.model_type!r} runs on the generic-blocks "
-                             "path, which places the whole model on one device (use --device)")
     return model.place(device_map)
 
 

@@ -139,6 +139,17 @@ def _device(x: Any, where: str) -> torch.device:
     return d
 
 
+def move(x: Any, dev: torch.device) -> Any:
+    """`x` with every tensor inside (tuples, lists, dicts) on `dev`; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    if isinstance(x, (tuple, list)):
+        return type(x)(move(v, dev) for v in x)
+    if isinstance(x, dict):
+        return {k: move(v, dev) for k, v in x.items()}
+    return x
+
+
 def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
     """The CLI's --device-map: 'auto', a device name, or the dict as JSON (inline or a .json file path)."""
     if text is None or text in ("auto",):
