@@ -276,11 +276,14 @@ class HFLayeredModel(HookedRootModule):
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """state after the last layer -> logits (B, T, V)."""
-        norm = resolve(self.hf, self.spec.final_norm)
+        return resolve(self.hf, self.spec.lm_head)(self._normed_final(state, ctx))
+
+    def _normed_final(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """Final norm of h_L (B, T, d), on the head's device."""
         h = self.final_hidden(state, ctx)
         if self.placement is not None:
             h = h.to(self.placement.head)
-        return resolve(self.hf, self.spec.lm_head)(norm(h))
+        return resolve(self.hf, self.spec.final_norm)(h)
 
     def unembedding(self) -> Unembedding | None:
         """final norm, then the `lm_head` Linear (the spec'd families apply nothing after it); None when the
@@ -288,9 +291,7 @@ class HFLayeredModel(HookedRootModule):
         lm_head = resolve(self.hf, self.spec.lm_head)
         if type(lm_head) is not nn.Linear:
             return None
-        norm = resolve(self.hf, self.spec.final_norm)
-        return Unembedding(hidden=lambda state, ctx: norm(self.final_hidden(state, ctx)), weight=lm_head.weight,
-                           bias=lm_head.bias)
+        return Unembedding(hidden=self._normed_final, weight=lm_head.weight, bias=lm_head.bias)
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, unit...)."""
