@@ -20,11 +20,17 @@ from helpers import debug_model
 torch.set_num_threads(1)
 
 
-def _runs(fail_rank: int | None = None) -> dict:
+def _runs(fail_rank: int | None = None, inside: bool = False) -> dict:
     model = debug_model("preln", 4)
     data = random_eval_data(model.config.vocab_size, n_seq=4, seq_len=16, seed=0, bos_id=0)
     if fail_rank is not None and int(os.environ["RANK"]) == fail_rank:
-        raise RuntimeError("rank failed on purpose")
+        if not inside:
+            raise RuntimeError("rank failed on purpose")
+
+        def broken(*a, **k):  # this rank's model fails mid-run, inside the engine; the other rank is fine
+            raise RuntimeError("layer failed on purpose")
+
+        model.run_layers = broken
     return {
         # few sequence batches (1): the skipped layers / pairs split over ranks
         "causal_arms": causal_scores(model, data, variants=("current", "future"), n_cuts=2, seq_batch=4),
@@ -35,10 +41,16 @@ def _runs(fail_rank: int | None = None) -> dict:
     }
 
 
-def _worker(rank: int, world: int, port: int, out: str, fail_rank: int | None) -> None:
+def _worker(rank: int, world: int, port: int, out: str, fail_rank: int | None, inside: bool = False) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), DEPTHLENS_DIST_TIMEOUT_MIN="2")
     torch.set_num_threads(1)
+    if inside:  # every rank reports what it raised, so the test sees rank 0's error too
+        try:
+            _runs(fail_rank, inside=True)
+        except Exception as e:  # noqa: BLE001
+            (Path(out) / f"rank{rank}.err").write_text(f"{type(e).__name__}: {e}")
+        return
     results = _runs(fail_rank)
     if rank == 0:  # as the CLI does: only rank 0 writes
         for name, ds in results.items():
@@ -72,3 +84,11 @@ def test_failing_rank_fails_the_run_and_writes_nothing(tmp_path):
     with pytest.raises(Exception, match="failed on purpose"):
         mp.spawn(_worker, args=(2, _port(), str(tmp_path), 1), nprocs=2, join=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_rank_failing_inside_the_engine_fails_every_rank_with_its_line(tmp_path):
+    """Rank 1's model breaks mid-run: rank 0 does not wait in the merge; it raises RankFailed naming rank 1 and
+    its error (the line the CLI prints), and rank 1 raises its own error."""
+    mp.spawn(_worker, args=(2, _port(), str(tmp_path), 1, True), nprocs=2, join=True)
+    assert (tmp_path / "rank1.err").read_text() == "RuntimeError: layer failed on purpose"
+    assert (tmp_path / "rank0.err").read_text() == "RankFailed: rank 1: RuntimeError: layer failed on purpose"

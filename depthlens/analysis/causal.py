@@ -37,6 +37,7 @@ import torch
 import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.distributed import agree, merge, shard, world
 from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import late_window, loss_log_probs, loss_logits
 from depthlens.errors import DepthlensError
@@ -410,11 +411,16 @@ def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, 
     device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), arms, S)
     own_layers = sorted({a.s for a in mine})
+    err = None
     with evaluating(model):
-        for start, toks in batches if mine else []:
-            # one function call per batch, so the batch's clean cache is freed before the next one is built
-            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), own_layers, mine, unit, norm, eps,
-                   per_chunk, outputs, measure, res)
+        try:
+            for start, toks in batches if mine else []:
+                # one function call per batch, so the batch's clean cache is freed before the next one is built
+                _batch(model, toks.to(device), slice(start, start + toks.shape[0]), own_layers, mine, unit, norm,
+                       eps, per_chunk, outputs, measure, res)
+        except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
+            err = e
+    agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
     _merge_ranks(res)
     return _dataset(model, data, checkpoint, S, variants, cuts, res,
                     dict(variants=list(variants), layers=S, unit=unit, norm=norm,
@@ -428,8 +434,6 @@ def _my_share(batches: list, arms: list[Arm], S: list[int]) -> tuple[list, list[
     """This process's (sequence batches, arms) under torchrun (depthlens.analysis.distributed): the sequence
     batches split over ranks when there are enough of them, otherwise the skipped layers (round-robin). One
     process: everything."""
-    from depthlens.analysis.distributed import shard, world
-
     rank, n = world()
     if n == 1:
         return batches, arms
@@ -442,8 +446,6 @@ def _my_share(batches: list, arms: list[Arm], S: list[int]) -> tuple[list, list[
 def _merge_ranks(res: _Results) -> None:
     """Merge every rank's results in place (each cell was computed by one rank): ratios, O, ΔL, losses by
     fmax over NaN, the pooled sums by addition. A no-op in one process."""
-    from depthlens.analysis.distributed import merge, world
-
     if world()[1] == 1:
         return
     arrays: dict[str, np.ndarray] = {"dloss": res.dloss, "clean_loss": res.clean_loss}

@@ -24,6 +24,7 @@ import torch
 import xarray as xr
 
 from depthlens.analysis.dataset import make_dataset
+from depthlens.analysis.distributed import agree, merge, shard, world
 from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import late_pairs, late_window
 from depthlens.analysis.stats import paired_se
@@ -121,11 +122,16 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
     clean_loss = np.full(N, np.nan)
     device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), by_i)
+    err = None
     with evaluating(model):
-        for start, toks in batches if mine else []:
-            # one call per batch: its state cache is freed before the next batch builds one
-            _batch(model, toks.to(device), slice(start, start + toks.shape[0]), mine, per_chunk, swap, dl, kl,
-                   clean_loss, chunked_head)
+        try:
+            for start, toks in batches if mine else []:
+                # one call per batch: its state cache is freed before the next batch builds one
+                _batch(model, toks.to(device), slice(start, start + toks.shape[0]), mine, per_chunk, swap, dl, kl,
+                       clean_loss, chunked_head)
+        except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
+            err = e
+    agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
     dl, kl, clean_loss = _merge_ranks(dl, kl, clean_loss)
     for l in range(L):
         dl[l, l] = kl[l, l] = 0.0
@@ -140,8 +146,6 @@ def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int
 def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int, list[int]]]:
     """This process's (sequence batches, pairs by i) under torchrun: the sequence batches split over ranks when
     there are enough of them, otherwise the pairs (round-robin over the sorted pairs). One process: all."""
-    from depthlens.analysis.distributed import shard, world
-
     rank, n = world()
     if n == 1:
         return batches, by_i
@@ -156,8 +160,6 @@ def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int
 def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
     """Every rank's (dl, kl, clean_loss) merged by fmax over NaN (each cell computed by one rank, or by every
     rank identically for clean_loss). One process: unchanged."""
-    from depthlens.analysis.distributed import merge
-
     m = merge({"dl": dl, "kl": kl, "clean_loss": clean_loss}, {"dl": "fmax", "kl": "fmax", "clean_loss": "fmax"})
     return m["dl"], m["kl"], m["clean_loss"]
 

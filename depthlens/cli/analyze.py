@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import app, domain_errors, fail
+from .app import app, domain_errors, fail, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
@@ -212,6 +212,7 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
 
 
 @app.command()
+@rank0_errors
 @domain_errors
 def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (share of late pairs with C > θ).")] = registry.CAUSAL.theta,
            variant: Annotated[str, typer.Option(help="current | future")] = "current",
@@ -268,6 +269,7 @@ def _skip_loss_lines(ds) -> list[str]:
 
 
 @app.command()
+@rank0_errors
 @domain_errors
 def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
             norm: Annotated[str, typer.Option(help="abs (nats) | rel | kl")] = "abs",
