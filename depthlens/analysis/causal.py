@@ -528,7 +528,7 @@ def _probs_nll(logits: torch.Tensor, toks: torch.Tensor) -> tuple[torch.Tensor, 
     """
     z = logits.float()
     m = z.amax(-1, keepdim=True)  # (b, T, 1)
-    zt = loss_logits(z).gather(-1, toks[:, 2:, None]).squeeze(-1)  # (b, T−2) target logits, before z is consumed
+    zt = loss_logits(z).gather(-1, toks[:, 2:, None].to(z.device)).squeeze(-1)  # (b, T−2), before z is consumed
     e = z.sub_(m).exp_()
     se = e.sum(-1, keepdim=True)
     nll = se[:, 1:-1, 0].log() - (zt - m[:, 1:-1, 0])  # the same loss positions τ = 1..T−2

@@ -21,7 +21,8 @@ quantities from (b, T, V) logits, one reference-sized block of rows at a time.
 
 Positions: a run covers tokens[:, :T−1] (the last token is only a target: by causality no loss position
 depends on it), and the loss positions are τ = 1..T−2 predicting tokens[:, τ+1] (BOS position excluded), as
-in `metrics.loss_log_probs`. Reductions are float32 whatever the model dtype.
+in `metrics.loss_log_probs`. Reductions are float32 whatever the model dtype, on the head's device (a model
+placed over several devices hands its head input over there).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class LossAgainstReference:
     def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(lse, target logit), each (n·b, T−2), walking ROW_BLOCK rows at a time."""
         u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
-        flat, tgt = h.reshape(-1, h.shape[-1]), self.targets.repeat(n, 1).reshape(-1)
+        flat, tgt = h.reshape(-1, h.shape[-1]), self.targets.to(h.device).repeat(n, 1).reshape(-1)
         parts = [logsumexp_and_target(flat[r:r + rb], u.weight, u.bias, tgt[r:r + rb])
                  for r in range(0, flat.shape[0], rb)]
         lse, zt = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -138,7 +139,7 @@ class LossAgainstReference:
     def _nll_kl_logits(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """From one block of b rows of loss-position logits (b, T−2, V); z is consumed."""
         lse = z.logsumexp(-1)
-        nll = lse - z.gather(-1, self.targets[..., None])[..., 0]
+        nll = lse - z.gather(-1, self.targets.to(z.device)[..., None])[..., 0]
         r = self.ref
         kl = torch.linalg.vecdot(r["p"], r["z"] - z) + (lse - r["lse"]) * r["psum"]
         return nll, kl
@@ -162,7 +163,7 @@ class LossAgainstReference:
         lse = z.logsumexp(-1)
         p = (z - lse[..., None]).exp_()
         self.ref = {"z": z, "lse": lse, "p": p, "psum": p.sum(-1)}
-        return lse - z.gather(-1, self.targets[..., None])[..., 0]
+        return lse - z.gather(-1, self.targets.to(z.device)[..., None])[..., 0]
 
     @torch.no_grad()
     def __call__(self, state: State) -> tuple[torch.Tensor, torch.Tensor]:
