@@ -344,9 +344,9 @@ def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> 
     if len(state) != 1 or x.numel() != u.numel():
         raise NotImplementedError("C_dir needs a state that is one tensor shaped like the update "
                                   f"(state keys {sorted(state)})")
-    u = u.view(x.shape)
-    m = positions.view(*positions.shape, *([1] * (u.dim() - 2))).to(x.dtype)
-    return {key: x - u.to(x.dtype) * m}
+    u = u.view(x.shape).to(x.device, x.dtype)  # u_s lives on layer s's device, the state on layer t's
+    m = positions.view(*positions.shape, *([1] * (u.dim() - 2))).to(x.device, x.dtype)
+    return {key: x - u * m}
 
 
 @torch.no_grad()
@@ -484,8 +484,9 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, n
             return
         U = _flat_update(u, ndims).view(len(active), b, T, -1)
         diff_sq = (U - clean.updates[p]).square().sum(-1)  # (arms, b, T)
-        ratio = (diff_sq.sqrt() / clean.den_sq[p].sqrt().clamp_min(eps)).cpu().numpy()
-        diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.den_sq[p].double().cpu().numpy()
+        den_sq = clean.den_sq[p].to(diff_sq.device)  # norm=resid: the state's device (a placed model's layers differ)
+        ratio = (diff_sq.sqrt() / den_sq.sqrt().clamp_min(eps)).cpu().numpy()
+        diff_sq, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
         for (null, variant), idx in _groups(active).items():
             (res.null_store if null else res.store)[variant].add(
                 [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq)
@@ -568,8 +569,9 @@ def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per
             model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))
             U = _flat_update(got[0], ndims).view(len(chunk), b, -1, clean.updates[t].shape[-1])
             diff_sq = (U - clean.updates[t]).square().sum(-1)
-            ratio = (diff_sq.sqrt() / clean.den_sq[t].sqrt().clamp_min(eps)).cpu().numpy()
-            diff_sq, clean_sq = diff_sq.double().cpu().numpy(), clean.den_sq[t].double().cpu().numpy()
+            den_sq = clean.den_sq[t].to(diff_sq.device)
+            ratio = (diff_sq.sqrt() / den_sq.sqrt().clamp_min(eps)).cpu().numpy()
+            diff_sq, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
             for (_, variant), idx in _groups(chunk).items():
                 dstore[variant].add([chunk[i] for i in idx], t, seqs, ratio[idx], diff_sq[idx], clean_sq)
 
