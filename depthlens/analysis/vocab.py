@@ -123,21 +123,25 @@ class LossAgainstReference:
         """Normed final hidden at the loss positions: (rows, T−2, d)."""
         return self.unembed.hidden(state, self.ctx)[:, 1:]
 
-    def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(lse, target logit), each (n·b, T−2), walking ROW_BLOCK rows at a time."""
+    def _by_row_blocks(self, walk, h: torch.Tensor, per_row: torch.Tensor) -> list[torch.Tensor]:
+        """walk(h_block (r, d), weight, bias, per_row_block (r,)) over ROW_BLOCK rows at a time; its outputs
+        concatenated and reshaped to h's leading dims (rows, T−2, ...)."""
         u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
-        flat, tgt = h.reshape(-1, h.shape[-1]), self.targets.to(h.device).repeat(n, 1).reshape(-1)
-        parts = [logsumexp_and_target(flat[r:r + rb], u.weight, u.bias, tgt[r:r + rb])
-                 for r in range(0, flat.shape[0], rb)]
-        lse, zt = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        return lse.view(h.shape[:2]), zt.view(h.shape[:2])
+        flat, extra = h.reshape(-1, h.shape[-1]), per_row.reshape(-1)
+        parts = [walk(flat[r:r + rb], u.weight, u.bias, extra[r:r + rb]) for r in range(0, flat.shape[0], rb)]
+        return [torch.cat(outs).view(*h.shape[:2], *outs[0].shape[1:]) for outs in zip(*parts)]
+
+    def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lse, target logit), each (n·b, T−2), for hidden states h (n·b, T−2, d)."""
+        lse, zt = self._by_row_blocks(logsumexp_and_target, h, self.targets.to(h.device).repeat(n, 1))
+        return lse, zt
 
     # --- the whole-logits path ----------------------------------------------------------------------------
     def _logits(self, state: State) -> torch.Tensor:
         return self.model.head(state, self.ctx)[:, 1:].float()  # (rows, T−2, V)
 
     def _nll_kl_logits(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """From one block of b rows of loss-position logits (b, T−2, V); z is consumed."""
+        """(NLL, KL) from one block of b rows of loss-position logits (b, T−2, V)."""
         lse = z.logsumexp(-1)
         nll = lse - z.gather(-1, self.targets.to(z.device)[..., None])[..., 0]
         r = self.ref
@@ -151,12 +155,7 @@ class LossAgainstReference:
         if self.chunked:
             h = self._hidden(state)  # (b, T−2, d)
             lse, zt = self._lse_target(h, 1)
-            u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
-            flat, lse_flat = h.reshape(-1, h.shape[-1]), lse.reshape(-1)
-            parts = [expected_embedding(flat[r:r + rb], u.weight, u.bias, lse_flat[r:r + rb])
-                     for r in range(0, flat.shape[0], rb)]
-            pw = torch.cat([p[0] for p in parts]).view(*h.shape[:2], -1)
-            psum = torch.cat([p[1] for p in parts]).view(h.shape[:2])
+            pw, psum = self._by_row_blocks(expected_embedding, h, lse)  # (b, T−2, d), (b, T−2)
             self.ref = {"h": h.float(), "lse": lse, "pw": pw, "psum": psum}
             return lse - zt
         z = self._logits(state)
@@ -175,10 +174,10 @@ class LossAgainstReference:
         if self.chunked:
             h = self._hidden(state)  # (n·b, T−2, d)
             lse, zt = self._lse_target(h, n)
-            dh = (r["h"] - h.float().view(n, *r["h"].shape))  # (n, b, T−2, d)
-            kl = torch.linalg.vecdot(r["pw"], dh).reshape(rows, -1) + (lse - r["lse"].repeat(n, 1)) * r[
-                "psum"].repeat(n, 1)
-            return lse - zt, kl
+            dh = r["h"] - h.float().view(n, *r["h"].shape)  # (n, b, T−2, d): h_ref − h per block
+            dlse = lse.view(n, *r["lse"].shape) - r["lse"]  # (n, b, T−2)
+            kl = torch.linalg.vecdot(r["pw"], dh) + dlse * r["psum"]
+            return lse - zt, kl.reshape(rows, -1)
         outs = [self._nll_kl_logits(self._logits({k: v[k0:k0 + self.b] for k, v in state.items()}))
                 for k0 in range(0, rows, self.b)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
