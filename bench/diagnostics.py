@@ -155,24 +155,30 @@ def naive_causal(model, tokens: torch.Tensor, layers) -> dict[str, np.ndarray]:
     return out
 
 
-def nnsight_causal(nn_model, model, tokens: torch.Tensor, layers) -> dict[str, np.ndarray]:
+def nnsight_skip_trace(nn_model, L: int, tokens: torch.Tensor, s: int | None) -> tuple[dict, torch.Tensor]:
+    """One nnsight trace: every update u_t = h_(t+1) − h_t and the logits, with layer s skipped on [1, T)
+    (Csordás' merge_io) when s is not None. Shared by this bench and bench/real_scale.py."""
     import nnsight
 
-    L, T = model.n_layer, tokens.shape[1]
-    pos = torch.arange(T)[None, :, None]
+    pos = torch.arange(tokens.shape[1], device=tokens.device)[None, :, None]
+    with torch.no_grad(), nn_model.trace(tokens):
+        ups = []
+        for t in range(L):
+            h_in = nn_model.blocks[t].hook_resid_pre.output
+            if t == s:  # merge_io: positions [1, T) take the block input, position 0 keeps the output
+                nn_model.blocks[t].hook_resid_post.output = torch.where(
+                    pos >= 1, h_in, nn_model.blocks[t].hook_resid_post.output)
+            ups.append(nn_model.blocks[t].hook_resid_post.output - h_in)
+        ups = nnsight.save(ups)
+        logits = nn_model.output.save()
+    return dict(enumerate(ups)), logits
+
+
+def nnsight_causal(nn_model, model, tokens: torch.Tensor, layers) -> dict[str, np.ndarray]:
+    L = model.n_layer
 
     def run(s: int | None):
-        with torch.no_grad(), nn_model.trace(tokens):
-            ups = []
-            for t in range(L):
-                h_in = nn_model.blocks[t].hook_resid_pre.output
-                if t == s:  # merge_io: positions [1, T) take the block input, position 0 keeps the output
-                    nn_model.blocks[t].hook_resid_post.output = torch.where(
-                        pos >= 1, h_in, nn_model.blocks[t].hook_resid_post.output)
-                ups.append(nn_model.blocks[t].hook_resid_post.output - h_in)
-            ups = nnsight.save(ups)
-            logits = nn_model.output.save()
-        return dict(enumerate(ups)), logits
+        return nnsight_skip_trace(nn_model, L, tokens, s)
 
     clean_u, clean_logits = run(None)
     p0, nll0 = clean_logits.softmax(-1), token_nll(clean_logits, tokens)

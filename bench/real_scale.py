@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from diagnostics import machine, peak_memory  # noqa: E402
+from diagnostics import machine, nnsight_skip_trace, peak_memory  # noqa: E402
 
 from depthlens.analysis.causal import causal_scores, token_nll  # noqa: E402
 from depthlens.analysis.evaldata import EvalData  # noqa: E402
@@ -167,25 +167,8 @@ def naive_causal(model, tokens: torch.Tensor) -> dict[str, np.ndarray]:
 
 
 def nnsight_causal(nn_model, model, tokens: torch.Tensor) -> dict[str, np.ndarray]:
-    import nnsight
-
     L = model.n_layer
-
-    def run(x, s):
-        pos = torch.arange(x.shape[1], device=x.device)[None, :, None]
-        with torch.no_grad(), nn_model.trace(x):
-            ups = []
-            for t in range(L):
-                h_in = nn_model.blocks[t].hook_resid_pre.output
-                if t == s:  # merge_io: positions [1, T) take the block input, position 0 keeps the output
-                    nn_model.blocks[t].hook_resid_post.output = torch.where(
-                        pos >= 1, h_in, nn_model.blocks[t].hook_resid_post.output)
-                ups.append(nn_model.blocks[t].hook_resid_post.output - h_in)
-            ups = nnsight.save(ups)
-            logits = nn_model.output.save()
-        return dict(enumerate(ups)), logits
-
-    return _causal_loop(run, tokens, L)
+    return _causal_loop(lambda x, s: nnsight_skip_trace(nn_model, L, x, s), tokens, L)
 
 
 def _perm_loop(call: Callable, tokens: torch.Tensor, L: int, pairs: list[tuple[int, int]]) -> np.ndarray:

@@ -133,16 +133,23 @@ def test_permutation_chunked_equals_whole_logits_and_records_the_path():
 
 
 def test_model_without_unembedding_takes_the_whole_logits_path():
-    """A model that does not offer an Unembedding (e.g. a soft-capped head) is never chunked."""
-    m = debug_model("preln", 3)
+    """A model that does not offer an Unembedding (e.g. a soft-capped head) is never chunked, even when asked,
+    and gets the chunked run's numbers through its whole logits."""
+    m = debug_model("preln", 3, vocab_size=1200)
 
-    class NoSplit:
+    class NoSplit:  # the same model, minus the split head
         def __getattr__(self, name):
             return getattr(m, name)
 
         unembedding = None
 
-    assert unembedding_of(NoSplit()) is None and vocab.head_path(NoSplit()) == "whole-logits"
+    data = random_eval_data(1200, n_seq=2, seq_len=10, seed=1, bos_id=0)
+    whole = permutation_scores(NoSplit(), data, pairs="all", chunked_head=True)
+    chunked = permutation_scores(m, data, pairs="all")
+    assert unembedding_of(NoSplit()) is None
+    assert (whole.attrs["head_path"], chunked.attrs["head_path"]) == ("whole-logits", "vocab-chunked")
+    for v in ("perm_abs", "perm_kl", "clean_loss"):
+        np.testing.assert_allclose(whole[v].values, chunked[v].values, rtol=0, atol=1e-6)
 
 
 def test_cpu_rows_follow_the_cache_rule(monkeypatch):

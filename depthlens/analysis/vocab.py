@@ -133,8 +133,7 @@ class LossAgainstReference:
 
     def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(lse, target logit), each (n·b, T−2), for hidden states h (n·b, T−2, d)."""
-        lse, zt = self._by_row_blocks(logsumexp_and_target, h, self.targets.to(h.device).repeat(n, 1))
-        return lse, zt
+        return tuple(self._by_row_blocks(logsumexp_and_target, h, self.targets.to(h.device).repeat(n, 1)))
 
     # --- the whole-logits path ----------------------------------------------------------------------------
     def _logits(self, state: State) -> torch.Tensor:
