@@ -4,7 +4,8 @@
 #   scripts/train_zoo.sh                 # LR sweep (if its results are not committed), then every zoo run
 #                                        # not yet in checkpoints/
 #   scripts/train_zoo.sh hc_l16 mhc_l8   # only these zoo runs
-#   scripts/train_zoo.sh --sweep         # (re)run the per-design LR sweep and rewrite the recipes from it
+#   scripts/train_zoo.sh --sweep         # (re)run the per-design LR sweep (finished runs are kept) and rewrite
+#                                        # the recipes from it
 #   scripts/train_zoo.sh --force ...     # retrain even if checkpoints/<name>/ exists (from scratch)
 #
 # A killed run resumes from .cache/depthlens/runs/zoo/<name>/resume when the script is rerun.
@@ -42,8 +43,16 @@ train_one() {  # recipe name: one run, logged to its out dir; a failure is repor
 export -f train_one; export PY force
 
 if [ $sweep -eq 1 ] || [ ! -f "$RESULTS" ]; then
-  "$PY" -m depthlens.training.trainer "$SWEEP" --list \
-    | xargs -P "$JOBS" -I{} bash -c 'train_one "$0" "$1"' "$SWEEP" {}
+  # rounds until every design's optimum is interior: the start grid, then one x2 step past an edge optimum
+  # (and the L=32 check around the L=8 optimum for the designs the paper's claims name); done runs are kept
+  while pending=$("$PY" -m depthlens.training.recipes lr-sweep-pending) && [ -n "$pending" ]; do
+    echo "lr sweep: $(echo "$pending" | wc -l) run(s) this round"
+    echo "$pending" | xargs -P "$JOBS" -I{} bash -c 'train_one "$0" "$1"' "$SWEEP" {} || true
+    "$PY" -m depthlens.training.recipes collect-lr-sweep > /dev/null
+    if [ "$pending" = "$("$PY" -m depthlens.training.recipes lr-sweep-pending)" ]; then
+      echo "lr sweep: no progress (a run failed); stopping" >&2; exit 1
+    fi
+  done
   echo "lr sweep: $("$PY" -m depthlens.training.recipes collect-lr-sweep)"
   "$PY" -m depthlens.training.recipes >/dev/null   # zoo_cpu.json now carries the chosen LRs
 fi

@@ -102,14 +102,17 @@ def test_committed_recipes_are_valid_and_in_sync():
         (s, L) for s in SLUGS for L in (4, 8, 16, 32)}
     sweep = read_recipe(REPO / "depthlens/recipes/zoo_cpu_lr.json")
     assert sweep == json.loads(json.dumps(recipes.zoo_lr_recipe())), "rerun `python -m depthlens.training.recipes`"
-    chosen = recipes.zoo_lr_results().get("chosen", {})
     for name, r in runs.items():
         cfg = RunConfig.from_dict(r)
         assert cfg.export == f"checkpoints/{name}" and cfg.model_config().head_dim == 8
         assert cfg.model["d_model"] % 8 == 0 and abs(cfg.meta["planned_rel_error"]) < 0.05  # iso-parameter
-        assert cfg.lr == chosen.get(cfg.model["arch"], recipes.ZOO_DEFAULT_LR)
+        assert cfg.lr == recipes.zoo_lr(cfg.model["arch"], cfg.model["n_layer"])[0]
+        assert not cfg.decay_mixing  # one recipe for every design: no decay on residual-mixing parameters
         tracked = cfg.model["arch"] in recipes.ZOO_SNAPSHOT_DESIGNS and cfg.model["n_layer"] in (16, 32)
-        assert cfg.snapshot_every_log2 == tracked
+        assert cfg.snapshot_every_log2 == (tracked and cfg.seed == 0)
+        assert cfg.data_seed == cfg.seed and name.endswith(f"_s{cfg.seed}") == (cfg.seed > 0)
+    seeded = {(r["model"]["arch"], r["model"]["n_layer"], r.get("seed", 0)) for r in runs.values()}
+    assert {(d, L, s) for d in recipes.ZOO_SEED_DESIGNS for L in (16, 32) for s in (0, 1, 2)} <= seeded
     paper = read_recipe(REPO / "depthlens/recipes/paper_gpu.json")
     cfgs = [RunConfig.from_dict(r) for r in recipe_runs(paper).values()]
     assert len(cfgs) == 10 * 7 * 4 and {c.model["n_layer"] for c in cfgs} == {16, 20, 24, 32, 40, 56, 70}
@@ -290,3 +293,50 @@ def test_bf16_autocast_trains_close_to_fp32_with_fp32_losses(corpus, tmp_path, m
     assert all(math.isfinite(x) for x in l16) and math.isfinite(v16)
     assert l16[0] == pytest.approx(l32[0], rel=1e-2)  # same init, same batch: only bf16 rounding differs
     assert l16 != l32 and abs(v16 - v32) < 0.1 and l16[-1] < l16[0] - 1.0  # and it learns as fp32 does
+
+
+def test_lr_sweep_extends_until_interior(tmp_path, monkeypatch):
+    """The sweep grid grows by one x2 step past an edge optimum and stops once every optimum is interior;
+    the deep check starts around the shallow optimum."""
+    assert recipes._next_lrs({}, (1.0, 2.0)) == [1.0, 2.0]
+    assert recipes._next_lrs({1.0: 3.0, 2.0: 2.0}, (1.0, 2.0)) == [4.0]  # best at the top edge
+    assert recipes._next_lrs({1.0: 1.0, 2.0: 2.0}, (1.0, 2.0)) == [0.5]  # best at the bottom edge
+    assert recipes._next_lrs({1.0: 3.0, 2.0: 1.0, 4.0: 2.0}, (1.0, 2.0)) == []  # interior: done
+    sweep = recipes.zoo_lr_recipe()
+    for run in sweep["runs"].values():  # finished runs live under tmp_path
+        run["export"] = str(tmp_path / Path(run["export"]).relative_to(".cache/depthlens/runs/zoo_lr"))
+
+    def finish(name: str, loss: float) -> None:
+        (Path(sweep["runs"][name]["export"])).mkdir(parents=True)
+        (Path(sweep["runs"][name]["export"]) / "train.json").write_text(json.dumps({"final_val_loss": loss}))
+
+    assert len(recipes.lr_sweep_pending(sweep)) == 10 * len(recipes.ZOO_LRS)
+    for design in SLUGS:  # a parabola in log2(lr) with its minimum at 6e-3 (interior of the start grid)
+        for lr in recipes.ZOO_LRS:
+            finish(recipes.lr_sweep_name(design, 8, lr), (math.log2(lr / 6e-3)) ** 2)
+    deep = recipes.lr_sweep_pending(sweep)
+    assert sorted(deep) == sorted(recipes.lr_sweep_name(d, 32, lr) for d in recipes.ZOO_CONFIRM_DESIGNS
+                                  for lr in (3e-3, 6e-3, 1.2e-2))
+    for name in deep:  # at L=32 the optimum moves to the top edge: one more step up
+        finish(name, -sweep["runs"][name]["lr"])
+    assert sorted(recipes.lr_sweep_pending(sweep)) == sorted(
+        recipes.lr_sweep_name(d, 32, 2.4e-2) for d in recipes.ZOO_CONFIRM_DESIGNS)
+    res = recipes.collect_lr_sweep(sweep, tmp_path / "res.json")
+    assert res["chosen"]["hc"] == {"8": 6e-3, "32": 1.2e-2} and res["interior"]["hc"] == {"8": True, "32": False}
+    assert recipes.zoo_lr("hc", 32, res) == (1.2e-2, "zoo_cpu_lr_sweep.json (L=32)")
+    assert recipes.zoo_lr("hc", 16, res) == (6e-3, "zoo_cpu_lr_sweep.json (L=8)")
+
+
+def test_residual_design_parameters_are_not_decayed_by_default():
+    """`decay_mixing` off (the default): no parameter of a Router is in the decayed group, so an identity-initialised
+    2-D map (HC's static alpha) and a 1-D one (mHC's bias) are treated alike; backbone matrices still decay."""
+    from depthlens.models import ModelConfig, build_model
+    from depthlens.training.trainer import param_groups
+
+    model = build_model(ModelConfig.debug("hc", n_layer=2), seed=0)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in param_groups(model, 0.1)[0]["params"]}
+    assert not any("router" in n for n in decayed) and any(n.endswith("q_proj.weight") for n in decayed)
+    old = {names[id(p)] for p in param_groups(model, 0.1, decay_mixing=True)[0]["params"]}
+    assert {n for n in old - decayed} == {n for n, p in model.named_parameters() if "router" in n and p.dim() >= 2}
+    assert any(n.endswith("static_alpha") for n in old - decayed)

@@ -28,7 +28,7 @@ DTYPES = ("fp32", "bf16")
 # Fields that shape the optimisation trajectory: a resume must match them exactly (micro_batch and the
 # world size may differ, because the data order and the averaged gradient do not depend on them).
 TRAJECTORY_FIELDS = ("model", "data", "tokenizer", "seq_len", "global_batch", "steps", "lr", "min_lr_factor",
-                     "warmup", "schedule", "decay_frac", "weight_decay", "betas", "eps", "grad_clip", "seed",
+                     "warmup", "schedule", "decay_frac", "weight_decay", "decay_mixing", "betas", "eps", "grad_clip", "seed",
                      "data_seed", "dtype")
 
 
@@ -54,6 +54,11 @@ class RunConfig:
     schedule: str = "wsd"  # "wsd" (warmup-stable-decay, torchtitan) or "cosine" (nanoGPT)
     decay_frac: float = 0.2  # WSD: fraction of steps in the final linear decay
     weight_decay: float = 0.1  # AdamW decoupled decay, applied to >= 2-D params only (not gains, not scalars)
+    # Decay the residual design's own parameters (every parameter of a Router: HC static/dynamic maps, mHC
+    # maps and biases, AttnRes queries, DeepNorm/KEEL/Sandwich gains) like weight matrices? Off, so every
+    # design follows one recipe: decay shrinks an identity-initialised 2-D map (HC's static alpha: 0.809 I
+    # after 400 steps at LR 6e-3) but not the same identity held in a 1-D bias (mHC). Zoo v2 had it on.
+    decay_mixing: bool = False
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW moments (LLM-pretraining standard)
     eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0  # global grad-norm clip (0 = off): protects early steps of deep models

@@ -31,8 +31,13 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 # --- the CPU zoo ------------------------------------------------------------------------------------
 ZOO_DEPTHS = (4, 8, 16, 32)  # 32: the paper's deep end (276 late pairs), the mission's `hc_l32` example
-ZOO_LRS = (1.5e-3, 3e-3, 6e-3)  # per-design peak-LR sweep: x2 steps around the 3e-3 of the first zoo
-ZOO_SWEEP_DEPTH, ZOO_SWEEP_STEPS = 8, 150  # a mid depth at ~40 % of the budget: what one core affords for 30 runs
+ZOO_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2)  # the sweep's start grid: x2 steps around the 3e-3 of the first zoo ...
+ZOO_LR_CANDIDATES = tuple(3e-3 * 2.0**k for k in range(-4, 5))  # ... extended by x2 steps until the optimum is interior
+ZOO_SWEEP_DEPTH, ZOO_SWEEP_STEPS = 8, 150  # a mid depth at ~40 % of the budget: what one core affords for 40 runs
+ZOO_CONFIRM_DEPTH = 32  # the optimum re-checked at the deep end, where the paper's claims are made ...
+ZOO_CONFIRM_DESIGNS = ("preln", "hc", "mhc", "full_attnres", "block_attnres")  # ... for the designs they name
+ZOO_SEEDS = (0, 1, 2)  # training seeds: a design-level claim is about training runs, so it needs their spread
+ZOO_SEED_DESIGNS, ZOO_SEED_DEPTHS = ZOO_CONFIRM_DESIGNS, (16, 32)
 ZOO_DEFAULT_LR = 3e-3  # used for a design until the sweep has a result for it
 ZOO_SNAPSHOT_DESIGNS = ("preln", "hc", "mhc", "full_attnres", "block_attnres")  # depth over training (track)
 ZOO_SNAPSHOT_DEPTHS = (16, 32)
@@ -80,8 +85,8 @@ def _zoo_base() -> dict[str, Any]:
         "global_batch": 16, "micro_batch": 0, "steps": 400,
         # peak LR: per design from the sweep (zoo_cpu_lr_sweep.json); this default only until it has run
         "lr": ZOO_DEFAULT_LR, "min_lr_factor": 0.1, "warmup": 20, "schedule": "wsd", "decay_frac": 0.2,
-        "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0, "data_seed": 0,
-        "eval_every": 100, "eval_batches": 4, "final_eval_batches": 64, "log_every": 10, "save_every": 100,
+        "weight_decay": 0.1, "decay_mixing": False, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0,
+        "data_seed": 0, "eval_every": 100, "eval_batches": 4, "final_eval_batches": 64, "log_every": 10, "save_every": 100,
         "device": "cpu", "dtype": "fp32", "threads": 1,
     }
 
@@ -94,60 +99,137 @@ def _zoo_model(design: str, L: int) -> tuple[dict[str, Any], dict[str, Any]]:
              "d_ff": shape["d_ff"]}, shape)
 
 
+def lr_sweep_name(design: str, n_layer: int, lr: float) -> str:
+    return f"{checkpoint_name(design, n_layer)}_lr{lr:g}"
+
+
 def zoo_lr_recipe() -> dict[str, Any]:
-    """The per-design LR sweep: every design at L = ZOO_SWEEP_DEPTH, ZOO_SWEEP_STEPS steps, each LR."""
+    """Every run the per-design LR sweep may need: each design at each sweep depth and each candidate LR
+    (ZOO_SWEEP_STEPS steps). Which of them actually run is decided by `lr_sweep_pending` from the results."""
     base = {**_zoo_base(), "steps": ZOO_SWEEP_STEPS, "eval_every": 0, "final_eval_batches": 32, "save_every": 50}
     runs = {}
     for design in SLUGS:
-        model, shape = _zoo_model(design, ZOO_SWEEP_DEPTH)
-        for lr in ZOO_LRS:
-            name = f"{checkpoint_name(design, ZOO_SWEEP_DEPTH)}_lr{lr:g}"
-            out = f".cache/depthlens/runs/zoo_lr/{name}"
-            runs[name] = {"model": model, "lr": lr, "out": out, "export": f"{out}/checkpoint",
-                          "meta": {"iso_target_params": ZOO_TARGET, "sweep": "zoo_lr", **shape}}
-    return {"description": f"Per-design peak-LR sweep for the CPU zoo: 10 designs at L={ZOO_SWEEP_DEPTH}, "
-                           f"{ZOO_SWEEP_STEPS} steps, LR in {list(ZOO_LRS)}. Run by scripts/train_zoo.sh; "
+        for L in (ZOO_SWEEP_DEPTH, ZOO_CONFIRM_DEPTH):
+            if L == ZOO_CONFIRM_DEPTH and design not in ZOO_CONFIRM_DESIGNS:
+                continue
+            model, shape = _zoo_model(design, L)
+            for lr in ZOO_LR_CANDIDATES:
+                name = lr_sweep_name(design, L, lr)
+                out = f".cache/depthlens/runs/zoo_lr/{name}"
+                runs[name] = {"model": model, "lr": lr, "out": out, "export": f"{out}/checkpoint",
+                              "meta": {"iso_target_params": ZOO_TARGET, "sweep": "zoo_lr", **shape}}
+    return {"description": f"Per-design peak-LR sweep for the CPU zoo: {ZOO_SWEEP_STEPS} steps at L={ZOO_SWEEP_DEPTH} "
+                           f"(every design) and L={ZOO_CONFIRM_DEPTH} (the designs the paper's claims name), LR on "
+                           "a x2 grid extended until the optimum is interior. Run by `scripts/train_zoo.sh --sweep`; "
                            "results in zoo_cpu_lr_sweep.json.",
             "corpus": ZOO_CORPUS, "base": base, "runs": runs}
 
 
-def collect_lr_sweep(recipe: dict[str, Any] | None = None, path: Path | None = None) -> dict[str, Any]:
-    """Read the sweep runs' final validation losses, pick the best LR per design, write the results file."""
-    recipe = recipe or zoo_lr_recipe()
-    losses: dict[str, dict[str, float]] = {}
-    for name, run in recipe["runs"].items():
+def _sweep_losses(recipe: dict[str, Any]) -> dict[str, dict[str, dict[float, float]]]:
+    """{design: {str(L): {lr: final val loss}}} of the sweep runs that have finished."""
+    losses: dict[str, dict[str, dict[float, float]]] = {}
+    for run in recipe["runs"].values():
         train = Path(run["export"]) / "train.json"
         if train.exists():
-            design = run["model"]["arch"]
-            losses.setdefault(design, {})[f"{run['lr']:g}"] = json.loads(train.read_text())["final_val_loss"]
-    chosen = {d: float(min(v, key=v.get)) for d, v in losses.items()}
-    res = {"description": f"Final validation loss (nats/byte, 32 val batches) after {ZOO_SWEEP_STEPS} steps at "
-                          f"L={ZOO_SWEEP_DEPTH}; `chosen` = the argmin, used by zoo_cpu.json. A half-budget proxy: "
-                          "the best LR at 400 steps may be one notch lower.",
-           "lrs": [f"{lr:g}" for lr in ZOO_LRS], "val_loss": losses, "chosen": chosen}
+            design, L = run["model"]["arch"], str(run["model"]["n_layer"])
+            losses.setdefault(design, {}).setdefault(L, {})[float(run["lr"])] = \
+                json.loads(train.read_text())["final_val_loss"]
+    return losses
+
+
+def _next_lrs(tried: dict[float, float], start: tuple[float, ...]) -> list[float]:
+    """The LRs still to run at one (design, depth): the start grid, then one x2 step beyond an edge optimum."""
+    todo = [lr for lr in start if lr not in tried]
+    if todo:
+        return todo
+    lrs = sorted(tried)
+    best = min(tried, key=tried.__getitem__)
+    if best == lrs[-1]:
+        return [best * 2]
+    if best == lrs[0]:
+        return [best / 2]
+    return []
+
+
+def lr_sweep_pending(recipe: dict[str, Any] | None = None) -> list[str]:
+    """Names of the sweep runs to train next (empty when every optimum is interior): the L = ZOO_SWEEP_DEPTH
+    grid first; then, for ZOO_CONFIRM_DESIGNS, the x2 neighbourhood of that optimum at L = ZOO_CONFIRM_DEPTH."""
+    recipe = recipe or zoo_lr_recipe()
+    losses = _sweep_losses(recipe)
+    pending = []
+    for design in SLUGS:
+        shallow = losses.get(design, {}).get(str(ZOO_SWEEP_DEPTH), {})
+        todo = _next_lrs(shallow, ZOO_LRS)
+        if not todo and design in ZOO_CONFIRM_DESIGNS:
+            best = min(shallow, key=shallow.__getitem__)
+            deep = losses.get(design, {}).get(str(ZOO_CONFIRM_DEPTH), {})
+            todo = [(ZOO_CONFIRM_DEPTH, lr) for lr in _next_lrs(deep, (best / 2, best, best * 2))]
+        else:
+            todo = [(ZOO_SWEEP_DEPTH, lr) for lr in todo]
+        for L, lr in todo:
+            name = lr_sweep_name(design, L, lr)
+            if name not in recipe["runs"]:
+                raise ValueError(f"LR sweep: {design} at L={L} needs LR {lr:g}, outside ZOO_LR_CANDIDATES")
+            pending.append(name)
+    return pending
+
+
+def collect_lr_sweep(recipe: dict[str, Any] | None = None, path: Path | None = None) -> dict[str, Any]:
+    """Read the sweep runs' final validation losses, pick the best LR per design and depth, write the results."""
+    recipe = recipe or zoo_lr_recipe()
+    losses = _sweep_losses(recipe)
+    chosen = {d: {L: min(v, key=v.__getitem__) for L, v in by_depth.items()} for d, by_depth in losses.items()}
+    interior = {d: {L: min(v) < chosen[d][L] < max(v) for L, v in by_depth.items()} for d, by_depth in losses.items()}
+    res = {"description": f"Final validation loss (nats/byte, 32 val batches) after {ZOO_SWEEP_STEPS} steps, per "
+                          f"design and depth (L={ZOO_SWEEP_DEPTH}: every design; L={ZOO_CONFIRM_DEPTH}: the designs "
+                          "the paper's claims name). `chosen` = the argmin, used by zoo_cpu.json at that depth (other "
+                          f"depths use L={ZOO_SWEEP_DEPTH}'s); `interior` says the optimum is not at an edge of the "
+                          "grid. A short-budget proxy: the best LR at 400 steps may be one notch lower.",
+           "steps": ZOO_SWEEP_STEPS, "decay_mixing": _zoo_base()["decay_mixing"],
+           "val_loss": {d: {L: {f"{lr:g}": v for lr, v in sorted(by_lr.items())} for L, by_lr in by_depth.items()}
+                        for d, by_depth in losses.items()},
+           "chosen": chosen, "interior": interior, "pending": lr_sweep_pending(recipe)}
     path = path or RECIPES_DIR / "zoo_cpu_lr_sweep.json"
-    path.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(res, indent=1, sort_keys=True) + "\n")
     return res
+
+
+def zoo_lr(design: str, n_layer: int, results: dict[str, Any] | None = None) -> tuple[float, str]:
+    """(peak LR, where it comes from) for one zoo run: the sweep's optimum at this depth if it was swept
+    there, else at ZOO_SWEEP_DEPTH, else the default."""
+    chosen = (zoo_lr_results() if results is None else results).get("chosen", {}).get(design, {})
+    if not isinstance(chosen, dict):  # a zoo-v2 results file: one LR per design (L = 8)
+        return float(chosen), f"zoo_cpu_lr_sweep.json (L={ZOO_SWEEP_DEPTH})"
+    for L in (str(n_layer), str(ZOO_SWEEP_DEPTH)):
+        if L in chosen:
+            return float(chosen[L]), f"zoo_cpu_lr_sweep.json (L={L})"
+    return ZOO_DEFAULT_LR, "default"
 
 
 def zoo_recipe() -> dict[str, Any]:
     base = _zoo_base()
-    chosen = zoo_lr_results().get("chosen", {})
+    results = zoo_lr_results()
     runs = {}
     for design in SLUGS:
         for L in ZOO_DEPTHS:
-            name = checkpoint_name(design, L)
             model, shape = _zoo_model(design, L)
-            runs[name] = {
-                "model": model, "lr": chosen.get(design, ZOO_DEFAULT_LR),
-                "out": f".cache/depthlens/runs/zoo/{name}", "export": f"checkpoints/{name}",
-                "meta": {"iso_target_params": ZOO_TARGET, **shape,
-                         "lr_source": "zoo_cpu_lr_sweep.json" if design in chosen else "default"},
-            }
-            if design in ZOO_SNAPSHOT_DESIGNS and L in ZOO_SNAPSHOT_DEPTHS:
-                runs[name]["snapshot_every_log2"] = True
-    return {"description": "CPU zoo: 10 designs x L in {4, 8, 16, 32} at ~230K total params (bytes corpus, "
-                           "seq 128), per-design peak LR from zoo_cpu_lr_sweep.json. Generated by "
+            lr, source = zoo_lr(design, L, results)
+            seeds = ZOO_SEEDS if design in ZOO_SEED_DESIGNS and L in ZOO_SEED_DEPTHS else (0,)
+            for seed in seeds:
+                name = checkpoint_name(design, L) + (f"_s{seed}" if seed else "")
+                runs[name] = {
+                    "model": model, "lr": lr,
+                    "out": f".cache/depthlens/runs/zoo/{name}", "export": f"checkpoints/{name}",
+                    "meta": {"iso_target_params": ZOO_TARGET, **shape, "lr_source": source},
+                }
+                if seed:  # a training run's seed: its init and its data order
+                    runs[name].update(seed=seed, data_seed=seed)
+                if seed == 0 and design in ZOO_SNAPSHOT_DESIGNS and L in ZOO_SNAPSHOT_DEPTHS:
+                    runs[name]["snapshot_every_log2"] = True
+    return {"description": "CPU zoo v3: 10 designs x L in {4, 8, 16, 32} at ~230K total params (bytes corpus, "
+                           "seq 128), per-design peak LR from zoo_cpu_lr_sweep.json, training seeds "
+                           f"{list(ZOO_SEEDS)} (init and data order) for {list(ZOO_SEED_DESIGNS)} at L in "
+                           f"{list(ZOO_SEED_DEPTHS)} (`<name>_s<seed>`). Generated by "
                            "`python -m depthlens.training.recipes`; run with scripts/train_zoo.sh.",
             "corpus": ZOO_CORPUS, "base": base, "runs": runs}
 
@@ -217,6 +299,8 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["collect-lr-sweep"]:
         print(json.dumps(collect_lr_sweep()["chosen"]))
+    elif sys.argv[1:2] == ["lr-sweep-pending"]:
+        print("\n".join(lr_sweep_pending()))
     elif sys.argv[1:2] == ["prepare-zoo-data"]:
         print(prepare_zoo_data(json.loads((RECIPES_DIR / "zoo_cpu.json").read_text())))
     else:

@@ -118,11 +118,18 @@ def check_memory(cfg: RunConfig, micro: int, dist: DistInfo) -> None:
                          f"{dist.device.type} memory is {have / 2**30:,.1f} GiB; lower micro_batch or seq_len")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay matrices and embeddings (>= 2-D), never gains, scalars or mixing logits (< 2-D)."""
+def param_groups(model: nn.Module, weight_decay: float, *, decay_mixing: bool = False) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices and embeddings (>= 2-D), never gains, scalars or mixing logits (< 2-D);
+    the residual design's own parameters (those of its Routers) only when `decay_mixing`."""
+    from ..models.residual.base import Router
+
+    mixing = set()
+    if not decay_mixing:
+        mixing = {id(p) for m in model.modules() if isinstance(m, Router) for p in m.parameters()}
     params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    decayed = [p for p in params if p.dim() >= 2 and id(p) not in mixing]
+    return [{"params": decayed, "weight_decay": weight_decay},
+            {"params": [p for p in params if not (p.dim() >= 2 and id(p) not in mixing)], "weight_decay": 0.0}]
 
 
 def open_data(data: str | os.PathLike | TokenDataset, split: str) -> TokenDataset:
@@ -268,7 +275,7 @@ class Trainer:
             for block in self.raw.blocks:
                 block.compile()
         self.model = wrap_model(self.raw, dist, fsdp=cfg.fsdp)
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas,
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay, decay_mixing=cfg.decay_mixing), lr=cfg.lr, betas=cfg.betas,
                                            eps=cfg.eps, fused=dist.device.type == "cuda" or None)
         self.step = 0
         self.elapsed = 0.0  # training wall time summed over resumes
