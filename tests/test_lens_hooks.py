@@ -193,6 +193,32 @@ def test_an_edited_pattern_is_what_the_layer_uses(arch):
     assert (edited - plain).abs().max() > 1e-3
 
 
+def test_a_backward_hook_on_the_pattern_gets_its_gradient():
+    """With a backward hook the layer computes attention from the pattern, so the gradient reaches it: by the
+    chain rule through z = pattern @ V, dL/dpattern[h, q, k] = dL/dz[q, h] . v[k, h // G]."""
+    m = _model("preln")
+    toks = _tokens(m.config.vocab_size, 7)
+    G = m.config.n_head // m.config.kv_heads
+    grads, acts = {}, {}
+
+    def keep_grad(g, hook):
+        grads[hook.name] = g.detach().clone()
+
+    def keep_act(x, hook):
+        acts[hook.name] = x.detach().clone()
+
+    names = ("blocks.1.attn.hook_pattern", "blocks.1.attn.hook_z")
+    with m.hooks(fwd_hooks=[("blocks.1.attn.hook_v", keep_act)], bwd_hooks=[(n, keep_grad) for n in names]):
+        logits = m(toks)
+        logits.logsumexp(-1).mean().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(logits, m(toks), rtol=0, atol=1e-5)  # the explicit path, equal up to rounding
+    v = acts["blocks.1.attn.hook_v"].repeat_interleave(G, dim=2)  # (B, T, H, dh)
+    expect = torch.einsum("bqhe,bkhe->bhqk", grads["blocks.1.attn.hook_z"], v)
+    torch.testing.assert_close(grads["blocks.1.attn.hook_pattern"], expect, rtol=1e-4, atol=1e-7)
+    assert expect.abs().max() > 1e-4
+
+
 def test_an_edited_scale_divides_the_norm_input():
     m = _model("preln")
     toks = _tokens(m.config.vocab_size, 4)

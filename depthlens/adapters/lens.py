@@ -91,9 +91,11 @@ class Lens:
 def ln_stack_refusal(model: Any, layer: int | None, mlp_input: bool) -> str | None:
     """Why an LN-scaled stack at `layer` (None/-1/L: the final norm; else ln2 if mlp_input, ln1) would not mean
     "what this residual component contributes to that norm's input" on this model; None where it does."""
-    design = getattr(model, "design", None)
-    if design is None or getattr(design, "norm_reads_view", None) is None:  # foreign models: TransformerLens decides
+    from ..models.model import DepthModel
+
+    if not isinstance(getattr(model, "model", model), DepthModel):  # foreign models: TransformerLens decides
         return None
+    design = model.design
     L = model.cfg.n_layers
     slug = design.slug
     if layer is None or layer in (-1, L):
