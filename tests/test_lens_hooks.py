@@ -223,7 +223,6 @@ def test_an_edited_scale_divides_the_norm_input():
     m = _model("preln")
     toks = _tokens(m.config.vocab_size, 4)
     with torch.no_grad():
-        _, cache = m.run_with_cache(toks)
         doubled = m.run_with_hooks(toks, fwd_hooks=[("blocks.1.ln2.hook_normalized", lambda x, hook: x / 2)])
         via_scale = m.run_with_hooks(toks, fwd_hooks=[("blocks.1.ln2.hook_scale", lambda s, hook: s * 2)])
         plain = m(toks)
@@ -314,7 +313,7 @@ def test_patching_attention_heads_matches_hand_made_patches(saved):
     # the pattern of one (layer, head, destination) from the clean run: z there = clean pattern row @ corrupt v
     res = patching.get_act_patch_attn_head_pattern_by_pos(lens, corrupt, clean_cache, metric)
     assert res.shape == (c.n_layer, c.n_head, 5)
-    z = _np(clean_cache[f"blocks.{layer}.attn.hook_pattern"][0, head, pos]) @ _np(bad[f"blocks.{layer}.attn.hook_v"][0, :, head // G])
+    z = _np(clean_cache["pattern", layer][0, head, pos]) @ _np(bad["v", layer][0, :, head // G])  # (d_head,)
 
     def put_z(x, hook):
         x = x.clone()
@@ -329,7 +328,7 @@ def test_patching_attention_heads_matches_hand_made_patches(saved):
     # one head's output at one position: the branch output moves by W_O restricted to that head
     res = patching.get_act_patch_attn_head_out_by_pos(lens, corrupt, clean_cache, metric)
     assert res.shape == (c.n_layer, 5, c.n_head)
-    dz = _np(clean_cache[f"blocks.{layer}.attn.hook_z"][0, pos, head]) - _np(bad[f"blocks.{layer}.attn.hook_z"][0, pos, head])
+    dz = _np(clean_cache["z", layer][0, pos, head]) - _np(bad["z", layer][0, pos, head])
     w_o = _np(m.blocks[layer].attn.fn.o_proj.weight)[:, head * dh:(head + 1) * dh]  # (d, dh)
 
     def put_out(x, hook):
@@ -359,7 +358,7 @@ def test_a_loaded_checkpoint_carries_its_tokenizer(tmp_path):
     assert toks.tolist()[0][:3] == [256, 104, 105] and lens.to_string(toks[1]) == "héllo"
     assert lens.to_string(toks[0, :3].tolist()) == "hi"
     with torch.no_grad():
-        logits, cache = Lens.from_pretrained("checkpoints/hc_l4").run_with_cache(toks)
+        logits, _ = Lens.from_pretrained("checkpoints/hc_l4").run_with_cache(toks)
         assert torch.equal(logits, ck.model(toks))
     # a tokenizer whose ids do not fit the embedding is refused, not silently used
     m = build_model(ModelConfig.debug("preln", n_layer=1))  # vocab 97

@@ -40,7 +40,8 @@ class Lens:
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
     @classmethod
-    def from_pretrained(cls, path: Any, *, device: str = "cpu", dtype: Any = None, tokenizer: str | None = None) -> "Lens":
+    def from_pretrained(cls, path: Any, *, device: str = "cpu", dtype: Any = None,
+                        tokenizer: str | None = None) -> Lens:
         """A Lens over the model at `path` (depthlens checkpoint, HF directory or GGUF file, through the one loader
         `depthlens.open`), in eval mode, with the tokenizer it ships (`tokenizer`: a spec that overrides it)."""
         from .load import open_model
@@ -56,7 +57,6 @@ class Lens:
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         """(logits (B, T, V), ActivationCache). Keywords as HookedRootModule.run_with_cache (names_filter...)."""
-        from transformer_lens import ActivationCache
 
         out, cache = self.model.run_with_cache(*args, **kwargs)
         return out, _cache_class()(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
@@ -113,7 +113,8 @@ def ln_stack_refusal(model: Any, layer: int | None, mlp_input: bool) -> str | No
 
 
 def _cache_class() -> type:
-    """`transformer_lens.ActivationCache` whose LN-scaled stacks refuse where they would be wrong (`ln_stack_refusal`)."""
+    """`transformer_lens.ActivationCache` whose LN-scaled stacks refuse where they would be wrong
+    (`ln_stack_refusal`)."""
     global _CACHE
     if _CACHE is None:
         from transformer_lens import ActivationCache

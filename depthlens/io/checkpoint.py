@@ -87,8 +87,8 @@ def read_tokenizer(path: str | os.PathLike, vocab_size: int) -> Any:
         if (d / CONFIG_NAME).is_file():
             tok = load_tokenizer(d)
             if tok.vocab_size > vocab_size:
-                raise CheckpointError(f"{d / CONFIG_NAME}: tokenizer {tok.name!r} has {tok.vocab_size} ids, the model's "
-                                      f"embedding only {vocab_size}")
+                raise CheckpointError(f"{d / CONFIG_NAME}: tokenizer {tok.name!r} has {tok.vocab_size} ids, "
+                                      f"the model's embedding only {vocab_size}")
             return tok
     return ByteTokenizer() if vocab_size == ByteTokenizer.vocab_size else None
 

@@ -20,7 +20,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from transformer_lens.hook_points import HookPoint
 
 from .config import ModelConfig
@@ -57,7 +56,7 @@ class NormHooks(nn.Module):
     lens calls).
     """
 
-    def __init__(self, norm: "RMSNorm | None" = None):
+    def __init__(self, norm: RMSNorm | None = None):
         super().__init__()
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
@@ -127,7 +126,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, d, bias=False)
 
-    def project(self, x: torch.Tensor, hooks: "Sublayer | None" = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor,
+                hooks: Sublayer | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Un-rotated q (B, Hq, T, dh), k and v (B, Hkv, T, dh); hooks fire in TransformerLens' (B, T, H, dh)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
@@ -138,7 +138,7 @@ class Attention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               hooks: "Sublayer | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+               hooks: Sublayer | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE on q (B, Hq, T, dh) and k (B, Hkv, T, dh); hook_rot_q/k fire in (B, T, H, dh) (views: no copy)."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if hooks is not None:
@@ -146,7 +146,7 @@ class Attention(nn.Module):
             k = hooks.hook_rot_k(k.transpose(1, 2)).transpose(1, 2)
         return q, k
 
-    def merge(self, o: torch.Tensor, hooks: "Sublayer | None" = None) -> torch.Tensor:
+    def merge(self, o: torch.Tensor, hooks: Sublayer | None = None) -> torch.Tensor:
         """(B, Hq, T, dh) -> (B, T, d) through W_o; hook_z fires on the heads' outputs z (B, T, Hq, dh)."""
         B, _, T, _ = o.shape
         z = o.transpose(1, 2)
@@ -155,7 +155,7 @@ class Attention(nn.Module):
         return self.o_proj(z.reshape(B, T, self.n_head * self.head_dim))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                hooks: "Sublayer | None" = None) -> torch.Tensor:  # (B, T, d)
+                hooks: Sublayer | None = None) -> torch.Tensor:  # (B, T, d)
         q, k, v = self.project(x, hooks)
         q, k = self.rotate(q, k, cos, sin, hooks)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
@@ -164,7 +164,7 @@ class Attention(nn.Module):
         return self.merge(o, hooks)
 
     def hooked_pattern(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                       hooks: "Sublayer") -> torch.Tensor:
+                       hooks: Sublayer) -> torch.Tensor:
         """Form the pattern the fused kernel computed, fire hook_attn_scores and hook_pattern, and return o, or
         the attention recomputed from an edited score or pattern matrix.
 
@@ -193,7 +193,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
 
-    def forward(self, x: torch.Tensor, *_: object, hooks: "Sublayer | None" = None) -> torch.Tensor:  # (B, T, d)
+    def forward(self, x: torch.Tensor, *_: object, hooks: Sublayer | None = None) -> torch.Tensor:  # (B, T, d)
         if hooks is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         pre = hooks.hook_pre(self.gate_proj(x))  # (B, T, d_mlp)
@@ -221,7 +221,7 @@ class Sublayer(nn.Module):
             setattr(self, name, HookPoint())
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                in_scale: float | None = None, prenorm: bool = True, hooks: "Sublayer | None" = None,
+                in_scale: float | None = None, prenorm: bool = True, hooks: Sublayer | None = None,
                 ln: NormHooks | None = None, ln_post: NormHooks | None = None) -> torch.Tensor:
         h = self.norm(x, ln) if prenorm else x
         if in_scale is not None:

@@ -59,8 +59,8 @@ class Block(nn.Module):
             self.hook_streams_pre = HookPoint()  # (B, T, n, d), editable
             self.hook_streams_post = HookPoint()
 
-    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: "Block | None" = None,
-                router: "Block | None" = None, keep_attn: torch.Tensor | None = None,
+    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: Block | None = None,
+                router: Block | None = None, keep_attn: torch.Tensor | None = None,
                 keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
         """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
 

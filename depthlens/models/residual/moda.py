@@ -40,7 +40,8 @@ DepthKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dk, dv (B, T, S, H_
 
 
 def depth_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_depth: torch.Tensor,
-                    depth: DepthKV | None, hooks: Sublayer | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                    depth: DepthKV | None,
+                    hooks: Sublayer | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One softmax over causal sequence keys and the same token's valid depth slots.
 
     q (B, Hq, T, e) and k, v (B, Hkv, T, e) for the sequence part; q_depth (B, Hq, T, e) the query used
