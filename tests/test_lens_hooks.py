@@ -161,6 +161,19 @@ def test_pattern_of_the_other_bodies(arch):
                                                                                     m.config.norm_eps), atol=1e-6)
 
 
+def test_hooks_follow_the_layer_position_under_a_swap():
+    """order=[1, 0]: position 0 runs layer 1's body, and blocks.0.* hooks see it (q from layer 1's weights)."""
+    m = _model("preln")
+    c = m.config
+    toks = _tokens(c.vocab_size, 8)
+    with torch.no_grad():
+        _, cache = m.run_with_cache(toks, order=[1, 0])
+        body = m.blocks[1].attn
+        q = body.fn.q_proj(cache["blocks.0.ln1.hook_normalized"] * body.norm.weight).view(B, T, c.n_head, c.head_dim)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_q"], q, rtol=0, atol=1e-6)
+    torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], cache["hook_embed"])
+
+
 # --- edits flow through --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["preln", "hc", "moda"])
