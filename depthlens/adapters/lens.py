@@ -7,10 +7,16 @@ Both `DepthModel` and `HFLayeredModel` are `HookedRootModule`s with TransformerL
 protocol adds is `to_tokens`, and `run_with_cache` returning an `ActivationCache` (HookedRootModule returns
 a plain dict). `Lens` adds exactly those two, as a thin wrapper (the model class is not edited):
 
+    lens = Lens.from_pretrained("checkpoints/hc_l16")     # any path open_model takes; its tokenizer comes along
     lens = Lens(model, tokenizer)                         # model: DepthModel | HFLayeredModel
-    logits, cache = lens.run_with_cache(tokens)           # cache: transformer_lens.ActivationCache
+    logits, cache = lens.run_with_cache(lens.to_tokens("text"))   # cache: transformer_lens.ActivationCache
     cache.accumulated_resid()                             # (L+1, B, T, d): h_0 .. h_L (pre final norm)
     patching.get_act_patch_resid_pre(lens, corrupt, cache, metric)   # (L, T)
+
+The cache's LN-scaled stacks (`apply_ln_to_stack`, and `accumulated_resid`/`decompose_resid` with
+`apply_ln=True`) divide a residual-view stack by the scale a norm measured. That means what it says only where
+the norm reads the residual view (Pre-LN, LNS, Sandwich, KEEL, MoDA; the final norm also under DeepNorm and
+the HC/mHC sum collapse); elsewhere the cache refuses in one line instead of returning a plausible number.
 
 The other direction: `from_bridge(bridge)` wraps the HF model inside a TransformerLens `TransformerBridge`
 with the depthlens adapter, so every depthlens diagnostic runs on a bridge someone already built.
@@ -33,6 +39,16 @@ class Lens:
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
+    @classmethod
+    def from_pretrained(cls, path: Any, *, device: str = "cpu", dtype: Any = None,
+                        tokenizer: str | None = None) -> Lens:
+        """A Lens over the model at `path` (depthlens checkpoint, HF directory or GGUF file, through the one loader
+        `depthlens.open`), in eval mode, with the tokenizer it ships (`tokenizer`: a spec that overrides it)."""
+        from .load import open_model
+
+        op = open_model(path, device=device, dtype=dtype, tokenizer=tokenizer)
+        return cls(op.model, op.tokenizer)
+
     def __getattr__(self, name: str) -> Any:  # only called for names Lens itself does not define
         return getattr(self.__dict__["model"], name)
 
@@ -41,16 +57,18 @@ class Lens:
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         """(logits (B, T, V), ActivationCache). Keywords as HookedRootModule.run_with_cache (names_filter...)."""
-        from transformer_lens import ActivationCache
 
         out, cache = self.model.run_with_cache(*args, **kwargs)
-        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return out, _cache_class()(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("no tokenizer: pass Lens(model, tokenizer) or token ids")
+        return self.tokenizer
 
     def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None, **_: Any) -> torch.Tensor:
         """(B, T) ids. HF tokenizers follow their own BOS default; depthlens tokenizers prepend `bos_id`."""
-        tok = self.tokenizer
-        if tok is None:
-            raise ValueError("no tokenizer: pass Lens(model, tokenizer) or token ids")
+        tok = self._tokenizer()
         device = next(self.model.parameters()).device
         if hasattr(tok, "to_tokens"):
             return tok.to_tokens(text, prepend_bos=prepend_bos, device=device)
@@ -59,6 +77,61 @@ class Lens:
         rows = [([tok.bos_id] if bos else []) + tok.encode(t) for t in texts]
         T = max(len(r) for r in rows)
         return torch.tensor([r + [0] * (T - len(r)) for r in rows], dtype=torch.long, device=device)
+
+    def to_string(self, tokens: Any) -> str | list[str]:
+        """Text of ids: a (T,) tensor or list -> str, a (B, T) tensor or list of lists -> list[str]. Special ids
+        (BOS) are dropped, as the tokenizer's `decode` does."""
+        tok = self._tokenizer()
+        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        if ids and isinstance(ids[0], list):
+            return [tok.decode(row) for row in ids]
+        return tok.decode(ids)
+
+
+def ln_stack_refusal(model: Any, layer: int | None, mlp_input: bool) -> str | None:
+    """Why an LN-scaled stack at `layer` (None/-1/L: the final norm; else ln2 if mlp_input, ln1) would not mean
+    "what this residual component contributes to that norm's input" on this model; None where it does."""
+    from ..models.model import DepthModel
+
+    if not isinstance(getattr(model, "model", model), DepthModel):  # foreign models: TransformerLens decides
+        return None
+    design = model.design
+    L = model.cfg.n_layers
+    slug = design.slug
+    if layer is None or layer in (-1, L):
+        if getattr(model, "ln_final", None) is None:
+            return f"{slug}: this model has no final norm, so there is no LN scale to apply; use apply_ln=False"
+        if not design.final_reads_view:
+            return (f"{slug}: the final norm reads h_L, which is not the residual view hook_resid_post "
+                    f"({design.view_name}); use apply_ln=False, or cache['hook_resid_final']")
+        return None
+    if not design.norm_reads_view:
+        site = "ln2" if mlp_input else "ln1"
+        return (f"{slug}: {site} normalises the branch input (hook_{'mlp' if mlp_input else 'attn'}_in), not the "
+                f"residual view ({design.view_name}); use apply_ln=False")
+    return None
+
+
+def _cache_class() -> type:
+    """`transformer_lens.ActivationCache` whose LN-scaled stacks refuse where they would be wrong
+    (`ln_stack_refusal`)."""
+    global _CACHE
+    if _CACHE is None:
+        from transformer_lens import ActivationCache
+
+        class DepthActivationCache(ActivationCache):
+            def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
+                                  *args: Any, **kwargs: Any) -> torch.Tensor:
+                why = ln_stack_refusal(self.model, layer, mlp_input)
+                if why is not None:
+                    raise ValueError(why)
+                return super().apply_ln_to_stack(residual_stack, layer, mlp_input, *args, **kwargs)
+
+        _CACHE = DepthActivationCache
+    return _CACHE
+
+
+_CACHE: type | None = None
 
 
 def run_with_cache(model: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:

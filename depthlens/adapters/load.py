@@ -164,24 +164,13 @@ def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
     check_shape(header, "embed_tokens.weight", (cfg.vocab_size, cfg.d_model), p / checkpoint.CONFIG,
                 "vocab_size x d_model")
     ck = checkpoint.load(p, device=device, dtype=dtype)  # finite + full shape checks
-    tok = _native_tokenizer(p, cfg.vocab_size)
+    tok = ck.tokenizer
     meta = ModelMeta(kind="depthlens", path=str(p), name=p.name, arch=cfg.arch, family="depthlens",
                      n_layer=cfg.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), checkpoint=ck,
                      config=ck.meta)
     prov = {"model_source": "depthlens", "model_path": str(p.resolve()), "model_family": "depthlens",
             "adapter_path": "native", "weights_format": "safetensors"}
     return Opened(ck.model.eval(), meta, tok, prov)
-
-
-def _native_tokenizer(p: Path, vocab_size: int) -> Any:
-    """The tokenizer saved with a depthlens checkpoint (in the directory or `tokenizer/`), bytes for the byte
-    vocabulary, else None. A broken tokenizer file is a DataError, never a silent fallback."""
-    from ..data.tokenizers import ByteTokenizer, CONFIG_NAME, load_tokenizer
-
-    for d in (p, p / "tokenizer"):
-        if (d / CONFIG_NAME).is_file():
-            return load_tokenizer(d)
-    return ByteTokenizer() if vocab_size == ByteTokenizer().vocab_size else None
 
 
 # --- Hugging Face directories ----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
     <dir>/config.json         {"depthlens_version": ..., "model": ModelConfig fields}
     <dir>/model.safetensors   the state dict (tied weights stored once)
     <dir>/train.json          optional: recipe, seed, data hash, steps, val loss
-    <dir>/tokenizer.json      optional: tokenizer description (see depthlens.data.tokenizers)
+    <dir>/tokenizer_config.json  optional: the tokenizer's spec (depthlens.data.tokenizers; also under tokenizer/);
+                              without it a byte-vocabulary (257) model gets the byte tokenizer, others none
 
 `load` validates everything and raises `CheckpointError` with one clear line; `save` is atomic
 (written to a temp directory next to the target, then renamed).
@@ -34,6 +35,7 @@ class Checkpoint:
     config: Any  # ModelConfig
     train: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None  # depthlens Tokenizer protocol object, or None (also `model.tokenizer`)
 
     @property
     def name(self) -> str:
@@ -72,6 +74,23 @@ def read_config(path: str | os.PathLike) -> Any:
         return ModelConfig.from_dict(raw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path / CONFIG}: {e}") from None
+
+
+def read_tokenizer(path: str | os.PathLike, vocab_size: int) -> Any:
+    """The tokenizer saved with a checkpoint (in the directory or `tokenizer/`), bytes for the byte vocabulary,
+    else None. A broken tokenizer file, or one whose ids do not fit the embedding, is an error, never a silent
+    fallback."""
+    from ..data.tokenizers import CONFIG_NAME, ByteTokenizer, load_tokenizer
+
+    path = Path(path)
+    for d in (path, path / "tokenizer"):
+        if (d / CONFIG_NAME).is_file():
+            tok = load_tokenizer(d)
+            if tok.vocab_size > vocab_size:
+                raise CheckpointError(f"{d / CONFIG_NAME}: tokenizer {tok.name!r} has {tok.vocab_size} ids, "
+                                      f"the model's embedding only {vocab_size}")
+            return tok
+    return ByteTokenizer() if vocab_size == ByteTokenizer.vocab_size else None
 
 
 def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, check_finite: bool = True) -> Checkpoint:
@@ -118,7 +137,8 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
         model.to(dtype=dtype)
     model.to(device)
     train = read_json_object(path / TRAIN, "training record") if (path / TRAIN).exists() else {}
-    return Checkpoint(path=path, model=model, config=model.config, train=train, meta=meta)
+    model.tokenizer = read_tokenizer(path, config.vocab_size)  # Lens(model).to_tokens / to_string use it
+    return Checkpoint(path=path, model=model, config=model.config, train=train, meta=meta, tokenizer=model.tokenizer)
 
 
 def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = None,

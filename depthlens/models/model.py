@@ -21,7 +21,7 @@ from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from .backbone import RMSNorm, Sublayer, rope_tables
+from .backbone import NormHooks, RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
 from .protocol import Unembedding, check_run_layers_args
 from .readouts import readout_key
@@ -49,12 +49,18 @@ class Block(nn.Module):
         self.hook_attn_out = HookPoint()  # raw attention branch output F_j (B, T, d)
         self.hook_mlp_in = HookPoint()
         self.hook_mlp_out = HookPoint()
+        # norm sites (TransformerLens `ln1`/`ln2`: the branch pre-norms; `ln*_post`: Sandwich's branch post-norms).
+        # DeepNorm has no branch pre-norm (its norm is the trunk's, seen at hook_resid_mid/post): no ln1/ln2.
+        self.ln1 = NormHooks() if design.branch_prenorm else None
+        self.ln2 = NormHooks() if design.branch_prenorm else None
+        self.ln1_post = NormHooks() if design.post_norm_on_branch() else None
+        self.ln2_post = NormHooks() if design.post_norm_on_branch() else None
         if design.multi_stream:
             self.hook_streams_pre = HookPoint()  # (B, T, n, d), editable
             self.hook_streams_post = HookPoint()
 
-    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: "Block | None" = None,
-                router: "Block | None" = None, keep_attn: torch.Tensor | None = None,
+    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: Block | None = None,
+                router: Block | None = None, keep_attn: torch.Tensor | None = None,
                 keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
         """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
 
@@ -64,16 +70,17 @@ class Block(nn.Module):
         router = router or self
         state = self._hook_view(self.hook_resid_pre, state, design, "pre")
 
-        def branch(sub: Sublayer, hook_in: HookPoint, hook_out: HookPoint) -> Callable[..., torch.Tensor]:
+        def branch(sub: Sublayer, hooks: Sublayer, hook_in: HookPoint, hook_out: HookPoint, ln: NormHooks | None,
+                   ln_post: NormHooks | None) -> Callable[..., torch.Tensor]:
             def run(x: torch.Tensor, **kw: Any) -> torch.Tensor:
-                return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, **kw))
+                return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, hooks=hooks, ln=ln, ln_post=ln_post, **kw))
             return run
 
-        state, carry = router.router_attn(state, branch(body.attn, self.hook_attn_in, self.hook_attn_out), body.attn,
-                                          2 * pos, pos, ctx, keep_attn, None)
+        attn = branch(body.attn, self.attn, self.hook_attn_in, self.hook_attn_out, self.ln1, self.ln1_post)
+        state, carry = router.router_attn(state, attn, body.attn, 2 * pos, pos, ctx, keep_attn, None)
         state = self._hook_view(self.hook_resid_mid, state, design, None)
-        state, carry = router.router_mlp(state, branch(body.mlp, self.hook_mlp_in, self.hook_mlp_out), body.mlp,
-                                         2 * pos + 1, pos, ctx, keep_mlp, carry)
+        mlp = branch(body.mlp, self.mlp, self.hook_mlp_in, self.hook_mlp_out, self.ln2, self.ln2_post)
+        state, carry = router.router_mlp(state, mlp, body.mlp, 2 * pos + 1, pos, ctx, keep_mlp, carry)
         state = self._hook_view(self.hook_resid_post, state, design, "post")
         return state, carry
 
@@ -106,11 +113,13 @@ class DepthModel(HookedRootModule):
         self.hook_resid_final = HookPoint()  # h_L before the final norm (B, T, d)
         use_final_norm = not (config.arch == "deepnorm" and not config.deepnorm_final_norm)
         self.norm = RMSNorm(d, config.norm_eps) if use_final_norm else nn.Identity()
+        self.ln_final = NormHooks(self.norm) if use_final_norm else None  # TransformerLens' name of the final norm
         self.lm_head = nn.Linear(d, V, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._init_weights()
         self.cfg = _lens_config(config)
+        self.tokenizer: Any = None  # set by depthlens.load for a checkpoint that carries one (Lens.to_tokens)
         self.setup()
 
     # ------------------------------------------------------------------------------------------------
@@ -172,13 +181,17 @@ class DepthModel(HookedRootModule):
         """h_L (B, T, d) before the final norm."""
         return self.hook_resid_final(self.design.final(state, self.final_router, ctx))
 
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm (B, T, d) -> (B, T, d), through the `ln_final` hook points."""
+        return self.norm(h) if self.ln_final is None else self.norm(h, hooks=self.ln_final)
+
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """state after the last layer -> logits (B, T, V)."""
-        return self.lm_head(self.norm(self.final_hidden(state, ctx)))
+        return self.lm_head(self.final_norm(self.final_hidden(state, ctx)))
 
     def unembedding(self) -> Unembedding:
         """The head as `norm(final_hidden)` then `lm_head` (no bias, no logit transform): see `Unembedding`."""
-        return Unembedding(hidden=lambda state, ctx: self.norm(self.final_hidden(state, ctx)),
+        return Unembedding(hidden=lambda state, ctx: self.final_norm(self.final_hidden(state, ctx)),
                            weight=self.lm_head.weight, bias=None)
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
@@ -226,15 +239,14 @@ class DepthModel(HookedRootModule):
 
 
 def _lens_config(cfg: ModelConfig) -> Any:
-    """A TransformerLens config so ActivationCache/patching helpers know n_layers, d_model, n_ctx."""
-    try:
-        from transformer_lens.config import TransformerLensConfig
-    except ImportError:  # pragma: no cover - older transformer-lens
-        from types import SimpleNamespace
-        return SimpleNamespace(n_layers=cfg.n_layer, d_model=cfg.d_model, d_head=cfg.head_dim, n_ctx=cfg.max_seq_len,
-                               d_vocab=cfg.vocab_size, n_heads=cfg.n_head, device="cpu")
+    """A TransformerLens config: what ActivationCache/patching helpers read (sizes, GQA heads, RMS norms, SwiGLU)."""
+    from transformer_lens.config import TransformerLensConfig
+
     return TransformerLensConfig(d_model=cfg.d_model, d_head=cfg.head_dim, n_layers=cfg.n_layer, n_ctx=cfg.max_seq_len,
-                                 n_heads=cfg.n_head, d_vocab=cfg.vocab_size)
+                                 n_heads=cfg.n_head, n_key_value_heads=cfg.kv_heads, d_mlp=cfg.ffn_dim,
+                                 d_vocab=cfg.vocab_size, act_fn="silu", gated_mlp=True, normalization_type="RMS",
+                                 uses_rms_norm=True, final_rms=True, eps=cfg.norm_eps,
+                                 positional_embedding_type="rotary", device="cpu")
 
 
 def build_model(config: ModelConfig, seed: int | None = 0) -> DepthModel:

@@ -114,6 +114,7 @@ class _AttnResDesign(Design):
     """What Full and Block share: routers, final operator, read-only virtual-residual view, M[i -> j]."""
 
     editable_view = False
+    norm_reads_view = final_reads_view = False  # every norm reads a depth-softmax mix, not the virtual residual
     view_name = ("virtual residual: embedding + every sublayer output so far (read-only; AttnRes has no "
                  "single stream, branch inputs are at hook_attn_in / hook_mlp_in)")
 

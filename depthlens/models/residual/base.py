@@ -103,6 +103,12 @@ class Design:
     editable_view: bool = True  # whether hook_resid_* edits write back into the state
     view_name: str = "residual stream h"  # what hook_resid_* exposes, for `depthlens hooks`
     multi_stream: bool = False  # state holds n streams (B, T, n, d): blocks get hook_streams_*
+    branch_prenorm: bool = True  # each body normalises its input (blocks get ln1/ln2 hook sites)
+    # Whether the branch pre-norms read the residual view itself (input of ln1 == hook_resid_pre, of ln2 ==
+    # hook_resid_mid) and the final norm reads the view after the last layer: only then do TransformerLens'
+    # LN-scaled stacks (apply_ln_to_stack, accumulated_resid/decompose_resid with apply_ln) mean what they say.
+    norm_reads_view: bool = True
+    final_reads_view: bool = True
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg

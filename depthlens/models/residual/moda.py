@@ -31,7 +31,7 @@ import torch
 from einops import einsum, rearrange
 from torch import nn
 
-from ..backbone import Sublayer, apply_rope
+from ..backbone import NormHooks, Sublayer, apply_rope, hooked, side_hook
 from ..config import ModelConfig
 from ..readouts import sublayer_label
 from .base import Design, Router, State, apply_keep
@@ -40,13 +40,18 @@ DepthKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dk, dv (B, T, S, H_
 
 
 def depth_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_depth: torch.Tensor,
-                    depth: DepthKV | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                    depth: DepthKV | None,
+                    hooks: Sublayer | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One softmax over causal sequence keys and the same token's valid depth slots.
 
     q (B, Hq, T, e) and k, v (B, Hkv, T, e) for the sequence part; q_depth (B, Hq, T, e) the query used
     against the depth keys (q itself, or the un-rotated q). Scale 1/sqrt(e) for both parts; logits and
     softmax in fp32. Returns o (B, Hq, T, e) and the pieces: a_seq (B, Hq, T, T), a_depth (B, Hq, T, S),
     o_seq and o_depth (B, Hq, T, e).
+
+    hooks: the sequence part in TransformerLens' names, hook_attn_scores = the masked sequence logits and
+    hook_pattern = a_seq (B, Hq, T, T), whose rows sum to 1 - depth mass. An edit to either is what the rest
+    of the softmax and the output then use (the depth logits stay); unhooked, nothing is recomputed.
     """
     B, Hq, T, e = q.shape
     G = Hq // k.shape[1]
@@ -62,11 +67,18 @@ def depth_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_depth: 
     seq = seq.masked_fill(~causal, float("-inf"))
     dep = einsum(qdg, dk, "b h g t e, b t s h e -> b h g t s").float() * scale  # (B, Hkv, G, T, S)
     dep = dep.masked_fill(~rearrange(dvalid, "b t s -> b 1 1 t s"), float("-inf"))
+    heads = lambda x: rearrange(x, "b h g t x -> b (h g) t x")  # noqa: E731
+    groups = lambda x: rearrange(x, "b (h g) t x -> b h g t x", g=G)  # noqa: E731
+    if hooks is not None and hooked(hooks.hook_attn_scores):
+        scores, edited = side_hook(hooks.hook_attn_scores, heads(seq))
+        seq = groups(scores) if edited else seq
     a = torch.cat([seq, dep], -1).softmax(-1)  # (B, Hkv, G, T, T + S): causal column 0 keeps it finite
     a_seq, a_dep = a[..., :T], a[..., T:]
+    if hooks is not None and hooked(hooks.hook_pattern):
+        pattern, edited = side_hook(hooks.hook_pattern, heads(a_seq))
+        a_seq = groups(pattern) if edited else a_seq
     o_seq = einsum(a_seq.to(v.dtype), v, "b h g t s, b h s e -> b h g t e")
     o_dep = einsum(a_dep.to(dv.dtype), dv, "b h g t s, b t s h e -> b h g t e")
-    heads = lambda x: rearrange(x, "b h g t x -> b (h g) t x")  # noqa: E731
     return heads(o_seq + o_dep), {"a_seq": heads(a_seq), "a_depth": heads(a_dep),
                                   "o_seq": heads(o_seq), "o_depth": heads(o_dep)}
 
@@ -83,14 +95,16 @@ class MoDAAttentionBody(Sublayer):
         self.depth_rope = cfg.moda_depth_rope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, depth: DepthKV | None = None,
-                out: dict[str, Any] | None = None) -> torch.Tensor:
-        q, k, v = self.fn.project(self.norm(x))  # un-rotated (B, Hq, T, e), (B, Hkv, T, e)
-        qr, kr = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                out: dict[str, Any] | None = None, hooks: Sublayer | None = None, ln: NormHooks | None = None,
+                **_: Any) -> torch.Tensor:
+        hooks = hooks if hooks is not None else self
+        q, k, v = self.fn.project(self.norm(x, ln), hooks)  # un-rotated (B, Hq, T, e), (B, Hkv, T, e)
+        qr, kr = self.fn.rotate(q, k, cos, sin, hooks)
         qd, kd = {"unrotated": (q, k), "rotate_ffn": (qr, kr), "prerope_keys": (qr, k)}[self.depth_rope]
-        o, parts = depth_attention(qr, kr, v, qd, depth)
+        o, parts = depth_attention(qr, kr, v, qd, depth, hooks)
         if out is not None:
             out.update(parts, k=rearrange(kd, "b h t e -> b t h e"), v=rearrange(v, "b h t e -> b t h e"))
-        return self.fn.merge(o)
+        return self.fn.merge(o, hooks)
 
 
 class MoDAMLPBody(Sublayer):
@@ -109,15 +123,16 @@ class MoDAMLPBody(Sublayer):
             nn.init.normal_(lin.weight, std=cfg.init_std)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, depth: DepthKV | None = None,
-                out: dict[str, Any] | None = None) -> torch.Tensor:
-        xn = self.norm(x)  # x~ = N_l2(u)
+                out: dict[str, Any] | None = None, hooks: Sublayer | None = None, ln: NormHooks | None = None,
+                **_: Any) -> torch.Tensor:
+        xn = self.norm(x, ln)  # x~ = N_l2(u)
         if out is not None:  # the MLP only writes depth KV; `depth` is accepted for a uniform call
             kf = rearrange(self.depth_k_proj(xn), "b t (h e) -> b h t e", h=self.n_kv_head)
             if self.rotate_depth:
                 kf = apply_rope(kf, cos, sin)
             out.update(k=rearrange(kf, "b h t e -> b t h e"),
                        v=rearrange(self.depth_v_proj(xn), "b t (h e) -> b t h e", h=self.n_kv_head))
-        return self.fn(xn)
+        return self.fn(xn, hooks=hooks if hooks is not None else self)
 
 
 class MoDARouter(Router):

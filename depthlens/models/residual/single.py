@@ -126,6 +126,8 @@ class DeepNorm(SingleStreamDesign):
     """h_j = N_j(alpha h_{j-1} + F_j(h_{j-1})), alpha = (2L)^(1/4); init gain beta = (8L)^(-1/4)."""
 
     slug = "deepnorm"
+    branch_prenorm = False  # the body's norm is the trunk norm, applied by the router
+    norm_reads_view = False
 
     def make_router(self, j: int) -> Router:
         return PostNormRouter(self.cfg.deepnorm_alpha, trunk_norm=None, branch_prenorm=False)

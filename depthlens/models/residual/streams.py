@@ -80,6 +80,7 @@ class MultiStreamDesign(Design):
     editable_view = False
     view_name = "sum over the n streams"
     multi_stream = True
+    norm_reads_view = False  # a branch normalises its width-connection input pre . X, not the stream sum
     pre_name = "pre"
     post_name = "post"
 
@@ -87,6 +88,7 @@ class MultiStreamDesign(Design):
         super().__init__(cfg)
         self.n = cfg.hc_streams
         self.collapse = cfg.hc_collapse  # "sum" | "mean" (one config field for HC and mHC)
+        self.final_reads_view = self.collapse == "sum"  # h_L is the stream sum only under the sum collapse
         self.skip_mode = getattr(cfg, "multistream_skip", "mix")
         if self.skip_mode not in SKIP_MODES:
             raise ValueError(f"multistream_skip must be one of {SKIP_MODES}, got {self.skip_mode!r}")
