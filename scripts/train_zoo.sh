@@ -2,7 +2,7 @@
 # Train the shipped CPU zoo from the committed recipes, one model per core.
 #
 #   scripts/train_zoo.sh                 # LR sweep (if its results are not committed), then every zoo run
-#                                        # not yet in checkpoints/
+#                                        # whose checkpoints/<name>/ is missing or was trained from another recipe
 #   scripts/train_zoo.sh hc_l16 mhc_l8   # only these zoo runs
 #   scripts/train_zoo.sh --sweep         # (re)run the per-design LR sweep (finished runs are kept) and rewrite
 #                                        # the recipes from it
@@ -59,13 +59,12 @@ fi
 
 [ ${#runs[@]} -gt 0 ] || mapfile -t runs < <("$PY" -m depthlens.training.trainer "$ZOO" --list)
 todo=()
-for name in "${runs[@]}"; do
-  if [ $force -eq 0 ] && [ -f "checkpoints/$name/train.json" ]; then
-    echo "skip $name (checkpoints/$name exists; --force retrains)"
-  else
-    todo+=("$name")
-  fi
-done
+if [ $force -eq 1 ]; then
+  todo=("${runs[@]}")
+else  # a checkpoint is kept when its train.json says it was trained from this very recipe (zoo v2 ones are not)
+  mapfile -t todo < <("$PY" -m depthlens.training.recipes stale "$ZOO" "${runs[@]}")
+  echo "$(( ${#runs[@]} - ${#todo[@]} )) of ${#runs[@]} run(s) already trained from this recipe (--force retrains)"
+fi
 # longest first (deep, multi-stream), so the parallel tail is short
 printf '%s\n' "${todo[@]}" | awk -F_l '{print $NF, $0}' | sort -k1,1nr | cut -d' ' -f2- \
   | xargs -r -P "$JOBS" -I{} bash -c 'train_one "$0" "$1"' "$ZOO" {}

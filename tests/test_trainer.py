@@ -340,3 +340,17 @@ def test_residual_design_parameters_are_not_decayed_by_default():
     old = {names[id(p)] for p in param_groups(model, 0.1, decay_mixing=True)[0]["params"]}
     assert {n for n in old - decayed} == {n for n, p in model.named_parameters() if "router" in n and p.dim() >= 2}
     assert any(n.endswith("static_alpha") for n in old - decayed)
+
+
+def test_stale_runs_follow_the_recipe(tmp_path):
+    """A zoo checkpoint is kept only when its train.json was written by the recipe as it is now."""
+    recipe = {"base": {"model": {"arch": "preln", "n_layer": 2, "d_model": 16, "n_head": 2}, "lr": 1e-3},
+              "runs": {name: {"export": str(tmp_path / name), "out": str(tmp_path / "runs" / name)}
+                       for name in ("a", "b", "c")}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(recipe))
+    for name, lr in (("a", 1e-3), ("b", 2e-3)):  # a: trained from this recipe; b: from an older one (another LR)
+        cfg = load_recipe(path, run=name).to_dict()
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.json").write_text(json.dumps({"recipe": {**cfg, "lr": lr, "resume": False}}))
+    assert recipes.stale_runs(path, ["a", "b", "c"]) == ["b", "c"]  # c: never trained

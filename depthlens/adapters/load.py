@@ -347,6 +347,11 @@ def describe(op: Opened) -> dict[str, Any]:
         s = summarize(m)
         train = getattr(op.meta.checkpoint, "train", None) or {}
         s["val_loss"] = train.get("final_val_loss")
+        if train:
+            from ..training.provenance import code_version_warning
+
+            s["trained_at_commit"] = train.get("git_sha")
+            s["code_version_warning"] = code_version_warning(train)
     else:
         c = m.hf_config
         params = dict(m.hf.named_parameters())

@@ -24,6 +24,8 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     with spinner(f"loading {ckpt}", as_json):
         s = describe(open_model(ckpt))
     s["checkpoint"] = str(ckpt)
+    if s.get("code_version_warning"):
+        typer.echo(f"depthlens: warning: {s['code_version_warning']}", err=True)
     if as_json:
         typer.echo(dumps(s, indent=2, sort_keys=True))
         return
@@ -34,7 +36,7 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
     for k in ("design", "design_name", "model_source", "model_family", "adapter_path", "gguf_quantization",
               "model_tokenizer", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size",
               "aspect_ratio", "params_total", "params_non_embedding", "params_design_overhead", "overhead_vs_preln",
-              "val_loss"):
+              "val_loss", "trained_at_commit"):
         if k in s and s[k] is not None:
             v = s[k]
             t.add_row(k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v)))

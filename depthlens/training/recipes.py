@@ -283,6 +283,24 @@ def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | None = None) -> Pat
     return out
 
 
+def stale_runs(recipe_path: Path, names: list[str]) -> list[str]:
+    """The runs of `names` whose export has to be (re)trained: missing, or trained from another recipe than the
+    one `recipe_path` gives now (an older zoo: other LR, seed, weight-decay rule, ...). The run directory and
+    `resume` do not count: they do not change the weights."""
+    from .config import load_recipe
+
+    out = []
+    for name in names:
+        want = load_recipe(recipe_path, run=name).to_dict()
+        train = Path(want["export"]) / "train.json"
+        have = json.loads(train.read_text(encoding="utf-8")).get("recipe", {}) if train.is_file() else None
+        ignore = ("resume", "out")
+        if have is None or {k: v for k, v in have.items() if k not in ignore} != \
+                {k: v for k, v in want.items() if k not in ignore}:
+            out.append(name)
+    return out
+
+
 def write_recipes(directory: Path = RECIPES_DIR) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -299,8 +317,10 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["collect-lr-sweep"]:
         print(json.dumps(collect_lr_sweep()["chosen"]))
+    elif sys.argv[1:2] == ["stale"]:  # stale RECIPE NAME...: the runs to (re)train
+        sys.stdout.write("".join(f"{n}\n" for n in stale_runs(Path(sys.argv[2]), sys.argv[3:])))
     elif sys.argv[1:2] == ["lr-sweep-pending"]:
-        print("\n".join(lr_sweep_pending()))
+        sys.stdout.write("".join(f"{n}\n" for n in lr_sweep_pending()))
     elif sys.argv[1:2] == ["prepare-zoo-data"]:
         print(prepare_zoo_data(json.loads((RECIPES_DIR / "zoo_cpu.json").read_text())))
     else:

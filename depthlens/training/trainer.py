@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from .config import RunConfig, load_recipe, read_recipe, recipe_runs
 from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, clip_grad_norm, full_model_state, full_state,
                           grad_sync, init_distributed, load_full_state, shutdown, sync_replicated_grads, unused_parameters,
                           wrap_model)
+from .provenance import code_version
 from .schedule import lr_at
 from .state import STATE_JSON, STATE_TENSORS, check_complete, has_state, read_meta, read_state, write_state  # noqa: F401
 
@@ -458,7 +458,7 @@ class Trainer:
             "flops_per_token": self.flops_per_token, "wall_time_s": self.elapsed,
             "tokens_per_s": self.step * cfg.tokens_per_step / self.elapsed if self.elapsed else None,
             "world_size": self.dist.world, "device": str(self.dist.device), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "git_sha": _git_sha(),
+            "torch": torch.__version__, "python": platform.python_version(), **code_version(),
         }
 
 
@@ -469,15 +469,6 @@ def _log_step(line: str) -> float:
     except json.JSONDecodeError:
         return math.inf
     return rec.get("step", 0) if isinstance(rec, dict) else math.inf
-
-
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # -------------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""Which code trained a checkpoint, and whether the code running now could retrain it bit for bit.
+
+The trainer records the git commit of the checkout it ran from (`git_sha` in train.json). Retraining from the
+recipe reproduces the weights bit for bit when the code that trains (models, trainer, data) is the same:
+`tests/test_retrain.py` checks that on a shipped checkpoint. Between two commits, `training_code_changes`
+lists the training-code files that differ; `depthlens info` warns when that list is not empty.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+
+# The code that decides what training computes: a change here may change the weights a recipe produces.
+TRAINING_CODE = ("depthlens/models", "depthlens/training", "depthlens/data")
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=_REPO)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_sha() -> str | None:
+    """The commit of the checkout depthlens runs from (None when it is not a git checkout)."""
+    out = _git("rev-parse", "HEAD")
+    return out.strip() or None if out else None
+
+
+def code_version() -> dict[str, Any]:
+    """What train.json records about the code: package version, commit, and whether training code was edited."""
+    dirty = _git("status", "--porcelain", "--", *TRAINING_CODE)
+    return {"depthlens_version": __version__, "git_sha": git_sha(),
+            "git_training_code_dirty": None if dirty is None else bool(dirty.strip())}
+
+
+def training_code_changes(sha: str) -> list[str] | None:
+    """Training-code files that differ between commit `sha` and the working tree (None: unknown - no git, or
+    `sha` is not in this checkout's history)."""
+    if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
+        return None
+    out = _git("diff", "--name-only", sha, "--", *TRAINING_CODE)
+    return None if out is None else sorted(line for line in out.splitlines() if line.strip())
+
+
+def code_version_warning(train: dict[str, Any]) -> str | None:
+    """One line when the code running now differs from the code that trained a checkpoint (its train.json),
+    so a retrain from its recipe may not reproduce it bit for bit; None when it does not, or nothing is known."""
+    sha = train.get("git_sha")
+    if not sha:
+        return "this checkpoint does not record the code that trained it; a retrain may differ"
+    if train.get("git_training_code_dirty"):
+        return f"trained from commit {sha[:10]} with uncommitted training-code edits; a retrain may differ"
+    changed = training_code_changes(sha)
+    if changed is None:
+        version = train.get("depthlens_version")
+        if version and version != __version__:
+            return f"trained with depthlens {version}, running {__version__}; a retrain may differ"
+        return None
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return (f"training code changed since commit {sha[:10]} that trained this checkpoint "
+                f"({', '.join(changed[:3])}{more}); a retrain from its recipe may not reproduce it bit for bit")
+    return None
