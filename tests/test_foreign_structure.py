@@ -60,3 +60,31 @@ def test_design_read_from_the_block(tmp_path, family, design, label):
     assert info["design"] == design and info["design_name"].startswith(label)
     if design == "sandwich":  # the order the Gemma-3 block really runs: norms before and after each sublayer
         assert op.provenance["block_order"] == "norm attn norm | norm mlp norm"
+
+
+@pytest.mark.parametrize("family", ["gemma3", "opt_postln"])
+def test_generic_path_offers_the_chunked_head_when_exact(tmp_path, family):
+    """Generic-blocks models: the LM head split at its matmul (so large vocabularies are walked in chunks) equals
+    the model's own logits; a head followed by a logit transform (soft-capping) is not split."""
+    import torch.nn.functional as F
+
+    from depthlens.adapters.load import open_model
+    from depthlens.models.protocol import unembedding_of
+
+    torch.set_num_threads(1)
+    hf = _tiny(family).eval()  # no dropout (OPT has some)
+    model = open_model(_save(tmp_path, hf, family)).model
+    assert getattr(model, "adapter_path", "") == "generic-blocks"
+    tokens = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    u = unembedding_of(model)
+    assert u is not None
+    ctx = model.context(7)
+    state = model.run_layers(model.embed(tokens, ctx), ctx)
+    with torch.no_grad():
+        expected = hf(input_ids=tokens, use_cache=False).logits  # the HF model's own forward
+        torch.testing.assert_close(F.linear(u.hidden(state, ctx), u.weight, u.bias), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)  # the adapter's whole forward
+    if family == "gemma3":  # Gemma 2-style soft-capping after the head: no split offered
+        model.hf.config.final_logit_softcapping = 0.5
+        del model._unembedding
+        assert unembedding_of(model) is None
