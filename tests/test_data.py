@@ -57,10 +57,11 @@ def test_empty_shard(tmp_path):
     assert read_shard(write_shard(tmp_path / "e.bin", [])).size == 0
 
 
-@pytest.mark.parametrize("bad", [[65536], [-1]])
-def test_write_rejects_ids_outside_uint16(tmp_path, bad):
-    with pytest.raises(DataError, match="65535"):
-        write_shard(tmp_path / "x.bin", [1, *bad])
+@pytest.mark.parametrize("bad, dtype, match", [([65536], "uint16", "65535"), ([-1], None, ">= 0"),
+                                               ([2**32], None, "4294967295")])
+def test_write_rejects_ids_outside_the_shard_width(tmp_path, bad, dtype, match):
+    with pytest.raises(DataError, match=match):
+        write_shard(tmp_path / "x.bin", [1, *bad], dtype)
     assert not (tmp_path / "x.bin").exists()
 
 
@@ -76,7 +77,7 @@ def test_read_errors(tmp_path):
     with pytest.raises(DataError, match="magic"):
         read_shard(path)
     path = write_shard(tmp_path / "s.bin", np.arange(10))
-    _corrupt(path, 4, 2)
+    _corrupt(path, 4, 3)  # neither 1 (uint16) nor 2 (uint32)
     with pytest.raises(DataError, match="version"):
         read_shard(path)
     path = write_shard(tmp_path / "s.bin", np.arange(10))

@@ -100,7 +100,12 @@ def test_generic_path_equals_the_hand_mapped_llama_adapter():
     for v in ("perm_abs", "perm_kl"):
         np.testing.assert_allclose(a[v].values, b[v].values, atol=1e-5)
     assert b.attrs["design"] == "generic" and a.attrs["design"] == "preln"
-    assert (a.attrs["head_path"], b.attrs["head_path"]) == ("vocab-chunked", "whole-logits")  # the two loss paths
+    assert (a.attrs["head_path"], b.attrs["head_path"]) == ("vocab-chunked", "vocab-chunked")
+    gen._unembedding = None  # the whole-logits loss path (a generic head with a logit transform) agrees too
+    c = api.permutation(gen, data, pairs="all")
+    assert c.attrs["head_path"] == "whole-logits"
+    for v in ("perm_abs", "perm_kl"):
+        np.testing.assert_allclose(a[v].values, c[v].values, atol=1e-5)
     with pytest.raises(ValueError, match="whole blocks only"):
         ctx = gen.context(T)
         gen.run_layers(gen.embed(_ids(), ctx), ctx, unit="attn")

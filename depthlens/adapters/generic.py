@@ -29,12 +29,13 @@ import json
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
-from ..models.protocol import check_run_layers_args
+from ..models.protocol import Unembedding, check_run_layers_args
 from ..models.residual.base import Design, RunContext, State
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
 
@@ -314,6 +315,40 @@ class GenericBlocksModel(HookedRootModule):
             out = self.hf(input_ids=ids, use_cache=False)
         return out.logits
 
+    def _head_input(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """(B, T, d): what the model's LM head module receives for `state` (its final norm applied), read by
+        running the model's own tail with the head swapped for a pass-through (no (B, T, V) logits formed)."""
+        lm_head, got = self.hf.get_output_embeddings(), []
+        self.hf.set_output_embeddings(_Capture(got))
+        try:
+            self.head(state, ctx)
+        finally:
+            self.hf.set_output_embeddings(lm_head)
+        return got[-1]
+
+    def unembedding(self) -> Unembedding | None:
+        """The head split at its one matmul, when the model applies nothing after its `nn.Linear` LM head
+        (checked once numerically on a probe state: Gemma 2's logit soft-capping, say, fails it -> None), so
+        large vocabularies (Gemma 3: 262,144 ids) are walked in chunks by the analysis."""
+        if not hasattr(self, "_unembedding"):
+            self._unembedding = self._check_unembedding()
+        return self._unembedding
+
+    def _check_unembedding(self) -> Unembedding | None:
+        lm_head = self.hf.get_output_embeddings()
+        if type(lm_head) is not nn.Linear:
+            return None
+        with torch.no_grad():
+            ctx = self.context(4, device=self._device())
+            g = torch.Generator().manual_seed(0)
+            state = {"h": 3 * torch.randn(2, 4, self.d_model, generator=g).to(self._device(), lm_head.weight.dtype)}
+            logits = self.head(state, ctx).float()
+            direct = F.linear(self._head_input(state, ctx), lm_head.weight, lm_head.bias).float()
+        if not torch.allclose(logits, direct, rtol=1e-4, atol=1e-4 * float(logits.abs().max())):
+            return None  # something transforms the logits after the projection
+        return Unembedding(hidden=lambda state, ctx: self._head_input(state, ctx), weight=lm_head.weight,
+                           bias=lm_head.bias)
+
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         ctx = self.context(tokens.shape[1], device=self._device())
         return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
@@ -328,6 +363,18 @@ class GenericBlocksModel(HookedRootModule):
 
     def extra_repr(self) -> str:
         return f"family={self.spec.family}, path=generic-blocks, n_layer={self.n_layer}, d_model={self.d_model}"
+
+
+class _Capture(nn.Module):
+    """Stands in for the LM head: records its input and passes it on (so the model forms no logits)."""
+
+    def __init__(self, sink: list):
+        super().__init__()
+        self.sink = sink
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.sink.append(x)
+        return x
 
 
 class _Swap:

@@ -43,7 +43,7 @@ class ModelMeta:
     kind: str  # "depthlens" | "hf" | "gguf"
     path: str  # the directory or GGUF file given
     name: str  # directory name: the `checkpoint` coordinate of results
-    arch: str  # residual design slug; every HF family here is "preln"
+    arch: str  # the adapter's design slug ("preln" hand-mapped, "generic"); the block's real design is in provenance
     family: str  # "depthlens" or the HF family ("llama", "qwen2", "gpt2", ...)
     n_layer: int
     tokenizer: Any = None  # depthlens Tokenizer protocol object (encode/decode/bos_id/vocab_size), or None
@@ -211,12 +211,15 @@ def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
 def _hf_opened(model: Any, p: Path, raw: dict[str, Any], *, source: str, weights_format: str,
                extra: dict[str, Any] | None = None) -> Opened:
 
+    from .structure import structure_of
+
     tok = model.tokenizer
+    structure = structure_of(model)
     meta = ModelMeta(kind=source, path=str(p), name=p.name, arch=model.design.slug, family=model.spec.family,
                      n_layer=model.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), config=raw)
     prov = {"model_source": source, "model_path": str(p.resolve()), "model_family": model.spec.family,
             "model_type": str(model.hf_config.model_type), "adapter_path": getattr(model, "adapter_path", "hand-mapped"),
-            "weights_format": weights_format, **(extra or {})}
+            "weights_format": weights_format, **structure.attrs(), **(extra or {})}
     return Opened(model.eval(), meta, tok, prov)
 
 
@@ -344,7 +347,10 @@ def describe(op: Opened) -> dict[str, Any]:
         total = sum(t.numel() for t in params.values())
         emb = sum(t.numel() for n, t in params.items() if n.startswith((m.spec.embed, m.spec.lm_head)))
         heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0))
-        s = {"design": m.design.slug, "design_name": f"Pre-LN ({m.spec.family}, via adapter)",
+        prov = op.provenance
+        s = {"design": prov.get("residual_design", "other"),
+             "design_name": f"{prov.get('residual_design_name', 'other (unknown)')} ({m.spec.family}, "
+                            f"{getattr(m, 'adapter_path', 'hand-mapped')} adapter; block: {prov.get('block_order')})",
              "n_layer": m.n_layer, "d_model": m.d_model, "n_head": heads,
              "n_kv_head": int(getattr(c, "num_key_value_heads", None) or heads),
              "d_ff": getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None), "vocab_size": m.vocab_size,

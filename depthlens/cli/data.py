@@ -24,7 +24,7 @@ def prepare(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing depthlens dataset at --out.")] = False,
 ) -> None:
-    """Tokenize text into token shards (256 x int32 header + uint16 tokens, FineWeb-Edu compatible)."""
+    """Tokenize text into token shards (256 x int32 header + uint16 ids, uint32 for vocabularies over 65,536; FineWeb-Edu compatible)."""
     from ..data.corpus import build_corpus, fineweb_instructions, prepare_files
     from ..data.tokenizers import get_tokenizer
 

@@ -36,9 +36,12 @@ from depthlens.data.shards import (
     MANIFEST_NAME,
     SHARD_MAGIC,
     SHARD_VERSION,
+    SHARD_VERSION_U32,
+    TOKEN_DTYPE,
     atomic_write_bytes,
     data_hash,
     sha256_file,
+    token_dtype,
     write_shard,
 )
 from depthlens.data.tokenizers import Tokenizer
@@ -127,7 +130,7 @@ def _cut(text: str, max_bytes: int) -> str:
 
 
 def _tokenize(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarray:
-    """[BOS] + ids of every document, concatenated: uint16 [n_tokens]."""
+    """[BOS] + ids of every document, concatenated: [n_tokens] in the shard id type of the vocabulary."""
     texts = [d.text for d in docs]
     batch = getattr(tokenizer, "encode_batch", None)
     encoded = batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
@@ -137,7 +140,7 @@ def _tokenize(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarray:
     if stream.size and stream.max() >= tokenizer.vocab_size:
         raise DataError(f"tokenizer {tokenizer.name} produced id {stream.max()} "
                         f"≥ its vocab_size {tokenizer.vocab_size}")
-    return stream.astype(np.uint16)
+    return stream.astype(token_dtype(tokenizer.vocab_size))
 
 
 def _versions() -> dict[str, str]:
@@ -157,19 +160,18 @@ def _write_dataset(out_dir: str | os.PathLike, tokenizer: Tokenizer, splits: dic
     """Tokenize each split into shards, save the tokenizer, write manifest.json; return the manifest.
     The directory is built under a temp name and swapped in whole: an earlier build's shards never mix
     with this one's, and `out_dir` may replace only a depthlens dataset (or an empty directory)."""
-    if tokenizer.vocab_size > 65536:
-        raise DataError(f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids; uint16 shards hold at most 65536")
     with atomic_dir(out_dir, overwrite=overwrite, kinds=("dataset",)) as out:  # built whole, then swapped in
         return _write_splits(out, tokenizer, splits, sources, options, shard_tokens)
 
 
 def _write_splits(out: Path, tokenizer: Tokenizer, splits: dict[str, list[Document]], sources: list[dict[str, Any]],
                   options: dict[str, Any], shard_tokens: int) -> dict[str, Any]:
+    dtype = token_dtype(tokenizer.vocab_size)  # uint16 up to 65,536 ids (the zoo, GPT-2), uint32 above
     tokenizer.save(out / "tokenizer")
     manifest: dict[str, Any] = {
         "format": "depthlens-tokens/1",
-        "shard_format": {"header_int32": HEADER_INTS, "magic": SHARD_MAGIC, "version": SHARD_VERSION,
-                         "dtype": "uint16"},
+        "shard_format": {"header_int32": HEADER_INTS, "magic": SHARD_MAGIC,
+                         "version": SHARD_VERSION if dtype == TOKEN_DTYPE else SHARD_VERSION_U32, "dtype": dtype.name},
         "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
                       "dir": "tokenizer"},
         "options": options,
@@ -181,7 +183,7 @@ def _write_splits(out: Path, tokenizer: Tokenizer, splits: dict[str, list[Docume
         if not docs:
             continue
         stream = _tokenize(docs, tokenizer)
-        paths = [write_shard(out / f"{split}_{k:03d}.bin", stream[start:start + shard_tokens])
+        paths = [write_shard(out / f"{split}_{k:03d}.bin", stream[start:start + shard_tokens], dtype)
                  for k, start in enumerate(range(0, len(stream), shard_tokens))]
         manifest["splits"][split] = {
             "n_tokens": int(len(stream)),

@@ -3,8 +3,12 @@
 Shard file layout (modded-nanogpt `data/fineweb.py`, so the public pre-tokenized FineWeb-Edu GPT-2
 shards load unchanged):
 
-    int32[256] header  {0: 20240520 (magic), 1: 1 (version), 2: n_tokens}, little-endian
-    uint16[n_tokens]   token ids
+    int32[256] header  {0: 20240520 (magic), 1: version, 2: n_tokens}, little-endian
+    uint16[n_tokens]   token ids (version 1), or
+    uint32[n_tokens]   token ids (version 2: vocabularies over 65,536 ids - Llama 3, Qwen, Gemma)
+
+Version 1 is modded-nanogpt's own format; version 2 is the same layout with 4-byte ids, written only when an id
+does not fit 2 bytes, so every shard says its own width and a dataset of uint16 shards reads as before.
 
 Data order is a pure function of (data_seed, step): global sample g = step·B + i is sequence
 `perm(seed, epoch)[g mod n_sequences]` with epoch = g // n_sequences. Ranks and micro-batches take
@@ -27,10 +31,18 @@ import numpy as np
 from depthlens.errors import DataError
 
 SHARD_MAGIC = 20240520
-SHARD_VERSION = 1
+SHARD_VERSION = 1  # uint16 ids (modded-nanogpt)
+SHARD_VERSION_U32 = 2  # uint32 ids: large vocabularies
 HEADER_INTS = 256  # int32 slots; only the first three are used
 HEADER_BYTES = HEADER_INTS * 4
-TOKEN_DTYPE = np.dtype("<u2")  # uint16: ids must be < 65,536 (GPT-2's 50,257 fits)
+TOKEN_DTYPE = np.dtype("<u2")  # uint16: ids < 65,536 (GPT-2's 50,257 fits)
+TOKEN_DTYPE_U32 = np.dtype("<u4")  # uint32: any vocabulary (Gemma 3's 262,144 ids)
+SHARD_DTYPES = {SHARD_VERSION: TOKEN_DTYPE, SHARD_VERSION_U32: TOKEN_DTYPE_U32}
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest shard id type that holds every id of a `vocab_size` vocabulary."""
+    return TOKEN_DTYPE if vocab_size <= 1 + int(np.iinfo(TOKEN_DTYPE).max) else TOKEN_DTYPE_U32
 MANIFEST_NAME = "manifest.json"
 _UNHASHED_MANIFEST_KEYS = ("data_hash", "versions")  # the hash itself, and software versions that do not change data
 
@@ -39,20 +51,31 @@ _UNHASHED_MANIFEST_KEYS = ("data_hash", "versions")  # the hash itself, and soft
 # single shard I/O
 
 
-def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray) -> Path:
-    """Write `tokens` (ids in [0, 65535]) as one shard, atomically (temp file in the same dir + os.replace).
+def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray, dtype: np.dtype | str | None = None
+                ) -> Path:
+    """Write `tokens` as one shard, atomically (temp file in the same dir + os.replace).
 
-    Returns the path. Raises DataError if an id does not fit uint16.
+    `dtype` (uint16 or uint32) fixes the id width; None picks uint16 when every id fits, else uint32.
+    Returns the path. Raises DataError if an id does not fit the width.
     """
     path = Path(path)
     arr = np.asarray(tokens if isinstance(tokens, np.ndarray) else list(tokens))
     if arr.ndim != 1:
         raise DataError(f"{path}: tokens must be a 1-D sequence, got shape {arr.shape}")
-    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(TOKEN_DTYPE).max):
-        raise DataError(f"{path}: token ids must be in [0, 65535], got range [{arr.min()}, {arr.max()}]")
+    if arr.size and arr.min() < 0:
+        raise DataError(f"{path}: token ids must be >= 0, got {arr.min()}")
+    if dtype is None:
+        dtype = token_dtype(int(arr.max()) + 1 if arr.size else 0)
+    dtype = np.dtype(dtype).newbyteorder("<")
+    if dtype not in SHARD_DTYPES.values():
+        raise DataError(f"{path}: shard ids are uint16 or uint32, not {dtype}")
+    if arr.size and arr.max() > np.iinfo(dtype).max:
+        raise DataError(f"{path}: token ids must be in [0, {np.iinfo(dtype).max}] for {dtype.name} shards, "
+                        f"got range [{arr.min()}, {arr.max()}]")
+    version = next(v for v, d in SHARD_DTYPES.items() if d == dtype)
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
-    payload = header.tobytes() + arr.astype(TOKEN_DTYPE).tobytes()
+    header[:3] = (SHARD_MAGIC, version, arr.size)
+    payload = header.tobytes() + arr.astype(dtype).tobytes()
     atomic_write_bytes(path, payload)
     return path
 
@@ -67,6 +90,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def read_shard_header(path: str | os.PathLike) -> int:
     """Validate a shard's header and size; return its token count. DataError names the file and the fault."""
+    return _shard_header(path)[0]
+
+
+def _shard_header(path: str | os.PathLike) -> tuple[int, np.dtype]:
+    """(token count, id dtype) of a validated shard."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: shard file not found")
@@ -77,21 +105,25 @@ def read_shard_header(path: str | os.PathLike) -> int:
         magic, version, n_tokens = np.frombuffer(f.read(12), dtype="<i4")
     if magic != SHARD_MAGIC:
         raise DataError(f"{path}: not a token shard (magic {magic}, expected {SHARD_MAGIC})")
-    if version != SHARD_VERSION:
-        raise DataError(f"{path}: unsupported shard version {version} (expected {SHARD_VERSION})")
-    expected = HEADER_BYTES + int(n_tokens) * TOKEN_DTYPE.itemsize
+    if version not in SHARD_DTYPES:
+        raise DataError(f"{path}: unsupported shard version {version} (expected one of {sorted(SHARD_DTYPES)}: "
+                        "1 = uint16 ids, 2 = uint32 ids)")
+    dtype = SHARD_DTYPES[int(version)]
+    expected = HEADER_BYTES + int(n_tokens) * dtype.itemsize
     if n_tokens < 0 or size != expected:
         what = "truncated" if size < expected else "oversized"
-        raise DataError(f"{path}: {what} shard ({size} bytes, header says {n_tokens} tokens = {expected} bytes)")
-    return int(n_tokens)
+        raise DataError(f"{path}: {what} shard ({size} bytes, header says {n_tokens} {dtype.name} tokens = "
+                        f"{expected} bytes)")
+    return int(n_tokens), dtype
 
 
 def read_shard(path: str | os.PathLike) -> np.ndarray:
-    """Token ids of one shard as a read-only uint16 array [n_tokens] (a memmap; nothing is loaded eagerly)."""
-    n_tokens = read_shard_header(path)
+    """Token ids of one shard as a read-only uint16 or uint32 array [n_tokens] (a memmap; nothing is loaded
+    eagerly)."""
+    n_tokens, dtype = _shard_header(path)
     if n_tokens == 0:  # np.memmap cannot map zero bytes
-        return np.zeros(0, dtype=TOKEN_DTYPE)
-    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
 
 
 # ---------------------------------------------------------------------------------------------

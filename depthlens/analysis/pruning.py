@@ -1,0 +1,185 @@
+"""Layer-pruning curves: remove k layers chosen by a criterion and measure the LM loss, for k = 0 .. k_max.
+
+The practical question people bring to depth diagnostics is which layers can go. Each criterion ranks the
+layers (or, for the contiguous-block rule, the windows) of one model on the eval set; the loss of the model
+with those layers removed is then measured on the same eval set, so the criteria are compared on what they
+are for: the least harmful cut.
+
+Criteria (all computed on the eval set itself):
+
+  angular_block    contiguous window [l, l+k) whose input and output states are closest in angle
+                   (Gromov et al. 2024: argmin_l d(h_l, h_{l+k}); the `prune_start` of the angular diagnostic)
+  block_influence  the k layers whose output is most similar to their input (ShortGPT, Men et al. 2024:
+                   BI_l = 1 - cos(h_l, h_{l+1}); ranked by the one-block angular distance, a monotone function
+                   of the same cosine)
+  skip_loss        the k layers whose single removal raises the loss least (each layer removed alone, once)
+  causal           the k layers with the smallest mean downstream effect (the causal diagnostic's
+                   `mean_downstream_effect`, current variant, mean aggregator)
+  random           k layers drawn uniformly without replacement, `n_random` draws per k (mean, min and max)
+
+"Remove layer l" is the block-level skip of every diagnostic (`keep[l] = 0`): the layer's whole write is
+dropped, which for a Pre-LN or Sandwich-LN block (every foreign family here) is the block replaced by the
+identity. Clean states before the first removed layer are reused from one clean pass, so a cut starting at
+layer l costs L - l layers, not L.
+
+Loss: mean next-token NLL (nats/token) over every position but the last, through the chunked LM head when
+the model offers one (`analysis/vocab.py`), so 152K- and 262K-id vocabularies never form (rows, V) logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import xarray as xr
+
+from ..errors import DepthlensError
+from ..models.protocol import unembedding_of
+from .dataset import make_dataset
+from .evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+
+CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "random")
+
+
+@torch.no_grad()
+def _sequence_nll(model: Any, ctx: Any, state: dict, toks: torch.Tensor) -> torch.Tensor:
+    """(b,) summed next-token NLL of each sequence from a state after the last layer (float64)."""
+    targets = toks[:, 1:].reshape(-1)
+    u = unembedding_of(model)
+    if u is not None:
+        from .vocab import logsumexp_and_target
+
+        h = u.hidden(state, ctx)[:, :-1]
+        lse, z = logsumexp_and_target(h.reshape(-1, h.shape[-1]), u.weight, u.bias, targets.to(h.device))
+        nll = (lse - z).double()
+    else:
+        logits = model.head(state, ctx)[:, :-1].float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.to(logits.device),
+                              reduction="none").double()
+    return nll.reshape(toks.shape[0], -1).sum(1).cpu()
+
+
+class _Pruner:
+    """Loss of the model with a set of layers removed, summed over the eval set, clean prefixes reused."""
+
+    def __init__(self, model: Any, data: EvalData, batch_size: int | None):
+        self.model, self.data = model, data
+        self.L = model.n_layer
+        self.device = model_device(model)
+        self.batches = []  # (tokens, ctx, [state before layer l for l in 0..L])
+        for _, toks in data.batches(batch_size or default_batch_size(data)):
+            toks = toks.to(self.device)
+            ctx = model.context(toks.shape[1], device=toks.device)
+            states = [model.embed(toks, ctx)]
+            model.run_layers(states[0], ctx, on_layer=lambda p, s, u: states.append(s))
+            self.batches.append((toks, ctx, states))
+        self.n_tokens = data.n_seq * (data.seq_len - 1)
+        self.forward_layers = 0  # layers run, for the cost record
+
+    def loss(self, removed: Sequence[int]) -> float:
+        removed = sorted(set(int(l) for l in removed))
+        start = removed[0] if removed else self.L
+        total = 0.0
+        for toks, ctx, states in self.batches:
+            keep = {l: torch.zeros(toks.shape, device=toks.device) for l in removed}
+            state = self.model.run_layers(states[start], ctx, start, keep=keep) if start < self.L else states[-1]
+            self.forward_layers += (self.L - start) * toks.shape[0]
+            total += float(_sequence_nll(self.model, ctx, state, toks).sum())
+        return total / self.n_tokens
+
+
+def _smallest(score: np.ndarray, k: int) -> list[int]:
+    """Indices of the k smallest scores (ties to the lower index, NaN last)."""
+    order = np.lexsort((np.arange(len(score)), np.where(np.isnan(score), np.inf, score)))
+    return sorted(order[:k].tolist())
+
+
+def pruning_curves(model: Any, data: EvalData, *, k_max: int | None = None,
+                   criteria: Sequence[str] = CRITERIA, n_random: int = 8, seed: int = 0,
+                   angular: xr.Dataset | None = None, causal: xr.Dataset | None = None,
+                   positions: str = "all", batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
+    """Loss against the number of removed layers k = 0..k_max (default L // 2), per criterion.
+
+    angular / causal: the model's angular and causal datasets on the same eval data, if already computed
+    (else computed here when a criterion needs them). positions: token positions of the angular criteria
+    ("all" as ShortGPT, "last" as Gromov et al.).
+
+    Returns `loss` (criterion, k) in nats/token, `removed` (criterion, k, layer) a 0/1 mask of the removed
+    layers (for random: how often each layer was drawn), `loss_random_min/max` (k), `loss_clean` and
+    `best_criterion` (k): the criterion with the lowest loss at each k (random excluded).
+    """
+    unknown = [c for c in criteria if c not in CRITERIA]
+    if unknown:
+        raise DepthlensError(f"unknown pruning criteria {unknown}; known: {', '.join(CRITERIA)}")
+    L = model.n_layer
+    k_max = L // 2 if k_max is None else int(k_max)
+    if not 1 <= k_max < L:
+        raise DepthlensError(f"k_max must be in [1, {L - 1}] for a {L}-layer model, got {k_max}")
+    with evaluating(model):
+        pruner = _Pruner(model, data, batch_size)
+        if {"angular_block", "block_influence"} & set(criteria) and angular is None:
+            from .angular import angular_distances
+
+            angular = angular_distances(model, data, positions=positions, batch_size=batch_size)
+        if "causal" in criteria and causal is None:
+            from .causal import causal_scores
+
+            causal = causal_scores(model, data, variants=("current",))
+        ks = np.arange(k_max + 1)
+        loss = np.full((len(criteria), len(ks)), np.nan)
+        removed = np.zeros((len(criteria), len(ks), L))
+        clean = pruner.loss([])
+        skip = np.array([pruner.loss([l]) for l in range(L)]) if "skip_loss" in criteria else None
+        rng = np.random.default_rng(seed)
+        rand = np.full((len(ks), n_random), np.nan)
+        for c, crit in enumerate(criteria):
+            for k in ks:
+                if k == 0:
+                    loss[c, 0] = clean
+                    continue
+                if crit == "random":
+                    for r in range(n_random):
+                        layers = sorted(rng.choice(L, size=k, replace=False).tolist())
+                        rand[k, r] = pruner.loss(layers)
+                        removed[c, k, layers] += 1 / n_random
+                    loss[c, k] = rand[k].mean()
+                    continue
+                if crit == "angular_block":
+                    start = int(angular["prune_start"].values[k])
+                    layers = list(range(start, start + k))
+                elif crit == "block_influence":
+                    layers = _smallest(angular["profile"].values[:L], k)
+                elif crit == "skip_loss":
+                    layers = _smallest(skip, k)
+                else:  # causal
+                    effect = causal["mean_downstream_effect"].sel(variant="current", aggregator="mean").values
+                    layers = _smallest(effect, k)
+                removed[c, k, layers] = 1
+                loss[c, k] = skip[layers[0]] if crit == "skip_loss" and k == 1 else pruner.loss(layers)
+    deterministic = [i for i, c in enumerate(criteria) if c != "random"]
+    best = np.array([criteria[deterministic[int(np.argmin(loss[deterministic, k]))]] if deterministic else ""
+                     for k in ks], dtype=object).astype(str)
+    rand[0] = clean
+    options = dict(k_max=k_max, criteria=list(criteria), n_random=n_random, seed=seed, positions=positions,
+                   batch_size=batch_size, removal="block-level skip (keep[l] = 0): the layer's whole write dropped",
+                   loss="mean next-token NLL over positions 0..T-2", layers_run=pruner.forward_layers)
+    return make_dataset(
+        {
+            "loss": (("criterion", "k"), loss, {"long_name": "LM loss with k layers removed", "units": "nats/token"}),
+            "removed": (("criterion", "k", "layer"), removed,
+                        {"long_name": "removed layers (random: fraction of draws)", "units": "1"}),
+            "loss_random_min": (("k",), np.nanmin(rand, 1), {"long_name": "random removal: lowest loss of the draws",
+                                                            "units": "nats/token"}),
+            "loss_random_max": (("k",), np.nanmax(rand, 1), {"long_name": "random removal: highest loss of the "
+                                                            "draws", "units": "nats/token"}),
+            "loss_clean": ((), clean, {"long_name": "LM loss of the whole model", "units": "nats/token"}),
+            "best_criterion": (("k",), best, {"long_name": "criterion with the lowest loss (random excluded)",
+                                              "units": "1"}),
+        },
+        {"criterion": list(criteria), "k": ks, "layer": np.arange(L)},
+        metric="pruning", options=options, provenance=model_provenance(model, data, checkpoint),
+        title="depthlens layer-pruning curves",
+    )

@@ -1,0 +1,88 @@
+"""Layer-pruning curves against an independent computation: the model rebuilt without the removed layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from depthlens.analysis.evaldata import EvalData
+from depthlens.analysis.pruning import _Pruner, pruning_curves
+from depthlens.errors import DepthlensError
+from depthlens.models import ModelConfig, build_model
+
+L = 6
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)
+    cfg = ModelConfig.debug("preln", n_layer=L)
+    model = build_model(cfg, seed=3).eval()
+    with torch.no_grad():  # make layers differ in importance (a random init makes them all alike)
+        for l, block in enumerate(model.blocks):
+            block.mlp.fn.down_proj.weight.mul_(0.2 + l)
+    data = EvalData.from_tokens(torch.randint(0, cfg.vocab_size, (5, 24), generator=torch.Generator().manual_seed(0)))
+    return cfg, model, data
+
+
+def _loss_without(cfg, model, data, removed):
+    """Independent: a Pre-LN model of L - k layers holding the kept layers' weights, run by its plain forward."""
+    kept = [l for l in range(L) if l not in removed]
+    small = build_model(ModelConfig.debug("preln", n_layer=len(kept)), seed=0).eval()
+    sd = {}
+    for name, value in model.state_dict().items():
+        if name.startswith("blocks."):
+            l = int(name.split(".")[1])
+            if l in kept:
+                sd[f"blocks.{kept.index(l)}." + name.split(".", 2)[2]] = value
+        else:
+            sd[name] = value
+    small.load_state_dict(sd)
+    with torch.no_grad():
+        logits = small(data.tokens)[:, :-1]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), data.tokens[:, 1:].reshape(-1)).item()
+
+
+@pytest.mark.parametrize("removed", [[], [0], [5], [2, 3], [0, 4, 5], [1, 2, 3]])
+def test_removal_equals_the_model_without_those_layers(setup, removed):
+    cfg, model, data = setup
+    pruner = _Pruner(model, data, batch_size=2)  # 3 batches: the sum over batches is checked too
+    assert pruner.loss(removed) == pytest.approx(_loss_without(cfg, model, data, removed), abs=2e-6)
+
+
+def test_curves(setup):
+    cfg, model, data = setup
+    ds = pruning_curves(model, data, k_max=3, n_random=4, seed=1)
+    assert ds.attrs["metric"] == "pruning" and list(ds["k"].values) == [0, 1, 2, 3]
+    loss = ds["loss"]
+    clean = _loss_without(cfg, model, data, [])
+    assert float(ds["loss_clean"]) == pytest.approx(clean, abs=2e-6) and np.allclose(loss.sel(k=0), clean, atol=2e-6)
+    singles = np.array([_loss_without(cfg, model, data, [l]) for l in range(L)])
+    # skip_loss at k=1 removes the layer whose removal alone hurts least
+    assert ds["removed"].sel(criterion="skip_loss", k=1).values.argmax() == singles.argmin()
+    assert float(loss.sel(criterion="skip_loss", k=1)) == pytest.approx(singles.min(), abs=2e-6)
+    for crit in ("angular_block", "block_influence", "skip_loss", "causal"):
+        for k in (1, 2, 3):
+            mask = ds["removed"].sel(criterion=crit, k=k).values
+            layers = np.flatnonzero(mask).tolist()
+            assert mask.sum() == k and set(np.unique(mask)) <= {0.0, 1.0}
+            assert float(loss.sel(criterion=crit, k=k)) == pytest.approx(_loss_without(cfg, model, data, layers),
+                                                                         abs=2e-6)
+            if crit == "angular_block":
+                assert layers == list(range(layers[0], layers[0] + k))  # one contiguous window
+    rnd = loss.sel(criterion="random").values[1:]
+    assert (ds["loss_random_min"].values[1:] <= rnd + 1e-12).all() and (rnd <= ds["loss_random_max"].values[1:] + 1e-12).all()
+    assert np.allclose(ds["removed"].sel(criterion="random").sum("layer").values, [0, 1, 2, 3])
+    det = loss.sel(criterion=["angular_block", "block_influence", "skip_loss", "causal"])
+    best = det["criterion"].values[det.values.argmin(0)]
+    assert list(ds["best_criterion"].values[1:]) == list(best[1:])
+
+
+def test_bad_options(setup):
+    _, model, data = setup
+    with pytest.raises(DepthlensError, match="k_max"):
+        pruning_curves(model, data, k_max=L)
+    with pytest.raises(DepthlensError, match="unknown pruning criteria"):
+        pruning_curves(model, data, criteria=("magic",))
