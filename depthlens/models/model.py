@@ -26,7 +26,7 @@ from .config import ModelConfig
 from .protocol import Unembedding, check_run_layers_args
 from .readouts import readout_key
 from .residual import design_for
-from .residual.base import Design, RunContext, State
+from .residual.base import Design, RunContext, State, SublayerCall
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
 
@@ -69,11 +69,13 @@ class Block(nn.Module):
                 return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, **kw))
             return run
 
-        state, carry = router.router_attn(state, branch(body.attn, self.hook_attn_in, self.hook_attn_out), body.attn,
-                                          2 * pos, pos, ctx, keep_attn, None)
+        attn = SublayerCall(branch(body.attn, self.hook_attn_in, self.hook_attn_out), body.attn, j=2 * pos, pos=pos,
+                            ctx=ctx, keep=keep_attn)
+        state, carry = router.router_attn(state, attn)
         state = self._hook_view(self.hook_resid_mid, state, design, None)
-        state, carry = router.router_mlp(state, branch(body.mlp, self.hook_mlp_in, self.hook_mlp_out), body.mlp,
-                                         2 * pos + 1, pos, ctx, keep_mlp, carry)
+        mlp = SublayerCall(branch(body.mlp, self.hook_mlp_in, self.hook_mlp_out), body.mlp, j=2 * pos + 1, pos=pos,
+                           ctx=ctx, keep=keep_mlp, carry=carry)
+        state, carry = router.router_mlp(state, mlp)
         state = self._hook_view(self.hook_resid_post, state, design, "post")
         return state, carry
 
