@@ -177,3 +177,20 @@ def compare(fn: Callable[..., xr.Dataset] | str, checkpoints: Sequence[Any], dat
     if isinstance(fn, str):
         fn = functools.partial(run, registry.get(fn).name)
     return concat_checkpoints([fn(c, data, **opts) for c in checkpoints], names)
+
+
+def __getattr__(name: str) -> Callable[..., xr.Dataset]:
+    """Every diagnostic of the registry as an API function, registered ones included:
+    `api.branch_share(path)` == `api.run("branch_share", path)`."""
+    try:
+        d = registry.get(name)
+    except Exception:  # noqa: BLE001  (any unknown attribute is an AttributeError, as for a plain module)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+    def diagnostic(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                   **opts: Any) -> xr.Dataset:
+        return _run(d.name, model_or_path, data, opts, device=device, dtype=dtype)
+
+    diagnostic.__name__ = diagnostic.__qualname__ = d.name
+    diagnostic.__doc__ = f"{d.summary} (registry diagnostic {d.name!r}; opts go to its engine)."
+    return diagnostic

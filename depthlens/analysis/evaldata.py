@@ -28,7 +28,7 @@ import torch
 from depthlens.errors import CheckpointError, DataError
 
 DEFAULT_N_SEQ = 32
-DEFAULT_SEQ_LEN = 256
+DEFAULT_SEQ_LEN = 128  # the shipped reports' length: report, track, the API and every command share it
 DEFAULT_CORPUS_BYTES = 4_000_000  # enough held-out text for the default eval set, quick to build on a CPU
 
 

@@ -14,7 +14,22 @@ from typer.core import TyperGroup
 
 
 class OneLineErrors(TyperGroup):
-    """Usage errors as one line on stderr (exit 2) instead of a multi-line panel."""
+    """Usage errors as one line on stderr (exit 2) instead of a multi-line panel. A diagnostic of the registry
+    without a dedicated command gets the generic one (`cli.diagnostic`)."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None:
+            from .diagnostic import registry_command
+
+            cmd = registry_command(cmd_name, super().list_commands(ctx))
+        return cmd
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        from .diagnostic import registry_names
+
+        own = super().list_commands(ctx)
+        return own + registry_names(own)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:

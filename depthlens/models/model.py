@@ -24,7 +24,7 @@ from transformer_lens.hook_points import HookPoint
 from .backbone import RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
 from .protocol import Unembedding, check_run_layers_args
-from .readouts import readout_key
+from .readouts import Readouts, readout_key
 from .residual import design_for
 from .residual.base import Design, RunContext, State, SublayerCall
 
@@ -190,7 +190,7 @@ class DepthModel(HookedRootModule):
 
     # --- readouts ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def readouts(self, tokens: torch.Tensor) -> dict[str, Any]:
+    def readouts(self, tokens: torch.Tensor) -> Readouts:
         """One forward recording every router's mixing object (per token where dynamic).
 
         Keys are `models.readouts.readout_key(name, sublayer=j)` = `sub{j}.<name>` for sublayer j (2l attention,
@@ -198,7 +198,7 @@ class DepthModel(HookedRootModule):
         """
         ctx = self.context(tokens.shape[1], record=True)
         self.head(self.run_layers(self.embed(tokens, ctx), ctx), ctx)
-        rec = ctx.record
+        rec = Readouts(ctx.record or {})
         for l, blk in enumerate(self.blocks):
             for j, r in ((2 * l, blk.router_attn), (2 * l + 1, blk.router_mlp)):
                 for k, v in r.readout().items():

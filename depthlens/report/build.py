@@ -43,14 +43,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from depthlens.analysis import registry
+from depthlens.analysis.summaries import record_fields, record_keys
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
 
-METRICS = registry.NAMES  # every diagnostic, in table/file order
-SWEEP_METRICS = {d.name: d.headline.key for d in registry.DIAGNOSTICS if d.headline}  # -> sweep.METRICS key
-DEAD_PREFIX_EPS = 0.05
+METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
+DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS
 DEFAULT_N_SEQ = 32
 DEFAULT_SEQ_LEN = 128
 DEFAULT_N_BOOT = 1000
@@ -59,15 +59,16 @@ DEFAULT_N_BOOT = 1000
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     """'causal,permutation' (or a list; registry aliases such as 'permute' too) → canonical-order tuple;
     ValueError (usage) on unknown names."""
+    every, known = registry.names(), registry.aliases()
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in registry.ALIASES]
-    names = [registry.get(n).name for n in names if n in registry.ALIASES]
+    bad = [n for n in names if n not in known]
+    names = [registry.get(n).name for n in names if n in known]
     if bad or not names:
-        err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
-                         if bad else f"--metrics: give at least one of {','.join(METRICS)}")
+        err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+                         if bad else f"--metrics: give at least one of {','.join(every)}")
         err.usage = True  # type: ignore[attr-defined]  (the CLI turns it into exit 2)
         raise err
-    return tuple(m for m in METRICS if m in names)
+    return tuple(m for m in every if m in names)
 
 
 @dataclass
@@ -80,7 +81,7 @@ class ReportOptions:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "fp32"  # weights and activations (--dtype fp32 | bf16 | fp64); reductions stay fp32/fp64
-    metrics: tuple[str, ...] = METRICS
+    metrics: tuple[str, ...] = field(default_factory=registry.names)
     n_boot: int = DEFAULT_N_BOOT
     causal_layers: str = "all"
     perm_pairs: str = "late"
@@ -90,8 +91,9 @@ class ReportOptions:
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this report's choices."""
-        own = {"causal": {"layers": self.causal_layers}, "permutation": {"pairs": self.perm_pairs}}.get(metric, {})
-        return {**registry.get(metric).report_opts, **own, "batch_size": self.batch_size}
+        d = registry.get(metric)
+        own = {"causal": {"layers": self.causal_layers}, "permutation": {"pairs": self.perm_pairs}}.get(d.name, {})
+        return {**d.report_opts, **own, "batch_size": self.batch_size}
 
     def as_dict(self) -> dict[str, Any]:
         return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
@@ -309,79 +311,30 @@ def _compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Prog
 # 5. summary, sweeps, robustness
 
 
-RECORD_KEYS = (
-    "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
-    "val_loss", "eval_loss",
-    "causal_share", "causal_ci_low", "causal_ci_high", "causal_shard_mean", "causal_shard_sd", "causal_n_pairs",
-    "causal_noise_floor", "causal_definition",
-    "causal_theta_50", "causal_theta_10",
-    "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_definition", "perm_theta_50", "perm_theta_10",
-    "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
-)
-
-
-def _headline(ds, metric: str, opts: ReportOptions) -> dict[str, Any] | None:
-    from depthlens.analysis.sweep import headline
-
-    try:
-        return headline(ds, metric, n_boot=opts.n_boot, seed=opts.seed, start="quarter")
-    except (DepthlensError, ValueError):
-        return None
-
-
-def _headline_fields(prefix: str, h: dict[str, Any]) -> dict[str, Any]:
-    """share, CI, shard mean/sd and pair count of one headline, under `<prefix>_*` record keys."""
-    keys = {"share": "share", "ci_low": "ci_low", "ci_high": "ci_high", "shard_mean": "shard_mean",
-            "shard_sd": "shard_sd"}
-    out = {f"{prefix}_{k}": _f(h.get(v)) for k, v in keys.items()}
-    out[f"{prefix}_n_pairs"] = h["n_pairs"]
-    out[f"{prefix}_definition"] = h.get("definition")
-    return out
+RECORD_BASE = ("checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
+               "val_loss", "eval_loss")
+RECORD_END = ("path", "seconds")
+RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END)  # of the shipped registry; `record` reads the current one
 
 
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
-    """One table row (JSON-safe; NaN → None)."""
+    """One table row (JSON-safe; NaN → None): the checkpoint's facts, then every diagnostic's fields
+    (`analysis.summaries.record_fields`: its headline share and its own), then the share curves' crossings."""
     from depthlens.designs import DESIGNS
 
-    r: dict[str, Any] = {k: None for k in RECORD_KEYS}
+    r: dict[str, Any] = {k: None for k in record_keys(RECORD_BASE, RECORD_END)}
     r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
              params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
              seconds=round(sum(e.seconds.values()), 2))
-    for d in registry.DIAGNOSTICS:  # the headline share of every diagnostic that has one, and its crossings
+    for d in registry.diagnostics():
         ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
-        h = _headline(ds, d.headline.key, opts) if ds is not None and d.headline else None
-        if h:
-            r.update(_headline_fields(d.prefix, h))
-            if f"{d.prefix}_noise_floor" in r:
-                r[f"{d.prefix}_noise_floor"] = _f(h.get("noise_floor"))
+        if ds is not None:
+            r.update(record_fields(d, ds, r, opts))
         if sw is not None and e.name in sw["checkpoint"].values:
             cr = sw["crossing"].sel(checkpoint=e.name)
             r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
             r[f"{d.prefix}_theta_10"] = _f(cr.sel(q=0.1).values)
-    ds = e.datasets.get("causal")
-    if ds is not None and "clean_loss_seq" in ds:
-        r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
-            ds["clean_loss_seq"].values).any() else None
-    ds = e.datasets.get("permutation")
-    if ds is not None and r["eval_loss"] is None and "clean_loss" in ds:
-        r["eval_loss"] = _f(ds["clean_loss"].values)
-    ds = e.datasets.get("rank")
-    if ds is not None:
-        r["erank_full"] = _f(ds["erank"].sel(product="full", statistic="mean").values)
-        r["erank_late"] = _f(ds["erank"].sel(product="late", statistic="mean").values)
-        if "n_streams" in ds.coords:
-            r["n_streams"] = int(ds["n_streams"].values)
-    ds = e.datasets.get("attnres")
-    if ds is not None and "dead_prefix" in ds:
-        eps = np.asarray(ds["eps"].values, dtype=float)
-        k = int(np.argmin(np.abs(eps - DEAD_PREFIX_EPS)))
-        if abs(eps[k] - DEAD_PREFIX_EPS) < 1e-9:
-            r["dead_prefix"] = int(ds["dead_prefix"].values[k])
-    ds = e.datasets.get("angular")
-    if ds is not None and "profile" in ds:
-        prof = np.asarray(ds["profile"].values, dtype=float)[: e.n_layer]
-        r["angular_d1_mean"] = _f(np.nanmean(prof)) if np.isfinite(prof).any() else None
     return jsonable(r)
 
 
@@ -390,22 +343,20 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     (with per-checkpoint `design` and `n_layer` coordinates). None when no checkpoint has the metric."""
     import xarray as xr
 
-    from depthlens.analysis.sweep import (
-        HEADLINE_THRESHOLD,
-        default_thresholds,
-        share_curves,
-    )
+    from depthlens.analysis.sweep import default_thresholds, share_curves
 
-    key = SWEEP_METRICS[metric]
+    score = registry.get(metric).headline
+    assert score is not None
+    key = score.key
     have = [e for e in entries if metric in e.datasets]
     # the default grid plus the headline θ itself (the log grid of P_abs does not contain 0.15), so the
     # ranking and the curves use exactly the headline share of the table
-    grid = np.unique(np.concatenate([default_thresholds(key), [HEADLINE_THRESHOLD[key]]]))
+    grid = np.unique(np.concatenate([default_thresholds(key), [score.theta]]))
     parts, names = [], []
     for e in have:
         try:
-            sc = share_curves(e.datasets[metric], key, grid, starts=("quarter",), aggregator="max" if key == "causal"
-                              else None, variant="current" if key == "causal" else None)
+            sc = share_curves(e.datasets[metric], key, grid, starts=("quarter",),
+                              aggregator=score.select.get("aggregator"), variant=score.select.get("variant"))
         except (DepthlensError, ValueError) as err:
             e.notes.append(f"{metric} sweep: not computed ({str(err).splitlines()[0]})")
             continue
@@ -418,7 +369,7 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     by = {e.name: e for e in have}
     out = out.assign_coords(design=("checkpoint", [by[n].slug for n in names]),
                             n_layer=("checkpoint", [by[n].n_layer for n in names]))
-    out.attrs.update(metric=key, headline_threshold=HEADLINE_THRESHOLD[key], window_start="quarter",
+    out.attrs.update(metric=key, headline_threshold=score.theta, window_start="quarter",
                      Conventions="CF-1.11", title=f"depthlens share curves of {key} (late window)")
     return out
 
@@ -465,7 +416,7 @@ def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
 
 def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> Report:
     rep = Report(entries=sorted(entries, key=sort_key), options=opts, data=data)
-    for metric in SWEEP_METRICS:
+    for metric in (d.name for d in registry.diagnostics() if d.headline):
         if metric in opts.metrics:
             sw = sweeps_for(rep.entries, metric)
             if sw is not None:
@@ -568,12 +519,12 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
             progress("cross-checkpoint figures")
             rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
             t0 = time.perf_counter()
-            for metric in METRICS:
+            for metric in registry.names():
                 for fname, names, ds in merged_datasets(rep.entries, metric):
                     write_netcdf(ds, tmp / fname)
                     rep.files[fname] = names
             for metric, sw in rep.sweeps.items():
-                fname = f"sweep_{SWEEP_METRICS[metric]}.nc"
+                fname = f"sweep_{registry.get(metric).headline.key}.nc"
                 write_netcdf(sw, tmp / fname)
                 rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
             rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
