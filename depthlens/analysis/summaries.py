@@ -205,7 +205,8 @@ def permutation_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr
 
 
 def rank_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    return {"erank": _keep(ds["erank"].sel(statistic="mean"), "effective rank of the residual-mixing product (token mean)")}
+    return {"erank": _keep(ds["erank"].sel(statistic="mean"),
+                           "effective rank of the residual-mixing product (token mean)")}
 
 
 def attnres_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:

@@ -55,7 +55,7 @@ def command_for(d: registry.Diagnostic) -> Any:
     """A click command running diagnostic `d` on one checkpoint."""
 
     def run(ckpt: CkptArg,
-            opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeatable).")] = None,
+            opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False,
