@@ -49,6 +49,7 @@ from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, mode
 from depthlens.analysis.metrics import late_window, loss_log_probs, loss_logits
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_repeat
+from depthlens.models.protocol import LayeredLM
 
 VARIANTS = ("current", "future")
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
@@ -238,7 +239,8 @@ def _direct_unsupported(model) -> str | None:
 
 
 @torch.no_grad()
-def causal_scores(model, data: EvalData, *, variants: Sequence[str] = VARIANTS, layers: str | Sequence[int] = "all",
+def causal_scores(model: LayeredLM, data: EvalData, *,
+                  variants: Sequence[str] = VARIANTS, layers: str | Sequence[int] = "all",
                   unit: str = "block", norm: str = "update", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
                   direct: bool = False, null: bool = True, outputs: bool = False, measure: bool = True,
                   batch_size: int | None = None, seq_batch: int | None = None,

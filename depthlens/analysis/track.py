@@ -39,6 +39,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens.analysis import registry
+from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 from depthlens.errors import DepthlensError
 
 SNAPSHOTS = "snapshots"
@@ -332,7 +333,7 @@ class TrackOptions:
 
     metrics: tuple[str, ...] = field(default_factory=tracked)  # subset of tracked(), in registry order
     data: str | None = None  # eval text/JSONL/shard dir (None: held-out split of the offline corpus)
-    n_seq: int = 32  # eval sequences (the same tokens for every snapshot of every run)
+    n_seq: int = DEFAULT_N_SEQ  # eval sequences (the same tokens for every snapshot of every run)
     seq_len: int | None = None  # tokens per sequence (None: min(128, smallest max_seq_len))
     seed: int = 0  # eval-window draw and bootstrap seed
     n_boot: int = 1000  # bootstrap resamples over sequences for the share CIs (0 = none)
@@ -450,8 +451,8 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions):
     max_lens = [s.signature.get("max_seq_len") for s in series]
     max_lens = [int(m) for m in max_lens if isinstance(m, int)]
     own = getattr(getattr(model, "config", None), "max_seq_len", None)
-    max_lens += [int(own)] if own else [128]
-    T = opts.seq_len or min(128, min(max_lens))
+    max_lens += [int(own)] if own else [DEFAULT_SEQ_LEN]
+    T = opts.seq_len or min(DEFAULT_SEQ_LEN, min(max_lens))
     return eval_data_for(model, opts.data, ck, n_seq=opts.n_seq, seq_len=T, seed=opts.seed)
 
 

@@ -95,3 +95,8 @@ class Readouts(dict[str, Any]):
             if r.name == name and r.sublayer is not None and r.static == static and not r.final:
                 out.append(r.sublayer)
         return sorted(out)
+
+
+def as_readouts(record: Any) -> Readouts:
+    """`record` as a `Readouts` (a model's `readouts()` already is one; a plain dict of keys is wrapped)."""
+    return record if isinstance(record, Readouts) else Readouts(record)
