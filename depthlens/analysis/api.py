@@ -24,6 +24,8 @@ import xarray as xr
 from depthlens.analysis import registry
 from depthlens.analysis.dataset import concat_checkpoints
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
+from depthlens.analysis.evaldata import is_shards as _is_shards
+from depthlens.analysis.evaldata import tokenizer_for as _tokenizer_for
 
 
 def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -58,26 +60,6 @@ def _check_in_memory(model: Any, device: str | torch.device, dtype: torch.dtype 
                              "checkpoint path")
 
 
-def _tokenizer_for(checkpoint: Path | None, model: Any = None, *, required: bool = True) -> Any:
-    """The tokenizer the loader found with the model; bytes for byte-vocabulary models; otherwise refuse
-    (random ids would silently measure noise). required=False (token shards, read as they are): the
-    loader's tokenizer or None, only used to check the shard manifest."""
-    from depthlens.adapters.load import opened_of
-
-    op = opened_of(model)
-    if op is not None and op.tokenizer is not None:
-        return op.tokenizer
-    if not required:
-        return None
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if model is None or vocab in (None, 257):
-        return "bytes"
-    from depthlens.errors import DataError
-
-    raise DataError(f"{checkpoint or 'model'}: no tokenizer found for a vocabulary of {vocab}; "
-                    "pass eval data as token shards (--data DIR) or an EvalData")
-
-
 def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_seq: int = DEFAULT_N_SEQ,
                   seq_len: int | None = None, seed: int = 0, tokens: int | None = None) -> EvalData:
     """EvalData as given, a tensor/array of ids, a file/shard-dir path, or None (default corpus), checked
@@ -100,11 +82,6 @@ def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_
         out = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
     out.check_model(getattr(cfg, "vocab_size", None), max_len)
     return out
-
-
-def _is_shards(data: Any) -> bool:
-    """A directory of token shards needs no tokenizer (ids are read as they are)."""
-    return isinstance(data, (str, os.PathLike)) and Path(data).is_dir()
 
 
 def _run(name: str, model_or_path: Any, data: Any, opts: dict[str, Any],

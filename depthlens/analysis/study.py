@@ -164,9 +164,9 @@ def sort_key(e: Entry) -> tuple:
 
 def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[Any], list[tuple[str, int]]]:
     """Every checkpoint's tokenizer, and its (tokenizer name, max_seq_len): all the shared eval data depends on."""
-    from depthlens.analysis.api import _is_shards, _tokenizer_for
+    from depthlens.analysis.evaldata import is_shards, tokenizer_for
 
-    toks = [_tokenizer_for(e.path, e.model, required=not _is_shards(opts.data)) for e in entries]
+    toks = [tokenizer_for(e.path, e.model, required=not is_shards(opts.data)) for e in entries]
     return toks, [(str(getattr(t, "name", t)), int(e.model.config.max_seq_len)) for t, e in zip(toks, entries)]
 
 

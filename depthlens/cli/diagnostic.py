@@ -1,6 +1,6 @@
 """The command of a diagnostic that has no dedicated one: `depthlens <name> CKPT`, built from its registry entry.
 
-`OneLineErrors.get_command` asks here for any name the registry knows and no module defines, so a registered
+`OneLineErrors.get_command` (cli.app) asks here, through the hooks this module sets, for any name the registry knows and no module defines, so a registered
 diagnostic (`registry.register`, or a new `DIAGNOSTICS` entry) is a command with no CLI edit. It runs the engine
 through the API with the engine's report options (plus `--opt key=value`), writes the Dataset, and prints the
 diagnostic's terminal view (`Diagnostic.view`) or the generic one: the headline share with its CI, if it has one.
@@ -18,7 +18,7 @@ from ..analysis import registry
 from .analyze import (BatchOpt, BootOpt, CkptArg, DataOpt, DeviceOpt, DtypeOpt, JsonOpt, NSeqOpt, OutOpt,
                       OverwriteOpt, SeedOpt, SeqLenOpt, ThreadsOpt, TokensOpt, _common, _fmt_share, busy, emit,
                       eval_data, open_model, resolve_out, write)
-from .app import domain_errors, fail
+from .app import OneLineErrors, domain_errors, fail
 
 
 def parse_opts(items: list[str]) -> dict[str, Any]:
@@ -97,4 +97,6 @@ def registry_names(own: list[str]) -> list[str]:
     return [d.name for d in registry.diagnostics() if not {d.name, *d.aliases} & set(own)]
 
 
+OneLineErrors.extra_command = staticmethod(registry_command)  # type: ignore[assignment]
+OneLineErrors.extra_names = staticmethod(registry_names)  # type: ignore[assignment]
 _ = Path  # the CkptArg annotation's type

@@ -19,15 +19,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from depthlens.analysis import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import jsonable
 
-if TYPE_CHECKING:
-    from depthlens.report.build import Entry, Report
+Entry = Report = Any  # report.build's Entry and Report (named here for the signatures; build imports this module)
 
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
