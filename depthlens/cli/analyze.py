@@ -305,11 +305,11 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
 
 @app.command()
 @domain_errors
-def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 8, seq_len: SeqLenOpt = None,
-         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
+         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
     model, ck = open_model(ckpt, c)
     with busy(f"effective rank of {ckpt}"):
@@ -348,14 +348,14 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
 @app.command()
 @domain_errors
 def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
-            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 16, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
             threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
     check_threshold(eps, "--eps")
     if eps > 1:
         fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "attnres", overwrite)
     from ..analysis.attnres import EPS_GRID
 
@@ -422,7 +422,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           order: Annotated[str | None, typer.Option(help="Expected ranking, comma-separated checkpoint names (low to high).")] = None,
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
           threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
     from ..analysis.api import check_scores
@@ -431,7 +431,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     grid = parse_grid(thresholds) if thresholds else None
     if headline_threshold is not None:
         check_threshold(headline_threshold)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
     if plot is not None:  # checked now, so a bad --plot cannot fail after the dataset was written
         from ..io.atomic import check_target
@@ -497,13 +497,13 @@ def _stderr_console():
 def compare(ckpts: CkptsArg,
             metrics: Annotated[str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")] = "causal,perm_abs",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
             threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
     from ..analysis import api
 
     wanted = api.check_scores(metrics)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     with busy(f"headline shares of {len(ckpts)} checkpoint(s)"):
         rows = api.headline_shares(ckpts, wanted, opts=_study(c, n_boot))
     if as_json:

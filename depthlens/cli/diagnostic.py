@@ -1,7 +1,8 @@
 """The command of a diagnostic that has no dedicated one: `depthlens <name> CKPT`, built from its registry entry.
 
-`OneLineErrors.get_command` (cli.app) asks here, through the hooks this module sets, for any name the registry knows and no module defines, so a registered
-diagnostic (`registry.register`, or a new `DIAGNOSTICS` entry) is a command with no CLI edit. It runs the engine
+`OneLineErrors.get_command` (cli.app) asks here, through the hooks this module sets, for any name the registry
+knows and no module defines, so a registered diagnostic (`registry.register`, or a new `DIAGNOSTICS` entry) is a
+command with no CLI edit. It runs the engine
 through the API with the engine's report options (plus `--opt key=value`), writes the Dataset, and prints the
 diagnostic's terminal view (`Diagnostic.view`) or the generic one: the headline share with its CI, if it has one.
 """
@@ -15,8 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from ..analysis import registry
-from .analyze import (BatchOpt, BootOpt, CkptArg, DataOpt, DeviceOpt, DtypeOpt, JsonOpt, NSeqOpt, OutOpt,
-                      OverwriteOpt, SeedOpt, SeqLenOpt, ThreadsOpt, TokensOpt, _common, _fmt_share, busy, emit,
+from .analyze import (BatchOpt, BootOpt, CkptArg, DataOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, JsonOpt, NSeqOpt,
+                      OutOpt, OverwriteOpt, SeedOpt, SeqLenOpt, ThreadsOpt, TokensOpt, _common, _fmt_share, busy, emit,
                       eval_data, open_model, resolve_out, write)
 from .app import OneLineErrors, domain_errors, fail
 
@@ -58,9 +59,9 @@ def command_for(d: registry.Diagnostic) -> Any:
             opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None, overwrite: OverwriteOpt = False,
-            as_json: JsonOpt = False) -> None:
-        c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
+            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+        c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
         engine_opts = {**d.report_opts, **parse_opts(opt or [])}
         path, ow = resolve_out(out, ckpt, d.name, overwrite)
         model, ck = open_model(ckpt, c)

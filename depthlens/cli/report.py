@@ -22,6 +22,7 @@ def report(
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len)).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N | mps")] = "cpu",
+    device_map: Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
     metrics: Annotated[str | None, typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic).")] = None,
     n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
@@ -52,7 +53,7 @@ def report(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
-    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
+    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype, device_map=device_map,
                          metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot, threads=threads or None)
     err = Console(stderr=True)
     t0 = time.perf_counter()
