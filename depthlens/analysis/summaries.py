@@ -45,11 +45,12 @@ def headline_of(ds: xr.Dataset, key: str, *, theta: float | None = None, n_boot:
 # the report row
 
 
-def record_keys(base: tuple[str, ...], end: tuple[str, ...]) -> tuple[str, ...]:
+def record_keys(base: tuple[str, ...], end: tuple[str, ...],
+                diagnostics: tuple[registry.Diagnostic, ...] | None = None) -> tuple[str, ...]:
     """Every field of a report row, in summary.json order: `base`, each diagnostic's (its share columns, its
-    own fields, its definition and crossings), then `end`."""
+    own fields, its definition and crossings), then `end`. diagnostics None: the registry's current ones."""
     keys = list(base)
-    for d in registry.diagnostics():
+    for d in registry.diagnostics() if diagnostics is None else diagnostics:
         if d.headline:
             keys += [f"{d.prefix}_{k}" for k in (*SHARE_FIELDS, "n_pairs")]
         keys += d.record_fields

@@ -54,7 +54,8 @@ def tracked() -> tuple[str, ...]:
     return tuple(d.track_name for d in registry.diagnostics() if d.tracked)
 
 
-METRICS = tracked()  # of the shipped registry: causal, permutation, erank, attnres, angular
+# of the shipped registry: causal, permutation, erank, attnres, angular
+METRICS = tuple(d.track_name for d in registry.DIAGNOSTICS if d.tracked)
 HF_SIGNATURE = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size", "n_layer", "n_embd", "n_head")
 

@@ -87,7 +87,7 @@ class Report:
 RECORD_BASE = ("checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
                "val_loss", "eval_loss")
 RECORD_END = ("path", "seconds")
-RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END)  # of the shipped registry; `record` reads the current one
+RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
 
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
