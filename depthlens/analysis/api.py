@@ -23,6 +23,7 @@ import xarray as xr
 
 from depthlens.analysis import registry
 from depthlens.analysis.dataset import concat_checkpoints
+from depthlens.errors import UsageError
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
 from depthlens.analysis.evaldata import is_shards as _is_shards
 from depthlens.analysis.evaldata import tokenizer_for as _tokenizer_for
@@ -212,9 +213,7 @@ def check_scores(keys: str | Sequence[str], option: str = "--metrics") -> tuple[
     every = registry.sweepable()
     bad = [k for k in wanted if k not in every]
     if bad or not wanted:
-        err = ValueError(f"{option} must be one of {', '.join(every)}; got {', '.join(map(repr, bad)) or 'none'}")
-        err.usage = True  # type: ignore[attr-defined]  (the CLI turns it into exit 2)
-        raise err
+        raise UsageError(f"{option} must be one of {', '.join(every)}; got {', '.join(map(repr, bad)) or 'none'}")
     return tuple(wanted)
 
 

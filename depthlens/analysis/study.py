@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from depthlens.analysis import registry
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
-from depthlens.errors import DepthlensError
+from depthlens.errors import DepthlensError, UsageError
 
 DEFAULT_N_BOOT = 1000
 Progress = Callable[[str], None]  # called once per finished step with a short description
@@ -40,10 +40,8 @@ def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     bad = [n for n in names if n not in known]
     names = [registry.get(n).name for n in names if n in known]
     if bad or not names:
-        err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+        raise UsageError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
                          if bad else f"--metrics: give at least one of {','.join(every)}")
-        err.usage = True  # type: ignore[attr-defined]  (the CLI turns it into exit 2)
-        raise err
     return tuple(m for m in every if m in names)
 
 

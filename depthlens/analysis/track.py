@@ -40,7 +40,7 @@ import xarray as xr
 
 from depthlens.analysis import registry
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
-from depthlens.errors import DepthlensError
+from depthlens.errors import DepthlensError, UsageError
 
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
@@ -358,10 +358,8 @@ def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     names = [_track_name(s.strip()) for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     bad = [n for n in names if n not in every]
     if bad or not names:
-        err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+        raise UsageError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
                          if bad else f"--metrics: give at least one of {','.join(every)}")
-        err.usage = True  # type: ignore[attr-defined]
-        raise err
     return tuple(m for m in every if m in names)
 
 
