@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -183,15 +183,13 @@ def _cmdline(name: str, ckpt: Path, extra: str = "") -> str:
 
 @app.command()
 @domain_errors
-def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | all (BOS excluded)")] = "last",
-            repr: Annotated[str, typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
+def angular(ckpt: CkptArg, positions: Annotated[Literal["last", "all"], typer.Option(help="last | all (BOS excluded)")] = "last",
+            repr: Annotated[Literal["view", "flatten", "input"], typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False,
             as_json: JsonOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
-    check_choice(positions, ("last", "all"), "--positions")
-    check_choice(repr, ("view", "flatten", "input"), "--repr")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     model, ck = open_model(ckpt, c)
@@ -214,26 +212,20 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
 @rank0_errors
 @domain_errors
 def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (share of late pairs with C > θ).")] = registry.CAUSAL.theta,
-           variant: Annotated[str, typer.Option(help="current | future")] = "current",
-           agg: Annotated[str, typer.Option("--agg", help="max | mean | p95 | p99 | pooled")] = "max",
-           unit: Annotated[str, typer.Option(help="block | attn | mlp")] = "block",
-           norm: Annotated[str, typer.Option("--norm", help="Ratio denominator: update (|u_t|, Csordás) | resid (|h_t|, the residual stream entering t)")] = "update",
-           layers: Annotated[str, typer.Option(help="Skipped layers: all | late")] = "all",
+           variant: Annotated[Literal["current", "future"], typer.Option(help="current | future")] = "current",
+           agg: Annotated[Literal["max", "mean", "p95", "p99", "pooled"], typer.Option("--agg", help="max | mean | p95 | p99 | pooled")] = "max",
+           unit: Annotated[Literal["block", "attn", "mlp"], typer.Option(help="block | attn | mlp")] = "block",
+           norm: Annotated[Literal["update", "resid"], typer.Option("--norm", help="Ratio denominator: update (|u_t|, Csordás) | resid (|h_t|, the residual stream entering t)")] = "update",
+           layers: Annotated[Literal["all", "late"], typer.Option(help="Skipped layers: all | late")] = "all",
            direct: Annotated[bool, typer.Option("--direct", help="Also compute the direct-effect companion C_dir.")] = False,
            outputs: Annotated[bool, typer.Option("--outputs", help="Also compute the output effect O[s] and the layer-skip loss ΔL_skip(s) (one LM-head pass per skipped layer).")] = False,
-           window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
+           window: Annotated[Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
-    check_choice(variant, ("current", "future"), "--variant")
-    check_choice(agg, ("max", "mean", "p95", "p99", "pooled"), "--agg")
-    check_choice(unit, ("block", "attn", "mlp"), "--unit")
-    check_choice(norm, ("update", "resid"), "--norm")
-    check_choice(layers, ("all", "late"), "--layers")
-    check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     from ..analysis.sweep import headline, score_matrix
@@ -271,20 +263,16 @@ def _skip_loss_lines(ds) -> list[str]:
 @rank0_errors
 @domain_errors
 def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
-            norm: Annotated[str, typer.Option(help="abs (nats) | rel | kl")] = "abs",
-            swap: Annotated[str, typer.Option(help="body (routing stays) | all")] = "body",
-            pairs: Annotated[str, typer.Option(help="late | all")] = "late",
-            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
+            norm: Annotated[Literal["abs", "rel", "kl"], typer.Option(help="abs (nats) | rel | kl")] = "abs",
+            swap: Annotated[Literal["body", "all"], typer.Option(help="body (routing stays) | all")] = "body",
+            pairs: Annotated[Literal["late", "all"], typer.Option(help="late | all")] = "late",
+            window: Annotated[Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
             overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
-    check_choice(norm, ("abs", "rel", "kl"), "--norm")
-    check_choice(swap, ("body", "all"), "--swap")
-    check_choice(pairs, ("late", "all"), "--pairs")
-    check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     from ..analysis.sweep import headline, score_matrix
