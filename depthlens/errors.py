@@ -11,3 +11,10 @@ class CheckpointError(DepthlensError):
 
 class DataError(DepthlensError):
     """An eval/training data file is missing, empty, not UTF-8, or too short."""
+
+
+class UsageError(ValueError):
+    """A bad option or argument value (unknown metric name, out-of-range option): the CLI says it in one line and
+    exits 2. The one way every layer signals a usage error (a ValueError, so library callers can catch either)."""
+
+    usage = True

@@ -8,7 +8,7 @@ import torch
 from einops import rearrange
 
 from depthlens.models import ModelConfig, build_model
-from depthlens.models.residual.base import state_cat, state_repeat
+from depthlens.models.residual.base import SublayerCall, state_cat, state_repeat
 
 torch.set_num_threads(1)
 
@@ -185,7 +185,7 @@ def test_hc_matches_lucidrains_hyper_connections():
         seen["ours"] = x
         return body(x, ctx.cos, ctx.sin)
 
-    ours, _ = model.blocks[1].router_attn({"x": X}, branch, body, 2, 1, ctx, None, None)
+    ours, _ = model.blocks[1].router_attn({"x": X}, SublayerCall(branch, body, j=2, pos=1, ctx=ctx))
     x_in, add_res = peers[1][0](rearrange(X, "b t s d -> (b s) t d"))
     theirs = rearrange(add_res(body(x_in, ctx.cos, ctx.sin)), "(b s) t d -> b t s d", s=n)
     torch.testing.assert_close(seen["ours"], x_in, atol=1e-5, rtol=1e-5)
@@ -232,7 +232,7 @@ def test_mhc_matches_numpy_eq7_9(dtype, t_max, tol):
         seen["y"] = blk.mlp(u, ctx.cos, ctx.sin)
         return seen["y"]
 
-    out, carry = blk.router_mlp({"x": X}, branch, blk.mlp, 3, 1, ctx, None, None)
+    out, carry = blk.router_mlp({"x": X}, SublayerCall(branch, blk.mlp, j=3, pos=1, ctx=ctx))
     r = blk.router_mlp
     p = lambda t: t.detach().double().numpy()  # noqa: E731
     H_pre, H_post, H_res = _mhc_numpy(p(X), p(r.phi), p(r.bias), float(r.alpha_pre), float(r.alpha_post),

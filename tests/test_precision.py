@@ -218,7 +218,7 @@ FACTORIES = {"arange", "zeros", "ones", "full", "empty", "tensor", "eye", "rand"
 HOST_ONLY = {
     ("metrics.py", "_angular_sums"): "float64 sums on the host (results are .cpu()'d into it)",
     ("metrics.py", "__init__"): "AngularAccumulator's float64 host sum",
-    ("causal.py", "make_arms"): "arm masks live on the host; the engine moves each slice to the state's device",
+    ("causal_arms.py", "make_arms"): "arm masks live on the host; the engine moves each slice to the state's device",
     ("evaldata.py", "random_eval_data"): "eval tokens live on the host; engines move batches to the model",
 }
 

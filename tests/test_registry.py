@@ -19,7 +19,9 @@ PKG = Path(__file__).parents[1] / "depthlens"
 
 
 def test_names_and_aliases_resolve_to_one_declaration():
-    assert registry.NAMES == ("causal", "permutation", "angular", "mixing", "rank", "attnres")
+    # table and summary.json order: the share columns, then erank and k*, then angular
+    assert registry.NAMES == ("causal", "permutation", "rank", "attnres", "angular", "mixing")
+    assert registry.names() == registry.NAMES  # nothing registered
     perm = registry.get("permutation")
     assert registry.get("permute") is perm and registry.get("perm") is perm  # the CLI command, the record prefix
     assert perm.prefix == "perm" and registry.get("causal").prefix == "causal"
@@ -136,30 +138,44 @@ def test_every_readout_a_model_writes_parses(slug):
         assert readout_key(p.name, p.sublayer, static=p.static, final=p.final) == key
 
 
-def test_the_architecture_docs_example_runs(monkeypatch):
-    """docs/architecture.md's worked example: its engine module and registry entry, run as written."""
-    import re
-    import sys
-    import types
-
-    text = (PKG.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
-    engine_src, entry_src = re.findall(r"```python\n(.*?)```", text, flags=re.S)[:2]
-    mod = types.ModuleType("depthlens.analysis.branch")
-    exec(compile(engine_src, "docs/architecture.md", "exec"), mod.__dict__)
-    monkeypatch.setitem(sys.modules, "depthlens.analysis.branch", mod)
-    d = eval(entry_src.strip().rstrip(","), {"Diagnostic": registry.Diagnostic})
-    assert d.name == "branch_share" and d.applies("deepnorm") and registry.resolve(d.engine) is mod.branch_share_dataset
+def test_readouts_accessors_build_the_keys():
+    """`Readouts` (what `model.readouts` returns) answers by name what `readout_key` strings index."""
+    from depthlens.models.readouts import Readouts, readout_key
 
     torch.manual_seed(0)
     model = debug_model("deepnorm", n_layer=2)
-    data = EvalData.from_tokens(torch.randint(0, model.config.vocab_size, (3, 10)))
-    ds = registry.resolve(d.engine)(model, data, batch_size=2)
-    rec = model.readouts(data.tokens)
-    want = [float(rec[f"sub{j}.branch_share"].double().mean()) for j in range(4)]  # every token, every sequence
-    np.testing.assert_allclose(ds["branch_share"].values, want, rtol=1e-10)
-    for other in ("preln", "keel"):  # KEEL's first sublayer is Pre-LN: no branch share there
-        with pytest.raises(DepthlensError, match="branch_share readout on every sublayer"):
-            registry.resolve(d.engine)(debug_model(other, n_layer=2), data)
+    rec = model.readouts(torch.randint(0, model.config.vocab_size, (2, 8)))
+    assert isinstance(rec, Readouts)
+    assert rec.sublayers_with("branch_share") == [0, 1, 2, 3]
+    for j, v in enumerate(rec.per_sublayer("branch_share", 4)):
+        assert v is rec[readout_key("branch_share", j)] is rec.sublayer("branch_share", j)
+    assert rec.model("h0") is rec["h0"] and rec.has("rms", 1) and not rec.has("res_map", 1)
+    with pytest.raises(KeyError):
+        rec.sublayer("res_map", 0)
+    hc = debug_model("hc", n_layer=2).readouts(torch.randint(0, 97, (1, 8)))
+    assert hc.static("res_map", 1) is hc["static.sub1.res_map"]
+    full = debug_model("full_attnres", n_layer=2).readouts(torch.randint(0, 97, (1, 8)))
+    assert full.final("alpha") is full["final.alpha"]
+
+
+def test_capabilities_are_what_a_model_offers():
+    from depthlens.models.protocol import capabilities
+
+    model = debug_model("preln", n_layer=2)
+    assert capabilities(model) == {"layers", "readouts", "depth_mixing", "unembedding"}
+    assert capabilities(object()) == frozenset()
+    assert registry.get("rank").missing(object()) == ("readouts",)
+    assert registry.get("angular").missing(model) == ()
+
+
+def test_register_adds_for_the_block_only():
+    d = registry.Diagnostic("toy", "depthlens.analysis.angular:angular_distances", "toy", aliases=("toy2",))
+    with registry.register(d):
+        assert registry.get("toy2") is d and registry.names()[-1] == "toy"
+        with pytest.raises(DepthlensError, match="already registered"):
+            with registry.register(registry.Diagnostic("x", "m:f", "x", aliases=("toy",))):
+                pass
+    assert "toy" not in registry.aliases() and registry.names() == registry.NAMES
 
 
 def test_api_compare_by_registry_name_equals_compare_by_function():

@@ -27,6 +27,7 @@ from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import AngularAccumulator
 from depthlens.errors import DepthlensError
+from depthlens.models.protocol import LayeredLM
 
 POSITIONS = ("last", "all")
 REPRS = ("view", "flatten", "input", "running_sum")
@@ -79,7 +80,7 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
     return torch.stack(states)
 
 
-def angular_distances(model, data: EvalData, *, positions: str = "last", repr: str = "view",
+def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "last", repr: str = "view",
                       batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
     """Angular-distance matrix D[ℓ, n] and profile D_1(ℓ) over `data` (spec §1).
 

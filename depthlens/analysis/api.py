@@ -23,17 +23,24 @@ import xarray as xr
 
 from depthlens.analysis import registry
 from depthlens.analysis.dataset import concat_checkpoints
+from depthlens.errors import UsageError
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
+from depthlens.analysis.evaldata import is_shards as _is_shards
+from depthlens.analysis.evaldata import tokenizer_for as _tokenizer_for
 
 
-def load_model(model_or_path: Any, *, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> tuple[Any, Path | None]:
+def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               device_map: str | None = None) -> tuple[Any, Path | None]:
     """(model in eval mode, checkpoint path or None). Paths go through the one loader
-    (`depthlens.adapters.load.open_model`): depthlens checkpoints, local Hugging Face directories, GGUF files."""
+    (`depthlens.adapters.load.open_model`): depthlens checkpoints, local Hugging Face directories, GGUF files;
+    `device_map` ("auto" or a JSON {embed, layers, head}, inline or a .json file) places an HF/GGUF model over
+    several GPUs instead of `device`."""
     if isinstance(model_or_path, (str, os.PathLike)):
         from depthlens.adapters.load import open_model
+        from depthlens.adapters.placement import parse_device_map
 
-        return open_model(model_or_path, device=str(device), dtype=dtype).model, Path(model_or_path)
+        op = open_model(model_or_path, device=str(device), dtype=dtype, device_map=parse_device_map(device_map))
+        return op.model, Path(model_or_path)
     _check_in_memory(model_or_path, device, dtype)
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
 
@@ -54,30 +61,11 @@ def _check_in_memory(model: Any, device: str | torch.device, dtype: torch.dtype 
                              "checkpoint path")
 
 
-def _tokenizer_for(checkpoint: Path | None, model: Any = None, *, required: bool = True) -> Any:
-    """The tokenizer the loader found with the model; bytes for byte-vocabulary models; otherwise refuse
-    (random ids would silently measure noise). required=False (token shards, read as they are): the
-    loader's tokenizer or None, only used to check the shard manifest."""
-    from depthlens.adapters.load import opened_of
-
-    op = opened_of(model)
-    if op is not None and op.tokenizer is not None:
-        return op.tokenizer
-    if not required:
-        return None
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if model is None or vocab in (None, 257):
-        return "bytes"
-    from depthlens.errors import DataError
-
-    raise DataError(f"{checkpoint or 'model'}: no tokenizer found for a vocabulary of {vocab}; "
-                    "pass eval data as token shards (--data DIR) or an EvalData")
-
-
 def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_seq: int = DEFAULT_N_SEQ,
-                  seq_len: int | None = None, seed: int = 0) -> EvalData:
+                  seq_len: int | None = None, seed: int = 0, tokens: int | None = None) -> EvalData:
     """EvalData as given, a tensor/array of ids, a file/shard-dir path, or None (default corpus), checked
-    against the model's vocabulary and max_seq_len."""
+    against the model's vocabulary and max_seq_len. seq_len None = min(DEFAULT_SEQ_LEN, the model's max);
+    `tokens` (a token budget) sets n_seq = tokens // seq_len instead."""
     cfg = getattr(model, "config", None)
     max_len = getattr(cfg, "max_seq_len", None)
     if isinstance(data, EvalData):
@@ -85,16 +73,16 @@ def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_
     elif isinstance(data, torch.Tensor) or hasattr(data, "__array__"):
         out = EvalData.from_tokens(data)
     else:
+        if seq_len is not None and max_len is not None and seq_len > max_len:
+            from depthlens.errors import DataError
+
+            raise DataError(f"--seq-len {seq_len} exceeds the model's max_seq_len {max_len}")
         T = seq_len or min(DEFAULT_SEQ_LEN, max_len or DEFAULT_SEQ_LEN)
+        n_seq = max(1, tokens // T) if tokens else n_seq
         tok = _tokenizer_for(checkpoint, model, required=not _is_shards(data))
         out = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
     out.check_model(getattr(cfg, "vocab_size", None), max_len)
     return out
-
-
-def _is_shards(data: Any) -> bool:
-    """A directory of token shards needs no tokenizer (ids are read as they are)."""
-    return isinstance(data, (str, os.PathLike)) and Path(data).is_dir()
 
 
 def _run(name: str, model_or_path: Any, data: Any, opts: dict[str, Any],
@@ -177,3 +165,113 @@ def compare(fn: Callable[..., xr.Dataset] | str, checkpoints: Sequence[Any], dat
     if isinstance(fn, str):
         fn = functools.partial(run, registry.get(fn).name)
     return concat_checkpoints([fn(c, data, **opts) for c in checkpoints], names)
+
+
+def __getattr__(name: str) -> Callable[..., xr.Dataset]:
+    """Every diagnostic of the registry as an API function, registered ones included:
+    `api.branch_share(path)` == `api.run("branch_share", path)`."""
+    try:
+        d = registry.get(name)
+    except Exception:  # noqa: BLE001  (any unknown attribute is an AttributeError, as for a plain module)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+    def diagnostic(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                   **opts: Any) -> xr.Dataset:
+        return _run(d.name, model_or_path, data, opts, device=device, dtype=dtype)
+
+    diagnostic.__name__ = diagnostic.__qualname__ = d.name
+    diagnostic.__doc__ = f"{d.summary} (registry diagnostic {d.name!r}; opts go to its engine)."
+    return diagnostic
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# studies: several checkpoints, one eval set (the `compare` and `sweep` commands are these, then a rendering)
+
+
+def _late_study(checkpoints: Sequence[Any], keys: Sequence[str], opts: Any) -> Any:
+    """A study of the diagnostics owning score `keys`, each restricted to its late-window headline."""
+    import dataclasses
+
+    from depthlens.analysis.study import StudyOptions, run_study
+    from depthlens.errors import DepthlensError
+
+    owners = tuple(dict.fromkeys(registry.score_owner(k)[0].name for k in keys))
+    opts = dataclasses.replace(opts or StudyOptions(), metrics=owners, late=True)
+    study = run_study(checkpoints, opts)
+    if study is None:
+        return None
+    for e in study.entries:
+        for m in owners:
+            if m not in e.datasets:  # a share that cannot be computed is refused, never left out silently
+                raise DepthlensError(next((n for n in e.notes if n.startswith(f"{m}:")), f"{e.name}: no {m}"))
+    return study
+
+
+def check_scores(keys: str | Sequence[str], option: str = "--metrics") -> tuple[str, ...]:
+    """Score keys (a comma list or a sequence) checked against `registry.sweepable()`; ValueError (usage)."""
+    wanted = [k.strip() for k in (keys.split(",") if isinstance(keys, str) else keys) if k.strip()]
+    every = registry.sweepable()
+    bad = [k for k in wanted if k not in every]
+    if bad or not wanted:
+        raise UsageError(f"{option} must be one of {', '.join(every)}; got {', '.join(map(repr, bad)) or 'none'}")
+    return tuple(wanted)
+
+
+def headline_shares(checkpoints: Sequence[Any], keys: str | Sequence[str] = ("causal", "perm_abs"),
+                    opts: Any = None) -> list[dict[str, Any]]:
+    """Headline shares (with bootstrap CIs) of score `keys` for several checkpoints on identical eval data:
+    [{checkpoint, design, n_layer, <key>: `sweep.headline` dict}] in the given order (one engine run per
+    diagnostic, however many of its scores are asked for)."""
+    from depthlens.analysis.sweep import headline
+
+    keys = check_scores(keys)
+    study = _late_study(checkpoints, keys, opts)
+    if study is None:
+        return []
+    n_boot, seed = (opts.n_boot, opts.seed) if opts is not None else (1000, 0)
+    rows = []
+    for e in study.entries:
+        row: dict[str, Any] = {"checkpoint": e.name, "design": e.slug, "n_layer": e.n_layer}
+        row.update({k: headline(e.datasets[registry.score_owner(k)[0].name], k, n_boot=n_boot, seed=seed)
+                    for k in keys})
+        rows.append(row)
+    return rows
+
+
+def _first(ds: xr.Dataset, dim: str) -> Any:
+    if dim not in ds.dims:
+        return None
+    vals = list(ds[dim].values)
+    pref = {"window_start": "quarter", "aggregator": "max", "variant": "current"}.get(dim)
+    return pref if pref in vals else vals[0]
+
+
+def sweep(checkpoints: Sequence[Any], key: str = "causal", thresholds: Sequence[float] | None = None, *,
+          theta: float | None = None, order: Sequence[str] | None = None, opts: Any = None) -> dict[str, Any]:
+    """Threshold sweep of score `key` over several checkpoints on identical eval data: share(θ) curves and
+    crossing points for every window start (and aggregator/variant where the score has them), plus the ranking
+    robustness of the headline curves (window quarter, max, current) when there are two or more checkpoints.
+
+    Returns {"dataset": the curves stacked along `checkpoint`, "curves": the headline curves, "selection",
+    "theta", "order", "robustness": xr.Dataset or None}. `order` (checkpoint names, low to high) defaults to the
+    given order."""
+    from depthlens.analysis.sweep import robustness, share_curves
+
+    key = check_scores([key], "--metric")[0]
+    study = _late_study(checkpoints, [key], opts)
+    if study is None:
+        return {}
+    owner = registry.score_owner(key)[0].name
+    names = [e.name for e in study.entries]
+    ds = concat_checkpoints([share_curves(e.datasets[owner], key, thresholds) for e in study.entries], names)
+    theta = registry.score(key).theta if theta is None else float(theta)
+    sel = {k: _first(ds, k) for k in ("window_start", "aggregator", "variant") if k in ds["share"].dims}
+    curves = ds["share"].sel(sel)
+    order = list(order) if order else names
+    rob = robustness(curves, order, theta) if len(names) > 1 else None
+    if rob is not None:
+        import json
+
+        ds.attrs["ranking_order_json"] = json.dumps(order)
+        ds.attrs["ranking_fraction"] = float(rob["fraction"])
+    return {"dataset": ds, "curves": curves, "selection": sel, "theta": theta, "order": order, "robustness": rob}

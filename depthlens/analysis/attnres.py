@@ -27,7 +27,8 @@ from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
 from depthlens.analysis.metrics import dead_prefix
 from depthlens.errors import DepthlensError
-from depthlens.models.readouts import readout_key
+from depthlens.models.readouts import as_readouts, readout_key
+from depthlens.models.protocol import LayeredLM
 
 EPS_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
 FAMILIES = ("embedding", "current", "history")
@@ -65,21 +66,22 @@ class _Means:
 
 def accumulate_record(acc: _Means, record: Mapping[str, Any], n_sub: int) -> list[list[str]]:
     """Add one batch's AttnRes readouts; returns the source labels per sublayer."""
-    if readout_key("alpha", sublayer=0) not in record:
+    record = as_readouts(record)
+    if not record.has("alpha", 0):
         raise DepthlensError("AttnRes self-weight needs sub{j}.alpha readouts (full_attnres, block_attnres)")
     labels = []
     for j in range(n_sub):
-        lab = [str(x) for x in record[readout_key("source_labels", sublayer=j)]]
+        lab = [str(x) for x in record.sublayer("source_labels", j)]
         labels.append(lab)
         a = _alpha(record, j, lab)
-        self_w = torch.as_tensor(record[readout_key("self_weight", sublayer=j)]).double()
-        emb_w = torch.as_tensor(record[readout_key("embedding_weight", sublayer=j)]).double()
+        self_w = torch.as_tensor(record.sublayer("self_weight", j)).double()
+        emb_w = torch.as_tensor(record.sublayer("embedding_weight", j)).double()
         acc.add(("self", j), self_w)
         acc.add(("emb", j), emb_w)
         acc.add(("hist", j), 1.0 - torch.nan_to_num(self_w) - emb_w)
         # layer value s_l: per token nanmean of the two sublayers (the first one can be undefined)
         if j % 2 == 1:
-            prev = torch.as_tensor(record[readout_key("self_weight", sublayer=j - 1)])
+            prev = torch.as_tensor(record.sublayer("self_weight", j - 1))
             pair = torch.stack([prev.double(), self_w])
             both = torch.where(torch.isnan(pair).all(0), torch.nan, torch.nan_to_num(pair).sum(0) /
                                (~torch.isnan(pair)).sum(0).clamp_min(1))
@@ -119,7 +121,8 @@ def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Seque
     return attnres_summary(acc, labels, n_layer, eps_grid)
 
 
-def attnres_dataset(model, data: EvalData, *, eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
+def attnres_dataset(model: LayeredLM, data: EvalData, *,
+                    eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
                     checkpoint: Any = None) -> xr.Dataset:
     """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data` (spec §5)."""
     if not hasattr(model, "readouts"):
@@ -164,7 +167,7 @@ def attnres_dataset(model, data: EvalData, *, eps_grid: Sequence[float] = EPS_GR
 # depth mixing, every design
 
 
-def depth_mixing_dataset(model, data: EvalData, *, batch_size: int | None = None,
+def depth_mixing_dataset(model: LayeredLM, data: EvalData, *, batch_size: int | None = None,
                          checkpoint: Any = None) -> xr.Dataset:
     """Mean over tokens τ ≥ 1 of the depth-mixing matrix M[i → j] (`model.depth_mixing`): weight of source i
     (0 = embedding, i ≥ 1 = sublayer i−1's output) in the input of sublayer j (j = 2L: the final readout).
@@ -183,10 +186,10 @@ def depth_mixing_dataset(model, data: EvalData, *, batch_size: int | None = None
             total += M[:, 1:].double().sum((0, 1)).cpu().numpy()
             count += M.shape[0] * (M.shape[1] - 1)
             continue
-        rec = model.readouts(toks) if hasattr(model, "readouts") else {}
-        for j in range(2 * L):
-            if readout_key("depth_mass", sublayer=j) in rec:
-                m = torch.as_tensor(rec[readout_key("depth_mass", sublayer=j)]).double()
+        rec = as_readouts(model.readouts(toks) if hasattr(model, "readouts") else {})
+        for j in rec.sublayers_with("depth_mass"):
+            if j < 2 * L:
+                m = torch.as_tensor(rec.sublayer("depth_mass", j)).double()
                 m = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
                 prev = masses.get(j, (0, 0))
                 masses[j] = (prev[0] + m, prev[1] + toks.shape[0] * (toks.shape[1] - 1))

@@ -28,7 +28,7 @@ import torch
 from depthlens.errors import CheckpointError, DataError
 
 DEFAULT_N_SEQ = 32
-DEFAULT_SEQ_LEN = 256
+DEFAULT_SEQ_LEN = 128  # the shipped reports' length: report, track, the API and every command share it
 DEFAULT_CORPUS_BYTES = 4_000_000  # enough held-out text for the default eval set, quick to build on a CPU
 
 
@@ -471,3 +471,28 @@ def last_level_cache_bytes(default: int = 32 << 20) -> int:
         if level > best[0]:
             best = (level, n)
     return best[1]
+
+
+def tokenizer_for(checkpoint: Path | None, model: Any = None, *, required: bool = True) -> Any:
+    """The tokenizer the loader found with the model; bytes for byte-vocabulary models; otherwise refuse
+    (random ids would silently measure noise). required=False (token shards, read as they are): the
+    loader's tokenizer or None, only used to check the shard manifest."""
+    from depthlens.adapters.load import opened_of
+
+    op = opened_of(model)
+    if op is not None and op.tokenizer is not None:
+        return op.tokenizer
+    if not required:
+        return None
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if model is None or vocab in (None, 257):
+        return "bytes"
+    from depthlens.errors import DataError
+
+    raise DataError(f"{checkpoint or 'model'}: no tokenizer found for a vocabulary of {vocab}; "
+                    "pass eval data as token shards (--data DIR) or an EvalData")
+
+
+def is_shards(data: Any) -> bool:
+    """A directory of token shards needs no tokenizer (ids are read as they are)."""
+    return isinstance(data, (str, os.PathLike)) and Path(data).is_dir()

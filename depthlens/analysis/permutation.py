@@ -31,6 +31,7 @@ from depthlens.analysis.stats import paired_se
 from depthlens.analysis.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_select
+from depthlens.models.protocol import LayeredLM
 
 SWAPS = ("body", "all")
 TRUNK_CACHE_BYTES = 1 << 30  # clean states before each first-swapped layer i kept from the reference pass
@@ -92,7 +93,8 @@ def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: s
 
 
 @torch.no_grad()
-def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
+def permutation_scores(model: LayeredLM, data: EvalData, *,
+                       pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
                        batch_size: int | None = None, seq_batch: int | None = None, chunked_head: bool = True,
                        checkpoint: Any = None) -> xr.Dataset:
     """P_abs, P_rel, P_KL for the requested pairs (spec §3), symmetric [L, L] matrices with a zero diagonal.

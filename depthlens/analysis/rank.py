@@ -31,7 +31,8 @@ from depthlens.analysis.evaldata import EvalData, default_batch_size, model_devi
 from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
-from depthlens.models.readouts import readout_key
+from depthlens.models.readouts import as_readouts
+from depthlens.models.protocol import LayeredLM
 
 PRODUCTS = ("full", "late", "interior")
 STOCHASTIC_TOL = 1e-3  # |row/column sum − 1| that still counts as stochastic: 20 Sinkhorn steps leave ~3e-5 on columns
@@ -49,19 +50,19 @@ def default_widths(n_sub: int) -> list[int]:
 
 def res_maps(record: Mapping[str, Any], n_sub: int) -> torch.Tensor:
     """Stack `sub{j}.res_map` for j = 0..n_sub−1 into (B, T, K, n, n) float64."""
-    keys = [readout_key("res_map", sublayer=j) for j in range(n_sub)]
-    missing = [j for j, k in enumerate(keys) if k not in record]
+    maps = as_readouts(record).per_sublayer("res_map", n_sub)
+    missing = [j for j, m in enumerate(maps) if m is None]
     if missing:
         raise DepthlensError("effective rank needs a multi-stream design (hc, mhc): the model records no "
                              f"'sub{{j}}.res_map' readout (missing for sublayers {missing[:4]}...)")
-    return torch.stack([torch.as_tensor(record[k]).double() for k in keys], dim=2)
+    return torch.stack([torch.as_tensor(m).double() for m in maps], dim=2)
 
 
 def static_res_maps(record: Mapping[str, Any], n_sub: int) -> tuple[torch.Tensor | None, str | None]:
     """(K, n, n) static maps from the routers' `static.sub{j}.res_map` readouts, or (None, note)."""
-    keys = [readout_key("res_map", sublayer=j, static=True) for j in range(n_sub)]
-    if all(k in record for k in keys):
-        maps = [torch.as_tensor(record[k]).double() for k in keys]
+    found = as_readouts(record).per_sublayer("res_map", n_sub, static=True)
+    if all(m is not None for m in found):
+        maps = [torch.as_tensor(m).double() for m in found]
         if all(m.dim() == 2 and m.shape[0] == m.shape[1] for m in maps):
             return torch.stack(maps), None
     return None, "no static residual map readouts (static.sub{j}.res_map); static part skipped"
@@ -144,7 +145,7 @@ def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int
     return res
 
 
-def effective_rank_dataset(model, data: EvalData, *, widths: Sequence[int] | None = None,
+def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence[int] | None = None,
                            batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
     """Effective rank of the residual-mixing products of a multi-stream model over `data` (spec §4)."""
     if not hasattr(model, "readouts"):

@@ -2,24 +2,47 @@
 and report.
 
     d = registry.get("permute")                 # aliases resolve: permute / perm → permutation
+    registry.diagnostics()                      # every diagnostic, shipped and `register`ed, in table order
     ds = registry.run("permutation", model, data, pairs="late", checkpoint=ckpt)   # the one dispatch path
     registry.score("perm_abs").theta            # 0.15: the default thresholds are typed only here
 
 A `Diagnostic` names its engine and figure as "module:function" strings, imported on first use, so this
 module imports nothing heavy at its top and `depthlens --help` can read names, aliases and thresholds
 instantly. Which designs a diagnostic applies to is a design capability flag (`depthlens.designs`), never a
-slug test. Adding a diagnostic = one engine module + one entry in `DIAGNOSTICS` (docs/architecture.md).
+slug test; what it needs from a model is a model capability (`models.protocol.capabilities`), so native, Hugging
+Face and GGUF models are treated alike. Adding a diagnostic = one module + one entry in `DIAGNOSTICS` (or a
+`register` call): docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
+
+if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
+    import xarray as xr
+
+    from depthlens.analysis.evaldata import EvalData
+    from depthlens.models.protocol import LayeredLM
+
+DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column and of `track`
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A default θ grid: "linear" (start..stop inclusive, step) or "log" (`n` log-spaced points start..stop)."""
+
+    kind: str  # "linear" | "log"
+    start: float
+    stop: float
+    step: float = 0.0  # linear only
+    n: int = 0  # log only
 
 
 @dataclass(frozen=True)
@@ -31,28 +54,66 @@ class Score:
     theta: float  # the default headline θ (typed nowhere else)
     unit: str  # CF unit of the score, hence of θ ("1" or "nat")
     symbol: str  # how tables and titles name it ("C", "P_abs")
+    grid: Grid  # the default θ grid of sweeps and the report's share curves
+    label: str  # what the score is, for axis labels and titles ("causal score (current, max)")
+    definition: str  # one line stating what a share of it measures (headlines, tables)
+    select: Mapping[str, str] = field(default_factory=dict)  # coords picked on `var` for the headline matrix
+    seq_var: str | None = None  # (layer, layer_other, sequence) variable whose sequence mean is `var`: its CI
     bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
     optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
+
+    @property
+    def theta_label(self) -> str:
+        """Axis label of θ: 'threshold θ on the causal score [1]'."""
+        return f"threshold θ on {self.label} [{self.unit}]"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A report table column that is not a share: `field` of the diagnostic's record, formatted with `fmt`."""
+
+    head: str  # the table heading ("erank (full)")
+    short: str  # the terminal table heading ("erank")
+    field: str  # the record field it shows
+    fmt: str = ""  # format spec ("" = str)
 
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """One diagnostic: what to call, on which designs, what it headlines and how the report draws it."""
+    """One diagnostic and everything the commands need to know about it: what to call, on which models, what it
+    headlines, and how a report row, the report's figures, the terminal and `track` summarise its Dataset.
+
+    Every hook is a "module:function" string, imported on first use:
+      engine(model, data: EvalData, *, checkpoint, batch_size, **opts) -> xr.Dataset
+      record(ds, n_layer) -> {field: JSON value}: the report row's own fields (besides the share columns)
+      track(ds, opts) -> {name: DataArray}: the per-snapshot variables `track` keeps (default: the share)
+      view(ds, model) -> (headline dict, text lines, rich renderable or None): the terminal view of its command
+      figure(ds, entry[, share=...]) -> matplotlib Figure or None: one checkpoint's figure in the report
+    """
 
     name: str  # canonical name: report `--metrics`, netCDF file names, figure keys
-    engine: str  # "module:function" with signature fn(model, data: EvalData, *, checkpoint, batch_size, **opts)
+    engine: str  # "module:function" (see above)
     summary: str  # one line for help texts
     aliases: tuple[str, ...] = ()  # other names accepted wherever `name` is (CLI command, record prefix)
     requires: str | None = None  # design capability flag (depthlens.designs.CAPABILITIES); None = every design
+    needs: tuple[str, ...] = ("layers",)  # model capabilities (depthlens.models.protocol.CAPABILITIES)
     scores: tuple[Score, ...] = ()  # headline scores, the first is the report's table column
     figure: str | None = None  # "module:function" drawing one checkpoint's Dataset for the report
+    record: str | None = None  # "module:function" giving the report row's own fields
+    record_fields: tuple[str, ...] = ()  # ...their names, in summary.json order
+    columns: tuple[Column, ...] = ()  # report table columns besides the share
+    track: str | None = None  # "module:function" of its `track` variables; None = the headline share (if any)
+    track_name: str = ""  # its name in `track` (metric names, cache files); "" = the name
+    view: str | None = None  # "module:function" of its terminal view; None = the generic one
+    title: str = ""  # figure caption in the report ("" = the summary)
     prefix: str = ""  # of its report summary.json columns (`<prefix>_share`, ...); "" = the name
     report_opts: Mapping[str, Any] = field(default_factory=dict)  # engine options of report, compare and sweep
     late_opts: Mapping[str, Any] = field(default_factory=dict)  # ...restricted to what the headline needs
 
     def __post_init__(self) -> None:
-        if not self.prefix:
-            object.__setattr__(self, "prefix", self.name)
+        for attr, default in (("prefix", self.name), ("track_name", self.name), ("title", self.summary)):
+            if not getattr(self, attr):
+                object.__setattr__(self, attr, default)
 
     @property
     def bootstraps(self) -> bool:
@@ -63,53 +124,142 @@ class Diagnostic:
         """The score the report's table and sweep figures use (None: no share headline)."""
         return self.scores[0] if self.scores else None
 
+    @property
+    def tracked(self) -> bool:
+        """Whether `track` follows it over training (it declares a track hook or has a headline share)."""
+        return self.track is not None or self.headline is not None
+
     def applies(self, design: str) -> bool:
         """Whether this diagnostic is defined for design slug `design`."""
         return self.requires is None or has_capability(design, self.requires)
+
+    def missing(self, model: Any) -> tuple[str, ...]:
+        """The model capabilities it needs that `model` lacks (() = it can run)."""
+        from depthlens.models.protocol import capabilities
+
+        have = capabilities(model)
+        return tuple(c for c in self.needs if c not in have)
 
 
 def _frozen(**kw: Any) -> Mapping[str, Any]:
     return MappingProxyType(kw)
 
 
-CAUSAL = Score("causal", "causal_score", 0.45, "1", "C")
-PERM_ABS = Score("perm_abs", "perm_abs", 0.15, "nat", "P_abs")
+_S = "depthlens.analysis.summaries:"  # the shipped diagnostics' record, track and view hooks
+_LOG_NAT = Grid("log", 0.005, 2.0, n=41)
+CAUSAL = Score("causal", "causal_score", 0.45, "1", "C", Grid("linear", 0.0, 1.5, step=0.05),
+               "the causal score", "causal C(s,t): skip s, relative change of the later update t",
+               select=_frozen(aggregator="max", variant="current"))
+PERM_ABS = Score("perm_abs", "perm_abs", 0.15, "nat", "P_abs", _LOG_NAT, "P_abs",
+                 "permutation P_abs = L(swap i,j) - L(id), nats", seq_var="delta_loss_seq")
 
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("causal", "depthlens.analysis.causal:causal_scores",
                "causal score C(s, t): skip layer s, how much do later updates change",
-               scores=(CAUSAL, Score("direct", "direct_score", CAUSAL.theta, "1", "C_dir", bootstraps=False,
-                                     optional=True)),
-               figure="depthlens.report.figures:fig_causal",
-               report_opts=_frozen(variants=("current",)), late_opts=_frozen(layers="late")),
+               scores=(CAUSAL, Score("direct", "direct_score", CAUSAL.theta, "1", "C_dir", CAUSAL.grid,
+                                     "the direct causal score", "direct C_dir(s,t)",
+                                     select=CAUSAL.select, bootstraps=False, optional=True)),
+               figure="depthlens.report.figures:fig_causal", title="Causal score C(s, t) (current, max)",
+               record=_S + "causal_record", record_fields=("causal_noise_floor",), track=_S + "causal_track",
+               report_opts=_frozen(variants=("current",), layers="all"), late_opts=_frozen(layers="late")),
     Diagnostic("permutation", "depthlens.analysis.permutation:permutation_scores",
                "permutation score P(i, j): swap layers i and j, how much does the loss rise",
                aliases=("permute", "perm"), prefix="perm",
-               scores=(PERM_ABS, Score("perm_rel", "perm_rel", PERM_ABS.theta, "1", "P_rel"),
-                       Score("perm_kl", "perm_kl", PERM_ABS.theta, "nat", "P_KL")),
-               figure="depthlens.report.figures:fig_permutation",
-               report_opts=_frozen(swap="body"), late_opts=_frozen(pairs="late")),
-    Diagnostic("angular", "depthlens.analysis.angular:angular_distances",
-               "angular distance d(h_l, h_l+n) between residual states",
-               figure="depthlens.report.figures:fig_angular", report_opts=_frozen(positions="all")),
-    Diagnostic("mixing", "depthlens.analysis.attnres:depth_mixing_dataset",
-               "depth-mixing matrix M[i → j] (any design)", aliases=("depth_mixing",),
-               figure="depthlens.report.figures:fig_mixing"),
+               scores=(PERM_ABS, Score("perm_rel", "perm_rel", PERM_ABS.theta, "1", "P_rel",
+                                       Grid("log", 0.005, 1.0, n=41), "P_rel", "permutation P_rel = P_abs / L(id)"),
+                       Score("perm_kl", "perm_kl", PERM_ABS.theta, "nat", "P_KL", _LOG_NAT, "P_KL",
+                             "permutation P_KL = mean KL(p_id || p_swap), nats", seq_var="kl_seq")),
+               figure="depthlens.report.figures:fig_permutation", title="Permutation score P_abs (late pairs)",
+               record=_S + "permutation_record", track=_S + "permutation_track",
+               report_opts=_frozen(swap="body", pairs="late"), late_opts=_frozen(pairs="late")),
     Diagnostic("rank", "depthlens.analysis.rank:effective_rank_dataset",
                "effective rank of residual-mixing products", aliases=("erank", "effective_rank"),
-               requires="multistream", figure="depthlens.report.figures:fig_rank"),
+               requires="multistream", needs=("readouts",), figure="depthlens.report.figures:fig_rank",
+               title="Effective rank (window profile)", record=_S + "rank_record",
+               record_fields=("erank_full", "erank_late", "n_streams"),
+               columns=(Column("erank (full)", "erank", "erank_full", ".2f"),), track=_S + "rank_track",
+               track_name="erank"),
     Diagnostic("attnres", "depthlens.analysis.attnres:attnres_dataset",
-               "AttnRes self-weight, dead prefix k*(ε), consumption", requires="depth_softmax",
-               figure="depthlens.report.figures:fig_attnres"),
+               "AttnRes self-weight, dead prefix k*(ε), consumption", requires="depth_softmax", needs=("readouts",),
+               figure="depthlens.report.figures:fig_attnres", title="AttnRes self-weight and α",
+               record=_S + "attnres_record", record_fields=("dead_prefix",),
+               columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),), track=_S + "attnres_track"),
+    Diagnostic("angular", "depthlens.analysis.angular:angular_distances",
+               "angular distance d(h_l, h_l+n) between residual states",
+               figure="depthlens.report.figures:fig_angular", title="Angular distance d(h_ℓ, h_ℓ+n)",
+               record=_S + "angular_record", record_fields=("angular_d1_mean",), track=_S + "angular_track",
+               report_opts=_frozen(positions="all")),
+    Diagnostic("mixing", "depthlens.analysis.attnres:depth_mixing_dataset",
+               "depth-mixing matrix M[i → j] (any design)", aliases=("depth_mixing",),
+               figure="depthlens.report.figures:fig_mixing", title="Depth-mixing matrix M[i → j]"),
 )
 
-NAMES: tuple[str, ...] = tuple(d.name for d in DIAGNOSTICS)
-_BY_NAME = {n: d for d in DIAGNOSTICS for n in (d.name, *d.aliases)}
-ALIASES: tuple[str, ...] = tuple(_BY_NAME)  # every accepted diagnostic name
-_SCORES = {s.key: (d, s) for d in DIAGNOSTICS for s in d.scores}
-SCORE_KEYS: tuple[str, ...] = tuple(_SCORES)  # every headline score
-SWEEPABLE: tuple[str, ...] = tuple(k for k, (_, s) in _SCORES.items() if not s.optional)  # compare/sweep choices
-THRESHOLDS: Mapping[str, float] = MappingProxyType({k: s.theta for k, (_, s) in _SCORES.items()})
+_EXTRA: list[Diagnostic] = []  # added by `register` (tests, plug-ins), after the shipped ones
+
+
+def diagnostics() -> tuple[Diagnostic, ...]:
+    """Every diagnostic, in table and file order: the shipped ones, then any `register`ed."""
+    return DIAGNOSTICS + tuple(_EXTRA)
+
+
+def names() -> tuple[str, ...]:
+    """Canonical names of every diagnostic (report `--metrics`)."""
+    return tuple(d.name for d in diagnostics())
+
+
+def _by_name() -> dict[str, Diagnostic]:
+    return {n: d for d in diagnostics() for n in (d.name, *d.aliases)}
+
+
+def aliases() -> tuple[str, ...]:
+    """Every accepted diagnostic name (canonical names and aliases)."""
+    return tuple(_by_name())
+
+
+def _scores() -> dict[str, tuple[Diagnostic, Score]]:
+    return {s.key: (d, s) for d in diagnostics() for s in d.scores}
+
+
+def score_keys() -> tuple[str, ...]:
+    """Every headline score."""
+    return tuple(_scores())
+
+
+def sweepable() -> tuple[str, ...]:
+    """The scores compare and sweep offer (`--metric(s)`): every score not computed only on request."""
+    return tuple(k for k, (_, s) in _scores().items() if not s.optional)
+
+
+def thresholds() -> dict[str, float]:
+    """score key → its default headline θ."""
+    return {k: s.theta for k, (_, s) in _scores().items()}
+
+
+@contextmanager
+def register(*extra: Diagnostic) -> Iterator[tuple[Diagnostic, ...]]:
+    """Add diagnostics for the duration of a `with` block (a plug-in, a test), then remove them again.
+
+    A name, alias or score key that is already taken is refused (DepthlensError): one name, one diagnostic."""
+    taken = set(aliases()) | set(score_keys())
+    for d in extra:
+        mine = {d.name, *d.aliases, *(s.key for s in d.scores)}
+        if mine & taken:
+            raise DepthlensError(f"diagnostic {d.name!r}: {', '.join(sorted(mine & taken))} already registered")
+        taken |= mine
+    _EXTRA.extend(extra)
+    try:
+        yield extra
+    finally:
+        for d in extra:
+            _EXTRA.remove(d)
+
+
+# names of the shipped registry, for help texts and module-level defaults (`diagnostics()` also sees registered ones)
+NAMES: tuple[str, ...] = names()
+ALIASES: tuple[str, ...] = aliases()
+SCORE_KEYS: tuple[str, ...] = score_keys()
+SWEEPABLE: tuple[str, ...] = sweepable()
+THRESHOLDS: Mapping[str, float] = MappingProxyType(thresholds())
 
 
 # --dtype names of every analysis command (CLI, report, track), to torch dtype attribute names. bf16 changes the
@@ -132,9 +282,9 @@ def load_dtype(name: str) -> Any:
 def get(name: str) -> Diagnostic:
     """The diagnostic called `name` (or an alias); DepthlensError listing the names otherwise."""
     try:
-        return _BY_NAME[name]
+        return _by_name()[name]
     except KeyError:
-        raise DepthlensError(f"unknown diagnostic {name!r}; choose from {', '.join(NAMES)}") from None
+        raise DepthlensError(f"unknown diagnostic {name!r}; choose from {', '.join(names())}") from None
 
 
 def score(key: str) -> Score:
@@ -145,9 +295,9 @@ def score(key: str) -> Score:
 def score_owner(key: str) -> tuple[Diagnostic, Score]:
     """(the diagnostic that computes score `key`, the score)."""
     try:
-        return _SCORES[key]
+        return _scores()[key]
     except KeyError:
-        raise DepthlensError(f"unknown metric {key!r}; choose from {sorted(_SCORES)}") from None
+        raise DepthlensError(f"unknown metric {key!r}; choose from {sorted(score_keys())}") from None
 
 
 def resolve(ref: str) -> Callable[..., Any]:
@@ -156,9 +306,15 @@ def resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(mod), fn)
 
 
-def run(name: str, model: Any, data: Any, **opts: Any) -> Any:
+def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
     """Run diagnostic `name` (or an alias) on `model` over `data`: the one dispatch path of CLI, API and report.
 
-    `opts` go to the engine as they are (checkpoint, batch_size and the engine's own options).
+    `opts` go to the engine as they are (checkpoint, batch_size and the engine's own options). A model without
+    a capability the diagnostic needs is refused with one line (DepthlensError), before any work.
     """
-    return resolve(get(name).engine)(model, data, **opts)
+    d = get(name)
+    lacking = d.missing(model)
+    if lacking:
+        raise DepthlensError(f"{d.name} needs model capability {', '.join(lacking)}, which this model "
+                             f"({type(model).__name__}) does not offer")
+    return resolve(d.engine)(model, data, **opts)

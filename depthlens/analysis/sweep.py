@@ -24,8 +24,9 @@ from depthlens.analysis.metrics import late_pairs, late_window
 from depthlens.analysis.stats import bootstrap_ci, crossing_points, ranking_robustness, share_curve
 from depthlens.errors import DepthlensError
 
-METRICS = {k: registry.score(k).var for k in registry.SCORE_KEYS}  # metric → dataset variable
-HEADLINE_THRESHOLD = registry.THRESHOLDS  # metric → default headline θ (declared in the registry)
+METRICS = {k: registry.score(k).var for k in registry.SCORE_KEYS}  # shipped metric → dataset variable
+HEADLINE_THRESHOLD = registry.THRESHOLDS  # shipped metric → default headline θ (the registry's `Score.theta`)
+CAUSAL_SCORES = ("causal", "direct")  # the scores read with an aggregator and a variant (C and C_dir)
 WINDOW_STARTS = ("zero", "quarter", "half")
 CROSSING_QS = (0.5, 0.25, 0.1, 0.01)
 
@@ -37,29 +38,27 @@ PERM_DEFINITIONS = {"perm_abs": "P_abs = L(swap i,j) - L(id), nats", "perm_rel":
 def definition(metric: str, *, variant: str | None = None, aggregator: str | None = None, norm: str | None = None,
                swap: str | None = None) -> str:
     """One line naming what a headline measures: 'causal C(s,t): variant=current, aggregator=max, norm=update'."""
-    if metric in ("causal", "direct"):
+    if metric in CAUSAL_SCORES:
         name = "causal C(s,t)" if metric == "causal" else "direct C_dir(s,t)"
         return f"{name}: variant={variant}, aggregator={aggregator}, norm={norm or 'update'}"
-    return f"permutation {PERM_DEFINITIONS.get(metric, metric)}" + (f", swap={swap}" if swap else "")
+    if metric in PERM_DEFINITIONS:
+        return f"permutation {PERM_DEFINITIONS[metric]}" + (f", swap={swap}" if swap else "")
+    return registry.score(metric).definition
 
 
 def default_thresholds(metric: str) -> np.ndarray:
-    """θ grids: C on [0, 1.5] step 0.05; P_abs/P_KL log-spaced 0.005–2 nats; P_rel log-spaced 0.005–1."""
-    if metric in ("causal", "direct"):
-        return np.round(np.arange(0, 1.5 + 1e-9, 0.05), 10)
-    if metric == "perm_rel":
-        return np.geomspace(0.005, 1.0, 41)
-    if metric in ("perm_abs", "perm_kl"):
-        return np.geomspace(0.005, 2.0, 41)
-    raise DepthlensError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    """The θ grid the registry declares for score `metric` (`Score.grid`): C on [0, 1.5] step 0.05; P_abs/P_KL
+    log-spaced 0.005–2 nats; P_rel log-spaced 0.005–1."""
+    g = registry.score(metric).grid
+    if g.kind == "linear":
+        return np.round(np.arange(g.start, g.stop + 1e-9, g.step), 10)
+    return np.geomspace(g.start, g.stop, g.n)
 
 
 def score_matrix(ds: xr.Dataset, metric: str, aggregator: str | None = "max",
                  variant: str | None = "current") -> xr.DataArray:
     """The (…, layer, layer_other) score DataArray of `metric`, with aggregator/variant selected if present."""
-    if metric not in METRICS:
-        raise DepthlensError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
-    var = METRICS[metric]
+    var = registry.score(metric).var
     if var not in ds:
         raise DepthlensError(f"dataset has no {var!r} variable (metric {metric!r}); it holds {sorted(ds.data_vars)}")
     da = ds[var]
@@ -114,7 +113,7 @@ def share_curves(ds: xr.Dataset, metric: str, thresholds: Sequence[float] | None
                                               "units": "1"}),
          "crossing": ((*dims, "q"), Q, {"long_name": "threshold where the share falls to q", "units": "1"})},
         coords={**coords, "window_start": list(starts), "threshold": thetas, "q": list(qs)})
-    out.attrs = {"metric": metric, "headline_threshold": HEADLINE_THRESHOLD[metric],
+    out.attrs = {"metric": metric, "headline_threshold": registry.score(metric).theta,
                  "window_start_rule": "zero = 0, quarter = floor(L/4), half = floor(L/2)", "comparison": "strict >"}
     return out
 
@@ -176,7 +175,10 @@ def resampled_matrix(ds: xr.Dataset, metric: str, counts: np.ndarray, aggregator
             return (ds["kl_seq"].values @ c) / n
         absm = (ds["delta_loss_seq"].values @ c) / n
         return absm if metric == "perm_abs" else absm / ((ds["clean_loss_seq"].values @ c) / n)
-    raise DepthlensError(f"no per-sequence bootstrap for metric {metric!r}")
+    seq_var = registry.score(metric).seq_var  # any other score: the counted mean of its per-sequence matrices
+    if seq_var is None or seq_var not in ds:
+        raise DepthlensError(f"no per-sequence bootstrap for metric {metric!r}")
+    return (ds[seq_var].transpose(*LAYER_DIMS, "sequence").values @ c) / c.sum()
 
 
 def bootstrap_share(ds: xr.Dataset, metric: str, threshold: float, *, aggregator: str = "max",
@@ -235,9 +237,10 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
              variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
              level: float = 0.95) -> dict[str, Any]:
     """The headline number for the CLI: share of late pairs above θ with a bootstrap CI over sequences."""
-    threshold = HEADLINE_THRESHOLD.get(metric, 0.0) if threshold is None else float(threshold)
-    m = score_matrix(ds, metric, aggregator if metric in ("causal", "direct") else None,
-                     variant if metric in ("causal", "direct") else None)
+    sc = registry.score(metric)
+    threshold = sc.theta if threshold is None else float(threshold)
+    causal = metric in CAUSAL_SCORES
+    m = score_matrix(ds, metric, aggregator if causal else None, variant if causal else None)
     if m.ndim != 2:
         raise DepthlensError(f"headline needs one matrix; select a checkpoint first (dims {m.dims})")
     L = m.shape[0]
@@ -245,7 +248,8 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
     share = float(share_curve(m.values, [threshold], a, nan_policy="omit")[0])
     lo = hi = float("nan")
     note = None
-    can_boot = "sequence" in ds.dims and n_boot > 0 and metric != "direct" and \
+    resamplable = causal or metric in PERM_DEFINITIONS or (sc.seq_var is not None and sc.seq_var in ds)
+    can_boot = "sequence" in ds.dims and n_boot > 0 and sc.bootstraps and resamplable and \
         not (metric == "causal" and aggregator in ("p95", "p99"))
     if can_boot:
         lo, hi, _ = bootstrap_share(ds, metric, threshold, aggregator=aggregator, variant=variant, start=a,
@@ -259,17 +263,16 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
     n_valid = int((~np.isnan(m.values[pairs[:, 0], pairs[:, 1]])).sum())
     out = {"metric": metric, "threshold": threshold, "share": share, "ci_low": lo, "ci_high": hi,
            "n_pairs": n_valid, "window_start": a, "window_rule": start, "aggregator": aggregator
-           if metric in ("causal", "direct") else None, "variant": variant if metric in ("causal", "direct") else None,
+           if causal else None, "variant": variant if causal else None,
            "n_boot": n_boot, "seed": seed, "level": level, "n_sequences": int(ds.sizes.get("sequence", 0)),
            "comparison": "strict >", "note": note,
            "shard_mean": shards.attrs["mean"] if shards is not None else None,
            "shard_sd": shards.attrs["sd"] if shards is not None else None}
-    causal = metric in ("causal", "direct")
     out["norm"] = str(ds.attrs.get("norm", "update")) if causal else metric.removeprefix("perm_")
     out["definition"] = definition(metric, variant=variant if causal else None,
                                    aggregator=aggregator if causal else None, norm=out["norm"] if causal else None,
                                    swap=ds.attrs.get("swap") if not causal else None)
-    if metric in ("causal", "direct") and "null_score" in ds:
+    if causal and "null_score" in ds:
         out["noise_floor"] = float(ds["null_score"].sel(variant=variant).values) if "variant" in \
             ds["null_score"].dims else float(ds["null_score"].values)
     if metric in ("perm_abs", "perm_rel", "perm_kl") and "clean_loss" in ds:

@@ -39,16 +39,23 @@ import numpy as np
 import xarray as xr
 
 from depthlens.analysis import registry
-from depthlens.errors import DepthlensError
+from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.errors import DepthlensError, UsageError
 
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
 SNAPSHOT_DIR = re.compile(r"^step_(\d+)$")
 STEP_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:global_)?step[_-]?0*(\d+)", re.IGNORECASE)
-METRICS = ("causal", "permutation", "erank", "attnres", "angular")  # names here; the registry knows the aliases
-DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column
-# engine options on top of the registry's report_opts: the same as `depthlens report` (ReportOptions defaults)
-REPORT_EXTRA = {"causal": {"layers": "all"}, "permutation": {"pairs": "late"}}
+DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS  # the ε of the report's dead-prefix column
+
+
+def tracked() -> tuple[str, ...]:
+    """Names of the tracked diagnostics (`Diagnostic.track_name`: "erank" for rank), in registry order."""
+    return tuple(d.track_name for d in registry.diagnostics() if d.tracked)
+
+
+# of the shipped registry: causal, permutation, erank, attnres, angular
+METRICS = tuple(d.track_name for d in registry.DIAGNOSTICS if d.tracked)
 HF_SIGNATURE = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size", "n_layer", "n_embd", "n_head")
 
@@ -325,9 +332,9 @@ class TrackOptions:
     """What `track` computes. Defaults match `depthlens report`, so the last step equals a report of the
     final checkpoint."""
 
-    metrics: tuple[str, ...] = METRICS  # subset of METRICS, in canonical order
+    metrics: tuple[str, ...] = field(default_factory=tracked)  # subset of tracked(), in registry order
     data: str | None = None  # eval text/JSONL/shard dir (None: held-out split of the offline corpus)
-    n_seq: int = 32  # eval sequences (the same tokens for every snapshot of every run)
+    n_seq: int = DEFAULT_N_SEQ  # eval sequences (the same tokens for every snapshot of every run)
     seq_len: int | None = None  # tokens per sequence (None: min(128, smallest max_seq_len))
     seed: int = 0  # eval-window draw and bootstrap seed
     n_boot: int = 1000  # bootstrap resamples over sequences for the share CIs (0 = none)
@@ -346,27 +353,25 @@ class TrackOptions:
 
 
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """'causal,erank' (registry aliases too: perm, rank, ...) → the canonical-order tuple of METRICS."""
+    """'causal,erank' (registry aliases too: perm, rank, ...) → the registry-order tuple of tracked names."""
+    every = tracked()
     names = [_track_name(s.strip()) for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in METRICS]
+    bad = [n for n in names if n not in every]
     if bad or not names:
-        err = ValueError(f"--metric: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
-                         if bad else f"--metric: give at least one of {','.join(METRICS)}")
-        err.usage = True  # type: ignore[attr-defined]
-        raise err
-    return tuple(m for m in METRICS if m in names)
+        raise UsageError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+                         if bad else f"--metrics: give at least one of {','.join(every)}")
+    return tuple(m for m in every if m in names)
 
 
 def _track_name(name: str) -> str:
     try:
-        canonical = registry.get(name).name
+        return registry.get(name).track_name
     except DepthlensError:
         return name
-    return {"rank": "erank"}.get(canonical, canonical)
 
 
 def diagnostic(metric: str) -> registry.Diagnostic:
-    return registry.get(metric)  # "erank" is an alias of the registry's "rank"
+    return registry.get(metric)  # a track name is a registry name or alias ("erank" of "rank")
 
 
 def applies(metric: str, slug: str) -> bool:
@@ -376,7 +381,7 @@ def applies(metric: str, slug: str) -> bool:
 
 def engine_options(metric: str) -> dict[str, Any]:
     """The options `metric`'s engine runs with: the same as `depthlens report` (ReportOptions.engine_options)."""
-    return {**diagnostic(metric).report_opts, **REPORT_EXTRA.get(metric, {})}
+    return dict(diagnostic(metric).report_opts)
 
 
 def weights_id(path: Path) -> str:
@@ -409,64 +414,12 @@ def _cached(path: Path, key: str) -> xr.Dataset | None:
 # 3. per-snapshot summaries
 
 
-def _headline(ds: xr.Dataset, metric: str, opts: TrackOptions) -> dict[str, float]:
-    from depthlens.analysis.sweep import headline
-
-    theta = opts.causal_threshold if metric == "causal" else opts.perm_threshold
-    try:
-        return headline(ds, metric, theta, n_boot=opts.n_boot, seed=opts.seed, start=opts.window)
-    except (DepthlensError, ValueError):  # fewer than 2 late layers: no share at this depth
-        return {}
-
-
-def _scalar(v: Any, name: str, units: str = "1") -> xr.DataArray:
-    return xr.DataArray(np.float64(np.nan if v is None else v), attrs={"long_name": name, "units": units})
-
-
-def _share_vars(prefix: str, h: Mapping[str, Any], label: str) -> dict[str, xr.DataArray]:
-    return {f"{prefix}_share": _scalar(h.get("share"), f"share of late pairs with {label}"),
-            f"{prefix}_ci_low": _scalar(h.get("ci_low"), f"{label}: bootstrap CI low (95%, over sequences)"),
-            f"{prefix}_ci_high": _scalar(h.get("ci_high"), f"{label}: bootstrap CI high (95%, over sequences)"),
-            f"{prefix}_shard_mean": _scalar(h.get("shard_mean"), f"{label}: mean share over 5 disjoint eval shards"),
-            f"{prefix}_shard_sd": _scalar(h.get("shard_sd"), f"{label}: sd of the share over 5 eval shards")}
-
-
 def summarise(ds: xr.Dataset, metric: str, opts: TrackOptions) -> dict[str, xr.DataArray]:
-    """The per-step variables `track` keeps from one engine result (no `step` dim yet)."""
-    from depthlens.analysis.sweep import score_matrix
+    """The per-step variables `track` keeps from one engine result (no `step` dim yet): the diagnostic's
+    `track` hook, or its headline share (`analysis.summaries.track_vars`)."""
+    from depthlens.analysis.summaries import track_vars
 
-    def keep(da: xr.DataArray, long_name: str, units: str = "1") -> xr.DataArray:
-        da = da.drop_vars([c for c in da.coords if c not in da.dims])
-        return da.assign_attrs(long_name=long_name, units=units)
-
-    if metric == "causal":
-        h = _headline(ds, "causal", opts)
-        out = _share_vars("causal", h, f"causal score > {opts.causal_threshold}")
-        out["causal_score"] = keep(score_matrix(ds, "causal", "max", "current"),
-                                   "causal score C(s, t), current variant, max over tokens")
-        out["causal_noise_floor"] = _scalar(h.get("noise_floor"), "causal score of a null intervention")
-        out["eval_loss"] = _scalar(float(ds["clean_loss_seq"].mean()), "clean next-token loss on the eval tokens",
-                                   "nat")
-        return out
-    if metric == "permutation":
-        h = _headline(ds, "perm_abs", opts)
-        out = _share_vars("perm", h, f"P_abs > {opts.perm_threshold} nat")
-        out["perm_abs"] = keep(ds["perm_abs"], "loss increase when layers i and j swap (P_abs)", "nat")
-        return out
-    if metric == "erank":
-        return {"erank": keep(ds["erank"].sel(statistic="mean"),
-                              "effective rank of the residual-mixing product (token mean)")}
-    if metric == "attnres":
-        eps = np.asarray(ds["eps"].values, dtype=float)
-        k = int(np.argmin(np.abs(eps - opts.eps)))
-        dead = float(ds["dead_prefix"].values[k]) if abs(eps[k] - opts.eps) < 1e-12 else np.nan
-        return {"self_weight": keep(ds["self_weight"], "AttnRes self-weight per layer (token mean)"),
-                "dead_prefix": _scalar(dead, f"dead prefix k*({opts.eps:g}): leading layers with self-weight "
-                                             f"below {opts.eps:g}")}
-    if metric == "angular":
-        prof = keep(ds["profile"], "angular distance between consecutive residual states d(h_l, h_l+1)")
-        return {"angular_profile": prof.rename(layer="state")}
-    raise DepthlensError(f"unknown track metric {metric!r}")
+    return track_vars(diagnostic(metric), ds, opts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -497,8 +450,8 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions):
     max_lens = [s.signature.get("max_seq_len") for s in series]
     max_lens = [int(m) for m in max_lens if isinstance(m, int)]
     own = getattr(getattr(model, "config", None), "max_seq_len", None)
-    max_lens += [int(own)] if own else [128]
-    T = opts.seq_len or min(128, min(max_lens))
+    max_lens += [int(own)] if own else [DEFAULT_SEQ_LEN]
+    T = opts.seq_len or min(DEFAULT_SEQ_LEN, min(max_lens))
     return eval_data_for(model, opts.data, ck, n_seq=opts.n_seq, seq_len=T, seed=opts.seed)
 
 
@@ -598,9 +551,10 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
         skipped = [m for m in opts.metrics if not applies(m, slug)]
         if skipped:
             notes.append(f"{s.name}: {', '.join(skipped)} not defined for {slug}")
-        for m, var in (("causal", "causal_share"), ("permutation", "perm_share")):
-            if m in opts.metrics and any(not np.isfinite(float(r[var])) for r in rows if var in r):
-                notes.append(f"{s.name}: no {m} share at some steps (fewer than 2 layers in the late window)")
+        for d in (diagnostic(m) for m in opts.metrics):
+            var = f"{d.prefix}_share"
+            if d.headline and any(not np.isfinite(float(r[var])) for r in rows if var in r):
+                notes.append(f"{s.name}: no {d.name} share at some steps (fewer than 2 layers in the late window)")
         parts.append(series_dataset(s, rows).expand_dims(run=[s.name]))
         designs.append(slug)
         depths.append(L)

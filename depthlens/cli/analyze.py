@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -23,7 +23,7 @@ CkptsArg = Annotated[list[Path], typer.Argument(help="Checkpoints (depthlens/Hug
 DataOpt = Annotated[Path | None, typer.Option("--data", help="Eval text/JSONL file or shard dir (default: held-out offline corpus).")]
 TokensOpt = Annotated[int | None, typer.Option("--tokens", min=2, help="Eval token budget (sets --n-seq = tokens // seq-len).")]
 NSeqOpt = Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences.")]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", min=2, help="Tokens per sequence (default: min(256, model max)).")]
+SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", min=2, help="Tokens per sequence (default: min(128, model max)).")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Eval-data and bootstrap seed.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
@@ -64,35 +64,25 @@ def check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
 
 
 def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
-    """Open a depthlens checkpoint, Hugging Face directory or GGUF file (the one loader) on the requested
-    device and dtype."""
+    """The API's one loader (`api.load_model`: depthlens checkpoint, Hugging Face directory or GGUF file, with
+    --device-map) on the requested device and dtype."""
     import torch
 
     if c.threads:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     check_choice(c.dtype, tuple(DTYPES), "--dtype")
-    from ..adapters.load import open_model as open_checkpoint
-    from ..adapters.placement import parse_device_map
+    from ..analysis.api import load_model
 
-    op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype),
-                         device_map=parse_device_map(c.device_map))
-    return op.model, ckpt
+    model, _ = load_model(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype), device_map=c.device_map)
+    return model, ckpt
 
 
 def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:
+    """The API's eval data for these options (`api.eval_data_for`), with a note on stderr when it was capped."""
     from ..analysis.api import eval_data_for
-
-    cfg = getattr(model, "config", None)
-    max_len = getattr(cfg, "max_seq_len", None) or 256
-    T = c.seq_len or min(256, max_len)
-    if c.seq_len is not None and c.seq_len > max_len:
-        from ..errors import DataError
-
-        raise DataError(f"--seq-len {c.seq_len} exceeds the model's max_seq_len {max_len}")
-    n_seq = max(1, c.tokens // T) if c.tokens else c.n_seq
     from .validate import note_capped
 
-    ev = eval_data_for(model, c.data, ckpt, n_seq=n_seq, seq_len=T, seed=c.seed)
+    ev = eval_data_for(model, c.data, ckpt, n_seq=c.n_seq, seq_len=c.seq_len, seed=c.seed, tokens=c.tokens)
     note_capped(ev, "--tokens" if c.tokens else "--n-seq")
     return ev
 
@@ -172,6 +162,15 @@ def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threa
     return Common(data, tokens, n_seq, seq_len, batch_size, seed, device_for_rank(device), dtype, threads, device_map)
 
 
+def _study(c: Common, n_boot: int = 1000) -> Any:
+    """These options as the API's one options object (`analysis.study.StudyOptions`)."""
+    from ..analysis.study import StudyOptions
+
+    return StudyOptions(data=c.data, n_seq=c.n_seq, seq_len=c.seq_len, seed=c.seed, device=c.device, dtype=c.dtype,
+                        n_boot=n_boot, batch_size=c.batch_size, threads=c.threads or None, device_map=c.device_map,
+                        tokens=c.tokens)
+
+
 def _opts(c: Common) -> dict[str, Any]:
     return {} if c.batch_size is None else {"batch_size": c.batch_size}
 
@@ -184,15 +183,13 @@ def _cmdline(name: str, ckpt: Path, extra: str = "") -> str:
 
 @app.command()
 @domain_errors
-def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | all (BOS excluded)")] = "last",
-            repr: Annotated[str, typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
+def angular(ckpt: CkptArg, positions: Annotated[Literal["last", "all"], typer.Option(help="last | all (BOS excluded)")] = "last",
+            repr: Annotated[Literal["view", "flatten", "input"], typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")] = "view",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False,
             as_json: JsonOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
-    check_choice(positions, ("last", "all"), "--positions")
-    check_choice(repr, ("view", "flatten", "input"), "--repr")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     model, ck = open_model(ckpt, c)
@@ -215,26 +212,20 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
 @rank0_errors
 @domain_errors
 def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (share of late pairs with C > θ).")] = registry.CAUSAL.theta,
-           variant: Annotated[str, typer.Option(help="current | future")] = "current",
-           agg: Annotated[str, typer.Option("--agg", help="max | mean | p95 | p99 | pooled")] = "max",
-           unit: Annotated[str, typer.Option(help="block | attn | mlp")] = "block",
-           norm: Annotated[str, typer.Option("--norm", help="Ratio denominator: update (|u_t|, Csordás) | resid (|h_t|, the residual stream entering t)")] = "update",
-           layers: Annotated[str, typer.Option(help="Skipped layers: all | late")] = "all",
+           variant: Annotated[Literal["current", "future"], typer.Option(help="current | future")] = "current",
+           agg: Annotated[Literal["max", "mean", "p95", "p99", "pooled"], typer.Option("--agg", help="max | mean | p95 | p99 | pooled")] = "max",
+           unit: Annotated[Literal["block", "attn", "mlp"], typer.Option(help="block | attn | mlp")] = "block",
+           norm: Annotated[Literal["update", "resid"], typer.Option("--norm", help="Ratio denominator: update (|u_t|, Csordás) | resid (|h_t|, the residual stream entering t)")] = "update",
+           layers: Annotated[Literal["all", "late"], typer.Option(help="Skipped layers: all | late")] = "all",
            direct: Annotated[bool, typer.Option("--direct", help="Also compute the direct-effect companion C_dir.")] = False,
            outputs: Annotated[bool, typer.Option("--outputs", help="Also compute the output effect O[s] and the layer-skip loss ΔL_skip(s) (one LM-head pass per skipped layer).")] = False,
-           window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
+           window: Annotated[Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
-    check_choice(variant, ("current", "future"), "--variant")
-    check_choice(agg, ("max", "mean", "p95", "p99", "pooled"), "--agg")
-    check_choice(unit, ("block", "attn", "mlp"), "--unit")
-    check_choice(norm, ("update", "resid"), "--norm")
-    check_choice(layers, ("all", "late"), "--layers")
-    check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     from ..analysis.sweep import headline, score_matrix
@@ -272,20 +263,16 @@ def _skip_loss_lines(ds) -> list[str]:
 @rank0_errors
 @domain_errors
 def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
-            norm: Annotated[str, typer.Option(help="abs (nats) | rel | kl")] = "abs",
-            swap: Annotated[str, typer.Option(help="body (routing stays) | all")] = "body",
-            pairs: Annotated[str, typer.Option(help="late | all")] = "late",
-            window: Annotated[str, typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
+            norm: Annotated[Literal["abs", "rel", "kl"], typer.Option(help="abs (nats) | rel | kl")] = "abs",
+            swap: Annotated[Literal["body", "all"], typer.Option(help="body (routing stays) | all")] = "body",
+            pairs: Annotated[Literal["late", "all"], typer.Option(help="late | all")] = "late",
+            window: Annotated[Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")] = "quarter",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
             overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
-    check_choice(norm, ("abs", "rel", "kl"), "--norm")
-    check_choice(swap, ("body", "all"), "--swap")
-    check_choice(pairs, ("late", "all"), "--pairs")
-    check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     from ..analysis.sweep import headline, score_matrix
@@ -306,11 +293,11 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
 
 @app.command()
 @domain_errors
-def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 8, seq_len: SeqLenOpt = None,
-         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
+         batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
     model, ck = open_model(ckpt, c)
     with busy(f"effective rank of {ckpt}"):
@@ -349,14 +336,14 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
 @app.command()
 @domain_errors
 def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
-            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 16, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
             threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
     check_threshold(eps, "--eps")
     if eps > 1:
         fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "attnres", overwrite)
     from ..analysis.attnres import EPS_GRID
 
@@ -412,7 +399,7 @@ def parse_grid(text: str) -> list[float]:
     return vals
 
 
-METRIC_CHOICES = registry.SWEEPABLE  # causal, perm_abs, perm_rel, perm_kl
+METRIC_CHOICES = registry.SWEEPABLE  # shipped: causal, perm_abs, perm_rel, perm_kl (registry.sweepable() adds registered)
 
 
 @app.command()
@@ -423,14 +410,16 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           order: Annotated[str | None, typer.Option(help="Expected ranking, comma-separated checkpoint names (low to high).")] = None,
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
           threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
-    check_choice(metric, METRIC_CHOICES, "--metric")
+    from ..analysis.api import check_scores
+
+    check_scores([metric], "--metric")
     grid = parse_grid(thresholds) if thresholds else None
     if headline_threshold is not None:
         check_threshold(headline_threshold)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
     if plot is not None:  # checked now, so a bad --plot cannot fail after the dataset was written
         from ..io.atomic import check_target
@@ -438,29 +427,18 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
             fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
         check_target(plot, overwrite, kinds=("figure",))
-    from ..analysis.dataset import concat_checkpoints
-    from ..analysis.sweep import robustness
-
     names = [p.resolve().name for p in ckpts]
     if len(set(names)) != len(names):
         fail("checkpoint names must be distinct", 2)
     rank_order = [s.strip() for s in order.split(",")] if order else None
     if rank_order is not None and sorted(rank_order) != sorted(names):
         fail(f"--order must list each checkpoint name once ({', '.join(names)}); got {order!r}", 2)
-    curves = []
-    ev = None
-    for p in _progress(ckpts, "sweep"):
-        model, ck = open_model(p, c)
-        ev = ev or eval_data(model, ck, c)  # identical tokens for every checkpoint
-        curves.append(_metric_curves(model, ev, ck, metric, grid, c))
-    ds = concat_checkpoints(curves, names)
-    theta = registry.score(metric).theta if headline_threshold is None else headline_threshold
-    sel = {k: _first(ds, k) for k in ("window_start", "aggregator", "variant") if k in ds["share"].dims}
-    headline_curves = ds["share"].sel(sel)
-    rob = robustness(headline_curves, rank_order or names, theta) if len(names) > 1 else None
-    if rob is not None:
-        ds.attrs["ranking_order_json"] = json.dumps(rank_order or names)
-        ds.attrs["ranking_fraction"] = float(rob["fraction"])
+    from ..analysis import api
+
+    with busy(f"sweep of {metric} over {len(ckpts)} checkpoint(s)"):
+        res = api.sweep(ckpts, metric, grid, theta=headline_threshold, order=rank_order, opts=_study(c))
+    ds, headline_curves, sel, theta, rob = (res["dataset"], res["curves"], res["selection"], res["theta"],
+                                            res["robustness"])
     write(ds, path, ow, "depthlens sweep " + " ".join(str(p) for p in ckpts) + f" --metric {metric}")
     if plot is not None:
         from ..analysis.plots import save_figure
@@ -491,36 +469,6 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     emit(h, as_json, lines)
 
 
-def _first(ds: Any, dim: str) -> Any:
-    if dim not in ds.dims:
-        return None
-    vals = list(ds[dim].values)
-    pref = {"window_start": "quarter", "aggregator": "max", "variant": "current"}.get(dim)
-    return pref if pref in vals else vals[0]
-
-
-def _late_run(d: registry.Diagnostic, model: Any, ev: Any, ck: Path | None, c: Common) -> Any:
-    """Diagnostic `d` restricted to what its late-window headline needs (compare and sweep)."""
-    return registry.run(d.name, model, ev, **d.report_opts, **d.late_opts, checkpoint=ck, **_opts(c))
-
-
-def _metric_curves(model: Any, ev: Any, ck: Path, metric: str, grid: list[float] | None, c: Common) -> Any:
-    from ..analysis.sweep import share_curves
-
-    return share_curves(_late_run(registry.score_owner(metric)[0], model, ev, ck, c), metric, grid)
-
-
-def _progress(items: list[Path], what: str):
-    from rich.progress import Progress
-
-    with Progress(transient=True, console=_stderr_console()) as prog:
-        task = prog.add_task(what, total=len(items))
-        for it in items:
-            prog.update(task, description=f"{what}: {it}")
-            yield it
-            prog.advance(task)
-
-
 def busy(what: str):
     """A spinner on stderr while a single-checkpoint computation runs (silent when stderr is not a terminal)."""
     return _stderr_console().status(what, spinner="dots")
@@ -537,29 +485,15 @@ def _stderr_console():
 def compare(ckpts: CkptsArg,
             metrics: Annotated[str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")] = "causal,perm_abs",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
             threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
-    wanted = [m.strip() for m in metrics.split(",") if m.strip()]
-    if not wanted:
-        fail(f"--metrics {metrics!r} names no metric; give a comma list of {', '.join(METRIC_CHOICES)}", 2)
-    for m in wanted:
-        check_choice(m, METRIC_CHOICES, "--metrics")
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
-    from ..analysis.sweep import headline
+    from ..analysis import api
 
-    rows, ev = [], None
-    for p in _progress(ckpts, "compare"):
-        model, ck = open_model(p, c)
-        ev = ev or eval_data(model, ck, c)
-        row: dict[str, Any] = {"checkpoint": p.resolve().name, "design": getattr(model.design, "slug", "?"),
-                               "n_layer": int(model.n_layer)}
-        for d in registry.DIAGNOSTICS:  # one engine run per diagnostic, however many of its scores are wanted
-            keys = [m for m in wanted if registry.score_owner(m)[0] is d]
-            if keys:
-                ds = _late_run(d, model, ev, ck, c)
-                row.update({m: headline(ds, m, n_boot=n_boot, seed=seed) for m in keys})
-        rows.append(row)
+    wanted = api.check_scores(metrics)
+    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
+    with busy(f"headline shares of {len(ckpts)} checkpoint(s)"):
+        rows = api.headline_shares(ckpts, wanted, opts=_study(c, n_boot))
     if as_json:
         typer.echo(_json(rows))
         return

@@ -14,7 +14,23 @@ from typer.core import TyperGroup
 
 
 class OneLineErrors(TyperGroup):
-    """Usage errors as one line on stderr (exit 2) instead of a multi-line panel."""
+    """Usage errors as one line on stderr (exit 2) instead of a multi-line panel. A diagnostic of the registry
+    without a dedicated command gets the generic one (`cli.diagnostic`)."""
+
+    # set by cli.diagnostic (imported by the package): (name, own command names) -> the generic command of a
+    # registry diagnostic, and (own names) -> the diagnostics without a dedicated command
+    extra_command: Callable[[str, list[str]], Any] | None = None
+    extra_names: Callable[[list[str]], list[str]] | None = None
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and OneLineErrors.extra_command is not None:
+            cmd = OneLineErrors.extra_command(cmd_name, super().list_commands(ctx))
+        return cmd
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        own = super().list_commands(ctx)
+        return own + (OneLineErrors.extra_names(own) if OneLineErrors.extra_names is not None else [])
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..analysis import registry  # stdlib-only: the diagnostics' names for the help text
 from .app import app, domain_errors, dumps, fail, rank0_errors
 
 
@@ -21,8 +22,9 @@ def report(
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len)).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N | mps")] = "cpu",
+    device_map: Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
-    metrics: Annotated[str, typer.Option(help="Comma-separated subset of causal,permutation,angular,mixing,rank,attnres.")] = "causal,permutation,angular,mixing,rank,attnres",
+    metrics: Annotated[str | None, typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic).")] = None,
     n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")] = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
@@ -51,8 +53,8 @@ def report(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
-    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
-                         metrics=parse_metrics(metrics), n_boot=n_boot, threads=threads or None)
+    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype, device_map=device_map,
+                         metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot, threads=threads or None)
     err = Console(stderr=True)
     t0 = time.perf_counter()
     main = is_main()  # under torchrun only rank 0 shows progress, prints and writes
@@ -77,17 +79,13 @@ def report(
         return
     from rich.table import Table
 
-    from ..analysis.registry import CAUSAL, PERM_ABS
-    from ..report.render import table_rows
+    from ..report.render import table_head, table_rows
 
     t = Table(title=f"{out} ({len(rep.entries)} checkpoints, {time.perf_counter() - t0:.0f} s)")
-    keep = (0, 1, 4, 5, 6, 7, 8)  # the terminal table drops d and params (in summary.json / README.md)
-    for k in keep:
-        t.add_column(("design", "L", "", "", "val loss", f"C > {CAUSAL.theta:g} [CI]", f"P > {PERM_ABS.theta:g} [CI]",
-                      "erank", "k*")[k],
-                     justify="left" if k == 0 else "right", no_wrap=k in (0, 5, 6))
-    for row in table_rows(rep.records):
-        t.add_row(*(row[k] for k in keep))
+    for k, head in enumerate(table_head(terminal=True)):  # d and params are in summary.json and README.md
+        t.add_column(head, justify="left" if k == 0 else "right", no_wrap=k == 0 or "[CI]" in head)
+    for row in table_rows(rep.records, terminal=True):
+        t.add_row(*row)
     con = Console()
     (con if con.is_terminal else Console(width=120)).print(t)  # pipes and logs get the full-width table
     typer.echo(f"wrote {out / 'index.html'} and {out / 'README.md'}")

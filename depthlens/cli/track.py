@@ -31,8 +31,9 @@ def track(
     runs: Annotated[list[Path], typer.Argument(help="Run directories with snapshots/ (one series each), or checkpoint "
                                                "directories / GGUF files in training order (one series).",
                                                show_default=False)],
-    metric: Annotated[str, typer.Option("--metric", help="Comma list of causal,permutation,erank,attnres,angular.")]
-    = "causal,permutation,erank,attnres,angular",
+    metric: Annotated[str | None, typer.Option("--metrics", "--metric", help="Comma list of the diagnostics to "
+                                               "follow (registry names or aliases; default: every tracked one: "
+                                               "causal,permutation,erank,attnres,angular).")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory: track.nc, track.png, README.md, parts/ "
                                       "(per-snapshot cache; a rerun resumes from it).")] = Path("track"),
     recipe: Annotated[list[Path] | None, typer.Option(help="Recipe (or a checkpoint's train.json) the runs were trained "
@@ -74,7 +75,8 @@ def track(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
-    opts = TrackOptions(metrics=parse_metrics(metric), data=None if data is None else str(data), n_seq=n_seq,
+    metrics = parse_metrics(metric) if metric is not None else TrackOptions().metrics
+    opts = TrackOptions(metrics=metrics, data=None if data is None else str(data), n_seq=n_seq,
                         seq_len=seq_len, seed=seed, n_boot=n_boot, batch_size=batch_size, device=device, dtype=dtype)
     if threads:
         torch.set_num_threads(threads)
@@ -101,7 +103,7 @@ def track(
                   TextColumn("{task.description}"), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("analysing", total=total * len(opts.metrics))
         ds = run_track(series, opts, out / CACHE, ev, progress=lambda d: bar.update(task, advance=1, description=d))
-    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metric", metric, "--out", str(out)]))
+    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metrics", ",".join(metrics), "--out", str(out)]))
     from ..report.track import track_rows
 
     rows = track_rows(ds)

@@ -13,17 +13,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..errors import DepthlensError
+from ..errors import DepthlensError, UsageError  # noqa: F401  (UsageError: re-exported, its old home)
 
 SEED_MAX = 2**63 - 1  # seeds are stored as int64 netCDF attributes and fed to torch/numpy generators
 N_BOOT_MAX = 100_000  # bootstrap resamples: beyond this the CI does not move, the run just never ends
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|auto)$")
-
-
-class UsageError(ValueError):
-    """A bad option value: exit 2."""
-
-    usage = True
 
 
 def device(value: str, option: str = "--device") -> str:

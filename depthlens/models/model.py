@@ -24,9 +24,9 @@ from transformer_lens.hook_points import HookPoint
 from .backbone import NormHooks, RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
 from .protocol import Unembedding, check_run_layers_args
-from .readouts import readout_key
+from .readouts import Readouts, readout_key
 from .residual import design_for
-from .residual.base import Design, RunContext, State
+from .residual.base import Design, RunContext, State, SublayerCall
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
 
@@ -76,11 +76,13 @@ class Block(nn.Module):
                 return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, hooks=hooks, ln=ln, ln_post=ln_post, **kw))
             return run
 
-        attn = branch(body.attn, self.attn, self.hook_attn_in, self.hook_attn_out, self.ln1, self.ln1_post)
-        state, carry = router.router_attn(state, attn, body.attn, 2 * pos, pos, ctx, keep_attn, None)
+        attn = SublayerCall(branch(body.attn, self.attn, self.hook_attn_in, self.hook_attn_out, self.ln1, self.ln1_post),
+                            body.attn, j=2 * pos, pos=pos, ctx=ctx, keep=keep_attn)
+        state, carry = router.router_attn(state, attn)
         state = self._hook_view(self.hook_resid_mid, state, design, None)
-        mlp = branch(body.mlp, self.mlp, self.hook_mlp_in, self.hook_mlp_out, self.ln2, self.ln2_post)
-        state, carry = router.router_mlp(state, mlp, body.mlp, 2 * pos + 1, pos, ctx, keep_mlp, carry)
+        mlp = SublayerCall(branch(body.mlp, self.mlp, self.hook_mlp_in, self.hook_mlp_out, self.ln2, self.ln2_post),
+                           body.mlp, j=2 * pos + 1, pos=pos, ctx=ctx, keep=keep_mlp, carry=carry)
+        state, carry = router.router_mlp(state, mlp)
         state = self._hook_view(self.hook_resid_post, state, design, "post")
         return state, carry
 
@@ -201,7 +203,7 @@ class DepthModel(HookedRootModule):
 
     # --- readouts ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def readouts(self, tokens: torch.Tensor) -> dict[str, Any]:
+    def readouts(self, tokens: torch.Tensor) -> Readouts:
         """One forward recording every router's mixing object (per token where dynamic).
 
         Keys are `models.readouts.readout_key(name, sublayer=j)` = `sub{j}.<name>` for sublayer j (2l attention,
@@ -209,7 +211,7 @@ class DepthModel(HookedRootModule):
         """
         ctx = self.context(tokens.shape[1], record=True)
         self.head(self.run_layers(self.embed(tokens, ctx), ctx), ctx)
-        rec = ctx.record
+        rec = Readouts(ctx.record or {})
         for l, blk in enumerate(self.blocks):
             for j, r in ((2 * l, blk.router_attn), (2 * l + 1, blk.router_mlp)):
                 for k, v in r.readout().items():

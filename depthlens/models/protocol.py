@@ -11,6 +11,11 @@ model wrapped by an adapter gets every diagnostic for free.
     u = m.unembedding()                      # optional: the head split at its one matmul, or None
     m.design.view(state)                     # residual view (B, T, d) of a between-layer state
     m.design.update_norm_dims()              # trailing dims of an update u_l that its norm runs over
+    rec = m.readouts(tokens)                 # optional: a `Readouts` of the routers' mixing objects
+
+What a model offers beyond the core is a *capability* (`capabilities(model)`): a diagnostic declares the ones it
+needs (`registry.Diagnostic.needs`) and is refused with one line on a model without them, whatever the model's
+origin (native, Hugging Face, GGUF).
 """
 
 from __future__ import annotations
@@ -20,7 +25,19 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from .readouts import Readouts
 from .residual.base import RunContext, State
+
+__all__ = ["CAPABILITIES", "LayeredLM", "Readouts", "Unembedding", "capabilities", "check_run_layers_args",
+           "unembedding_of"]
+
+# what a model may offer; a diagnostic names the ones it needs (registry.Diagnostic.needs)
+CAPABILITIES: dict[str, str] = {
+    "layers": "the layered-LM protocol: context, embed, run_layers (skips, orders, on_layer), head",
+    "readouts": "readouts(tokens) -> Readouts: the routers' mixing objects of one forward",
+    "depth_mixing": "depth_mixing(tokens) -> M[i -> j] per token (or None for a design without a residual mix)",
+    "unembedding": "unembedding() -> Unembedding: the head split at its one matmul",
+}
 
 
 UNITS = ("block", "attn", "mlp")
@@ -75,3 +92,14 @@ class LayeredLM(Protocol):
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor: ...
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor: ...
+
+
+def capabilities(model: Any) -> frozenset[str]:
+    """The `CAPABILITIES` `model` offers (checked by attribute, so adapters and native models are treated alike)."""
+    have = set()
+    if all(callable(getattr(model, m, None)) for m in ("context", "embed", "run_layers", "head")):
+        have.add("layers")
+    for name in ("readouts", "depth_mixing", "unembedding"):
+        if callable(getattr(model, name, None)):
+            have.add(name)
+    return frozenset(have)

@@ -6,6 +6,14 @@
     readout_key("h0")                                == "h0"                    model level
     parse_readout_key("static.sub3.res_map")         == ReadoutKey("res_map", sublayer=3, static=True)
 
+`model.readouts(tokens)` returns a `Readouts`: the recorded objects by key, with named accessors, so an engine
+asks for what it means (`rec.sublayer("res_map", 3)`, `rec.per_sublayer("alpha", 2 * L)`) and never for a string:
+
+    rec = model.readouts(tokens)
+    rec.sublayer("branch_share", j)      # == rec[readout_key("branch_share", sublayer=j)]; KeyError if absent
+    rec.per_sublayer("res_map", n_sub)   # [sub0 value or None, sub1 ..., ...]
+    rec.static("res_map", j), rec.final("alpha"), rec.model("h0")
+
 Sublayer j = 2ℓ is layer ℓ's attention, j = 2ℓ + 1 its MLP (`sublayer_label(j)` == "attn_ℓ" / "mlp_ℓ", the
 labels AttnRes sources and MoDA depth slots carry). Models write with `readout_key`, analysis reads with it,
 and nothing splits strings by hand.
@@ -14,7 +22,7 @@ and nothing splits strings by hand.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 _KEY = re.compile(r"^(?P<static>static\.)?(?:sub(?P<sublayer>\d+)\.|(?P<final>final)\.)?(?P<name>[A-Za-z_]\w*)$")
 
@@ -50,3 +58,45 @@ def parse_readout_key(key: str) -> ReadoutKey:
 def sublayer_label(j: int) -> str:
     """'attn_ℓ' for j = 2ℓ, 'mlp_ℓ' for j = 2ℓ + 1."""
     return f"{'attn' if j % 2 == 0 else 'mlp'}_{j // 2}"
+
+
+class Readouts(dict[str, Any]):
+    """What one recording forward wrote, keyed by `readout_key` (a dict, so `rec[key]` and `key in rec` work),
+    with named accessors that build the keys. Values are tensors (per token: (B, T, ...)) or Python scalars."""
+
+    def sublayer(self, name: str, j: int, *, static: bool = False) -> Any:
+        """Readout `name` of sublayer j (its static part with static=True); KeyError naming the key if absent."""
+        return self[readout_key(name, j, static=static)]
+
+    def static(self, name: str, j: int | None = None, *, final: bool = False) -> Any:
+        """The static (input-independent) readout `name` of sublayer j, or of the final router with final=True."""
+        return self[readout_key(name, j, static=True, final=final)]
+
+    def final(self, name: str) -> Any:
+        """Readout `name` of the final readout's router (AttnRes)."""
+        return self[readout_key(name, final=True)]
+
+    def model(self, name: str) -> Any:
+        """A model-level readout ("h0")."""
+        return self[readout_key(name)]
+
+    def has(self, name: str, j: int | None = None, *, static: bool = False, final: bool = False) -> bool:
+        return readout_key(name, j, static=static, final=final) in self
+
+    def per_sublayer(self, name: str, n_sub: int, *, static: bool = False) -> list[Any]:
+        """[readout `name` of sublayer j for j in 0..n_sub-1], None where a sublayer did not record it."""
+        return [self.get(readout_key(name, j, static=static)) for j in range(n_sub)]
+
+    def sublayers_with(self, name: str, *, static: bool = False) -> list[int]:
+        """The sublayers j that recorded `name`, ascending."""
+        out = []
+        for k in self:
+            r = parse_readout_key(k)
+            if r.name == name and r.sublayer is not None and r.static == static and not r.final:
+                out.append(r.sublayer)
+        return sorted(out)
+
+
+def as_readouts(record: Any) -> Readouts:
+    """`record` as a `Readouts` (a model's `readouts()` already is one; a plain dict of keys is wrapped)."""
+    return record if isinstance(record, Readouts) else Readouts(record)

@@ -4,30 +4,20 @@ Steps (`build_report`):
 
 1. `check_out`: refuse an existing output directory (unless overwrite) or an unwritable location, before
    any work is done.
-2. `load_entries`: load and validate every checkpoint (a bad one raises CheckpointError; nothing is written).
-3. `report_eval_data`: one EvalData shared by every checkpoint (built once, as `api.compare` does):
-   the held-out split of the offline corpus (or `--data`), `n_seq` x `seq_len` tokens, seq_len capped at
-   the smallest `max_seq_len` of the set.
-4. `compute`: for every checkpoint the applicable diagnostics (`registry`): causal (current variant, every
-   layer skipped), permutation (late pairs), angular, depth mixing, effective rank (HC/mHC) and
-   AttnRes self-weights (Full/Block AttnRes).
+2.-4. a study (`analysis.study.run_study`): `load_entries` loads and validates every checkpoint (a bad one
+   raises CheckpointError; nothing is written); `study_eval_data` builds one EvalData shared by every
+   checkpoint (the held-out split of the offline corpus or `--data`, `n_seq` x `seq_len` tokens, seq_len capped
+   at the smallest `max_seq_len` of the set); `compute` runs the applicable diagnostics of the registry on each.
 5. `summarise`: the table records (headline shares with bootstrap CIs over sequences, effective rank,
    dead prefix, validation loss, params), threshold sweeps with crossing points, and ranking robustness
    per depth.
-6. `write_report`: everything is written into a hidden temporary directory next to `out`, which is renamed
-   into place at the end (the old report, with overwrite, is swapped out and removed only then). Every file
-   inside is written atomically too (temp then rename). On any failure nothing is left behind.
+6. `write_report` (report.write): everything is written into a hidden temporary directory next to `out`,
+   renamed into place at the end; on any failure nothing is left behind.
 
-Under torchrun (`build_report` when WORLD_SIZE > 1: `compute_spread`) steps 2-4 run on every rank for its own
-checkpoints (report.ranks assigns them by estimated cost); rank 0 gathers the computed entries and runs steps
-5-6 exactly as one process does. After each step every rank `agree`s ok/error (analysis.distributed), so a
-failing rank stops the run on every rank with its one line and nothing is written.
-
-Merged netCDF files: the per-checkpoint Datasets of one metric are concatenated along `checkpoint` only
-within groups of identical dimensions and index coordinates (in practice: the same depth L; AttnRes also
-splits by design, since Full and Block AttnRes have different sources). One group → `<metric>.nc`;
-several → `<metric>_l<L>.nc` (plus `_<design>` when one depth holds several shapes). `manifest.json`
-lists which checkpoints each file holds.
+Under torchrun (WORLD_SIZE > 1: `study.compute_spread`) steps 2-4 run on every rank for its own checkpoints
+(analysis.ranks assigns them by estimated cost); rank 0 gathers the computed entries and runs steps 5-6 exactly
+as one process does. After each step every rank `agree`s ok/error (analysis.distributed), so a failing rank stops
+the run on every rank with its one line and nothing is written.
 """
 
 from __future__ import annotations
@@ -43,87 +33,35 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from depthlens.analysis import registry
+from depthlens.analysis.study import (  # noqa: F401  (the study's pieces, as report.build named them)
+    DEFAULT_N_BOOT,
+    DEFAULT_N_SEQ,
+    DEFAULT_SEQ_LEN,
+    Entry,
+    Progress,
+    StudyOptions,
+    _noop,
+    compute,
+    load_entries,
+    n_steps,
+    parse_metrics,
+    run_study,
+    sort_key,
+    study_eval_data,
+    tasks,
+    tokenizer_facts,
+)
+from depthlens.analysis.summaries import record_fields, record_keys
 from depthlens.errors import DepthlensError
-from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
+from depthlens.io.atomic import atomic_write_text
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
+from depthlens.report.write import check_out, is_report_dir, manifest, merged_datasets, write_report  # noqa: F401
 
-METRICS = registry.NAMES  # every diagnostic, in table/file order
-SWEEP_METRICS = {d.name: d.headline.key for d in registry.DIAGNOSTICS if d.headline}  # -> sweep.METRICS key
-DEAD_PREFIX_EPS = 0.05
-DEFAULT_N_SEQ = 32
-DEFAULT_SEQ_LEN = 128
-DEFAULT_N_BOOT = 1000
-
-
-def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """'causal,permutation' (or a list; registry aliases such as 'permute' too) → canonical-order tuple;
-    ValueError (usage) on unknown names."""
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in registry.ALIASES]
-    names = [registry.get(n).name for n in names if n in registry.ALIASES]
-    if bad or not names:
-        err = ValueError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(METRICS)}"
-                         if bad else f"--metrics: give at least one of {','.join(METRICS)}")
-        err.usage = True  # type: ignore[attr-defined]  (the CLI turns it into exit 2)
-        raise err
-    return tuple(m for m in METRICS if m in names)
-
-
-@dataclass
-class ReportOptions:
-    """What the report computes. seq_len None = min(128, the smallest max_seq_len of the checkpoints)."""
-
-    data: str | os.PathLike | None = None
-    n_seq: int = DEFAULT_N_SEQ
-    seq_len: int | None = None
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "fp32"  # weights and activations (--dtype fp32 | bf16 | fp64); reductions stay fp32/fp64
-    metrics: tuple[str, ...] = METRICS
-    n_boot: int = DEFAULT_N_BOOT
-    causal_layers: str = "all"
-    perm_pairs: str = "late"
-    batch_size: int | None = None
-    threads: int | None = 1  # torch CPU threads while computing; None/0 = leave torch's setting
-
-
-    def engine_options(self, metric: str) -> dict[str, Any]:
-        """Options of diagnostic `metric`'s engine: its registry defaults plus this report's choices."""
-        own = {"causal": {"layers": self.causal_layers}, "permutation": {"pairs": self.perm_pairs}}.get(metric, {})
-        return {**registry.get(metric).report_opts, **own, "batch_size": self.batch_size}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
-                "seed": self.seed, "device": self.device, "dtype": self.dtype, "metrics": list(self.metrics),
-                "n_boot": self.n_boot,
-                "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
-                "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
-                "window_start": "quarter",
-                "dead_prefix_eps": DEAD_PREFIX_EPS}
-
-
-@dataclass
-class Entry:
-    """One checkpoint of the report and everything computed on it."""
-
-    name: str
-    path: Path
-    model: Any
-    slug: str
-    n_layer: int
-    d_model: int
-    params: dict[str, Any]
-    train: dict[str, Any]
-    datasets: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset
-    seconds: dict[str, float] = field(default_factory=dict)
-    figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def val_loss(self) -> float:
-        v = self.train.get("final_val_loss")
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
+DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS
+ReportOptions = StudyOptions  # what a report computes is a study's options (one options object for every command)
+report_eval_data = study_eval_data
 
 
 @dataclass
@@ -142,246 +80,34 @@ class Report:
     world_size: int = 1  # processes that computed it (torchrun ranks); provenance only, results do not depend on it
 
 
-Progress = Callable[[str], None]  # called once per finished step with a short description
-
-
-def _noop(_: str) -> None:
-    pass
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 1. output location
-
-
-def is_report_dir(path: Path) -> bool:
-    """An empty directory, or one holding a depthlens report's manifest.json: safe to replace with --overwrite."""
-    try:
-        if not any(path.iterdir()):
-            return True
-        meta = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("title") == "depthlens report"
-
-
-def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
-    """Fail early (DepthlensError, one line) if `out` exists without overwrite, is a file or a directory that is
-    not a report (never replaced, so `--out checkpoints --overwrite` cannot wipe anything), or can't be created."""
-    out = Path(out)
-    recover(out)  # an interrupted swap of an earlier run: keep the newest complete report
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            raise DepthlensError(f"{out} exists and is not a directory")
-        if not overwrite:
-            raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
-        if not is_report_dir(out):
-            raise DepthlensError(f"{out} exists and is not a depthlens report (no manifest.json from one); "
-                                 "refusing to replace it, even with --overwrite")
-    anc = out.parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise DepthlensError(f"cannot write {out}: {anc} is not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise DepthlensError(f"cannot write {out}: directory {anc} is not writable")
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 2. checkpoints
-
-
-def _names(paths: Sequence[Path]) -> list[str]:
-    """Directory names, made unique (and file-name safe) with a numeric suffix where two collide."""
-    raw = ["".join(c if c.isalnum() or c in "-_." else "_" for c in (p.resolve().name or "checkpoint"))
-           for p in paths]
-    out, seen = [], {}
-    for n in raw:
-        k = seen.get(n, 0)
-        seen[n] = k + 1
-        out.append(n if k == 0 and raw.count(n) == 1 else f"{n}-{k + 1}")
-    return out
-
-
-def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
-                 only: Sequence[int] | None = None, dtype: str = "fp32") -> list[Entry]:
-    """Load and validate every checkpoint (CheckpointError on the first bad one), in the given order.
-    only: the positions to load (one rank's share); names stay those of the whole set."""
-    from depthlens.adapters.load import describe, open_model
-
-    if not paths:
-        raise DepthlensError("report needs at least one checkpoint")
-    paths = [Path(p) for p in paths]
-    keep = range(len(paths)) if only is None else set(only)
-    entries = []
-    for k, (name, p) in enumerate(zip(_names(paths), paths)):
-        if k not in keep:
-            continue
-        op = open_model(p, device=device, dtype=registry.load_dtype(dtype))
-        s = describe(op)
-        train = getattr(op.meta.checkpoint, "train", None) or {}
-        entries.append(Entry(name=name, path=p, model=op.model, slug=op.meta.arch, n_layer=int(op.meta.n_layer),
-                             d_model=int(s["d_model"]), params=s, train=dict(train)))
-    return entries
-
-
-def sort_key(e: Entry) -> tuple:
-    """Table order: design in registry order, then depth."""
-    from depthlens.designs import SLUGS
-
-    return (SLUGS.index(e.slug) if e.slug in SLUGS else len(SLUGS), e.slug, e.n_layer, e.name)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 3. eval data
-
-
-def tokenizer_facts(entries: Sequence[Entry], opts: ReportOptions) -> tuple[list[Any], list[tuple[str, int]]]:
-    """Every checkpoint's tokenizer, and its (tokenizer name, max_seq_len): all the shared eval data depends on."""
-    from depthlens.analysis.api import _is_shards, _tokenizer_for
-
-    toks = [_tokenizer_for(e.path, e.model, required=not _is_shards(opts.data)) for e in entries]
-    return toks, [(str(getattr(t, "name", t)), int(e.model.config.max_seq_len)) for t, e in zip(toks, entries)]
-
-
-def report_eval_data(entries: Sequence[Entry], opts: ReportOptions, facts: Sequence[tuple[str, int]] | None = None):
-    """One EvalData for all checkpoints: same tokenizer required; checked against every model.
-    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (report.ranks)."""
-    from depthlens.analysis.evaldata import load_eval_data
-
-    toks, own = tokenizer_facts(entries, opts)
-    facts = own if facts is None else facts
-    names = {name for name, _ in facts}
-    if len(names) > 1:
-        raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(names))}); "
-                             "a report compares them on one eval set")
-    max_len = min(m for _, m in facts)
-    T = opts.seq_len or min(DEFAULT_SEQ_LEN, max_len)
-    data = load_eval_data(opts.data, toks[0], n_seq=opts.n_seq, seq_len=T, seed=opts.seed, max_seq_len=max_len)
-    for e in entries:
-        try:
-            data.check_model(e.model.config.vocab_size, e.model.config.max_seq_len)
-        except DepthlensError as err:
-            raise type(err)(f"{e.path}: {err}") from None
-    return data
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 4. diagnostics
-
-
-def tasks(entries: Sequence[Entry], opts: ReportOptions) -> list[tuple[Entry, str]]:
-    """(checkpoint, diagnostic) pairs to run: the requested diagnostics that apply to each design."""
-    return [(e, m) for e in entries for m in opts.metrics if registry.get(m).applies(e.slug)]
-
-
-def compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> None:
-    """Fill `entry.datasets` for every applicable metric. A metric that is undefined for a model (a
-    DepthlensError from the engine, e.g. too few layers for late pairs) is recorded as a note, not fatal."""
-    import torch
-
-    # Tiny models: one thread is much faster than two (13x for a permutation sweep at L = 16 with a busy
-    # second core, and still faster on an idle machine), so the default is 1.
-    prev = torch.get_num_threads()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    try:
-        _compute(entries, data, opts, progress)
-    finally:
-        torch.set_num_threads(prev)
-
-
-def _compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress) -> None:
-    import torch
-
-    with torch.no_grad():
-        for e, m in tasks(entries, opts):
-            t0 = time.perf_counter()
-            try:
-                e.datasets[m] = registry.run(m, e.model, data, checkpoint=e.path, **opts.engine_options(m))
-            except (DepthlensError, ValueError) as err:
-                e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
-            e.seconds[m] = round(time.perf_counter() - t0, 3)
-            progress(f"{e.name}: {m}")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # 5. summary, sweeps, robustness
 
 
-RECORD_KEYS = (
-    "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
-    "val_loss", "eval_loss",
-    "causal_share", "causal_ci_low", "causal_ci_high", "causal_shard_mean", "causal_shard_sd", "causal_n_pairs",
-    "causal_noise_floor", "causal_definition",
-    "causal_theta_50", "causal_theta_10",
-    "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_definition", "perm_theta_50", "perm_theta_10",
-    "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
-)
-
-
-def _headline(ds, metric: str, opts: ReportOptions) -> dict[str, Any] | None:
-    from depthlens.analysis.sweep import headline
-
-    try:
-        return headline(ds, metric, n_boot=opts.n_boot, seed=opts.seed, start="quarter")
-    except (DepthlensError, ValueError):
-        return None
-
-
-def _headline_fields(prefix: str, h: dict[str, Any]) -> dict[str, Any]:
-    """share, CI, shard mean/sd and pair count of one headline, under `<prefix>_*` record keys."""
-    keys = {"share": "share", "ci_low": "ci_low", "ci_high": "ci_high", "shard_mean": "shard_mean",
-            "shard_sd": "shard_sd"}
-    out = {f"{prefix}_{k}": _f(h.get(v)) for k, v in keys.items()}
-    out[f"{prefix}_n_pairs"] = h["n_pairs"]
-    out[f"{prefix}_definition"] = h.get("definition")
-    return out
+RECORD_BASE = ("checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
+               "val_loss", "eval_loss")
+RECORD_END = ("path", "seconds")
+RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
 
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
-    """One table row (JSON-safe; NaN → None)."""
+    """One table row (JSON-safe; NaN → None): the checkpoint's facts, then every diagnostic's fields
+    (`analysis.summaries.record_fields`: its headline share and its own), then the share curves' crossings."""
     from depthlens.designs import DESIGNS
 
-    r: dict[str, Any] = {k: None for k in RECORD_KEYS}
+    r: dict[str, Any] = {k: None for k in record_keys(RECORD_BASE, RECORD_END)}
     r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
              params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
              seconds=round(sum(e.seconds.values()), 2))
-    for d in registry.DIAGNOSTICS:  # the headline share of every diagnostic that has one, and its crossings
+    for d in registry.diagnostics():
         ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
-        h = _headline(ds, d.headline.key, opts) if ds is not None and d.headline else None
-        if h:
-            r.update(_headline_fields(d.prefix, h))
-            if f"{d.prefix}_noise_floor" in r:
-                r[f"{d.prefix}_noise_floor"] = _f(h.get("noise_floor"))
+        if ds is not None:
+            r.update(record_fields(d, ds, r, opts))
         if sw is not None and e.name in sw["checkpoint"].values:
             cr = sw["crossing"].sel(checkpoint=e.name)
             r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
             r[f"{d.prefix}_theta_10"] = _f(cr.sel(q=0.1).values)
-    ds = e.datasets.get("causal")
-    if ds is not None and "clean_loss_seq" in ds:
-        r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
-            ds["clean_loss_seq"].values).any() else None
-    ds = e.datasets.get("permutation")
-    if ds is not None and r["eval_loss"] is None and "clean_loss" in ds:
-        r["eval_loss"] = _f(ds["clean_loss"].values)
-    ds = e.datasets.get("rank")
-    if ds is not None:
-        r["erank_full"] = _f(ds["erank"].sel(product="full", statistic="mean").values)
-        r["erank_late"] = _f(ds["erank"].sel(product="late", statistic="mean").values)
-        if "n_streams" in ds.coords:
-            r["n_streams"] = int(ds["n_streams"].values)
-    ds = e.datasets.get("attnres")
-    if ds is not None and "dead_prefix" in ds:
-        eps = np.asarray(ds["eps"].values, dtype=float)
-        k = int(np.argmin(np.abs(eps - DEAD_PREFIX_EPS)))
-        if abs(eps[k] - DEAD_PREFIX_EPS) < 1e-9:
-            r["dead_prefix"] = int(ds["dead_prefix"].values[k])
-    ds = e.datasets.get("angular")
-    if ds is not None and "profile" in ds:
-        prof = np.asarray(ds["profile"].values, dtype=float)[: e.n_layer]
-        r["angular_d1_mean"] = _f(np.nanmean(prof)) if np.isfinite(prof).any() else None
     return jsonable(r)
 
 
@@ -390,22 +116,20 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     (with per-checkpoint `design` and `n_layer` coordinates). None when no checkpoint has the metric."""
     import xarray as xr
 
-    from depthlens.analysis.sweep import (
-        HEADLINE_THRESHOLD,
-        default_thresholds,
-        share_curves,
-    )
+    from depthlens.analysis.sweep import default_thresholds, share_curves
 
-    key = SWEEP_METRICS[metric]
+    score = registry.get(metric).headline
+    assert score is not None
+    key = score.key
     have = [e for e in entries if metric in e.datasets]
     # the default grid plus the headline θ itself (the log grid of P_abs does not contain 0.15), so the
     # ranking and the curves use exactly the headline share of the table
-    grid = np.unique(np.concatenate([default_thresholds(key), [HEADLINE_THRESHOLD[key]]]))
+    grid = np.unique(np.concatenate([default_thresholds(key), [score.theta]]))
     parts, names = [], []
     for e in have:
         try:
-            sc = share_curves(e.datasets[metric], key, grid, starts=("quarter",), aggregator="max" if key == "causal"
-                              else None, variant="current" if key == "causal" else None)
+            sc = share_curves(e.datasets[metric], key, grid, starts=("quarter",),
+                              aggregator=score.select.get("aggregator"), variant=score.select.get("variant"))
         except (DepthlensError, ValueError) as err:
             e.notes.append(f"{metric} sweep: not computed ({str(err).splitlines()[0]})")
             continue
@@ -418,7 +142,7 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     by = {e.name: e for e in have}
     out = out.assign_coords(design=("checkpoint", [by[n].slug for n in names]),
                             n_layer=("checkpoint", [by[n].n_layer for n in names]))
-    out.attrs.update(metric=key, headline_threshold=HEADLINE_THRESHOLD[key], window_start="quarter",
+    out.attrs.update(metric=key, headline_threshold=score.theta, window_start="quarter",
                      Conventions="CF-1.11", title=f"depthlens share curves of {key} (late window)")
     return out
 
@@ -465,7 +189,7 @@ def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
 
 def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> Report:
     rep = Report(entries=sorted(entries, key=sort_key), options=opts, data=data)
-    for metric in SWEEP_METRICS:
+    for metric in (d.name for d in registry.diagnostics() if d.headline):
         if metric in opts.metrics:
             sw = sweeps_for(rep.entries, metric)
             if sw is not None:
@@ -477,202 +201,21 @@ def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Pro
     return rep
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# 6. writing
-
-
-def _group_key(ds) -> tuple:
-    idx = tuple((k, tuple(str(v) for v in ds.indexes[k])) for k in sorted(ds.indexes))
-    return (tuple(sorted(ds.sizes.items())), idx)
-
-
-def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, list[str], Any]]:
-    """[(file name, checkpoint names, Dataset)]: concatenated along `checkpoint` within equal-shape groups."""
-    from depthlens.analysis.dataset import concat_checkpoints
-
-    have = [e for e in entries if metric in e.datasets]
-    groups: dict[tuple, list[Entry]] = {}
-    for e in have:
-        groups.setdefault(_group_key(e.datasets[metric]), []).append(e)
-    if not groups:
-        return []
-    # file names: <metric>.nc for a single group; else <metric>_l<L>.nc for the (strictly) largest group of a depth and
-    # <metric>_l<L>_<design>[+<design>...].nc for the others (e.g. MoDA's depth_mass, Full vs Block AttnRes)
-    out, used = [], set()
-    sizes: dict[int, list[int]] = {}
-    for members in groups.values():
-        sizes.setdefault(members[0].n_layer, []).append(len(members))
-    for members in groups.values():
-        if len(groups) == 1:
-            fname = metric
-        else:
-            L = members[0].n_layer
-            fname = f"{metric}_l{L}"
-            others = list(sizes[L])
-            others.remove(len(members))
-            if others and len(members) <= max(others):  # not strictly the largest group of its depth
-                fname += "_" + "+".join(dict.fromkeys(e.slug for e in members))
-        base, k = fname, 2
-        while fname in used:
-            fname, k = f"{base}_{k}", k + 1
-        used.add(fname)
-        fname += ".nc"
-        names = [e.name for e in members]
-        ds = concat_checkpoints([e.datasets[metric] for e in members], names)
-        ds = ds.assign_coords(design=("checkpoint", [e.slug for e in members]))
-        for v in ds.data_vars.values():  # per-sequence arrays and NaN padding compress well (~5x smaller)
-            if v.dtype.kind == "f" and v.ndim:
-                v.encoding.update(zlib=True, complevel=4)
-        out.append((fname, names, ds))
-    return out
-
-
-
-
-def manifest(rep: Report) -> dict[str, Any]:
-    from depthlens.analysis.dataset import depthlens_version
-
-    d = rep.data
-    return jsonable({
-        "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": rep.world_size,
-        "options": rep.options.as_dict(),
-        "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
-                      "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
-        "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
-                         "seconds": e.seconds, "figures": e.figures, "notes": e.notes} for e in rep.entries],
-        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness, "seconds": rep.seconds,
-        "notes": rep.notes,
-        "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
-                      "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
-                      "<metric>_l<L>[_<design>].nc)",
-    })
-
-
-def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
-    """Write figures, datasets, summary.json, manifest.json, index.html and README.md into `out`, atomically."""
-    from depthlens.analysis.dataset import write_netcdf
-
-    from . import figures, render
-
-    out = check_out(out, overwrite)
-    try:
-        # built under a temp name, swapped in whole; on failure or SIGTERM nothing is left (depthlens.io.atomic)
-        with atomic_dir(out, overwrite=overwrite, checked=True) as tmp:
-            (tmp / "figures").mkdir()
-            t0 = time.perf_counter()
-            for e in rep.entries:
-                e.figures = figures.checkpoint_figures(e, tmp / "figures")
-                progress(f"{e.name}: figures")
-            rep.figures = figures.cross_figures(rep, tmp / "figures")
-            progress("cross-checkpoint figures")
-            rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
-            t0 = time.perf_counter()
-            for metric in METRICS:
-                for fname, names, ds in merged_datasets(rep.entries, metric):
-                    write_netcdf(ds, tmp / fname)
-                    rep.files[fname] = names
-            for metric, sw in rep.sweeps.items():
-                fname = f"sweep_{SWEEP_METRICS[metric]}.nc"
-                write_netcdf(sw, tmp / fname)
-                rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
-            rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
-            atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
-            atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
-            atomic_write_text(tmp / "index.html", render.render_html(rep))
-            atomic_write_text(tmp / "README.md", render.render_markdown(rep))
-        progress("write")
-    except OSError as e:
-        raise DepthlensError(f"cannot write {out}: {e.strerror or e}") from e
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# everything
-
-
-def compute_spread(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions, *,
-                   overwrite: bool = False, progress: Progress = _noop,
-                   on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
-    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
-    (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
-    step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
-    from depthlens.analysis.distributed import (agree, device_for_rank, gather_to_main, local_only,
-                                                long_wait_group, world)
-
-    from .ranks import assign, attempt, pack, unpack
-
-    group = long_wait_group()
-    rank, n = world()
-    paths = [Path(p) for p in paths]
-
-    def plan() -> list[int]:
-        check_out(out, overwrite)
-        return assign(paths, n)
-
-    def load() -> tuple[list[Entry], list[tuple[str, int]]]:
-        own = load_entries(paths, device=device_for_rank(opts.device), only=mine, dtype=opts.dtype)
-        return own, tokenizer_facts(own, opts)[1]
-
-    # 1. rank 0 checks --out and assigns the checkpoints (its assignment is the one every rank uses)
-    err, owner = attempt(plan) if rank == 0 else (None, None)
-    mine = [i for i, r in enumerate(agree(err, owner, group)[0]) if r == rank]
-    # 2. load my checkpoints; every rank builds the eval data one process builds, from the whole set's facts
-    err, loaded = attempt(load)
-    entries, facts = loaded or ([], [])
-    facts = [f for part in agree(err, facts, group) for f in part]
-    err, data = attempt(lambda: report_eval_data(entries, opts, facts=facts) if entries else None)
-    hashes = {h for h in agree(err, None if data is None else data.sha256, group) if h is not None}
-    if len(hashes) > 1:  # identical inputs must give identical tokens: never compare checkpoints on different data
-        raise DepthlensError(f"the ranks built different eval data ({len(hashes)} token hashes)")
-    if on_loaded is not None:
-        on_loaded(n_steps(entries, opts, n_checkpoints=len(paths)))
-    # 3. every diagnostic on my checkpoints; the engines must not split their arms over the ranks again
-    t0 = time.perf_counter()
-    with local_only():
-        err, _ = attempt(lambda: compute(entries, data, opts, progress))
-    agree(err, None, group)
-    # 4. records and datasets to rank 0
-    parts = gather_to_main([(i, pack(e)) for i, e in zip(mine, entries)], group)
-    if parts is None:
-        return None
-    done = dict(p for part in parts for p in part)
-    return [Entry(**unpack(done[i])) for i in range(len(paths))], data, time.perf_counter() - t0, n
-
-
-def n_steps(entries: Sequence[Entry], opts: ReportOptions, n_checkpoints: int | None = None) -> int:
-    """Progress steps of `build_report` after loading: metric runs of `entries` (rank 0's share under
-    torchrun), figures per checkpoint (all n_checkpoints), summary, cross-checkpoint figures, write."""
-    return len(tasks(entries, opts)) + (len(entries) if n_checkpoints is None else n_checkpoints) + 3
-
-
 def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions | None = None, *,
                  overwrite: bool = False, progress: Progress = _noop,
                  on_loaded: Callable[[int], None] | None = None) -> Report | None:
     """Load, compute, summarise and write a report. `on_loaded(n_steps)` runs once the checkpoints are
     validated (the CLI sizes its progress bar there).
 
-    Under torchrun (WORLD_SIZE > 1) every rank computes whole checkpoints of its own (report.ranks) and rank 0
-    writes the report a single process writes; the other ranks return None."""
-    from depthlens.analysis.distributed import launched
-
+    Steps 1-4 are a study (`analysis.study.run_study`, with `check_out` first). Under torchrun (WORLD_SIZE > 1)
+    every rank computes whole checkpoints of its own and rank 0 writes the report a single process writes; the
+    other ranks return None."""
     opts = opts or ReportOptions()
     t_start = time.perf_counter()
-    world_size = 1
-    if launched():
-        spread = compute_spread(paths, out, opts, overwrite=overwrite, progress=progress, on_loaded=on_loaded)
-        if spread is None:
-            return None
-        entries, data, t_compute, world_size = spread
-    else:
-        check_out(out, overwrite)
-        entries = load_entries(paths, device=opts.device, dtype=opts.dtype)
-        data = report_eval_data(entries, opts)
-        if on_loaded is not None:
-            on_loaded(n_steps(entries, opts))
-        t0 = time.perf_counter()
-        compute(entries, data, opts, progress)
-        t_compute = time.perf_counter() - t0
+    study = run_study(paths, opts, before=lambda: check_out(out, overwrite), progress=progress, on_loaded=on_loaded)
+    if study is None:  # a rank other than 0: its checkpoints went to rank 0
+        return None
+    entries, data, t_compute, world_size = study.entries, study.data, study.seconds, study.world_size
     rep = summarise(entries, data, opts, progress)
     rep.world_size = world_size
     rep.command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])

@@ -22,8 +22,6 @@ from depthlens.designs import DESIGNS, SLUGS
 
 DPI = 100
 CAUSAL_VMAX = 1.5  # end of the causal θ grid
-HEADLINE_LABEL = {"causal": "causal score (current, max)", "permutation": "permutation loss increase P_abs"}
-THETA_LABEL = {"causal": "threshold θ on the causal score [1]", "permutation": "threshold θ on P_abs [nat]"}
 
 
 def design_color(slug: str):
@@ -223,9 +221,9 @@ def checkpoint_figures(e, fig_dir: Path, record: dict[str, Any] | None = None) -
     """Write every figure of one checkpoint; returns {metric: 'figures/<file>.png'}. `record` (its row of
     summary.json, from `build.record`) supplies the headline shares shown in the heatmap titles."""
     record = record or {}
-    shares = {d.name: record.get(f"{d.prefix}_share") for d in registry.DIAGNOSTICS if d.scores}
+    shares = {d.name: record.get(f"{d.prefix}_share") for d in registry.diagnostics() if d.scores}
     out: dict[str, str] = {}
-    for d in registry.DIAGNOSTICS:
+    for d in registry.diagnostics():
         metric, ds = d.name, e.datasets.get(d.name)
         if ds is None or d.figure is None:
             continue
@@ -252,6 +250,9 @@ def _depths(sw: xr.Dataset) -> list[int]:
 
 def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
     """S(θ) per checkpoint, one panel per depth, headline θ dashed, colours by design."""
+    d = registry.get(metric)
+    score = d.headline
+    assert score is not None
     depths = _depths(sw)
     fig, axes = _subplots(len(depths), size=(5.0, 4.0), sharey=True)
     h = float(sw.attrs["headline_threshold"])
@@ -261,7 +262,7 @@ def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
         slugs = {str(n): str(d) for n, d in zip(sw["checkpoint"].values, sw["design"].values)}
         names.sort(key=lambda n: (SLUGS.index(slugs[n]) if slugs[n] in SLUGS else 99, n))
         curves = {n: sw["share"].sel(checkpoint=n).drop_vars(["design", "n_layer"]) for n in names}
-        plots.share_curves(curves, headline=h, ax=ax, logx=metric == "permutation")
+        plots.share_curves(curves, headline=h, ax=ax, logx=score.grid.kind == "log")
         lines = ax.get_lines()
         for line, n in zip(lines, names):
             line.set_color(design_color(slugs[n]))
@@ -269,10 +270,10 @@ def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
             seen.setdefault(design_name(slugs[n]), line)
         if ax.get_legend() is not None:
             ax.get_legend().remove()
-        ax.set_xlabel(THETA_LABEL[metric])
+        ax.set_xlabel(score.theta_label)
         ax.set_ylabel("share of late pairs with score > θ [1]")
         ax.set_title(f"L = {L}")
-    fig.suptitle(f"threshold sweep: {HEADLINE_LABEL[metric]} (headline θ = {h:g}, dashed)", fontsize=11)
+    fig.suptitle(f"threshold sweep: {d.title} (headline θ = {h:g}, dashed)", fontsize=11)
     fig.legend(list(seen.values()), list(seen.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5),
                frameon=False, fontsize="small")
     fig.tight_layout()
@@ -281,10 +282,11 @@ def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
 
 def fig_summary(records: list[dict[str, Any]]) -> Any:
     """Validation loss and the two headline shares (95% bootstrap CI) against depth, one line per design."""
-    fig, axes = _subplots(3, size=(4.6, 3.8))
+    scores = [(d.prefix, d.headline) for d in registry.diagnostics() if d.headline]
     panels = (("val_loss", None, None, "validation loss [nat/token]"),
-              ("causal_share", "causal_ci_low", "causal_ci_high", f"share causal > {registry.CAUSAL.theta:g} [1]"),
-              ("perm_share", "perm_ci_low", "perm_ci_high", f"share P_abs > {registry.PERM_ABS.theta:g} nat [1]"))
+              *((f"{p}_share", f"{p}_ci_low", f"{p}_ci_high",
+                 f"share {s.symbol} > {s.theta:g}{'' if s.unit == '1' else ' ' + s.unit} [1]") for p, s in scores))
+    fig, axes = _subplots(len(panels), size=(4.6, 3.8))
     slugs = [s for s in SLUGS if any(r["design"] == s for r in records)]
     slugs += sorted({r["design"] for r in records} - set(slugs))
     depths = sorted({r["n_layer"] for r in records})
@@ -332,12 +334,20 @@ def fig_overview(entries, metric: str) -> Any | None:
     slugs += sorted({e.slug for e in have} - set(slugs))
     depths = sorted({e.n_layer for e in have})
     fig, axes = _subplots(len(slugs), len(depths), size=(1.9, 2.0))
+    score = registry.get(metric).headline
+    assert score is not None
+
+    def matrix(ds: xr.Dataset) -> np.ndarray:
+        return np.asarray(score_matrix(ds, score.key, score.select.get("aggregator"), score.select.get("variant"))
+                          .values, float).copy()
+
     if metric == "causal":
         vmin, vmax, cmap, label = 0.0, 1.0, "viridis", "causal score C(s,t), current/max [1]"
     else:
-        vals = np.concatenate([np.asarray(e.datasets[metric]["perm_abs"].values, float).ravel() for e in have])
+        vals = np.concatenate([matrix(e.datasets[metric]).ravel() for e in have])
         r = max(float(np.nanmax(np.abs(vals))) if _finite(vals) else 1e-3, 1e-3)
-        vmin, vmax, cmap, label = -r, r, "vlag", "swap loss increase P_abs [nat]"
+        vmin, vmax, cmap, label = -r, r, "vlag", ("swap loss increase P_abs [nat]" if metric == "permutation"
+                                                  else f"{score.label} [{score.unit}]")
     im = None
     for i, L in enumerate(depths):
         for j, s in enumerate(slugs):
@@ -354,18 +364,17 @@ def fig_overview(entries, metric: str) -> Any | None:
                 ax.text(0.5, 0.5, "—", ha="center", va="center", transform=ax.transAxes, color="0.5")
                 continue
             ds = match[0].datasets[metric]
+            m = matrix(ds)
             if metric == "causal":
-                m = np.asarray(score_matrix(ds, "causal", "max", "current").values, float).copy()
                 m[np.tril_indices_from(m, k=-1)] = np.nan  # t < s: 0 by definition, left blank
-            else:
-                m = np.asarray(ds["perm_abs"].values, float)
             a = late_window(L)
             im = ax.imshow(np.ma.masked_invalid(m[a:, a:]), cmap=cmap, vmin=vmin, vmax=vmax,
                            interpolation="nearest", aspect="equal")
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend="max" if metric == "causal"
                      else "neither", pad=0.02)
-    what = "causal score (skipped s → measured t)" if metric == "causal" else "permutation P_abs (i, j)"
+    what = {"causal": "causal score (skipped s → measured t)", "permutation": "permutation P_abs (i, j)"}.get(
+        metric, f"{score.label} (i, j)")
     fig.suptitle(f"overview: {what} on the late window ⌊L/4⌋…L−1 (rows: depth, columns: design)", fontsize=12)
     return fig
 
@@ -378,7 +387,7 @@ def cross_figures(rep, fig_dir: Path) -> dict[str, str]:
         jobs.append((f"sweep_{metric}", lambda sw=sw, metric=metric: fig_share_curves(sw, metric)))
     if rep.records:
         jobs.append(("summary", lambda: fig_summary(rep.records)))
-    for metric in (d.name for d in registry.DIAGNOSTICS if d.headline):
+    for metric in (d.name for d in registry.diagnostics() if d.headline):
         if any(metric in e.datasets for e in rep.entries):
             jobs.append((f"overview_{metric}", lambda metric=metric: fig_overview(rep.entries, metric)))
     for key, make in jobs:

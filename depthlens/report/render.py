@@ -6,25 +6,40 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from depthlens.analysis.registry import CAUSAL, PERM_ABS
+from depthlens.analysis import registry
 from depthlens.designs import DESIGNS
 from depthlens.report import orderings
 
 NA = "—"
-METRIC_TITLES = {
-    "causal": "Causal score C(s, t) (current, max)",
-    "permutation": "Permutation score P_abs (late pairs)",
-    "angular": "Angular distance d(h_ℓ, h_ℓ+n)",
-    "mixing": "Depth-mixing matrix M[i → j]",
-    "attnres": "AttnRes self-weight and α",
-    "rank": "Effective rank (window profile)",
-}
-TABLE_HEAD = ("design", "L", "d", "params", "val loss", f"share C > {CAUSAL.theta:g} [95% CI]",
-              f"share P_abs > {PERM_ABS.theta:g} [95% CI]", "erank (full)", "k*(0.05)")
+
+
+def metric_titles() -> dict[str, str]:
+    """Figure captions per diagnostic (the registry's `Diagnostic.title`)."""
+    return {d.name: d.title for d in registry.diagnostics()}
+
+
+def table_columns(terminal: bool = False) -> list[tuple[str, Any]]:
+    """(heading, cell(record) -> str) of every diagnostic's table columns, in registry order: the headline share
+    with its 95% CI where it has one, then its own columns (NA for designs it does not apply to)."""
+    cols: list[tuple[str, Any]] = []
+    for d in registry.diagnostics():
+        if d.headline:
+            s = d.headline
+            head = f"{s.symbol} > {s.theta:g} [CI]" if terminal else f"share {s.symbol} > {s.theta:g} [95% CI]"
+            cols.append((head, lambda r, p=d.prefix: _share(r, p)))
+        for c in d.columns:
+            cols.append((c.short if terminal else c.head,
+                         lambda r, d=d, c=c: _num(r.get(c.field), c.fmt) if d.applies(r["design"]) else NA))
+    return cols
+
+
+def table_head(terminal: bool = False) -> tuple[str, ...]:
+    base = ("design", "L", "val loss") if terminal else ("design", "L", "d", "params", "val loss")
+    return (*base, *(h for h, _ in table_columns(terminal)))
 
 
 def _num(v: Any, fmt: str = ".3f", none: str = NA) -> str:
-    return none if v is None else format(v, fmt)
+    return none if v is None else format(v, fmt) if fmt else str(v)
 
 
 def _share(r: dict[str, Any], key: str) -> str:
@@ -36,19 +51,15 @@ def _share(r: dict[str, Any], key: str) -> str:
     return f"{s:.2f}{ci}"
 
 
-def table_rows(records: list[dict[str, Any]]) -> list[list[str]]:
-    """The paper-form table as strings: design × depth, NaN where the validation loss is unknown."""
+def table_rows(records: list[dict[str, Any]], terminal: bool = False) -> list[list[str]]:
+    """The paper-form table as strings: design × depth, NaN where the validation loss is unknown (`table_head`)."""
+    cols = table_columns(terminal)
     rows = []
     for r in records:
-        rows.append([
-            r.get("design_name") or r["design"], str(r["n_layer"]), str(r["d_model"]),
-            f"{r['params_total']:,}" if r.get("params_total") is not None else NA,
-            _num(r.get("val_loss"), ".3f", "NaN"),
-            _share(r, "causal"), _share(r, "perm"),
-            _num(r.get("erank_full"), ".2f") if r["design"] in ("hc", "mhc") else NA,
-            (str(r["dead_prefix"]) if r.get("dead_prefix") is not None else NA)
-            if r["design"] in ("full_attnres", "block_attnres") else NA,
-        ])
+        base = [r.get("design_name") or r["design"], str(r["n_layer"])]
+        if not terminal:
+            base += [str(r["d_model"]), f"{r['params_total']:,}" if r.get("params_total") is not None else NA]
+        rows.append([*base, _num(r.get("val_loss"), ".3f", "NaN"), *(cell(r) for _, cell in cols)])
     return rows
 
 
@@ -141,7 +152,7 @@ def render_html(rep) -> str:
         "below the full-sample estimate: a resample's max never exceeds it). Validation loss: "
         "<code>train.json</code> <code>final_val_loss</code> (NaN when absent). erank: HC/mHC only; "
         "k*(0.05): Full/Block AttnRes only.</p>",
-        _html_table(TABLE_HEAD, main_rows),
+        _html_table(table_head(), main_rows),
     ]
     if "summary" in rep.figures:
         parts.append(f'<div class="grid">{_img(rep.figures["summary"], "headline numbers against depth")}</div>')
@@ -177,7 +188,7 @@ def render_html(rep) -> str:
         parts.append(f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'NaN'))} · "
                      f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))} · "
                      + " · ".join(f"{_h(m)} {v:.1f} s" for m, v in e.seconds.items()) + "</p>")
-        imgs = [_img(p, METRIC_TITLES.get(m, m)) for m, p in e.figures.items()]
+        imgs = [_img(p, metric_titles().get(m, m)) for m, p in e.figures.items()]
         if imgs:
             parts.append('<div class="grid">' + "".join(imgs) + "</div>")
         for n in e.notes:
@@ -218,7 +229,7 @@ def render_markdown(rep) -> str:
            "Shares over the late pairs (strict >), 95% bootstrap CI over sequences (the max is recomputed in every "
            "resample, so a causal CI can sit below the full-sample estimate). Validation loss from "
            "`train.json` (`final_val_loss`, NaN when absent). erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.",
-           "", _md_table(TABLE_HEAD, table_rows(recs)), ""]
+           "", _md_table(table_head(), table_rows(recs)), ""]
     if "summary" in rep.figures:
         out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
     out += [orderings.markdown(orderings.check_all(recs)), ""]
@@ -237,11 +248,11 @@ def render_markdown(rep) -> str:
     overview = [(k, p) for k, p in rep.figures.items() if k.startswith("overview_")]
     if overview:
         out += ["## Overview", ""] + [f"![{k}]({p})\n" for k, p in overview]
-    metrics = [m for m in ("causal", "permutation", "angular", "mixing", "attnres", "rank")
-               if any(m in e.figures for e in rep.entries)]
+    titles = metric_titles()
+    metrics = [m for m in titles if any(m in e.figures for e in rep.entries)]
     out += ["## Per-checkpoint figures", ""]
     rows = [[e.name] + [f"[png]({e.figures[m]})" if m in e.figures else NA for m in metrics] for e in rep.entries]
-    out += [_md_table(["checkpoint"] + [METRIC_TITLES[m] for m in metrics], rows), ""]
+    out += [_md_table(["checkpoint"] + [titles[m] for m in metrics], rows), ""]
     notes = [f"- {e.name}: {n}" for e in rep.entries for n in e.notes] + [f"- {n}" for n in rep.notes]
     if notes:
         out += ["## Notes", ""] + notes + [""]

@@ -33,7 +33,7 @@ from torch import nn
 from ..backbone import RMSNorm
 from ..config import ModelConfig
 from ..readouts import readout_key, sublayer_label
-from .base import Design, Router, RunContext, State, apply_keep
+from .base import Design, Router, RunContext, State, SublayerCall, apply_keep
 
 
 class AttnResOperator(nn.Module):
@@ -99,7 +99,8 @@ class AttnResRouter(AttnResOperator, Router):
         super().__init__(design.cfg.d_model, design.cfg.norm_eps)
         self.design = design  # plain attribute (a stateless strategy, not a module)
 
-    def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
+    def forward(self, state: State, call: SublayerCall) -> tuple[State, torch.Tensor]:
+        branch, j, pos, ctx, keep, carry = call.branch, call.j, call.pos, call.ctx, call.keep, call.carry
         dsg = self.design
         v, valid = dsg.sources(state)  # (B, T, S, d), (B, T, S) | None
         x, alpha, logits = self.mix(v, valid)

@@ -74,21 +74,36 @@ def apply_keep(y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     return y * k.view(*k.shape, *([1] * (y.dim() - 2)))
 
 
-class Router(nn.Module):
-    """One sublayer's residual logic. Subclasses implement `forward`.
+@dataclass(frozen=True)
+class SublayerCall:
+    """What a router needs to run one sublayer (the record `Block.forward` hands every router).
 
-    forward(state, branch, sub, j, pos, ctx, keep, carry) -> (state, carry)
-      state:  the residual state before the sublayer
       branch: callable x -> y running the body (with hooks); extra kwargs go to the body
       sub:    the body module (`Sublayer`), for designs that reuse its norm (DeepNorm)
       j:      sublayer position 0..2L-1 (2l = attention, 2l+1 = MLP of layer l) where this runs
       pos:    layer position l where this runs (differs from the router's home only under swaps)
+      ctx:    the forward's RunContext (RoPE tables, readout recorder)
       keep:   (B, T) mask, 0 = drop this sublayer's write at that token, or None
       carry:  the layer's accumulated *update* u_l so far (None before the first sublayer)
     """
 
-    def forward(self, state: State, branch: Branch, sub: nn.Module, j: int, pos: int, ctx: RunContext,
-                keep: torch.Tensor | None, carry: torch.Tensor | None) -> tuple[State, torch.Tensor]:
+    branch: Branch
+    sub: nn.Module
+    j: int
+    pos: int
+    ctx: RunContext
+    keep: torch.Tensor | None = None
+    carry: torch.Tensor | None = None
+
+
+class Router(nn.Module):
+    """One sublayer's residual logic. Subclasses implement `forward`.
+
+    forward(state, call: SublayerCall) -> (state, carry): the residual state before the sublayer in, the state
+    after it and the layer's update so far (`call.carry` plus this sublayer's contribution) out.
+    """
+
+    def forward(self, state: State, call: SublayerCall) -> tuple[State, torch.Tensor]:
         raise NotImplementedError
 
     def readout(self) -> dict[str, Any]:

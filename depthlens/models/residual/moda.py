@@ -34,7 +34,7 @@ from torch import nn
 from ..backbone import NormHooks, Sublayer, apply_rope, hooked, side_hook
 from ..config import ModelConfig
 from ..readouts import sublayer_label
-from .base import Design, Router, State, apply_keep
+from .base import Design, Router, State, SublayerCall, apply_keep
 
 DepthKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dk, dv (B, T, S, H_kv, d_h); dvalid (B, T, S)
 
@@ -138,7 +138,8 @@ class MoDAMLPBody(Sublayer):
 class MoDARouter(Router):
     """h_j = h_{j-1} + keep * F_j(...), then append the sublayer's depth slot (invalid where skipped)."""
 
-    def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
+    def forward(self, state: State, call: SublayerCall) -> tuple[State, torch.Tensor]:
+        branch, j, ctx, keep, carry = call.branch, call.j, call.ctx, call.keep, call.carry
         h, dk, dv, dvalid = state["h"], state["dk"], state["dv"], state["dvalid"]
         out: dict[str, Any] = {}
         y = apply_keep(branch(h, depth=(dk, dv, dvalid), out=out), keep)  # (B, T, d)

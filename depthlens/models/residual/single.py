@@ -19,7 +19,7 @@ from torch import nn
 
 from ..backbone import RMSNorm
 from ..readouts import readout_key
-from .base import Design, Router, apply_keep
+from .base import Design, Router, State, SublayerCall, apply_keep
 
 
 class AdditiveRouter(Router):
@@ -29,7 +29,8 @@ class AdditiveRouter(Router):
         super().__init__()
         self.in_scale = in_scale  # LNS: 1/sqrt(layer index, 1-based) of the router's home layer
 
-    def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
+    def forward(self, state: State, call: SublayerCall) -> tuple[State, torch.Tensor]:
+        branch, j, ctx, keep, carry = call.branch, call.j, call.ctx, call.keep, call.carry
         h = state["h"]
         y = apply_keep(branch(h, in_scale=self.in_scale), keep)  # (B, T, d)
         ctx.put("skip_gain", 1.0, sublayer=j)
@@ -52,7 +53,8 @@ class PostNormRouter(Router):
         self.trunk_norm = trunk_norm  # None: use the body's own norm (DeepNorm)
         self.branch_prenorm = branch_prenorm
 
-    def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
+    def forward(self, state: State, call: SublayerCall) -> tuple[State, torch.Tensor]:
+        branch, sub, j, ctx, keep, carry = call.branch, call.sub, call.j, call.ctx, call.keep, call.carry
         h = state["h"]
         y = branch(h, prenorm=self.branch_prenorm)
         norm = self.trunk_norm if self.trunk_norm is not None else sub.norm

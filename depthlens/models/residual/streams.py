@@ -29,7 +29,7 @@ import torch
 from einops import einsum, repeat
 
 from ..readouts import readout_key
-from .base import Design, Router, State, apply_keep
+from .base import Design, Router, State, SublayerCall, apply_keep
 
 SKIP_MODES = ("mix", "identity")
 
@@ -54,7 +54,8 @@ class StreamRouter(Router):
         """
         raise NotImplementedError
 
-    def forward(self, state, branch, sub, j, pos, ctx, keep, carry):
+    def forward(self, state: State, call: SublayerCall) -> tuple[State, torch.Tensor]:
+        branch, j, ctx, keep, carry = call.branch, call.j, call.ctx, call.keep, call.carry
         x = state["x"]  # (B, T, n, d)
         pre, post, res = self.maps(x, j, ctx)
         ctx.put("res_map", res, sublayer=j)

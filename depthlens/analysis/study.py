@@ -1,0 +1,326 @@
+"""A study: models (checkpoints, snapshots, foreign models) × the applicable diagnostics × one eval set.
+
+    study = run_study(paths, StudyOptions(metrics=("causal", "permutation")))   # Entry per model, datasets filled
+    study.entries[0].datasets["causal"]                                            # the engine's Dataset
+
+This is the loop report, compare, sweep and the API share: `load_entries` (the one loader: depthlens and Hugging
+Face directories, GGUF files, `device_map` for HF/GGUF models over several GPUs), `study_eval_data` (one EvalData
+for every model: same tokenizer required, seq_len capped at the smallest max_seq_len), `compute` (every
+requested diagnostic that applies to each design, through `registry.run`; one that is undefined for a model is
+a note, not fatal). Under torchrun (`run_study` when WORLD_SIZE > 1: `compute_spread`) every rank loads and
+computes whole models of its own (`analysis.ranks` assigns them by estimated cost) and rank 0 gathers them;
+after each step every rank `agree`s ok/error, so a failing rank stops the run on every rank with its one line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from depthlens.analysis import registry
+from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.errors import DepthlensError, UsageError
+
+DEFAULT_N_BOOT = 1000
+Progress = Callable[[str], None]  # called once per finished step with a short description
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """'causal,permutation' (or a list; registry aliases such as 'permute' too) → canonical-order tuple;
+    ValueError (usage) on unknown names."""
+    every, known = registry.names(), registry.aliases()
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    bad = [n for n in names if n not in known]
+    names = [registry.get(n).name for n in names if n in known]
+    if bad or not names:
+        raise UsageError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+                         if bad else f"--metrics: give at least one of {','.join(every)}")
+    return tuple(m for m in every if m in names)
+
+
+@dataclass
+class StudyOptions:
+    """What a study computes, and on what: one options object for report, track, compare, sweep and the API.
+    seq_len None = min(DEFAULT_SEQ_LEN, the smallest max_seq_len of the models)."""
+
+    data: str | os.PathLike | None = None
+    n_seq: int = DEFAULT_N_SEQ
+    seq_len: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "fp32"  # weights and activations (--dtype fp32 | bf16 | fp64); reductions stay fp32/fp64
+    metrics: tuple[str, ...] = field(default_factory=registry.names)
+    n_boot: int = DEFAULT_N_BOOT
+    causal_layers: str = "all"
+    perm_pairs: str = "late"
+    batch_size: int | None = None
+    threads: int | None = 1  # torch CPU threads while computing; None/0 = leave torch's setting
+    device_map: str | None = None  # HF/GGUF models over several GPUs: "auto" or a JSON map (replaces device)
+    late: bool = False  # run each engine restricted to what its late-window headline needs (compare, sweep)
+    tokens: int | None = None  # an eval token budget instead of n_seq: n_seq = tokens // seq_len
+
+    def engine_options(self, metric: str) -> dict[str, Any]:
+        """Options of diagnostic `metric`'s engine: its registry defaults plus this study's choices."""
+        d = registry.get(metric)
+        if self.late:
+            return {**d.report_opts, **d.late_opts, "batch_size": self.batch_size}
+        own = {"causal": {"layers": self.causal_layers}, "permutation": {"pairs": self.perm_pairs}}.get(d.name, {})
+        return {**d.report_opts, **own, "batch_size": self.batch_size}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
+                "seed": self.seed, "device": self.device, "dtype": self.dtype, "metrics": list(self.metrics),
+                "n_boot": self.n_boot,
+                "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
+                "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
+                "window_start": "quarter",
+                "dead_prefix_eps": registry.DEAD_PREFIX_EPS,
+                **({} if self.device_map is None else {"device_map": self.device_map}),
+                **({} if self.tokens is None else {"tokens": self.tokens})}
+
+
+@dataclass
+class Entry:
+    """One model of a study (a checkpoint, snapshot or foreign model) and everything computed on it."""
+
+    name: str
+    path: Path
+    model: Any
+    slug: str
+    n_layer: int
+    d_model: int
+    params: dict[str, Any]
+    train: dict[str, Any]
+    datasets: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset
+    seconds: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def val_loss(self) -> float:
+        v = self.train.get("final_val_loss")
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. models
+
+
+def _names(paths: Sequence[Path]) -> list[str]:
+    """Directory names, made unique (and file-name safe) with a numeric suffix where two collide."""
+    raw = ["".join(c if c.isalnum() or c in "-_." else "_" for c in (p.resolve().name or "checkpoint"))
+           for p in paths]
+    out, seen = [], {}
+    for n in raw:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == 0 and raw.count(n) == 1 else f"{n}-{k + 1}")
+    return out
+
+
+def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
+                 only: Sequence[int] | None = None, dtype: str = "fp32", device_map: str | None = None) -> list[Entry]:
+    """Load and validate every model (CheckpointError on the first bad one), in the given order: the one loader
+    of every study (depthlens and Hugging Face directories, GGUF files; `device_map` places HF/GGUF models over
+    several GPUs). only: the positions to load (one rank's share); names stay those of the whole set."""
+    from depthlens.adapters.load import describe, open_model
+    from depthlens.adapters.placement import parse_device_map
+
+    if not paths:
+        raise DepthlensError("a study needs at least one checkpoint")
+    paths = [Path(p) for p in paths]
+    keep = range(len(paths)) if only is None else set(only)
+    entries = []
+    for k, (name, p) in enumerate(zip(_names(paths), paths)):
+        if k not in keep:
+            continue
+        op = open_model(p, device=device, dtype=registry.load_dtype(dtype), device_map=parse_device_map(device_map))
+        s = describe(op)
+        train = getattr(op.meta.checkpoint, "train", None) or {}
+        entries.append(Entry(name=name, path=p, model=op.model, slug=op.meta.arch, n_layer=int(op.meta.n_layer),
+                             d_model=int(s["d_model"]), params=s, train=dict(train)))
+    return entries
+
+
+def sort_key(e: Entry) -> tuple:
+    """Table order: design in registry order, then depth."""
+    from depthlens.designs import SLUGS
+
+    return (SLUGS.index(e.slug) if e.slug in SLUGS else len(SLUGS), e.slug, e.n_layer, e.name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. eval data
+
+
+def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[Any], list[tuple[str, int]]]:
+    """Every checkpoint's tokenizer, and its (tokenizer name, max_seq_len): all the shared eval data depends on."""
+    from depthlens.analysis.evaldata import is_shards, tokenizer_for
+
+    toks = [tokenizer_for(e.path, e.model, required=not is_shards(opts.data)) for e in entries]
+    return toks, [(str(getattr(t, "name", t)), int(e.model.config.max_seq_len)) for t, e in zip(toks, entries)]
+
+
+def study_eval_data(entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None):
+    """One EvalData for all checkpoints: same tokenizer required; checked against every model.
+    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (report.ranks)."""
+    from depthlens.analysis.evaldata import load_eval_data
+
+    toks, own = tokenizer_facts(entries, opts)
+    facts = own if facts is None else facts
+    names = {name for name, _ in facts}
+    if len(names) > 1:
+        raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(names))}); "
+                             "a study compares them on one eval set")
+    max_len = min(m for _, m in facts)
+    T = opts.seq_len or min(DEFAULT_SEQ_LEN, max_len)
+    n_seq = max(1, opts.tokens // T) if opts.tokens else opts.n_seq
+    data = load_eval_data(opts.data, toks[0], n_seq=n_seq, seq_len=T, seed=opts.seed, max_seq_len=max_len)
+    for e in entries:
+        try:
+            data.check_model(e.model.config.vocab_size, e.model.config.max_seq_len)
+        except DepthlensError as err:
+            raise type(err)(f"{e.path}: {err}") from None
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. diagnostics
+
+
+def tasks(entries: Sequence[Entry], opts: StudyOptions) -> list[tuple[Entry, str]]:
+    """(checkpoint, diagnostic) pairs to run: the requested diagnostics that apply to each design."""
+    return [(e, m) for e in entries for m in opts.metrics if registry.get(m).applies(e.slug)]
+
+
+def compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progress = _noop) -> None:
+    """Fill `entry.datasets` for every applicable metric. A metric that is undefined for a model (a
+    DepthlensError from the engine, e.g. too few layers for late pairs) is recorded as a note, not fatal."""
+    import torch
+
+    # Tiny models: one thread is much faster than two (13x for a permutation sweep at L = 16 with a busy
+    # second core, and still faster on an idle machine), so the default is 1.
+    prev = torch.get_num_threads()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    try:
+        _compute(entries, data, opts, progress)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progress) -> None:
+    import torch
+
+    with torch.no_grad():
+        for e, m in tasks(entries, opts):
+            t0 = time.perf_counter()
+            try:
+                e.datasets[m] = registry.run(m, e.model, data, checkpoint=e.path, **opts.engine_options(m))
+            except (DepthlensError, ValueError) as err:
+                e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
+            e.seconds[m] = round(time.perf_counter() - t0, 3)
+            progress(f"{e.name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the whole study, in one process or spread over torchrun ranks
+
+
+def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before: Callable[[], None] | None = None,
+                   progress: Progress = _noop,
+                   on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
+    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
+    (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
+    step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
+    from depthlens.analysis.distributed import (agree, device_for_rank, gather_to_main, local_only,
+                                                long_wait_group, world)
+
+    from depthlens.analysis.ranks import assign, attempt, pack, unpack
+
+    group = long_wait_group()
+    rank, n = world()
+    paths = [Path(p) for p in paths]
+
+    def plan() -> list[int]:
+        if before is not None:
+            before()
+        return assign(paths, n)
+
+    def load() -> tuple[list[Entry], list[tuple[str, int]]]:
+        own = load_entries(paths, device=device_for_rank(opts.device), only=mine, dtype=opts.dtype,
+                           device_map=opts.device_map)
+        return own, tokenizer_facts(own, opts)[1]
+
+    # 1. rank 0 runs `before` (report: checks --out) and assigns the models (every rank uses its assignment)
+    err, owner = attempt(plan) if rank == 0 else (None, None)
+    mine = [i for i, r in enumerate(agree(err, owner, group)[0]) if r == rank]
+    # 2. load my checkpoints; every rank builds the eval data one process builds, from the whole set's facts
+    err, loaded = attempt(load)
+    entries, facts = loaded or ([], [])
+    facts = [f for part in agree(err, facts, group) for f in part]
+    err, data = attempt(lambda: study_eval_data(entries, opts, facts=facts) if entries else None)
+    hashes = {h for h in agree(err, None if data is None else data.sha256, group) if h is not None}
+    if len(hashes) > 1:  # identical inputs must give identical tokens: never compare checkpoints on different data
+        raise DepthlensError(f"the ranks built different eval data ({len(hashes)} token hashes)")
+    if on_loaded is not None:
+        on_loaded(n_steps(entries, opts, n_checkpoints=len(paths)))
+    # 3. every diagnostic on my checkpoints; the engines must not split their arms over the ranks again
+    t0 = time.perf_counter()
+    with local_only():
+        err, _ = attempt(lambda: compute(entries, data, opts, progress))
+    agree(err, None, group)
+    # 4. records and datasets to rank 0
+    parts = gather_to_main([(i, pack(e)) for i, e in zip(mine, entries)], group)
+    if parts is None:
+        return None
+    done = dict(p for part in parts for p in part)
+    return [Entry(**unpack(done[i])) for i in range(len(paths))], data, time.perf_counter() - t0, n
+
+
+def n_steps(entries: Sequence[Entry], opts: StudyOptions, n_checkpoints: int | None = None) -> int:
+    """Progress steps of `build_report` after loading: metric runs of `entries` (rank 0's share under
+    torchrun), figures per checkpoint (all n_checkpoints), summary, cross-checkpoint figures, write."""
+    return len(tasks(entries, opts)) + (len(entries) if n_checkpoints is None else n_checkpoints) + 3
+
+
+@dataclass
+class Study:
+    """What `run_study` computed: every model's Entry (in the given order), the eval data, compute seconds and
+    the number of processes that computed it (provenance only: results do not depend on it)."""
+
+    entries: list[Entry]
+    data: Any  # EvalData
+    seconds: float
+    world_size: int = 1
+
+
+def run_study(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before: Callable[[], None] | None = None,
+              progress: Progress = _noop, on_loaded: Callable[[int], None] | None = None) -> Study | None:
+    """Load every model, build the shared eval data, run every applicable diagnostic. `before` runs first (on
+    rank 0 under torchrun; report checks its output location there), `on_loaded(n_steps)` once the models are
+    validated. Under torchrun the ranks other than 0 return None."""
+    from depthlens.analysis.distributed import launched
+
+    if launched():
+        spread = compute_spread(paths, opts, before=before, progress=progress, on_loaded=on_loaded)
+        if spread is None:
+            return None
+        entries, data, seconds, world_size = spread
+        return Study(entries, data, seconds, world_size)
+    if before is not None:
+        before()
+    entries = load_entries(paths, device=opts.device, dtype=opts.dtype, device_map=opts.device_map)
+    data = study_eval_data(entries, opts)
+    if on_loaded is not None:
+        on_loaded(n_steps(entries, opts))
+    t0 = time.perf_counter()
+    compute(entries, data, opts, progress)
+    return Study(entries, data, time.perf_counter() - t0)

@@ -1,0 +1,103 @@
+"""The command of a diagnostic that has no dedicated one: `depthlens <name> CKPT`, built from its registry entry.
+
+`OneLineErrors.get_command` (cli.app) asks here, through the hooks this module sets, for any name the registry
+knows and no module defines, so a registered diagnostic (`registry.register`, or a new `DIAGNOSTICS` entry) is a
+command with no CLI edit. It runs the engine
+through the API with the engine's report options (plus `--opt key=value`), writes the Dataset, and prints the
+diagnostic's terminal view (`Diagnostic.view`) or the generic one: the headline share with its CI, if it has one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..analysis import registry
+from .analyze import (BatchOpt, BootOpt, CkptArg, DataOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, JsonOpt, NSeqOpt,
+                      OutOpt, OverwriteOpt, SeedOpt, SeqLenOpt, ThreadsOpt, TokensOpt, _common, _fmt_share, busy, emit,
+                      eval_data, open_model, resolve_out, write)
+from .app import OneLineErrors, domain_errors, fail
+
+
+def parse_opts(items: list[str]) -> dict[str, Any]:
+    """`--opt key=value` pairs → engine options (values read as JSON where they parse, else as strings)."""
+    out: dict[str, Any] = {}
+    for it in items:
+        key, eq, raw = it.partition("=")
+        if not eq or not key.isidentifier():
+            fail(f"--opt expects key=value, got {it!r}", 2)
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def generic_view(d: registry.Diagnostic, ds: Any, model: Any, n_boot: int, seed: int) -> tuple[dict, list[str]]:
+    """The headline share (with its CI) of a diagnostic with a score, else the Dataset's variables."""
+    head: dict[str, Any] = {"metric": d.name, "design": getattr(model.design, "slug", "?"),
+                            "n_layer": int(model.n_layer)}
+    lines = [f"{d.name}: {d.summary}"]
+    if d.headline:
+        from ..analysis.summaries import headline_of
+
+        h = headline_of(ds, d.headline.key, n_boot=n_boot, seed=seed)
+        if h is not None:
+            head[d.headline.key] = h
+            lines.append(f"share {d.headline.symbol} > {h['threshold']:g}: {_fmt_share(h)}")
+    lines.append("variables: " + ", ".join(sorted(str(v) for v in ds.data_vars)))
+    return head, lines
+
+
+def command_for(d: registry.Diagnostic) -> Any:
+    """A click command running diagnostic `d` on one checkpoint."""
+
+    def run(ckpt: CkptArg,
+            opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
+            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
+            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
+            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
+            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+        c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
+        engine_opts = {**d.report_opts, **parse_opts(opt or [])}
+        path, ow = resolve_out(out, ckpt, d.name, overwrite)
+        model, ck = open_model(ckpt, c)
+        with busy(f"{d.name} of {ckpt}"):
+            ds = registry.run(d.name, model, eval_data(model, ck, c), checkpoint=ck, batch_size=c.batch_size,
+                              **engine_opts)
+        write(ds, path, ow, f"depthlens {d.name} {ckpt}")
+        if d.view:
+            head, lines, view = registry.resolve(d.view)(ds, model)
+        else:
+            (head, lines), view = generic_view(d, ds, model, n_boot, seed), None
+        head["out"] = str(path)
+        emit(head, as_json, [f"[bold]{ckpt}[/bold] ({head.get('design', '?')}, L={head.get('n_layer', '?')})",
+                             *lines, f"dataset: {path}"], view)
+
+    run.__doc__ = d.summary
+    sub = typer.Typer()
+    sub.command(name=d.name)(domain_errors(run))
+    return typer.main.get_command(sub)
+
+
+def registry_command(name: str, own: list[str]) -> Any:
+    """The generic command of diagnostic `name`, or None if the registry does not know it or one of its names
+    already is a dedicated command (`permute` for permutation)."""
+    try:
+        d = registry.get(name)
+    except Exception:  # noqa: BLE001  (not a diagnostic: the group reports the unknown command)
+        return None
+    return command_for(d) if name == d.name and not {d.name, *d.aliases} & set(own) else None
+
+
+def registry_names(own: list[str]) -> list[str]:
+    """The diagnostics with no dedicated command among `own`."""
+    return [d.name for d in registry.diagnostics() if not {d.name, *d.aliases} & set(own)]
+
+
+OneLineErrors.extra_command = staticmethod(registry_command)  # type: ignore[assignment]
+OneLineErrors.extra_names = staticmethod(registry_names)  # type: ignore[assignment]
+_ = Path  # the CkptArg annotation's type

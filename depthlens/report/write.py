@@ -1,0 +1,183 @@
+"""Where and how a report is written (steps 1 and 6 of `report.build`).
+
+`check_out` refuses an existing output directory (unless overwrite, and then only a report's), a file or an
+unwritable location, before any work is done. `write_report` writes figures, datasets, summary.json,
+manifest.json, index.html and README.md into a hidden temporary directory next to `out`, renamed into place at
+the end (the old report, with overwrite, is swapped out and removed only then); every file inside is written
+atomically too. On any failure nothing is left behind.
+
+Merged netCDF files: the per-checkpoint Datasets of one metric are concatenated along `checkpoint` only within
+groups of identical dimensions and index coordinates (in practice: the same depth L; AttnRes also splits by
+design, since Full and Block AttnRes have different sources). One group → `<metric>.nc`; several →
+`<metric>_l<L>.nc` (plus `_<design>` when one depth holds several shapes). `manifest.json` lists which
+checkpoints each file holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from depthlens.analysis import registry
+from depthlens.errors import DepthlensError
+from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
+from depthlens.io.jsonsafe import jsonable
+
+Entry = Report = Any  # report.build's Entry and Report (named here for the signatures; build imports this module)
+
+Progress = Callable[[str], None]  # called once per finished step with a short description
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# output location
+
+
+def is_report_dir(path: Path) -> bool:
+    """An empty directory, or one holding a depthlens report's manifest.json: safe to replace with --overwrite."""
+    try:
+        if not any(path.iterdir()):
+            return True
+        meta = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("title") == "depthlens report"
+
+
+def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
+    """Fail early (DepthlensError, one line) if `out` exists without overwrite, is a file or a directory that is
+    not a report (never replaced, so `--out checkpoints --overwrite` cannot wipe anything), or can't be created."""
+    out = Path(out)
+    recover(out)  # an interrupted swap of an earlier run: keep the newest complete report
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise DepthlensError(f"{out} exists and is not a directory")
+        if not overwrite:
+            raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
+        if not is_report_dir(out):
+            raise DepthlensError(f"{out} exists and is not a depthlens report (no manifest.json from one); "
+                                 "refusing to replace it, even with --overwrite")
+    anc = out.parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise DepthlensError(f"cannot write {out}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise DepthlensError(f"cannot write {out}: directory {anc} is not writable")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# writing
+
+
+def _group_key(ds) -> tuple:
+    idx = tuple((k, tuple(str(v) for v in ds.indexes[k])) for k in sorted(ds.indexes))
+    return (tuple(sorted(ds.sizes.items())), idx)
+
+
+def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, list[str], Any]]:
+    """[(file name, checkpoint names, Dataset)]: concatenated along `checkpoint` within equal-shape groups."""
+    from depthlens.analysis.dataset import concat_checkpoints
+
+    have = [e for e in entries if metric in e.datasets]
+    groups: dict[tuple, list[Entry]] = {}
+    for e in have:
+        groups.setdefault(_group_key(e.datasets[metric]), []).append(e)
+    if not groups:
+        return []
+    # file names: <metric>.nc for a single group; else <metric>_l<L>.nc for the (strictly) largest group of a depth and
+    # <metric>_l<L>_<design>[+<design>...].nc for the others (e.g. MoDA's depth_mass, Full vs Block AttnRes)
+    out, used = [], set()
+    sizes: dict[int, list[int]] = {}
+    for members in groups.values():
+        sizes.setdefault(members[0].n_layer, []).append(len(members))
+    for members in groups.values():
+        if len(groups) == 1:
+            fname = metric
+        else:
+            L = members[0].n_layer
+            fname = f"{metric}_l{L}"
+            others = list(sizes[L])
+            others.remove(len(members))
+            if others and len(members) <= max(others):  # not strictly the largest group of its depth
+                fname += "_" + "+".join(dict.fromkeys(e.slug for e in members))
+        base, k = fname, 2
+        while fname in used:
+            fname, k = f"{base}_{k}", k + 1
+        used.add(fname)
+        fname += ".nc"
+        names = [e.name for e in members]
+        ds = concat_checkpoints([e.datasets[metric] for e in members], names)
+        ds = ds.assign_coords(design=("checkpoint", [e.slug for e in members]))
+        for v in ds.data_vars.values():  # per-sequence arrays and NaN padding compress well (~5x smaller)
+            if v.dtype.kind == "f" and v.ndim:
+                v.encoding.update(zlib=True, complevel=4)
+        out.append((fname, names, ds))
+    return out
+
+
+
+
+def manifest(rep: Report) -> dict[str, Any]:
+    from depthlens.analysis.dataset import depthlens_version
+
+    d = rep.data
+    return jsonable({
+        "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": rep.world_size,
+        "options": rep.options.as_dict(),
+        "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
+                      "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
+        "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
+                         "seconds": e.seconds, "figures": e.figures, "notes": e.notes} for e in rep.entries],
+        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness, "seconds": rep.seconds,
+        "notes": rep.notes,
+        "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
+                      "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
+                      "<metric>_l<L>[_<design>].nc)",
+    })
+
+
+def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
+    """Write figures, datasets, summary.json, manifest.json, index.html and README.md into `out`, atomically."""
+    from depthlens.analysis.dataset import write_netcdf
+
+    from . import figures, render
+
+    out = check_out(out, overwrite)
+    try:
+        # built under a temp name, swapped in whole; on failure or SIGTERM nothing is left (depthlens.io.atomic)
+        with atomic_dir(out, overwrite=overwrite, checked=True) as tmp:
+            (tmp / "figures").mkdir()
+            t0 = time.perf_counter()
+            for e in rep.entries:
+                e.figures = figures.checkpoint_figures(e, tmp / "figures")
+                progress(f"{e.name}: figures")
+            rep.figures = figures.cross_figures(rep, tmp / "figures")
+            progress("cross-checkpoint figures")
+            rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+            for metric in registry.names():
+                for fname, names, ds in merged_datasets(rep.entries, metric):
+                    write_netcdf(ds, tmp / fname)
+                    rep.files[fname] = names
+            for metric, sw in rep.sweeps.items():
+                fname = f"sweep_{registry.get(metric).headline.key}.nc"
+                write_netcdf(sw, tmp / fname)
+                rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
+            rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
+            atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
+            atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+            atomic_write_text(tmp / "index.html", render.render_html(rep))
+            atomic_write_text(tmp / "README.md", render.render_markdown(rep))
+        progress("write")
+    except OSError as e:
+        raise DepthlensError(f"cannot write {out}: {e.strerror or e}") from e
+    return out
