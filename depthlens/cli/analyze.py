@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import app, domain_errors, fail, rank0_errors
+from .app import QuietOpt, app, domain_errors, fail, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
@@ -73,9 +73,12 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
     check_choice(c.dtype, tuple(DTYPES), "--dtype")
     from ..adapters.load import open_model as open_checkpoint
     from ..adapters.placement import parse_device_map
+    from .feedback import spinner
 
-    op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype),
-                         device_map=parse_device_map(c.device_map))
+    device_map = parse_device_map(c.device_map)
+    with spinner(f"loading {ckpt}") as p:
+        op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype), device_map=device_map,
+                             progress=p.engine())
     return op.model, ckpt
 
 
@@ -189,16 +192,17 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False,
-            as_json: JsonOpt = False) -> None:
+            as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
     check_choice(positions, ("last", "all"), "--positions")
     check_choice(repr, ("view", "flatten", "input"), "--repr")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     model, ck = open_model(ckpt, c)
-    with busy(f"angular distances of {ckpt}"):
+    with busy(f"angular {ckpt.name}") as p:
         ds = registry.run("angular", model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
-                          **_opts(c))
+                          progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("angular", ckpt))
     import numpy as np
 
@@ -226,7 +230,8 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
-           overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+           overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
     check_choice(variant, ("current", "future"), "--variant")
@@ -241,9 +246,9 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
-    with busy(f"causal scores of {ckpt} (skipping each layer)"):
+    with busy(f"causal {ckpt.name} (layer skips)") as p:
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
-                          norm=norm, direct=direct, outputs=outputs, checkpoint=ck, **_opts(c))
+                          norm=norm, direct=direct, outputs=outputs, checkpoint=ck, progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
                                                  f"--norm {norm}" + (" --outputs" if outputs else "")))
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
@@ -253,7 +258,10 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
              f"noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
              *_skip_loss_lines(ds),
              f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
-    emit(h, as_json, lines, _matrix_view(score_matrix(ds, "causal", agg, variant), 1.0))
+    from ..analysis.plots import upper_triangle
+
+    # t < s is undefined (stored as 0): "·" in the view, not the shade of "no effect"
+    emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", agg, variant)), 1.0))
 
 
 def _skip_loss_lines(ds) -> list[str]:
@@ -279,7 +287,8 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
-            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
     check_choice(norm, ("abs", "rel", "kl"), "--norm")
@@ -291,9 +300,9 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     from ..analysis.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
-    with busy(f"permutation scores of {ckpt} (swapping layer pairs)"):
+    with busy(f"permute {ckpt.name} (layer pairs)") as p:
         ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
-                          **_opts(c))
+                          progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
@@ -308,13 +317,14 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
 @domain_errors
 def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 8, seq_len: SeqLenOpt = None,
          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-         threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+         threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
     model, ck = open_model(ckpt, c)
-    with busy(f"effective rank of {ckpt}"):
-        ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
+    with busy(f"rank {ckpt.name} (batches)") as p:
+        ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("rank", ckpt))
     er = ds["erank"]
     stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
@@ -351,7 +361,8 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
 def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 16, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
     check_threshold(eps, "--eps")
     if eps > 1:
@@ -362,8 +373,9 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
 
     model, ck = open_model(ckpt, c)
     grid = tuple(sorted(set(EPS_GRID) | {eps}))
-    with busy(f"AttnRes weights of {ckpt}"):
-        ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
+    with busy(f"attnres {ckpt.name} (batches)") as p:
+        ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck,
+                          progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("attnres", ckpt))
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
@@ -424,7 +436,8 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
           batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
     check_choice(metric, METRIC_CHOICES, "--metric")
     grid = parse_grid(thresholds) if thresholds else None
@@ -511,25 +524,17 @@ def _metric_curves(model: Any, ev: Any, ck: Path, metric: str, grid: list[float]
 
 
 def _progress(items: list[Path], what: str):
-    from rich.progress import Progress
+    from .feedback import each
 
-    with Progress(transient=True, console=_stderr_console()) as prog:
-        task = prog.add_task(what, total=len(items))
-        for it in items:
-            prog.update(task, description=f"{what}: {it}")
-            yield it
-            prog.advance(task)
+    return each(items, what, name=lambda p: Path(p).name)
 
 
 def busy(what: str):
-    """A spinner on stderr while a single-checkpoint computation runs (silent when stderr is not a terminal)."""
-    return _stderr_console().status(what, spinner="dots")
+    """Progress of a single-checkpoint computation (`feedback.Progress`; its `engine()` is the engine's callback):
+    fine-grained engine steps, so plain lines at most every 10 s."""
+    from .feedback import Progress
 
-
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
+    return Progress(what, None, every=10.0)
 
 
 @app.command()
@@ -538,7 +543,8 @@ def compare(ckpts: CkptsArg,
             metrics: Annotated[str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")] = "causal,perm_abs",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
+            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
     wanted = [m.strip() for m in metrics.split(",") if m.strip()]
     if not wanted:

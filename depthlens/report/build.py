@@ -316,7 +316,7 @@ RECORD_KEYS = (
     "causal_noise_floor", "causal_definition",
     "causal_theta_50", "causal_theta_10",
     "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_definition", "perm_theta_50", "perm_theta_10",
-    "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
+    "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path",
 )
 
 
@@ -346,8 +346,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
     r: dict[str, Any] = {k: None for k in RECORD_KEYS}
     r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
-             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
-             seconds=round(sum(e.seconds.values()), 2))
+             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path))
     for d in registry.DIAGNOSTICS:  # the headline share of every diagnostic that has one, and its crossings
         ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
         h = _headline(ds, d.headline.key, opts) if ds is not None and d.headline else None
@@ -535,18 +534,57 @@ def manifest(rep: Report) -> dict[str, Any]:
     d = rep.data
     return jsonable({
         "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": rep.world_size,
+        "world_size": rep.world_size,
         "options": rep.options.as_dict(),
         "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
                       "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
         "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
-                         "seconds": e.seconds, "figures": e.figures, "notes": e.notes} for e in rep.entries],
-        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness, "seconds": rep.seconds,
+                         "figures": e.figures, "notes": e.notes} for e in rep.entries],
+        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness,
         "notes": rep.notes,
         "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
                       "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
                       "<metric>_l<L>[_<design>].nc)",
     })
+
+
+def timings(rep: Report) -> dict[str, Any]:
+    """What differs run to run (when, how long, on which machine): `timings.json`, which git ignores, so a rerun
+    of an unchanged report leaves every tracked file byte-identical."""
+    import platform
+
+    return jsonable({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": rep.seconds,
+                     "checkpoints": {e.name: e.seconds for e in rep.entries},
+                     "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                                 "cpus": os.cpu_count(), "torch_threads": rep.options.threads},
+                     "datasets_created": {e.name: sorted({str(ds.attrs["created"]) for ds in e.datasets.values()
+                                                          if "created" in ds.attrs}) for e in rep.entries}})
+
+
+REPRO_DROPPED = ("created",)  # per-run dataset attrs/coords kept out of the report's tracked netCDF files
+
+
+def reproducible(ds):
+    """`ds` without its run-time stamps: `created` dropped, the ISO time in front of `history` removed
+    (the command stays), so the same inputs give byte-identical netCDF files."""
+    ds = ds.drop_vars([k for k in REPRO_DROPPED if k in ds.coords])
+    for k in REPRO_DROPPED:
+        ds.attrs.pop(k, None)
+
+    def command(h: str) -> str:
+        first, _, rest = str(h).partition(" ")
+        return rest if first[:4].isdigit() and "T" in first else str(h)
+
+    if "history" in ds.attrs:
+        ds.attrs["history"] = command(ds.attrs["history"])
+    if "history" in ds.coords:
+        hist = [command(h) for h in np.atleast_1d(ds["history"].values)]
+        if len(set(hist)) == 1 and ds["history"].ndim == 1:  # identical once the times are gone: one attribute
+            ds = ds.drop_vars("history")
+            ds.attrs["history"] = hist[0]
+        else:
+            ds = ds.assign_coords(history=(ds["history"].dims, np.array(hist, dtype=object).reshape(ds["history"].shape)))
+    return ds
 
 
 def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
@@ -570,15 +608,16 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
             t0 = time.perf_counter()
             for metric in METRICS:
                 for fname, names, ds in merged_datasets(rep.entries, metric):
-                    write_netcdf(ds, tmp / fname)
+                    write_netcdf(reproducible(ds), tmp / fname)
                     rep.files[fname] = names
             for metric, sw in rep.sweeps.items():
                 fname = f"sweep_{SWEEP_METRICS[metric]}.nc"
-                write_netcdf(sw, tmp / fname)
+                write_netcdf(reproducible(sw), tmp / fname)
                 rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
             rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
             atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
             atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+            atomic_write_text(tmp / "timings.json", json.dumps(timings(rep), indent=1) + "\n")
             atomic_write_text(tmp / "index.html", render.render_html(rep))
             atomic_write_text(tmp / "README.md", render.render_markdown(rep))
         progress("write")
