@@ -109,6 +109,10 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(e), 2 if getattr(e, "usage", False) else 1)
         except (OSError, RuntimeError) as e:
             fail(f"{e.__class__.__name__}: {e}", 1)
+        finally:
+            from . import feedback
+
+            feedback.QUIET = False  # in-process callers (tests, notebooks) run the next command afresh
 
     return wrapper
 

@@ -2,7 +2,7 @@
 
 - stderr a terminal: a transient rich bar (what, bar, done/total, elapsed, ETA, extra fields) that leaves no trace;
 - stderr a pipe or a file (a CI log, `| tee`, `2>log`): one plain line per finished step, e.g.
-  `[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`, but only once the work has run for `PLAIN_AFTER_S` seconds
+  `[12/57] report: hc_l16: causal 7.7 s, eta 5m10s` (train: `... · loss 2.31`), but only once the work has run for `PLAIN_AFTER_S` seconds
   (short commands stay silent) and, for fine-grained engine steps, at most one line per `every` seconds;
 - `--quiet` (read by `app.domain_errors` into `QUIET`), or a torchrun rank other than 0: nothing.
 
@@ -106,7 +106,7 @@ class Progress:
             else:
                 self._bar.remove_task(self._task)
             self._bar = None
-        elif self.mode == "lines" and exc[0] is None and self.done == 0:
+        elif self.mode == "lines" and exc[0] is None and self.total is None and self.done == 0:
             dt = time.perf_counter() - self.t0
             if dt >= PLAIN_AFTER_S:  # a single long step (loading a GGUF): its time
                 self._line(f"{self.what}: {dt:.1f} s")
@@ -130,9 +130,9 @@ class Progress:
     def _advance_to(self, done: int, desc: str, fields: dict[str, Any]) -> None:
         now = time.perf_counter()
         self.done = done
-        info = "  ".join(x for x in (desc, _fields(fields)) if x)
+        extra = _fields(fields)
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, description=info)
+            self._bar.update(self._task, completed=done, description="  ".join(x for x in (desc, extra) if x))
             return
         if self.mode != "lines":
             return
@@ -146,7 +146,8 @@ class Progress:
         if self.total and 0 < done < self.total:
             eta = f", eta {_clock((now - self.t0) / done * (self.total - done))}"
         since = now - max(self._t_line, self.t0)  # the steps this line covers (one, unless lines are throttled)
-        self._line(f"{count} {self.what}" + (f": {info}" if info else "") + f" {since:.1f} s{eta}")
+        self._line(f"{count} {self.what}" + (f": {desc}" if desc else "") + f" {since:.1f} s{eta}"
+                   + (f" · {extra}" if extra else ""))
 
     def _line(self, text: str) -> None:
         self._t_line = time.perf_counter()
