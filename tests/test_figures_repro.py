@@ -103,7 +103,7 @@ def test_scales_follow_the_data_range(results):
     assert isinstance(im.norm, LogNorm) and im.norm.vmax == pytest.approx(7.5)
     entries = [_entry("preln", {"causal": causal}), _entry("hc", {"causal": results["hc"]["causal"]})]
     fig = figures.fig_overview(entries, "causal")
-    panel = [ax for ax in fig.axes if ax.images][0]
+    panel = next(ax for ax in fig.axes if ax.images)
     assert panel.images[0].norm.vmax == pytest.approx(7.5)  # the colour bar spans the data, not [0, 1]
     assert [t.get_text() for t in panel.get_xticklabels()] == [str(L // 4), str(L - 1)]  # layer ticks
     import matplotlib.pyplot as plt

@@ -14,9 +14,8 @@ import xarray as xr
 from typer.testing import CliRunner
 
 import depthlens
-import depthlens.cli.feedback as feedback
 from depthlens.analysis.evaldata import EvalData
-from depthlens.cli import app
+from depthlens.cli import app, feedback
 from depthlens.models import ModelConfig, build_model
 
 torch.set_num_threads(1)
