@@ -566,10 +566,25 @@ REPRO_DROPPED = ("created",)  # per-run dataset attrs/coords kept out of the rep
 
 def reproducible(ds):
     """`ds` without its run-time stamps: `created` dropped, the ISO time in front of `history` removed
-    (the command stays), so the same inputs give byte-identical netCDF files."""
+    (the command stays), `checkpoint_path` relative to the working directory when it lies below it (as the
+    summary's `path`), so the same inputs give byte-identical netCDF files in any clone."""
     ds = ds.drop_vars([k for k in REPRO_DROPPED if k in ds.coords])
     for k in REPRO_DROPPED:
         ds.attrs.pop(k, None)
+    here = Path.cwd()
+
+    def local(p: str) -> str:
+        try:
+            return str(Path(p).relative_to(here))
+        except ValueError:  # elsewhere: the absolute path is the only honest one
+            return str(p)
+
+    if "checkpoint_path" in ds.attrs:
+        ds.attrs["checkpoint_path"] = local(ds.attrs["checkpoint_path"])
+    if "checkpoint_path" in ds.coords:
+        ds = ds.assign_coords(checkpoint_path=(ds["checkpoint_path"].dims, np.array(
+            [local(p) for p in np.atleast_1d(ds["checkpoint_path"].values)], dtype=object
+        ).reshape(ds["checkpoint_path"].shape)))
 
     def command(h: str) -> str:
         first, _, rest = str(h).partition(" ")
