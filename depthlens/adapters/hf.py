@@ -473,6 +473,7 @@ class _quiet_hf:
 
     def _counted(self, it: Any, *a: Any, **k: Any) -> Any:
         items = list(it)
+        self.progress(0, len(items))  # the count starts here (after the imports and the header read)
         for i, x in enumerate(items):
             yield x
             self.progress(i + 1, len(items))

@@ -75,6 +75,7 @@ class Progress:
         self.what, self.total, self.every = what, total, every
         self.mode = mode() if show else None
         self.done = 0
+        self._ref: tuple[float, int] | None = None  # (time, done) the ETA's rate is measured from
         self._bar: Any = None
         self._task: Any = None
 
@@ -113,6 +114,8 @@ class Progress:
 
     def set_total(self, total: int | None, desc: str | None = None) -> None:
         self.total = total
+        if total is not None and self._ref is None:  # the count starts now: loading before it is not in the rate
+            self._ref = (time.perf_counter(), self.done)
         if self._bar is not None:
             self._bar.update(self._task, total=total, **({} if desc is None else {"description": desc}))
 
@@ -143,8 +146,9 @@ class Progress:
             return
         count = f"[{done}/{self.total}]" if self.total else f"[{done}]"
         eta = ""
-        if self.total and 0 < done < self.total:
-            eta = f", eta {_clock((now - self.t0) / done * (self.total - done))}"
+        t_ref, d_ref = self._ref or (self.t0, 0)
+        if self.total and d_ref < done < self.total:
+            eta = f", eta {_clock((now - t_ref) / (done - d_ref) * (self.total - done))}"
         since = now - max(self._t_line, self.t0)  # the steps this line covers (one, unless lines are throttled)
         self._line(f"{count} {self.what}" + (f": {desc}" if desc else "") + f" {since:.1f} s{eta}"
                    + (f" · {extra}" if extra else ""))
