@@ -388,7 +388,7 @@ def fig_overview(entries, metric: str) -> Any | None:
     what = "causal score (skipped s → measured t)" if metric == "causal" else "permutation P_abs (i, j)"
     within = "rows s, columns t" if metric == "causal" else "rows i, columns j"
     fig.suptitle(f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
-                 f"panel {within}, ticks: first and last layer)", fontsize=12)
+                 f"panel {within}, ticks: first and last layer)", fontsize=11, y=1.04)
     return fig
 
 
