@@ -42,7 +42,7 @@ def test_progress_bar_on_a_terminal_lines_otherwise_quiet_silences(ck, tmp_path,
     monkeypatch.setattr(feedback, "stderr_is_tty", lambda: tty)
     monkeypatch.setattr(feedback, "PLAIN_AFTER_S", 0.0)  # the tiny model loads and trains in well under 2 s
     notes = ck.parent / "notes.txt"
-    cases = {"info": (["info", str(ck)], "loading", f"loading {ck}: "),
+    cases = {"info": (["info", str(ck)], "loading", f"loading {ck.name}: "),
              "eval": (["eval", str(ck), "--data", str(notes), "--n-seq", "4", "--seq-len", "16", "--no-humaneval"],
                       "eval", "[1/1] eval "),
              "train": (["train", str(_recipe(tmp_path))], "train", "[3/3] train ")}

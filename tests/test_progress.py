@@ -101,7 +101,7 @@ def test_cli_plain_lines_quiet_and_clean_json(ck, text, tmp_path, monkeypatch, c
     assert r.exit_code == 0, r.stderr
     json.loads(r.stdout)  # stdout is the JSON document only
     lines = r.stderr.strip().splitlines()
-    assert lines[0].startswith(f"loading {ck}: ") and lines[0].endswith(" s"), r.stderr
+    assert lines[0].startswith(f"loading {ck.name}: ") and lines[0].endswith(" s"), r.stderr
     steps = [m for m in (re.match(rf"\[(\d+)/(\d+)\] {word} \S+ \(?.*?\)? ?[\d.]+ s(, eta \S+)?$", x) for x in lines[1:])]
     assert steps and all(steps), r.stderr
     assert steps[-1].group(1) == steps[-1].group(2), r.stderr  # the last line completes the count

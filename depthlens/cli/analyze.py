@@ -76,7 +76,7 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
     from .feedback import spinner
 
     device_map = parse_device_map(c.device_map)
-    with spinner(f"loading {ckpt}") as p:
+    with spinner(f"loading {Path(ckpt).name}") as p:
         op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype), device_map=device_map,
                              progress=p.engine())
     return op.model, ckpt

@@ -59,7 +59,7 @@ def evaluate(
     from .analyze import check_choice
 
     check_choice(dtype, tuple(DTYPES), "--dtype")
-    with spinner(f"loading {ckpt}") as p:
+    with spinner(f"loading {Path(ckpt).name}") as p:
         model = open_model(ckpt, device=device, dtype=load_dtype(dtype), tokenizer=tokenizer, progress=p.engine()).model
     tok = _tokenizer_for(ckpt, model)
     tok = get_tokenizer(tok) if isinstance(tok, str) else tok

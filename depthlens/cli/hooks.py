@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -21,7 +22,7 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> N
 
     from .feedback import spinner
 
-    with spinner(f"loading {ckpt}") as p:  # a GGUF takes about a minute
+    with spinner(f"loading {Path(ckpt).name}") as p:  # a GGUF takes about a minute
         m = open_model(ckpt, progress=p.engine()).model
     names = m.hook_names()
     readouts: list[str] = []

@@ -21,7 +21,7 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> No
 
     from .feedback import spinner
 
-    with spinner(f"loading {ckpt}") as p:
+    with spinner(f"loading {Path(ckpt).name}") as p:
         s = describe(open_model(ckpt, progress=p.engine()))
     s["checkpoint"] = str(ckpt)
     if as_json:
