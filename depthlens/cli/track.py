@@ -98,7 +98,8 @@ def track(
     if not (out / CACHE / ".gitignore").exists():
         atomic_write_text(out / CACHE / ".gitignore", "# depthlens track cache: per-snapshot results, not for git\n*\n")
     total = sum(len(s.snapshots) for s in series)
-    with Progress("track", total * len(opts.metrics)) as bar:
+    # the run's name in every line: track-zoo.sh runs several `track` processes on one stderr
+    with Progress("track" + (f" {series[0].name}" if len(series) == 1 else ""), total * len(opts.metrics)) as bar:
         ds = run_track(series, opts, out / CACHE, ev, progress=bar.step)
     write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metric", metric, "--out", str(out)]))
     from ..report.track import track_rows
