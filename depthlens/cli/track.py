@@ -127,7 +127,7 @@ def write_outputs(ds, out: Path, command: str) -> None:
     from ..io.atomic import atomic_write_text
     from ..report.track import fig_track, track_markdown
 
-    from ..report.build import reproducible
+    from ..report.reproducible import reproducible
 
     # no time stamp in the tracked file: a rerun on the same snapshots leaves track.nc byte-identical
     ds.attrs["history"] = command

@@ -548,65 +548,12 @@ def manifest(rep: Report) -> dict[str, Any]:
     })
 
 
-def timings(rep: Report) -> dict[str, Any]:
-    """What differs run to run (when, how long, on which machine): `timings.json`, which git ignores, so a rerun
-    of an unchanged report leaves every tracked file byte-identical."""
-    import platform
-
-    return jsonable({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": rep.seconds,
-                     "checkpoints": {e.name: e.seconds for e in rep.entries},
-                     "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                                 "cpus": os.cpu_count(), "torch_threads": rep.options.threads},
-                     "datasets_created": {e.name: sorted({str(ds.attrs["created"]) for ds in e.datasets.values()
-                                                          if "created" in ds.attrs}) for e in rep.entries}})
-
-
-REPRO_DROPPED = ("created",)  # per-run dataset attrs/coords kept out of the report's tracked netCDF files
-
-
-def reproducible(ds):
-    """`ds` without its run-time stamps: `created` dropped, the ISO time in front of `history` removed
-    (the command stays), `checkpoint_path` relative to the working directory when it lies below it (as the
-    summary's `path`), so the same inputs give byte-identical netCDF files in any clone."""
-    ds = ds.drop_vars([k for k in REPRO_DROPPED if k in ds.coords])
-    for k in REPRO_DROPPED:
-        ds.attrs.pop(k, None)
-    here = Path.cwd()
-
-    def local(p: str) -> str:
-        try:
-            return str(Path(p).relative_to(here))
-        except ValueError:  # elsewhere: the absolute path is the only honest one
-            return str(p)
-
-    if "checkpoint_path" in ds.attrs:
-        ds.attrs["checkpoint_path"] = local(ds.attrs["checkpoint_path"])
-    if "checkpoint_path" in ds.coords:
-        ds = ds.assign_coords(checkpoint_path=(ds["checkpoint_path"].dims, np.array(
-            [local(p) for p in np.atleast_1d(ds["checkpoint_path"].values)], dtype=object
-        ).reshape(ds["checkpoint_path"].shape)))
-
-    def command(h: str) -> str:
-        first, _, rest = str(h).partition(" ")
-        return rest if first[:4].isdigit() and "T" in first else str(h)
-
-    if "history" in ds.attrs:
-        ds.attrs["history"] = command(ds.attrs["history"])
-    if "history" in ds.coords:
-        hist = [command(h) for h in np.atleast_1d(ds["history"].values)]
-        if len(set(hist)) == 1 and ds["history"].ndim == 1:  # identical once the times are gone: one attribute
-            ds = ds.drop_vars("history")
-            ds.attrs["history"] = hist[0]
-        else:
-            ds = ds.assign_coords(history=(ds["history"].dims, np.array(hist, dtype=object).reshape(ds["history"].shape)))
-    return ds
-
-
 def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
     """Write figures, datasets, summary.json, manifest.json, index.html and README.md into `out`, atomically."""
     from depthlens.analysis.dataset import write_netcdf
 
     from . import figures, render
+    from .reproducible import reproducible, timings
 
     out = check_out(out, overwrite)
     try:
