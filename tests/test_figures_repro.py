@@ -7,6 +7,7 @@ from __future__ import annotations
 import filecmp
 import re
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -147,3 +148,21 @@ def test_report_files_byte_identical_run_to_run(tmp_path, monkeypatch):
     assert any(f.suffix == ".nc" for f in files) and any(f.suffix == ".png" for f in files)
     differ = [str(f) for f in files if not filecmp.cmp(out / f, first / f, shallow=False)]
     assert differ in ([], ["timings.json"]), differ
+
+
+def test_reproducible_strips_run_stamps(tmp_path, monkeypatch):
+    from depthlens.report.reproducible import reproducible
+
+    monkeypatch.chdir(tmp_path)
+    ds = xr.Dataset({"x": (("checkpoint",), [1.0, 2.0])},
+                    coords={"checkpoint": ["a", "b"],
+                            "history": ("checkpoint", ["2026-12-01T16:20:55+00:00 depthlens report a b",
+                                                       "2026-12-01T16:20:58+00:00 depthlens report a b"]),
+                            "created": ("checkpoint", ["2026-12-01T16:20:55+00:00", "2026-12-01T16:20:58+00:00"]),
+                            "checkpoint_path": ("checkpoint", [str(tmp_path / "ck" / "a"), "/elsewhere/b"])},
+                    attrs={"created": "2026-12-01T16:20:55+00:00", "source": "depthlens"})
+    out = reproducible(ds)
+    assert "created" not in out.coords and "created" not in out.attrs and "history" not in out.coords
+    assert out.attrs["history"] == "depthlens report a b" and out.attrs["source"] == "depthlens"
+    assert list(out["checkpoint_path"].values) == [str(Path("ck") / "a"), "/elsewhere/b"]
+    np.testing.assert_array_equal(out["x"].values, ds["x"].values)
