@@ -384,7 +384,7 @@ def fig_overview(entries, metric: str) -> Any | None:
         cb = fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend=extend, pad=0.02)
         theta = registry.CAUSAL.theta if metric == "causal" else registry.PERM_ABS.theta
         cb.ax.axhline(theta, color="white" if metric == "causal" else "0.2", linewidth=1.5)  # the headline θ
-        cb.ax.text(-0.15, norm(theta), f"θ = {theta:g}", transform=cb.ax.transAxes, va="center", ha="right", fontsize=7)
+        cb.ax.text(-0.12, norm(theta), f"θ = {theta:g}", transform=cb.ax.transAxes, va="center", ha="right", fontsize=7)
     what = "causal score (skipped s → measured t)" if metric == "causal" else "permutation P_abs (i, j)"
     within = "rows s, columns t" if metric == "causal" else "rows i, columns j"
     fig.suptitle(f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
