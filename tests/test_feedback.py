@@ -17,6 +17,12 @@ from depthlens.data.shards import write_shard
 from depthlens.models import ModelConfig, build_model
 
 
+@pytest.fixture(autouse=True)
+def progress_on(monkeypatch):
+    monkeypatch.delenv("DEPTHLENS_PROGRESS", raising=False)  # conftest turns it off for every other test
+
+
+
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory):
     root = tmp_path_factory.mktemp("fb")

@@ -22,6 +22,12 @@ torch.set_num_threads(1)
 L, N, T = 4, 4, 16
 
 
+@pytest.fixture(autouse=True)
+def progress_on(monkeypatch):
+    monkeypatch.delenv("DEPTHLENS_PROGRESS", raising=False)  # conftest turns it off for every other test
+
+
+
 def _model(slug: str):
     return build_model(ModelConfig.debug(slug, n_layer=L, vocab_size=257, max_seq_len=32), seed=0)
 
