@@ -47,12 +47,14 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
     from depthlens.analysis.dataset import write_netcdf
     from depthlens.analysis.evaldata import load_eval_data
     from depthlens.analysis.permutation import permutation_scores
+    from depthlens.cli.feedback import Progress, spinner
 
     torch.set_num_threads(threads)
     data_dir = out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    op = open_model(model_path)
+    with spinner(f"loading {model_path.name}") as p:  # a GGUF is dequantised tensor by tensor (~1 min)
+        op = open_model(model_path, progress=p.engine())
     model = op.model
     data = load_eval_data(None, op.tokenizer, n_seq=n_seq, seq_len=seq_len, seed=seed,
                           max_seq_len=model.config.max_seq_len)
@@ -66,20 +68,28 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
             print(f"[{name}] kept {path}", flush=True)
             return
         t = time.time()
-        ds = fn()
+        with Progress(f"{name}", None, every=10.0) as p:  # a bar on a terminal, a line every 10 s in a log
+            ds = fn(p.engine())
         ds.attrs["command"] = f"scripts/real_model_report.py {model_path.name} --n-seq {n_seq} --seq-len {seq_len}"
         write_netcdf(ds, path, overwrite=True)
         seconds[name] = round(time.time() - t, 1)
         print(f"[{name}] {seconds[name]} s -> {path}", flush=True)
 
-    def causal(norm: str, ev=data, reference: bool = False):
+    def causal(norm: str, ev=data, reference: bool = False, progress=None):
         import xarray as xr
 
         # current on every s (heatmap, O[s], ΔL_skip) for the default norm; the rest on the late s only
         full = norm == "update" and not reference
+        first = [0]  # skip runs of the current-variant run: the future run's count continues from there
+
+        def current(done: int, total: int) -> None:
+            first[0] = total
+            progress(done, total)
+
         cur = causal_scores(model, ev, variants=("current",), layers="all" if full else "late", norm=norm,
-                            outputs=full)
-        fut = causal_scores(model, ev, variants=("future",), layers="late", norm=norm, outputs=False)
+                            outputs=full, progress=current if progress else None)
+        fut = causal_scores(model, ev, variants=("future",), layers="late", norm=norm, outputs=False,
+                            progress=(lambda d, t: progress(first[0] + d, first[0] + t)) if progress else None)
         keep = [v for v in ("causal_score", "null_score", "seq_max", "seq_sum", "seq_count", "seq_sq_change",
                             "seq_sq_update", "mean_downstream_effect") if v in cur and v in fut]
         both = xr.concat([cur[keep], fut[keep]], dim="variant", combine_attrs="override")
@@ -90,13 +100,13 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
                           layers_future_json=fut.attrs["layers_json"], cut_positions_json=fut.attrs["cut_positions_json"])
         return both
 
-    stage("angular", lambda: angular_distances(model, data, positions="all", checkpoint=model_path))
-    stage("causal_update", lambda: causal("update"))
-    stage("causal_resid", lambda: causal("resid"))
-    stage("permutation", lambda: permutation_scores(model, data, pairs="late", checkpoint=model_path))
+    stage("angular", lambda p: angular_distances(model, data, positions="all", checkpoint=model_path, progress=p))
+    stage("causal_update", lambda p: causal("update", progress=p))
+    stage("causal_resid", lambda p: causal("resid", progress=p))
+    stage("permutation", lambda p: permutation_scores(model, data, pairs="late", checkpoint=model_path, progress=p))
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
-        stage("reference", lambda: causal("update", ref, reference=True))
+        stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
     return {"seconds": seconds, "provenance": {k: v for k, v in op.provenance.items()},
             "n_seq": data.n_seq, "seq_len": data.seq_len, "seed": seed, "threads": threads,
             "n_layer": int(model.n_layer), "family": op.meta.family}

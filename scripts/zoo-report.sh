@@ -15,6 +15,9 @@ if [ ${#ckpts[@]} -eq 0 ]; then
   echo "zoo-report: no checkpoints in checkpoints/ (train them with: bash scripts/train_zoo.sh)" >&2
   exit 1
 fi
+# progress goes to stderr: a bar on a terminal, one line per step in a log (`2>log`); --quiet silences it.
+# Timings and machine facts go to reports/zoo/timings.json (git-ignored): a rerun leaves the tracked files unchanged.
+echo "zoo-report: ${#ckpts[@]} checkpoints -> reports/zoo/" >&2
 .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"
 # depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them.
 # TRACK_ARGS go to `depthlens track`, e.g. TRACK_ARGS="--device cuda" or "--n-seq 16" (JOBS: runs in parallel)

@@ -7,6 +7,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# no progress lines on stderr: a busy machine would interleave them with the one-line errors tests count;
+# tests/test_progress.py and tests/test_feedback.py turn progress back on
+os.environ.setdefault("DEPTHLENS_PROGRESS", "off")
 
 import torch  # noqa: E402
 

@@ -80,10 +80,10 @@ def test_two_ranks_write_the_report_one_process_writes(text, tmp_path):
     m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
     assert (m1["world_size"], m2["world_size"]) == (1, 2)
     for m in (m1, m2):
-        for k in ("created", "command", "world_size", "seconds"):
-            m.pop(k)
+        for k in ("created", "command", "world_size", "seconds"):  # created/seconds: in timings.json today
+            m.pop(k, None)
         for c in m["checkpoints"]:
-            c.pop("seconds")
+            c.pop("seconds", None)
     assert m1 == m2
 
     files = sorted(f.relative_to(one) for f in one.rglob("*") if f.is_file())

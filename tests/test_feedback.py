@@ -1,9 +1,10 @@
-"""Progress feedback: train, eval and info show rich progress on stderr when it is a terminal, and nothing
-with --json or when stderr is not a terminal (pipes, logs, CliRunner)."""
+"""Progress feedback: train, eval and info show a rich bar on stderr when it is a terminal, plain lines when it is
+not (pipes, logs), nothing with --quiet; --json keeps stdout one JSON document either way."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,12 @@ import depthlens.cli.feedback as feedback
 from depthlens.cli import app
 from depthlens.data.shards import write_shard
 from depthlens.models import ModelConfig, build_model
+
+
+@pytest.fixture(autouse=True)
+def progress_on(monkeypatch):
+    monkeypatch.delenv("DEPTHLENS_PROGRESS", raising=False)  # conftest turns it off for every other test
+
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +44,24 @@ def _recipe(tmp_path):
 
 
 @pytest.mark.parametrize("tty", [True, False])
-def test_progress_only_on_a_terminal_and_never_with_json(ck, tmp_path, monkeypatch, tty):
+def test_progress_bar_on_a_terminal_lines_otherwise_quiet_silences(ck, tmp_path, monkeypatch, tty):
     monkeypatch.setattr(feedback, "stderr_is_tty", lambda: tty)
+    monkeypatch.setattr(feedback, "PLAIN_AFTER_S", 0.0)  # the tiny model loads and trains in well under 2 s
     notes = ck.parent / "notes.txt"
-    cases = {"info": (["info", str(ck)], "loading"),
-             "eval": (["eval", str(ck), "--data", str(notes), "--n-seq", "4", "--seq-len", "16", "--no-humaneval"], "eval"),
-             "train": (["train", str(_recipe(tmp_path))], "train")}
-    for name, (args, word) in cases.items():
+    cases = {"info": (["info", str(ck)], "loading", f"loading {ck.name}: "),
+             "eval": (["eval", str(ck), "--data", str(notes), "--n-seq", "4", "--seq-len", "16", "--no-humaneval"],
+                      "eval", "[1/1] eval "),
+             "train": (["train", str(_recipe(tmp_path))], "train", "[3/3] train ")}
+    for name, (args, word, line) in cases.items():
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 0, (name, r.stderr)
-        assert (word in r.stderr) == tty, (name, r.stderr)
+        assert word in r.stderr, (name, r.stderr)
+        if not tty:  # a log gets plain lines: the count and the step's seconds
+            assert any(x.startswith(line) and re.search(r" [\d.]+ s( · |$)", x) for x in r.stderr.splitlines()), \
+                (name, r.stderr)
         if name != "train":
             r = CliRunner().invoke(app, [*args, "--json"])
-            assert r.exit_code == 0 and r.stderr == "", (name, r.stderr)
-            json.loads(r.stdout)
+            assert r.exit_code == 0, (name, r.stderr)
+            json.loads(r.stdout)  # stdout is the JSON document only; progress stays on stderr
+        r = CliRunner().invoke(app, [*args, "--quiet"] if name != "train" else [*args[:1], "--quiet", *args[1:]])
+        assert r.exit_code == 0 and r.stderr == "", (name, r.stderr)

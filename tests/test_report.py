@@ -257,7 +257,9 @@ def cli_reference() -> str:
     out = ["# CLI reference", "",
            "Every command prints one line on stderr and exits 1 on a domain error (bad checkpoint, bad data, an "
            "existing output without `--overwrite`), 2 on a usage error; never a traceback. `--json` prints "
-           "machine-readable output on stdout. Outputs are written atomically (temp file, then rename).", "",
+           "machine-readable output on stdout. Outputs are written atomically (temp file, then rename). Work that "
+           "runs longer than 2 s shows progress on stderr: a bar with a count and an ETA on a terminal, one line "
+           "per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it.", "",
            "<!-- generated from `depthlens <command> --help` by `.venv/bin/python tests/test_report.py`; "
            "do not edit by hand -->", "",
            " · ".join(f"[{c}](#depthlens-{c})" for c in order), ""]

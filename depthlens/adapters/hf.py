@@ -445,7 +445,10 @@ def place_model(model: Any, device_map: Any) -> Any:
 
 class _quiet_hf:
     """Silence transformers' progress bars and info logs while loading (restored afterwards), including the
-    plain tqdm bar of its GGUF dequantiser."""
+    plain tqdm bar of its GGUF dequantiser, whose count goes to `progress(done, total)` instead when given."""
+
+    def __init__(self, progress: Any = None):
+        self.progress = progress
 
     def __enter__(self) -> None:
         import sys
@@ -466,7 +469,14 @@ class _quiet_hf:
                 self._gguf = None
         if self._gguf is not None and hasattr(self._gguf, "tqdm"):
             self._tqdm = self._gguf.tqdm
-            self._gguf.tqdm = lambda it, *a, **k: it
+            self._gguf.tqdm = (lambda it, *a, **k: it) if self.progress is None else self._counted
+
+    def _counted(self, it: Any, *a: Any, **k: Any) -> Any:
+        items = list(it)
+        self.progress(0, len(items))  # the count starts here (after the imports and the header read)
+        for i, x in enumerate(items):
+            yield x
+            self.progress(i + 1, len(items))
 
     def __exit__(self, *exc: Any) -> None:
         from transformers.utils import logging as hf_logging

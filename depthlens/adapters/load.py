@@ -29,7 +29,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import CheckpointError
 
@@ -88,13 +88,15 @@ def opened_of(model: Any) -> Opened | None:
 
 
 def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None,
-               tokenizer: str | None = None, device_map: Any = None) -> Opened:
+               tokenizer: str | None = None, device_map: Any = None,
+               progress: Callable[[int, int], None] | None = None) -> Opened:
     """Open a depthlens checkpoint directory, a local HF directory or a GGUF file (see module docstring).
 
     dtype: None keeps float32 for foreign models and the saved dtype for depthlens ones. tokenizer: a spec
     ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. device_map (HF and GGUF models through the
     hand-mapped adapter): "auto" (balanced over the visible GPUs), a device name, or {"embed": dev, "layers":
-    [dev per layer], "head": dev}; replaces `device` (`depthlens.adapters.placement`).
+    [dev per layer], "head": dev}; replaces `device` (`depthlens.adapters.placement`). progress: called as
+    (tensors done, total) while a GGUF file is dequantised (the minute-long part of opening one).
     Raises CheckpointError (one line).
     """
     p = Path(path)
@@ -105,7 +107,7 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
             raise CheckpointError(f"{p}: not a GGUF file; a model is a depthlens/Hugging Face directory or a .gguf file"
                                   + ("" if p.suffix.lower() not in (".bin", ".pt", ".pth", ".ckpt") else
                                      " (pickle weights are never loaded; convert them to safetensors)"))
-        op = _open_gguf(p, device=device, dtype=dtype, device_map=device_map)
+        op = _open_gguf(p, device=device, dtype=dtype, device_map=device_map, progress=progress)
     else:
         from ..io.checkpoint import read_json_object
         from ..io.weights import refuse_pickle
@@ -113,7 +115,7 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
         refuse_pickle(p)
         ggufs = sorted(p.glob("*.gguf"))
         if not (p / "config.json").is_file() and len(ggufs) == 1:
-            op = _open_gguf(ggufs[0], device=device, dtype=dtype, device_map=device_map)
+            op = _open_gguf(ggufs[0], device=device, dtype=dtype, device_map=device_map, progress=progress)
         else:
             raw = read_json_object(p / "config.json", "model config")
             if detect_kind(raw) == "hf":
@@ -233,7 +235,8 @@ def _is_gguf(p: Path) -> bool:
         return False
 
 
-def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None) -> Opened:
+def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None,
+               progress: Callable[[int, int], None] | None = None) -> Opened:
     """A llama.cpp GGUF file: sizes checked on its header, dequantised to float by transformers' GGUF loader
     (needs the `gguf` package), run through the same HF adapter; the quantisation type goes to provenance."""
     import torch
@@ -245,7 +248,7 @@ def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None) -> O
     try:
         from transformers import AutoModelForCausalLM
 
-        with _quiet_hf():
+        with _quiet_hf(progress):
             hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True,
                                                       trust_remote_code=False, dtype=dtype or torch.float32)
     except CheckpointError:

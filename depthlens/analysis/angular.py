@@ -26,6 +26,7 @@ import xarray as xr
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import AngularAccumulator
+from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
 from depthlens.models.protocol import LayeredLM
 
@@ -81,11 +82,13 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
 
 
 def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "last", repr: str = "view",
-                      batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
+                      batch_size: int | None = None, checkpoint: Any = None,
+                      progress: ProgressFn | None = None) -> xr.Dataset:
     """Angular-distance matrix D[ℓ, n] and profile D_1(ℓ) over `data` (spec §1).
 
     Returns a Dataset with `angular_distance` (layer = state ℓ 0..L, block_size = n 0..L; NaN where ℓ+n > L),
     `profile` (layer) = D_1(ℓ), and `prune_start` (block_size) = argmin_ℓ D_n(ℓ) (Gromov's pruning start).
+    progress: called as (batches done, total) (`depthlens.analysis.progress`).
     """
     if repr not in REPRS:
         raise DepthlensError(f"repr must be one of {REPRS}, got {repr!r}")
@@ -94,9 +97,12 @@ def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "las
     L = model.n_layer
     device = model_device(model)
     acc = AngularAccumulator(L + 1)
+    batches = list(data.batches(batch_size or default_batch_size(data)))
+    count = Count(progress, len(batches))
     with evaluating(model):
-        for _, toks in data.batches(batch_size or default_batch_size(data)):
+        for _, toks in batches:
             acc.update(_batch_states(model, toks.to(device), repr, pos))
+            count.add()
     D = acc.result().numpy()
     valid = ~np.isnan(D[:, 1:]).all(axis=0)
     prune = np.full(L + 1, np.nan)

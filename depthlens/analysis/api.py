@@ -30,16 +30,17 @@ from depthlens.analysis.evaldata import tokenizer_for as _tokenizer_for
 
 
 def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               device_map: str | None = None) -> tuple[Any, Path | None]:
+               device_map: str | None = None, progress: Any = None) -> tuple[Any, Path | None]:
     """(model in eval mode, checkpoint path or None). Paths go through the one loader
     (`depthlens.adapters.load.open_model`): depthlens checkpoints, local Hugging Face directories, GGUF files;
     `device_map` ("auto" or a JSON {embed, layers, head}, inline or a .json file) places an HF/GGUF model over
-    several GPUs instead of `device`."""
+    several GPUs instead of `device`; `progress(done, total)` follows a GGUF's tensors as they load."""
     if isinstance(model_or_path, (str, os.PathLike)):
         from depthlens.adapters.load import open_model
         from depthlens.adapters.placement import parse_device_map
 
-        op = open_model(model_or_path, device=str(device), dtype=dtype, device_map=parse_device_map(device_map))
+        op = open_model(model_or_path, device=str(device), dtype=dtype, device_map=parse_device_map(device_map),
+                        progress=progress)
         return op.model, Path(model_or_path)
     _check_in_memory(model_or_path, device, dtype)
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None

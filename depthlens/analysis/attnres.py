@@ -26,6 +26,7 @@ from einops import rearrange
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
 from depthlens.analysis.metrics import dead_prefix
+from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
 from depthlens.models.readouts import as_readouts, readout_key
 from depthlens.models.protocol import LayeredLM
@@ -123,15 +124,20 @@ def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Seque
 
 def attnres_dataset(model: LayeredLM, data: EvalData, *,
                     eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
-                    checkpoint: Any = None) -> xr.Dataset:
-    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data` (spec §5)."""
+                    checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
+    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data` (spec §5).
+
+    progress: called as (batches done, total) (`depthlens.analysis.progress`)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("AttnRes diagnostics read model.readouts(tokens); this model has none")
     L = model.n_layer
     device = model_device(model)
     acc, labels = _Means(), None
-    for _, toks in data.batches(batch_size or default_batch_size(data)):
+    batches = list(data.batches(batch_size or default_batch_size(data)))
+    count = Count(progress, len(batches))
+    for _, toks in batches:
         labels = accumulate_record(acc, model.readouts(toks.to(device)), 2 * L)
+        count.add()
     r = attnres_summary(acc, labels, L, eps_grid)
     dv = {
         "self_weight_sublayer": (("sublayer",), r["self_weight_sublayer"],
@@ -168,23 +174,27 @@ def attnres_dataset(model: LayeredLM, data: EvalData, *,
 
 
 def depth_mixing_dataset(model: LayeredLM, data: EvalData, *, batch_size: int | None = None,
-                         checkpoint: Any = None) -> xr.Dataset:
+                         checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
     """Mean over tokens τ ≥ 1 of the depth-mixing matrix M[i → j] (`model.depth_mixing`): weight of source i
     (0 = embedding, i ≥ 1 = sublayer i−1's output) in the input of sublayer j (j = 2L: the final readout).
 
     Designs without a residual mix (MoDA) return None there: their `sub{j}.depth_mass` readouts are
     averaged instead (variable `depth_mass`), or the matrix is all NaN with a note.
+    progress: called as (batches done, total) (`depthlens.analysis.progress`).
     """
     L = model.n_layer
     n = 2 * L + 1
     device = model_device(model)
     total, count, masses, note = np.zeros((n, n)), 0, {}, None
-    for _, toks in data.batches(batch_size or default_batch_size(data)):
+    batches = list(data.batches(batch_size or default_batch_size(data)))
+    done = Count(progress, len(batches))
+    for _, toks in batches:
         toks = toks.to(device)
         M = model.depth_mixing(toks) if hasattr(model, "depth_mixing") else None
         if M is not None:
             total += M[:, 1:].double().sum((0, 1)).cpu().numpy()
             count += M.shape[0] * (M.shape[1] - 1)
+            done.add()
             continue
         rec = as_readouts(model.readouts(toks) if hasattr(model, "readouts") else {})
         for j in rec.sublayers_with("depth_mass"):
@@ -193,6 +203,7 @@ def depth_mixing_dataset(model: LayeredLM, data: EvalData, *, batch_size: int | 
                 m = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
                 prev = masses.get(j, (0, 0))
                 masses[j] = (prev[0] + m, prev[1] + toks.shape[0] * (toks.shape[1] - 1))
+        done.add()
     dv: dict[str, Any] = {}
     if count:
         mix = total / count

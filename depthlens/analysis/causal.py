@@ -47,6 +47,7 @@ from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.distributed import agree, merge, shard, world
 from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import late_window, loss_log_probs, loss_logits
+from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_repeat
 from depthlens.models.protocol import LayeredLM
@@ -244,7 +245,7 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
                   unit: str = "block", norm: str = "update", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
                   direct: bool = False, null: bool = True, outputs: bool = False, measure: bool = True,
                   batch_size: int | None = None, seq_batch: int | None = None,
-                  checkpoint: Any = None) -> xr.Dataset:
+                  checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
     """Causal-score matrices C(s, t) (spec §2.2), with O[s], ΔL_skip(s), the noise floor and C_dir.
 
     layers: which s to skip ('all', 'late' or a list). norm: the ratio's denominator, 'update' (‖u_t‖, default)
@@ -253,6 +254,7 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
     outputs=True adds the companions O[s] and ΔL_skip(s) (and the clean loss): one LM-head pass per skipped
     layer, a (rows, V) softmax each, about a third of the default run's cost on a 49K-vocabulary model, so
     they are computed only when asked. measure=False skips the update ratios (only O and ΔL_skip).
+    progress: called as (skip runs done, total), a skip run = one arm (skipped layer, variant, cut) on one batch.
     Returns a Dataset; see `_dataset` for the variables.
     """
     for v in variants:
@@ -288,13 +290,14 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
     device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), arms, S)
     own_layers = sorted({a.s for a in mine})
+    count = Count(progress, len(batches) * sum(not a.null for a in mine) if mine else 0)
     err = None
     with evaluating(model):
         try:
             for start, toks in batches if mine else []:
                 # one function call per batch, so the batch's clean cache is freed before the next one is built
                 _batch(model, toks.to(device), slice(start, start + toks.shape[0]), own_layers, mine, unit, norm,
-                       eps, per_chunk, outputs, measure, res)
+                       eps, per_chunk, outputs, measure, res, count)
         except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
             err = e
     agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
@@ -345,7 +348,7 @@ def _merge_ranks(res: _Results) -> None:
 
 @torch.no_grad()
 def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, norm: str, eps: float,
-           per_chunk: int, outputs: bool, measure: bool, res: _Results) -> None:
+           per_chunk: int, outputs: bool, measure: bool, res: _Results, count: Count) -> None:
     """All arms on one batch of sequences: clean run, staircase chunks, companions; results go to `res`."""
     L, (b, T) = model.n_layer, toks.shape
     ndims = int(model.design.update_norm_dims())
@@ -385,6 +388,7 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, n
         if outputs and active:
             _outputs(model, ctx, state, active, b, toks, clean, seqs, res.O, res.dloss)
         del state
+        count.add(sum(not a.null for a in chunk))
     if res.dstore:
         _direct(model, ctx, clean, [a for a in arms if not a.null], b, seqs, per_chunk, res.dstore, eps)
 

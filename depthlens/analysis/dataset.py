@@ -7,6 +7,8 @@ Conventions:
 - Square layer × layer matrices use the dims `LAYER_DIMS = ("layer", "layer_other")`: row `layer` is the
   earlier (skipped / first-swapped) layer, column `layer_other` the later one. Two different names are needed
   because xarray does not support duplicate dimension names. The angular-distance offset dim is `block_size`.
+  What a layer index means differs by metric, so `make_dataset` gives those coordinates a `long_name` from
+  `COORD_LONG_NAMES` (plots label their axes with it); the dim names stay as they are.
 - Global attrs: `title`, `Conventions="CF-1.11"`, `source="depthlens <version>"`, `history="<ISO time> <command>"`,
   `metric`, then every option and provenance value. netCDF only stores str/number attrs, so bool → 0/1,
   dict/list → JSON string under `<key>_json`, None → omitted (`netcdf_attrs`).
@@ -36,6 +38,16 @@ LAYER_DIMS = ("layer", "layer_other")
 EVAL_TOKEN_DIMS = ("eval_seq", "eval_pos")  # the `eval_tokens` variable every result stores (int32 ids)
 CHECKPOINT_FILES = ("model.safetensors", "config.json")
 _REQUIRED_VAR_ATTRS = ("long_name", "units")
+# metric → coordinate → long_name (None: any metric); set on coordinates that have none
+COORD_LONG_NAMES: Mapping[str | None, Mapping[str, str]] = {
+    "causal": {"layer": "skipped layer s", "layer_other": "measured layer t"},
+    "permutation": {"layer": "swapped layer i", "layer_other": "swapped layer j"},
+    "angular": {"layer": "start state l (residual before layer l)", "block_size": "block size n (layers)"},
+    "depth_mixing": {"source": "source i (0 = embedding, i = output of sublayer i-1)",
+                     "destination": "destination j (input of sublayer j, 2L = final readout)",
+                     "sublayer": "sublayer j", "depth_source": "depth source (depth-KV slot)"},
+    None: {"layer": "layer", "layer_other": "later layer", "sublayer": "sublayer j (2l = attention, 2l+1 = MLP)"},
+}
 _CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
 
 
@@ -115,6 +127,10 @@ def make_dataset(
             if missing:
                 raise ValueError(f"data variable {name!r} lacks attrs {missing} (CF: long_name, units='1' if none)")
         var.attrs = netcdf_attrs(var.attrs)
+    names = {**COORD_LONG_NAMES[None], **COORD_LONG_NAMES.get(metric, {})}
+    for name in ds.coords:
+        if name in names and "long_name" not in ds[name].attrs:
+            ds[name].attrs["long_name"] = names[name]
     command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     attrs: dict[str, Any] = {
         "title": title or f"depthlens {metric}",

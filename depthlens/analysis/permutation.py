@@ -28,6 +28,7 @@ from depthlens.analysis.distributed import agree, merge, shard, world
 from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import late_pairs, late_window
 from depthlens.analysis.stats import paired_se
+from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.analysis.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import State, state_cat, state_select
@@ -96,12 +97,13 @@ def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: s
 def permutation_scores(model: LayeredLM, data: EvalData, *,
                        pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
                        batch_size: int | None = None, seq_batch: int | None = None, chunked_head: bool = True,
-                       checkpoint: Any = None) -> xr.Dataset:
+                       checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
     """P_abs, P_rel, P_KL for the requested pairs (spec §3), symmetric [L, L] matrices with a zero diagonal.
 
     batch_size: max rows per forward (default: `default_rows`); seq_batch: sequences per clean pass.
     chunked_head: walk the LM head in vocabulary chunks when the model's head is one matmul (`vocab`); False
     forces whole (rows, V) logits (same numbers within float32 rounding; the reference path for tests).
+    progress: called as (pairs done, total) over (pair, batch) units (`depthlens.analysis.progress`).
     Returns a Dataset; pairs not computed are NaN.
     """
     if swap not in SWAPS:
@@ -124,13 +126,14 @@ def permutation_scores(model: LayeredLM, data: EvalData, *,
     clean_loss = np.full(N, np.nan)
     device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), by_i)
+    count = Count(progress, len(batches) * sum(len(js) for js in mine.values()) if mine else 0)
     err = None
     with evaluating(model):
         try:
             for start, toks in batches if mine else []:
                 # one call per batch: its state cache is freed before the next batch builds one
                 _batch(model, toks.to(device), slice(start, start + toks.shape[0]), mine, per_chunk, swap, dl, kl,
-                       clean_loss, chunked_head)
+                       clean_loss, chunked_head, count)
         except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
             err = e
     agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
@@ -168,7 +171,7 @@ def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
 
 @torch.no_grad()
 def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], per_chunk: int, swap: str,
-           dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray, chunked: bool | None) -> None:
+           dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray, chunked: bool | None, count: Count) -> None:
     """Every pair on one batch of sequences. Fills dl/kl [i, j, seqs] (both triangles).
 
     Runs cover toks[:, :T−1]: the last token is only a target, and by causality no loss position depends on
@@ -207,6 +210,7 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
             for k, j in enumerate(chunk):
                 dl[i, j, seqs] = dl[j, i, seqs] = d_seq[k]
                 kl[i, j, seqs] = kl[j, i, seqs] = kl_seq[k]
+            count.add(len(chunk))
 
 
 def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Dataset:

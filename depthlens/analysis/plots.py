@@ -2,7 +2,9 @@
 
 Plot functions take DataArrays, draw on a given Axes (or a new one), and return the Axes. They never call
 `plt.show()` and never select a backend: the CLI calls `matplotlib.use("Agg")`, notebooks stay interactive.
-Labels come from the data: colour bar `long_name [units]`, axis labels from dimension names.
+Labels come from the data: colour bar `long_name [units]`, axis labels from the coordinates' `long_name`
+(the dimension name when a coordinate has none). Values that span orders of magnitude take `scale="log"` or
+`"symlog"`; NaN cells (undefined, e.g. t < s of the causal matrix: `upper_triangle`) are left blank.
 """
 
 from __future__ import annotations
@@ -23,6 +25,39 @@ def _label(da: xr.DataArray, fallback: str = "") -> str:
     name = da.attrs.get("long_name") or da.name or fallback
     units = da.attrs.get("units")
     return f"{name} [{units}]" if units else str(name)
+
+
+def axis_label(da: xr.DataArray, dim: str) -> str:
+    """Axis label of `dim`: its coordinate's `long_name [units]`, else the dimension name."""
+    if dim in da.coords and (da[dim].attrs.get("long_name") or da[dim].attrs.get("units")):
+        return _label(da[dim], fallback=dim)
+    return str(dim)
+
+
+def upper_triangle(da: xr.DataArray, offset: int = 0) -> xr.DataArray:
+    """`da` with the cells below the diagonal (column coordinate < row coordinate + offset) set to NaN: the
+    undefined part of a (layer, layer_other) matrix such as C(s, t), t < s, which must not be drawn as 0."""
+    rows, cols = da.dims
+    r = np.asarray(da[rows].values if rows in da.coords else np.arange(da.sizes[rows]))
+    c = np.asarray(da[cols].values if cols in da.coords else np.arange(da.sizes[cols]))
+    keep = c[None, :] >= r[:, None] + offset
+    return da.where(xr.DataArray(keep, dims=(rows, cols)))
+
+
+def color_norm(scale: str, vmin: float | None, vmax: float | None, linthresh: float | None = None,
+               center: float | None = None):
+    """A matplotlib Normalize for `scale` linear | log | symlog (log: vmin > 0 needed; symlog: linear within
+    ±linthresh of 0, default 1e-2 × max |v|)."""
+    from matplotlib import colors
+
+    if scale == "log":
+        return colors.LogNorm(vmin=vmin, vmax=vmax)
+    if scale == "symlog":
+        top = max(abs(vmin or 0.0), abs(vmax or 0.0), 1e-12)
+        return colors.SymLogNorm(linthresh=linthresh or 1e-2 * top, vmin=vmin, vmax=vmax, base=10)
+    if center is not None:
+        return colors.TwoSlopeNorm(vcenter=center, vmin=vmin, vmax=vmax)
+    return colors.Normalize(vmin=vmin, vmax=vmax)
 
 
 def _scalar_coords_title(da: xr.DataArray) -> str:
@@ -47,12 +82,17 @@ def heatmap(
     title: str | None = None,
     mask_nan: bool = True,
     annot: bool = False,
+    scale: str = "linear",
+    linthresh: float | None = None,
+    extend: str = "neither",
 ):
     """Draw a 2-D DataArray (rows = dims[0], columns = dims[1]) as a heatmap; returns the Axes.
 
     Uses seaborn when both sides are ≤ 16 (annotations off by default) and `imshow` beyond. NaN cells
     (e.g. the invalid ℓ+n > L triangle) are left blank when mask_nan. `center` gives a diverging scale
-    symmetric about it (use with cmap="vlag" for signed Δ scores).
+    symmetric about it (use with cmap="vlag" for signed Δ scores). scale: linear | log | symlog (values over
+    orders of magnitude; `linthresh` for symlog, see `color_norm`); non-linear scales draw with imshow.
+    extend: the colour bar's arrows for values outside [vmin, vmax] (neither | min | max | both).
     """
     if da.ndim != 2:
         raise ValueError(f"heatmap needs a 2-D DataArray, got dims {da.dims}")
@@ -64,24 +104,28 @@ def heatmap(
         vmax = center + radius if vmax is None else vmax
     row_dim, col_dim = da.dims
     cbar_label = _label(da)
-    if max(da.shape) <= SEABORN_MAX_SIZE:
-        import seaborn as sns
+    if scale not in ("linear", "log", "symlog"):
+        raise ValueError(f"scale must be linear, log or symlog, got {scale!r}")
+    import seaborn as sns  # also registers its colour maps (vlag) for the imshow path
 
+    if max(da.shape) <= SEABORN_MAX_SIZE and scale == "linear":
         df = da.astype(np.float64).to_pandas()
         sns.heatmap(
             df, ax=ax, vmin=vmin, vmax=vmax, cmap=cmap, center=center, square=True, annot=annot, fmt=".2f",
-            mask=np.isnan(values) if mask_nan else None, cbar_kws={"label": cbar_label},
+            mask=np.isnan(values) if mask_nan else None, cbar_kws={"label": cbar_label, "extend": extend},
         )
         ax.tick_params(axis="y", labelrotation=0)  # seaborn turns row labels sideways
     else:
-        im = ax.imshow(
-            np.ma.masked_invalid(values) if mask_nan else values, cmap=cmap, vmin=vmin, vmax=vmax,
-            aspect="equal", interpolation="nearest",
-        )
-        ax.figure.colorbar(im, ax=ax, label=cbar_label)
+        shown = np.ma.masked_invalid(values) if mask_nan else values
+        if scale == "log":
+            shown = np.ma.masked_less_equal(shown, 0.0)  # log |v|: zero and below have no colour (blank)
+        im = ax.imshow(shown, cmap=cmap, norm=color_norm(scale, vmin, vmax, linthresh), aspect="equal",
+                       interpolation="nearest")
+        ax.figure.colorbar(im, ax=ax, label=cbar_label + ("" if scale == "linear" else f" ({scale} scale)"),
+                           extend=extend)
         _index_ticks(ax, da)
-    ax.set_ylabel(str(row_dim))
-    ax.set_xlabel(str(col_dim))
+    ax.set_ylabel(axis_label(da, row_dim))
+    ax.set_xlabel(axis_label(da, col_dim))
     ax.set_title(title if title is not None else _scalar_coords_title(da))
     return ax
 
@@ -150,6 +194,15 @@ def share_curves(
     return ax
 
 
+# Byte-identical files run to run: the creator tag (which lets `--overwrite` recognise a file as ours,
+# depthlens.io.atomic.recognise) and no date or library version in the metadata; fixed SVG ids; text as paths
+# in SVG so the file does not depend on the viewer's fonts.
+FIGURE_METADATA = {"png": {"Software": "depthlens"},
+                   "pdf": {"Creator": "depthlens", "Producer": None, "CreationDate": None},
+                   "svg": {"Creator": "depthlens", "Date": None}}
+REPRODUCIBLE_RC = {"svg.hashsalt": "depthlens", "svg.fonttype": "path", "pdf.fonttype": 42}
+
+
 def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
     """Save a Figure (or an Axes' figure) atomically — temp file in the same directory, then rename — and close it.
 
@@ -157,16 +210,16 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
     """
     import matplotlib.pyplot as plt
 
+    import matplotlib
+
     fig = getattr(fig, "figure", fig)  # accept an Axes too
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
     from depthlens.io.atomic import atomic_target
 
     try:
-        with atomic_target(path) as tmp:
-            # the creator tag lets `--overwrite` recognise the file as ours (depthlens.io.atomic.recognise)
-            tag = {"png": {"Software": "depthlens"}, "pdf": {"Creator": "depthlens"}, "svg": {"Creator": "depthlens"}}
-            fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight", metadata=tag.get(fmt))
+        with atomic_target(path) as tmp, matplotlib.rc_context(REPRODUCIBLE_RC):
+            fig.savefig(tmp, dpi=dpi, format=fmt, bbox_inches="tight", metadata=FIGURE_METADATA.get(fmt))
     finally:
         plt.close(fig)
     return path

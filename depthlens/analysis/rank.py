@@ -29,6 +29,7 @@ import xarray as xr
 from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
 from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
+from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
 from depthlens.models.readouts import as_readouts
@@ -146,8 +147,11 @@ def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int
 
 
 def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence[int] | None = None,
-                           batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
-    """Effective rank of the residual-mixing products of a multi-stream model over `data` (spec §4)."""
+                           batch_size: int | None = None, checkpoint: Any = None,
+                           progress: ProgressFn | None = None) -> xr.Dataset:
+    """Effective rank of the residual-mixing products of a multi-stream model over `data` (spec §4).
+
+    progress: called as (batches done, total) (`depthlens.analysis.progress`)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("effective rank reads model.readouts(tokens) (sub{j}.res_map); this model has none")
     L = model.n_layer
@@ -158,7 +162,9 @@ def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence
     static, note, n_streams = None, None, None
     zero_grad = np.ones(K, dtype=bool)
     constrained = has_capability(getattr(model.design, "slug", ""), "stochastic_maps")  # Sinkhorn-projected maps
-    for _, toks in data.batches(batch_size or default_batch_size(data)):
+    batches = list(data.batches(batch_size or default_batch_size(data)))
+    count = Count(progress, len(batches))
+    for _, toks in batches:
         rec = model.readouts(toks.to(device))
         H = res_maps(rec, K)[:, 1:].cpu()  # drop the BOS position: (B, T-1, K, n, n)
         n_streams = int(H.shape[-1])
@@ -168,6 +174,7 @@ def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence
         zero_grad &= structural_zero_grad(flat, constrained)  # a flag must hold on every token of every batch
         if static is None and note is None:
             static, note = static_res_maps(rec, K)
+        count.add()
     tok = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     res = _summaries({**tok, "zero_grad": zero_grad}, len(widths))
     if static is not None:

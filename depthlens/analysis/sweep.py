@@ -113,7 +113,9 @@ def share_curves(ds: xr.Dataset, metric: str, thresholds: Sequence[float] | None
                                               "units": "1"}),
          "crossing": ((*dims, "q"), Q, {"long_name": "threshold where the share falls to q", "units": "1"})},
         coords={**coords, "window_start": list(starts), "threshold": thetas, "q": list(qs)})
-    out.attrs = {"metric": metric, "headline_threshold": registry.score(metric).theta,
+    score = registry.score(metric)  # the threshold axis in the score's own symbol and unit (plots label with it)
+    out["threshold"].attrs = {"long_name": f"threshold θ on {score.symbol}", "units": score.unit}
+    out.attrs = {"metric": metric, "headline_threshold": score.theta,
                  "window_start_rule": "zero = 0, quarter = floor(L/4), half = floor(L/2)", "comparison": "strict >"}
     return out
 

@@ -479,7 +479,8 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
             else:
                 out[m] = ds
         if not todo:
-            progress(f"{snap.path.name}: cached")
+            for m in metrics:  # one progress step per metric, done or not, so counts match len(metrics) per snapshot
+                progress(f"{snap.path.name}: {m} (cached)")
             return out, slug, L
     from depthlens.analysis.api import load_model
 
@@ -494,6 +495,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
 
     for m in metrics:
         if m in out or not applies(m, slug):
+            progress(f"{snap.path.name}: {m} ({'cached' if m in out else 'not applicable'})")
             continue
         key = cache_key(wid, ev.sha256, m, _metric_opts(m, opts))
         ds = _cached(cache / f"{stem}.{m}.nc", key)
@@ -503,7 +505,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
                                   **engine_options(m))
             ds.attrs["track_key"] = key
             write_netcdf(ds, cache / f"{stem}.{m}.nc", overwrite=True)
-            progress(f"{snap.path.name}: {m}")
+        progress(f"{snap.path.name}: {m}")
         out[m] = ds
     return out, slug, L
 

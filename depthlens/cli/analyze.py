@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import app, domain_errors, fail, rank0_errors
+from .app import QuietOpt, app, domain_errors, fail, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
@@ -72,8 +72,11 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     check_choice(c.dtype, tuple(DTYPES), "--dtype")
     from ..analysis.api import load_model
+    from .feedback import spinner
 
-    model, _ = load_model(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype), device_map=c.device_map)
+    with spinner(f"loading {Path(ckpt).name}") as p:
+        model, _ = load_model(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype), device_map=c.device_map,
+                              progress=p.engine())
     return model, ckpt
 
 
@@ -188,14 +191,15 @@ def angular(ckpt: CkptArg, positions: Annotated[Literal["last", "all"], typer.Op
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False,
-            as_json: JsonOpt = False) -> None:
+            as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     model, ck = open_model(ckpt, c)
-    with busy(f"angular distances of {ckpt}"):
+    with busy(f"angular {ckpt.name}") as p:
         ds = registry.run("angular", model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
-                          **_opts(c))
+                          progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("angular", ckpt))
     import numpy as np
 
@@ -223,7 +227,8 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
-           overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+           overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
@@ -232,9 +237,9 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
-    with busy(f"causal scores of {ckpt} (skipping each layer)"):
+    with busy(f"causal {ckpt.name} (layer skips)") as p:
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
-                          norm=norm, direct=direct, outputs=outputs, checkpoint=ck, **_opts(c))
+                          norm=norm, direct=direct, outputs=outputs, checkpoint=ck, progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
                                                  f"--norm {norm}" + (" --outputs" if outputs else "")))
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
@@ -244,7 +249,10 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
              f"noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
              *_skip_loss_lines(ds),
              f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
-    emit(h, as_json, lines, _matrix_view(score_matrix(ds, "causal", agg, variant), 1.0))
+    from ..analysis.plots import upper_triangle
+
+    # t < s is undefined (stored as 0): "·" in the view, not the shade of "no effect"
+    emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", agg, variant)), 1.0))
 
 
 def _skip_loss_lines(ds) -> list[str]:
@@ -270,7 +278,8 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
             device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
-            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
@@ -278,9 +287,9 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     from ..analysis.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
-    with busy(f"permutation scores of {ckpt} (swapping layer pairs)"):
+    with busy(f"permute {ckpt.name} (layer pairs)") as p:
         ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
-                          **_opts(c))
+                          progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
@@ -295,13 +304,14 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
 @domain_errors
 def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
          batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
-         threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+         threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+         quiet: QuietOpt = False) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
     model, ck = open_model(ckpt, c)
-    with busy(f"effective rank of {ckpt}"):
-        ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
+    with busy(f"rank {ckpt.name} (batches)") as p:
+        ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("rank", ckpt))
     er = ds["erank"]
     stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
@@ -338,7 +348,8 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
 def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
-            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+            threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+         quiet: QuietOpt = False) -> None:
     """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
     check_threshold(eps, "--eps")
     if eps > 1:
@@ -349,8 +360,9 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
 
     model, ck = open_model(ckpt, c)
     grid = tuple(sorted(set(EPS_GRID) | {eps}))
-    with busy(f"AttnRes weights of {ckpt}"):
-        ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
+    with busy(f"attnres {ckpt.name} (batches)") as p:
+        ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck,
+                          progress=p.engine(), **_opts(c))
     write(ds, path, ow, _cmdline("attnres", ckpt))
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
@@ -411,7 +423,8 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
           data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
           batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
-          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+          threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
+         quiet: QuietOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
     from ..analysis.api import check_scores
 
@@ -470,14 +483,11 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
 
 
 def busy(what: str):
-    """A spinner on stderr while a single-checkpoint computation runs (silent when stderr is not a terminal)."""
-    return _stderr_console().status(what, spinner="dots")
+    """Progress of a single-checkpoint computation (`feedback.Progress`; its `engine()` is the engine's callback):
+    fine-grained engine steps, so plain lines at most every 10 s."""
+    from .feedback import Progress
 
-
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
+    return Progress(what, None, every=10.0)
 
 
 @app.command()
@@ -486,7 +496,8 @@ def compare(ckpts: CkptsArg,
             metrics: Annotated[str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")] = "causal,perm_abs",
             data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
             batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32", device_map: DeviceMapOpt = None,
-            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False) -> None:
+            threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False,
+         quiet: QuietOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
     from ..analysis import api
 

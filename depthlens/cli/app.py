@@ -6,7 +6,7 @@ import functools
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import typer
 from typer import _click
@@ -59,6 +59,8 @@ app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, ric
                   help="Does this residual design turn extra layers into extra computation?")
 
 
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (a bar on a terminal, else a line per step).")]
+
 _rank0_voice = False  # set by rank0_errors on the ranks other than 0
 
 
@@ -108,9 +110,12 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         from ..errors import DepthlensError
 
         try:
+            from . import feedback
             from .validate import check_options
 
-            check_options(dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments))  # before any work
+            bound = dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
+            feedback.QUIET = bool(bound.get("quiet", False))  # every command's progress follows its --quiet
+            check_options(bound)  # before any work
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
@@ -120,6 +125,10 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(e), 2 if getattr(e, "usage", False) else 1)
         except (OSError, RuntimeError) as e:
             fail(f"{e.__class__.__name__}: {e}", 1)
+        finally:
+            from . import feedback
+
+            feedback.QUIET = False  # in-process callers (tests, notebooks) run the next command afresh
 
     return wrapper
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps, fail
+from .app import QuietOpt, app, domain_errors, dumps, fail
 
 
 @app.command("eval")
@@ -26,6 +26,7 @@ def evaluate(
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; losses are summed in fp32/fp64).")] = "fp32",
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Validation loss (nats/token) and domain NLL (nats per answer token) of a checkpoint."""
     import torch
@@ -58,8 +59,8 @@ def evaluate(
     from .analyze import check_choice
 
     check_choice(dtype, tuple(DTYPES), "--dtype")
-    with spinner(f"loading {ckpt}", as_json):
-        model = open_model(ckpt, device=device, dtype=load_dtype(dtype), tokenizer=tokenizer).model
+    with spinner(f"loading {Path(ckpt).name}") as p:
+        model = open_model(ckpt, device=device, dtype=load_dtype(dtype), tokenizer=tokenizer, progress=p.engine()).model
     tok = _tokenizer_for(ckpt, model)
     tok = get_tokenizer(tok) if isinstance(tok, str) else tok
     T = seq_len or min(model.config.max_seq_len, 1024)  # foreign models may allow 8k+ positions
@@ -70,7 +71,7 @@ def evaluate(
     ev.check_model(model.config.vocab_size, model.config.max_seq_len)
     total, count = 0.0, 0
     per = max(1, 8192 // T)
-    with torch.no_grad(), bar("eval", -(-ev.n_seq // per), as_json) as advance:
+    with torch.no_grad(), bar("eval", -(-ev.n_seq // per)) as advance:
         for _, toks in ev.batches(per):
             toks = toks.to(model_device(model))
             logits = model(toks[:, :-1]).float()  # (b, T-1, V) fp32 before the softmax, whatever the weights' dtype
@@ -83,7 +84,7 @@ def evaluate(
               "tokenizer": getattr(tok, "name", "?"), "domain": {}}
     sets = [("humaneval", humaneval_items())] if humaneval else []
     sets += [(name, jsonl_items(file, pf, af)) for name, file, pf, af in specs]
-    with bar("domain NLL", len(sets), as_json) as advance:
+    with bar("domain NLL", len(sets)) as advance:
         for name, items in sets:
             r = teacher_forced_nll(model, tok, items, limit=limit)
             result["domain"][name] = {k: v for k, v in r.items() if k != "per_item"}

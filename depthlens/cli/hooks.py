@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
-from .app import app, domain_errors
+from .app import QuietOpt, app, domain_errors
 from .info import CkptArg, JsonOpt
 
 
 @app.command()
 @domain_errors
-def hooks(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
+def hooks(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """List every hook point and readout of a checkpoint's model."""
     import torch
 
     from ..adapters.load import open_model
     from ..models.readouts import parse_readout_key
 
-    m = open_model(ckpt).model
+    from .feedback import spinner
+
+    with spinner(f"loading {Path(ckpt).name}") as p:  # a GGUF takes about a minute
+        m = open_model(ckpt, progress=p.engine()).model
     names = m.hook_names()
     readouts: list[str] = []
     if hasattr(m, "readouts"):  # native designs; foreign models expose hook points only

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps
+from .app import QuietOpt, app, domain_errors, dumps
 
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON to stdout.")]
@@ -15,14 +15,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 @app.command()
 @domain_errors
-def info(ckpt: CkptArg, as_json: JsonOpt = False) -> None:
+def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Design, shape and parameter counts (total, non-embedding, overhead vs Pre-LN) of a checkpoint."""
     from ..adapters.load import describe, open_model
 
     from .feedback import spinner
 
-    with spinner(f"loading {ckpt}", as_json):
-        s = describe(open_model(ckpt))
+    with spinner(f"loading {Path(ckpt).name}") as p:
+        s = describe(open_model(ckpt, progress=p.engine()))
     s["checkpoint"] = str(ckpt)
     if s.get("code_version_warning"):
         typer.echo(f"depthlens: warning: {s['code_version_warning']}", err=True)

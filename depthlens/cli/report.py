@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..analysis import registry  # stdlib-only: the diagnostics' names for the help text
-from .app import app, domain_errors, dumps, fail, rank0_errors
+from .app import QuietOpt, app, domain_errors, dumps, fail, rank0_errors
 
 
 @app.command()
@@ -29,23 +29,22 @@ def report(
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")] = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Report on many checkpoints: heatmaps, design × depth table with CIs, sweeps, robustness (HTML + Markdown).
 
     Every diagnostic on identical eval data (rank: HC/mHC only; attnres: Full/Block AttnRes only), written atomically.
     Under torchrun the checkpoints are split over the ranks; rank 0 writes the same report.
     """
-    import contextlib
     import time
 
     import matplotlib
 
     matplotlib.use("Agg")
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..analysis.distributed import is_main
     from ..report.build import ReportOptions, build_report, parse_metrics
+    from .feedback import Progress
 
     if not ckpts:
         fail("give at least one checkpoint directory", 2)
@@ -53,25 +52,14 @@ def report(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
-    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype, device_map=device_map,
-                         metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot, threads=threads or None)
-    err = Console(stderr=True)
+    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
+                         device_map=device_map, metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot,
+                         threads=threads or None)
     t0 = time.perf_counter()
-    main = is_main()  # under torchrun only rank 0 shows progress, prints and writes
-    with (Progress(TextColumn("[bold]report[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), console=err, transient=True) if main
-          else contextlib.nullcontext()) as bar:
-        task = bar.add_task("loading checkpoints", total=None) if main else None
-
-        def on_loaded(n_steps: int) -> None:
-            if main:
-                bar.update(task, total=n_steps, description="computing")
-
-        def step(desc: str) -> None:
-            if main:
-                bar.update(task, advance=1, description=desc)
-
-        rep = build_report(ckpts, out, opts, overwrite=overwrite, progress=step, on_loaded=on_loaded)
+    with Progress("report") as bar:  # under torchrun only rank 0 shows progress (feedback.mode)
+        bar.set_total(None, f"loading {len(ckpts)} checkpoint(s)")
+        rep = build_report(ckpts, out, opts, overwrite=overwrite, progress=bar.step,
+                           on_loaded=lambda n_steps: bar.set_total(n_steps, "computing"))
     if rep is None:  # a rank other than 0: its checkpoints went to rank 0
         return
     if as_json:

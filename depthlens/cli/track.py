@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps, fail
+from .app import QuietOpt, app, domain_errors, dumps, fail
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -55,6 +55,7 @@ def track(
     check: Annotated[bool, typer.Option("--check", help="Only validate the series (configs and snapshot.json; no "
                                          "weights read, nothing written): exit 0, or 1 with the reason.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-run summary as JSON.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Depth over training: every diagnostic on every snapshot of a run, same eval tokens, resumable.
 
@@ -90,20 +91,20 @@ def track(
     check_out(out)
     ev = eval_tokens(series, opts)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..io.atomic import atomic_write_text
+    from .feedback import Progress
 
     out.mkdir(exist_ok=True)
     (out / CACHE).mkdir(exist_ok=True)
     if not (out / CACHE / ".gitignore").exists():
         atomic_write_text(out / CACHE / ".gitignore", "# depthlens track cache: per-snapshot results, not for git\n*\n")
     total = sum(len(s.snapshots) for s in series)
-    with Progress(TextColumn("[bold]track[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("analysing", total=total * len(opts.metrics))
-        ds = run_track(series, opts, out / CACHE, ev, progress=lambda d: bar.update(task, advance=1, description=d))
-    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metrics", ",".join(metrics), "--out", str(out)]))
+    # the run's name in every line: track-zoo.sh runs several `track` processes on one stderr
+    with Progress("track" + (f" {series[0].name}" if len(series) == 1 else ""), total * len(opts.metrics)) as bar:
+        ds = run_track(series, opts, out / CACHE, ev, progress=bar.step)
+    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metrics", ",".join(metrics), "--out",
+                                     str(out)]))
     from ..report.track import track_rows
 
     rows = track_rows(ds)
@@ -129,8 +130,11 @@ def write_outputs(ds, out: Path, command: str) -> None:
     from ..io.atomic import atomic_write_text
     from ..report.track import fig_track, track_markdown
 
-    ds.attrs["history"] = f"{ds.attrs['history'].split(' ', 1)[0]} {command}"
-    write_netcdf(ds, out / "track.nc", overwrite=True)
+    from ..report.reproducible import reproducible
+
+    # no time stamp in the tracked file: a rerun on the same snapshots leaves track.nc byte-identical
+    ds.attrs["history"] = command
+    write_netcdf(reproducible(ds), out / "track.nc", overwrite=True)
     save_figure(fig_track(ds), out / "track.png")
     atomic_write_text(out / "README.md", track_markdown(ds, "track.png", heading="#"))
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps
+from .app import QuietOpt, app, domain_errors, dumps
 
 
 @app.command()
@@ -16,7 +16,8 @@ from .app import app, domain_errors, dumps
 def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or a grid with base + runs).")],
           overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=200 model.n_layer=8")] = None,
           run: Annotated[str | None, typer.Option(help="Run name inside a grid recipe.")] = None,
-          list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False) -> None:
+          list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False,
+          quiet: QuietOpt = False) -> None:
     """Train a model from a committed recipe; resumable, seeded; exports a depthlens checkpoint.
 
     Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE ...`.
@@ -36,7 +37,7 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
 
     cfg = load_recipe(recipe, overrides or [], run=run)  # validated before any work; also sizes the bar
     main = int(os.environ.get("RANK", "0")) == 0
-    with bar(f"train {cfg.name or recipe.stem}", cfg.steps, as_json=not main) as advance:
+    with bar(f"train {cfg.name or recipe.stem}", cfg.steps, show=main, every=10.0) as advance:
         advance(0)
 
         def progress(step: int, rec: dict) -> None:

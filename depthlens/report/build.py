@@ -86,7 +86,7 @@ class Report:
 
 RECORD_BASE = ("checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
                "val_loss", "eval_loss")
-RECORD_END = ("path", "seconds")
+RECORD_END = ("path",)
 RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
 
@@ -98,8 +98,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
     r: dict[str, Any] = {k: None for k in record_keys(RECORD_BASE, RECORD_END)}
     r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
-             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
-             seconds=round(sum(e.seconds.values()), 2))
+             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path))
     for d in registry.diagnostics():
         ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
         if ds is not None:

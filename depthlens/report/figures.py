@@ -2,8 +2,9 @@
 overview grids. Built on `depthlens.analysis.plots` (heatmap, share_curves, save_figure); what plots.py
 lacks (bar/profile panels, grids, design colours) lives here.
 
-Every figure has a title, labelled axes and, for heatmaps, a colour bar labelled `long_name [units]` from
-the data. Files are written atomically by `plots.save_figure` (temp file, then rename). Callers select the
+Every figure has a title, labelled axes (heatmaps: from the coordinates' `long_name`) and, for heatmaps, a
+colour bar labelled `long_name [units]` from the data that spans the data's range: a log (or symmetric-log)
+scale where values span orders of magnitude, blank (masked) cells where a value is undefined. Files are written atomically by `plots.save_figure` (temp file, then rename). Callers select the
 backend (the CLI uses Agg); nothing here calls `plt.show()`.
 """
 
@@ -21,7 +22,9 @@ from depthlens.analysis.metrics import late_window
 from depthlens.designs import DESIGNS, SLUGS
 
 DPI = 100
-CAUSAL_VMAX = 1.5  # end of the causal θ grid
+CAUSAL_VMAX = 1.5  # end of the causal θ grid: a larger maximum draws C on a log scale
+LOG_FLOOR = 1e-2  # lower end of a log colour scale (C, |M|): smaller values take the lowest colour
+MIXING_LINTHRESH = 1e-2  # symlog for M: linear within ±0.01 (negligible weights), decades beyond
 
 
 def design_color(slug: str):
@@ -71,10 +74,16 @@ def fig_angular(ds: xr.Dataset, e) -> Any:
     ax = ax[0, 0]
     plots.heatmap(da, ax, vmin=0.0, vmax=max(0.5, float(np.nanmax(da.values))) if _finite(da) else 1.0,
                   cmap="magma", annot=max(da.shape) <= 5)
-    ax.set_ylabel("start state ℓ (residual before layer ℓ)")
-    ax.set_xlabel("block size n (layers)")
     ax.set_title(f"{_heading(e)}\nangular distance d(h_ℓ, h_ℓ+n), all positions", fontsize=10)
     return fig
+
+
+def causal_scale(top: float) -> dict[str, Any]:
+    """Colour scale of C: linear [0, max(1, top)] up to CAUSAL_VMAX; beyond, one outlier (C ≫ 1) would wash out
+    the rest, so log [LOG_FLOOR, top] (smaller C take the lowest colour)."""
+    if top > CAUSAL_VMAX:
+        return {"vmin": LOG_FLOOR, "vmax": top, "scale": "log", "extend": "min"}
+    return {"vmin": 0.0, "vmax": max(1.0, top), "scale": "linear", "extend": "neither"}
 
 
 def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
@@ -84,20 +93,17 @@ def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
     da = score_matrix(ds, "causal", "max", "current")
     computed = [int(l) for l in da["layer"].values if _finite(da.sel(layer=l).values)]
     if computed:
-        # rows: the skipped layers that were run; columns from the first of them (earlier t are 0 by definition)
+        # rows: the skipped layers that were run; columns from the first of them (earlier t are undefined)
         da = da.sel(layer=computed, layer_other=[int(t) for t in da["layer_other"].values if t >= computed[0]])
-        s_idx, t_idx = np.meshgrid(da["layer"].values, da["layer_other"].values, indexing="ij")
-        da = da.where(t_idx >= s_idx)  # t < s is 0 by definition: left blank
+    da = plots.upper_triangle(da)  # t < s is undefined (stored as 0): blank, not the colour of "no effect"
     fig, ax = _subplots()
     ax = ax[0, 0]
     top = float(np.nanmax(da.values)) if _finite(da) else 1.0
-    vmax = min(max(1.0, top), CAUSAL_VMAX)  # one outlier (C ≫ 1) would wash out the scale: clip the colours
-    plots.heatmap(da, ax, vmin=0.0, vmax=vmax, cmap="viridis", annot=max(da.shape) <= 8)
-    ax.set_ylabel("skipped layer s")
-    ax.set_xlabel("measured layer t")
+    sc = causal_scale(top)
+    plots.heatmap(da, ax, cmap="viridis", annot=max(da.shape) <= 8 and sc["scale"] == "linear", **sc)
     extra = "" if share is None else f" · share > {registry.CAUSAL.theta:g}: {share:.2f}"
-    if top > vmax:
-        extra += f"\n(colours clipped at {vmax:g}; max C = {top:.3g})"
+    if sc["scale"] == "log":
+        extra += f"\n(log colour scale: max C = {top:.3g}; C < {LOG_FLOOR:g} in the lowest colour)"
     ax.set_title(f"{_heading(e)}\ncausal score C(s, t), current/max{extra}", fontsize=10)
     return fig
 
@@ -111,8 +117,6 @@ def fig_permutation(ds: xr.Dataset, e, share: float | None = None) -> Any:
     fig, ax = _subplots()
     ax = ax[0, 0]
     plots.heatmap(da, ax, vmin=-radius, vmax=radius, center=0.0, cmap="vlag", annot=max(da.shape) <= 8)
-    ax.set_ylabel("swapped layer i")
-    ax.set_xlabel("swapped layer j")
     extra = "" if share is None else f" · share > {registry.PERM_ABS.theta:g} nat: {share:.2f}"
     ax.set_title(f"{_heading(e)}\npermutation P_abs, late window{extra}", fontsize=10)
     return fig
@@ -122,17 +126,21 @@ def fig_mixing(ds: xr.Dataset, e) -> Any | None:
     """M[i → j] (token mean); MoDA: depth-attention mass per sublayer instead. None if neither exists."""
     da = ds["depth_mixing"]
     if _finite(da):
+        # source i (the output of sublayer i−1) exists only for destinations j ≥ i: the rest is undefined
+        da = plots.upper_triangle(da)
         fig, ax = _subplots()
         ax = ax[0, 0]
         lo, hi = _span(da.values)
+        r = max(abs(lo), abs(hi))
+        # HC's M reaches thousands next to weights of order 1: a linear scale would show one dark corner
+        scale = "symlog" if r > 10 else "linear"
+        note = f"symmetric-log colours (linear within ±{MIXING_LINTHRESH:g}), |M| ≤ {r:.3g}" if scale == "symlog" else ""
         if lo < 0:
-            r = max(abs(lo), abs(hi))
-            plots.heatmap(da, ax, vmin=-r, vmax=r, center=0.0, cmap="vlag")
+            plots.heatmap(da, ax, vmin=-r, vmax=r, center=0.0, cmap="vlag", scale=scale, linthresh=MIXING_LINTHRESH)
         else:
-            plots.heatmap(da, ax, vmin=0.0, vmax=max(hi, 1e-6), cmap="viridis")
-        ax.set_ylabel("source i (0 = embedding, i = output of sublayer i−1)")
-        ax.set_xlabel("destination: input of sublayer j (2L = final readout)")
-        ax.set_title(f"{_heading(e)}\ndepth-mixing matrix M[i → j]", fontsize=10)
+            plots.heatmap(da, ax, vmin=0.0, vmax=max(hi, 1e-6), cmap="viridis", scale=scale,
+                          linthresh=MIXING_LINTHRESH)
+        ax.set_title(f"{_heading(e)}\ndepth-mixing matrix M[i → j]" + (f"\n({note})" if note else ""), fontsize=10)
         return fig
     if "depth_mass" in ds and _finite(ds["depth_mass"]):
         # sublayers without depth attention are all-NaN rows: drop them; sources as rows keeps cells square
@@ -140,8 +148,6 @@ def fig_mixing(ds: xr.Dataset, e) -> Any | None:
         fig, ax = _subplots(size=(min(12.0, 2.5 + 0.45 * dm.sizes["sublayer"]), 2.6 + 0.4 * dm.sizes["depth_source"]))
         ax = ax[0, 0]
         plots.heatmap(dm, ax, vmin=0.0, vmax=max(_span(dm.values)[1], 1e-6), cmap="viridis")
-        ax.set_ylabel("depth source (depth-KV slot)")
-        ax.set_xlabel("sublayer j (with depth attention)")
         ax.set_title(f"{_heading(e)}\nMoDA depth-attention mass (no residual mix)", fontsize=10)
         return fig
     return None
@@ -337,19 +343,28 @@ def fig_overview(entries, metric: str) -> Any | None:
     score = registry.get(metric).headline
     assert score is not None
 
-    def matrix(ds: xr.Dataset) -> np.ndarray:
-        return np.asarray(score_matrix(ds, score.key, score.select.get("aggregator"), score.select.get("variant"))
-                          .values, float).copy()
+    def late(e) -> np.ndarray:
+        """The late-window block of the panel's matrix (causal: t < s, undefined, as NaN)."""
+        ds, a = e.datasets[metric], late_window(e.n_layer)
+        m = np.asarray(score_matrix(ds, score.key, score.select.get("aggregator"), score.select.get("variant"))
+                       .values, float).copy()
+        if metric == "causal":
+            m[np.tril_indices_from(m, k=-1)] = np.nan
+        return m[a:, a:]
 
-    if metric == "causal":
-        vmin, vmax, cmap, label = 0.0, 1.0, "viridis", "causal score C(s,t), current/max [1]"
+    vals = np.concatenate([late(e).ravel() for e in have])
+    if metric == "causal":  # the colour bar spans the data: scores above 1 are common
+        sc = causal_scale(float(np.nanmax(vals)) if _finite(vals) else 1.0)
+        norm = plots.color_norm(sc["scale"], sc["vmin"], sc["vmax"])
+        cmap, extend = "viridis", sc["extend"]
+        label = "causal score C(s,t), current/max [1]" + (" (log scale)" if sc["scale"] == "log" else "")
     else:
-        vals = np.concatenate([matrix(e.datasets[metric]).ravel() for e in have])
         r = max(float(np.nanmax(np.abs(vals))) if _finite(vals) else 1e-3, 1e-3)
-        vmin, vmax, cmap, label = -r, r, "vlag", ("swap loss increase P_abs [nat]" if metric == "permutation"
-                                                  else f"{score.label} [{score.unit}]")
+        norm, cmap, extend = plots.color_norm("linear", -r, r), "vlag", "neither"
+        label = "swap loss increase P_abs [nat]" if metric == "permutation" else f"{score.label} [{score.unit}]"
     im = None
     for i, L in enumerate(depths):
+        a = late_window(L)
         for j, s in enumerate(slugs):
             ax = axes[i, j]
             ax.set_xticks([])
@@ -363,19 +378,22 @@ def fig_overview(entries, metric: str) -> Any | None:
                 ax.set_facecolor("0.95")
                 ax.text(0.5, 0.5, "—", ha="center", va="center", transform=ax.transAxes, color="0.5")
                 continue
-            ds = match[0].datasets[metric]
-            m = matrix(ds)
-            if metric == "causal":
-                m[np.tril_indices_from(m, k=-1)] = np.nan  # t < s: 0 by definition, left blank
-            a = late_window(L)
-            im = ax.imshow(np.ma.masked_invalid(m[a:, a:]), cmap=cmap, vmin=vmin, vmax=vmax,
-                           interpolation="nearest", aspect="equal")
+            m = late(match[0])
+            im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm, interpolation="nearest", aspect="equal")
+            n = m.shape[0]  # layer ticks: the window's first and last layer
+            ax.set_xticks([0, n - 1], [str(a), str(L - 1)], fontsize=6)
+            ax.set_yticks([0, n - 1], [str(a), str(L - 1)], fontsize=6)
+            ax.tick_params(length=2, pad=1)
     if im is not None:
-        fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend="max" if metric == "causal"
-                     else "neither", pad=0.02)
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend=extend, pad=0.02)
+        theta = score.theta
+        cb.ax.axhline(theta, color="white" if metric == "causal" else "0.2", linewidth=1.5)  # the headline θ
+        cb.ax.text(-0.12, norm(theta), f"θ = {theta:g}", transform=cb.ax.transAxes, va="center", ha="right", fontsize=7)
     what = {"causal": "causal score (skipped s → measured t)", "permutation": "permutation P_abs (i, j)"}.get(
         metric, f"{score.label} (i, j)")
-    fig.suptitle(f"overview: {what} on the late window ⌊L/4⌋…L−1 (rows: depth, columns: design)", fontsize=12)
+    within = "rows s, columns t" if metric == "causal" else "rows i, columns j"
+    fig.suptitle(f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
+                 f"panel {within}, ticks: first and last layer)", fontsize=11, y=1.04)
     return fig
 
 

@@ -96,9 +96,8 @@ def _eval_line(rep) -> str:
 
 
 def _timing_line(rep) -> str:
-    s = rep.seconds
-    parts = [f"{k} {v:.0f} s" for k, v in s.items() if k in ("compute", "figures", "datasets", "total")]
-    return "timings: " + ", ".join(parts) if parts else ""
+    # timings differ run to run: they live in the untracked timings.json, so a rerun leaves this page unchanged
+    return "timings: timings.json (not tracked)"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,8 +185,7 @@ def render_html(rep) -> str:
         parts.append(f'<h3 id="{_h(e.name)}">{_h(e.name)} — {_h(r.get("design_name"))}, L = {e.n_layer}, '
                      f"d = {e.d_model}, {r.get('params_total') or 0:,} params</h3>")
         parts.append(f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'NaN'))} · "
-                     f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))} · "
-                     + " · ".join(f"{_h(m)} {v:.1f} s" for m, v in e.seconds.items()) + "</p>")
+                     f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))}</p>")
         imgs = [_img(p, metric_titles().get(m, m)) for m, p in e.figures.items()]
         if imgs:
             parts.append('<div class="grid">' + "".join(imgs) + "</div>")
@@ -195,7 +193,7 @@ def render_html(rep) -> str:
             parts.append(f'<p class="note">{_h(n)}</p>')
     parts.append('<h2 id="files">Files</h2><ul>')
     parts.append('<li><a href="summary.json">summary.json</a> — the table as records</li>')
-    parts.append('<li><a href="manifest.json">manifest.json</a> — options, eval data, timings, file index</li>')
+    parts.append('<li><a href="manifest.json">manifest.json</a> — options, eval data, file index; timings.json: compute times and machine (not tracked)</li>')
     parts.append('<li><a href="README.md">README.md</a> — this report in Markdown</li>')
     for f, names in rep.files.items():
         parts.append(f'<li><a href="{_h(f)}">{_h(f)}</a> — {_h(", ".join(names))}</li>')
@@ -256,8 +254,8 @@ def render_markdown(rep) -> str:
     notes = [f"- {e.name}: {n}" for e in rep.entries for n in e.notes] + [f"- {n}" for n in rep.notes]
     if notes:
         out += ["## Notes", ""] + notes + [""]
-    out += ["## Files", "", "- `summary.json`: the table as records; `manifest.json`: options, eval data, timings, "
-            "file index"]
+    out += ["## Files", "", "- `summary.json`: the table as records; `manifest.json`: options, eval data, "
+            "file index; `timings.json`: compute times and machine facts (not tracked: they change run to run)"]
     out += [f"- [`{f}`]({f}): {', '.join(names)}" for f, names in rep.files.items()]
     out += ["", f"<sub>{_timing_line(rep)} · `{rep.command}`</sub>", ""]
     return "\n".join(out)

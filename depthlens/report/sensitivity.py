@@ -83,7 +83,8 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     """Small PNGs (dpi 72) of every diagnostic; returns {key: file name}."""
     import matplotlib.pyplot as plt
 
-    from depthlens.analysis.plots import heatmap, save_figure
+    from depthlens.analysis.plots import heatmap, save_figure, upper_triangle
+    from depthlens.report.figures import causal_scale
 
     files: dict[str, str] = {}
     a = summary["late_window_start"]
@@ -93,16 +94,16 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
         save_figure(fig, out / files[key], dpi=72)
 
     norms = [n for n in ("update", "resid") if f"causal_{n}" in d]
-    # causal heatmaps: variant × norm (max aggregator), every panel on its own [0, max] scale
+    # causal heatmaps: variant × norm, every panel on its own scale (causal_scale: log beyond C = 1.5); t < s blank
     for agg in ("max", "mean") if norms else ():
         fig, axes = plt.subplots(len(norms), 2, figsize=(11, 4.8 * len(norms)), squeeze=False)
         for r, norm in enumerate(norms):
             for c, variant in enumerate(("current", "future")):
-                da = d[f"causal_{norm}"]["causal_score"].sel(variant=variant, aggregator=agg)
+                da = upper_triangle(d[f"causal_{norm}"]["causal_score"].sel(variant=variant, aggregator=agg))
                 da = da.rename(layer="skipped layer s", layer_other="later layer t")
                 da.attrs["long_name"] = f"C(s,t), {agg}, norm={norm}"
                 hi = float(np.nanmax(da.values)) if np.isfinite(da.values).any() else 1.0
-                heatmap(da, axes[r, c], vmin=0.0, vmax=min(max(hi, 1e-6), 1.5),
+                heatmap(da, axes[r, c], **causal_scale(hi),
                         title=f"{variant}, norm={norm}: S({C_THETA:g}) = "
                               f"{share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}")
         fig.suptitle(f"causal score C(s,t), aggregator={agg} (rows s < {a} not skipped unless computed)")
@@ -115,7 +116,7 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     if "permutation" in d:
         P = d["permutation"]["perm_abs"].rename(layer="layer i", layer_other="layer j")
-        heatmap(P, axes[0], vmin=0.0, title="P_abs(i, j): loss rise (nats) when i and j swap")
+        heatmap(P, axes[0], center=0.0, cmap="vlag", title="P_abs(i, j): loss rise (nats) when i and j swap")
     else:
         axes[0].set_axis_off()
         axes[0].text(0.5, 0.5, "permutation stage not computed", ha="center")
@@ -129,10 +130,10 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
         fig, axes = plt.subplots(len(ref["variant"]), 3, figsize=(15, 4.6 * len(ref["variant"])), squeeze=False)
         for r, variant in enumerate(ref["variant"].values):
             for c, agg in enumerate(aggs):
-                da = ref["causal_score"].sel(variant=variant, aggregator=agg)
+                da = upper_triangle(ref["causal_score"].sel(variant=variant, aggregator=agg))
                 da = da.rename(layer="skipped layer s", layer_other="later layer t")
                 da.attrs["long_name"] = f"C(s,t), {agg}, norm=update"
-                heatmap(da, axes[r, c], vmin=0.0, vmax=1.0,
+                heatmap(da, axes[r, c], vmin=0.0, vmax=1.0, extend="max",
                         title=f"{variant}/{agg}: S({C_THETA:g}) = {share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}")
         fig.suptitle("reference stage: 8 sequences × 128 tokens, late s, norm=update (colour clipped at 1)")
         save(fig, "reference_causal")
@@ -151,8 +152,9 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     return files
 
 
-def _definition_figures(d, rows, norms, a, save) -> None:
-    """The share-above-θ bars for every definition and the S(θ) sweeps."""
+def _definition_figures(d, rows, norms, a, save, design: str = "Pre-LN") -> None:
+    """The share-above-θ bars for every definition (with the paper's value for the model's design) and the
+    S(θ) sweeps."""
     import matplotlib.pyplot as plt
 
     from depthlens.analysis.stats import share_curve
@@ -162,9 +164,10 @@ def _definition_figures(d, rows, norms, a, save) -> None:
     labels = [f"{r['variant'][:3]}/{r['aggregator']}/{r['norm']}" for r in rows]
     vals = [r[C_KEY] for r in rows]
     ax.bar(range(len(rows)), vals, color=["C0" if r["norm"] == "update" else "C1" for r in rows])
-    for name, ref in PAPER_REFERENCE["designs"].items():
-        ax.axhline(ref["causal"], linestyle="--", linewidth=1, color="0.4")
-        ax.text(len(rows) - 0.5, ref["causal"], f" paper {name}", va="center", fontsize=7)
+    # like with like: a real (LLaMA/Qwen/GPT-2) model is a Pre-LN Transformer, so only the paper's Pre-LN value
+    ref = PAPER_REFERENCE["designs"][design]["causal"]
+    ax.axhline(ref, linestyle="--", linewidth=1, color="0.4")
+    ax.text(len(rows) - 0.5, ref, f" paper {design}\n (L = 32)", va="center", fontsize=7)
     ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
     ax.set_ylabel(f"share of late pairs with C > {C_THETA:g}")
     ax.set_ylim(0, 1.02)

@@ -131,13 +131,13 @@ def manifest(rep: Report) -> dict[str, Any]:
     d = rep.data
     return jsonable({
         "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": rep.world_size,
+        "world_size": rep.world_size,
         "options": rep.options.as_dict(),
         "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
                       "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
         "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
-                         "seconds": e.seconds, "figures": e.figures, "notes": e.notes} for e in rep.entries],
-        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness, "seconds": rep.seconds,
+                         "figures": e.figures, "notes": e.notes} for e in rep.entries],
+        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness,
         "notes": rep.notes,
         "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
                       "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
@@ -150,6 +150,7 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
     from depthlens.analysis.dataset import write_netcdf
 
     from . import figures, render
+    from .reproducible import reproducible, timings
 
     out = check_out(out, overwrite)
     try:
@@ -166,15 +167,16 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
             t0 = time.perf_counter()
             for metric in registry.names():
                 for fname, names, ds in merged_datasets(rep.entries, metric):
-                    write_netcdf(ds, tmp / fname)
+                    write_netcdf(reproducible(ds), tmp / fname)
                     rep.files[fname] = names
             for metric, sw in rep.sweeps.items():
                 fname = f"sweep_{registry.get(metric).headline.key}.nc"
-                write_netcdf(sw, tmp / fname)
+                write_netcdf(reproducible(sw), tmp / fname)
                 rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
             rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
             atomic_write_text(tmp / "summary.json", json.dumps(rep.records, indent=1) + "\n")
             atomic_write_text(tmp / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")
+            atomic_write_text(tmp / "timings.json", json.dumps(timings(rep), indent=1) + "\n")
             atomic_write_text(tmp / "index.html", render.render_html(rep))
             atomic_write_text(tmp / "README.md", render.render_markdown(rep))
         progress("write")
