@@ -49,21 +49,18 @@ def humaneval_items() -> list[Item]:
 def jsonl_items(path: str | Path, prompt_field: str, answer_field: str) -> list[Item]:
     """Items from a user-supplied JSONL file with the given field names."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text") from None
+    from depthlens.io.files import TEXT_MAX, read_text
+
+    text = read_text(path, "a JSONL file", max_bytes=TEXT_MAX, error=DataError)
     items = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            raise DataError(f"{path}:{n}: not valid JSON") from None
-        if prompt_field not in row or answer_field not in row:
+        except (json.JSONDecodeError, RecursionError):
+            raise DataError(f"{path}:{n}: not valid JSON (or nested too deeply)") from None
+        if not isinstance(row, dict) or prompt_field not in row or answer_field not in row:
             raise DataError(f"{path}:{n}: missing field {prompt_field!r} or {answer_field!r}")
         items.append(Item(str(row[prompt_field]), str(row[answer_field])))
     if not items:
