@@ -13,6 +13,12 @@ class DataError(DepthlensError):
     """An eval/training data file is missing, empty, not UTF-8, or too short."""
 
 
+class UsageError(DepthlensError, ValueError):
+    """A bad option value or a malformed command line: the CLI exits 2."""
+
+    usage = True
+
+
 class SchemaError(DepthlensError, ValueError):
     """A structured input (recipe, config, manifest, device map, ...) breaks its schema (depthlens.schema).
 

@@ -141,7 +141,8 @@ def build(cls: type, data: Any, where: Any = "", *, prefix: str = "", usage_fiel
     except SchemaError as e:
         err = e.within(prefix) if prefix and not (e.field or "").startswith(prefix) else e
     top = (err.field or "").removeprefix(prefix + "." if prefix else "").split(".")[0].split("[")[0]
-    raise err.at(str(where), usage=bool(top) and top in set(usage_fields)) from None
+    usage = bool(top) and top in set(usage_fields)
+    raise err.at("key=value override" if usage else str(where), usage=usage) from None
 
 
 def validate(model: Any, data: Any, where: Any = "", *, usage: bool = False) -> Any:

@@ -395,8 +395,10 @@ def parse_grid(text: str) -> list[float]:
             a, b, s = (float(x) for x in text.split(":"))
             if not (s > 0 and b >= a and math.isfinite(a) and math.isfinite(b)):
                 raise ValueError
-            if (b - a) / s + 1 > GRID_MAX:  # sized before allocating: 10^7 points would write 1.3 GB
-                fail(f"--thresholds {text}: {int((b - a) / s) + 1:,} points; at most {GRID_MAX:,}", 2)
+            n = (b - a) / s + 1  # sized before allocating: 10^7 points would write 1.3 GB; inf for a 1e-320 step
+            if not math.isfinite(n) or n > GRID_MAX:
+                many = f"{int(n):,}" if math.isfinite(n) else "too many"
+                fail(f"--thresholds {text}: {many} points; at most {GRID_MAX:,}", 2)
             vals = list(np.round(np.arange(a, b + s / 2, s), 10))
         else:
             vals = [float(x) for x in text.split(",") if x.strip()]
