@@ -111,7 +111,12 @@ def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max
         raise DataError("no evaluable items (every answer was empty)")
     return {"nll": total_nll / total_tok, "nll_item_mean": sum(per_item) / len(per_item), "per_item": per_item,
             "n_items": len(per_item), "n_answer_tokens": total_tok, "n_truncated": truncated,
-            "perplexity": math.exp(total_nll / total_tok)}
+            "perplexity": perplexity(total_nll / total_tok)}
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) in nats; inf where it overflows a float (loss > ~709.78), never an OverflowError."""
+    return math.exp(loss) if loss < math.log(float.fromhex("0x1.fffffffffffffp+1023")) else math.inf
 
 
 def _device(model: Any) -> torch.device:

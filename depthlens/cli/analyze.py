@@ -71,11 +71,17 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
     if c.threads:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     check_choice(c.dtype, tuple(DTYPES), "--dtype")
-    from ..adapters.load import open_model as open_checkpoint
+    from ..adapters.load import declared_context, open_model as open_checkpoint
     from ..adapters.placement import parse_device_map
 
+    device_map = parse_device_map(c.device_map)  # checked against this machine's devices before the load
+    ctx = declared_context(ckpt) if c.seq_len else None  # from the header: refused before a minute-long load
+    if ctx is not None and c.seq_len > ctx:
+        from ..errors import DataError
+
+        raise DataError(f"--seq-len {c.seq_len} exceeds the {ctx} tokens of context {ckpt} declares")
     op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype),
-                         device_map=parse_device_map(c.device_map))
+                         device_map=device_map)
     return op.model, ckpt
 
 
