@@ -22,19 +22,30 @@ from typing import Any, get_type_hints
 
 from .errors import SchemaError
 
-__all__ = ["LAX", "OneOf", "SchemaError", "build", "check_dataclass", "mirror", "one_line", "require", "validate"]
+__all__ = ["LAX", "PATH_TEXT", "Check", "OneOf", "SchemaError", "build", "check_dataclass", "mirror", "one_line", "require", "validate"]
 
 
-class OneOf:
+class Check:
+    """Annotation marker: `test(value)` must hold; `expected` says what the value should be."""
+
+    def __init__(self, test: Any, expected: str):
+        self.test, self.expected = test, expected
+
+    def __call__(self, v: Any) -> Any:
+        if not self.test(v):
+            raise ValueError(self.expected)
+        return v
+
+
+class OneOf(Check):
     """Annotation marker: the value must be one of `values` (a closed vocabulary such as design slugs)."""
 
     def __init__(self, *values: Any):
         self.values = tuple(values)
+        super().__init__(lambda v: v in self.values, f"one of {', '.join(map(str, self.values))}")
 
-    def __call__(self, v: Any) -> Any:
-        if v not in self.values:
-            raise ValueError(f"one of {', '.join(map(str, self.values))}")
-        return v
+
+PATH_TEXT = Check(lambda s: "\0" not in s, "a path (no NUL byte)")  # a NUL byte makes every os call fail
 
 
 LAX = object()  # annotation marker: accept the JSON form of the container (a list for a tuple); items stay strict
@@ -90,7 +101,7 @@ def _pydantic_type(tp: Any) -> Any:
         base, *meta = get_args(tp)
         from pydantic import Strict
 
-        meta = [AfterValidator(m) if isinstance(m, OneOf) else Strict(False) if m is LAX else m for m in meta]
+        meta = [AfterValidator(m) if isinstance(m, Check) else Strict(False) if m is LAX else m for m in meta]
         return Annotated[(base, *meta)] if meta else base
     return tp
 

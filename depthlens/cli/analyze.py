@@ -82,6 +82,12 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
         raise DataError(f"--seq-len {c.seq_len} exceeds the {ctx} tokens of context {ckpt} declares")
     op = open_checkpoint(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype),
                          device_map=device_map)
+    params = getattr(op.model, "parameters", None)
+    if callable(params) and not any(bool(p.detach().any()) for p in params()):
+        from ..errors import DepthlensError
+
+        raise DepthlensError(f"{ckpt}: every weight is zero, so every layer's output is zero and every depth score "
+                             "would be 0/0; nothing to measure (an untrained or wiped checkpoint?)")
     return op.model, ckpt
 
 
@@ -403,9 +409,9 @@ def parse_grid(text: str) -> list[float]:
                 raise ValueError
             n = (b - a) / s + 1  # sized before allocating: 10^7 points would write 1.3 GB; inf for a 1e-320 step
             if not math.isfinite(n) or n > GRID_MAX:
-                many = f"{int(n):,}" if math.isfinite(n) else "too many"
+                many = f"{int(n):,}" if n < 1e15 else "too many"
                 fail(f"--thresholds {text}: {many} points; at most {GRID_MAX:,}", 2)
-            vals = list(np.round(np.arange(a, b + s / 2, s), 10))
+            vals = [round(float(v), 10) for v in np.arange(a, b + s / 2, s)]  # Python's round: no overflow at 1e308
         else:
             vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:

@@ -23,7 +23,7 @@ from annotated_types import Ge, Gt, Interval, Le, Lt, MinLen
 
 from ..errors import SchemaError
 from ..models.config import ModelConfig
-from ..schema import LAX, OneOf, build, check_dataclass, require
+from ..schema import LAX, PATH_TEXT, OneOf, build, check_dataclass, require
 
 SCHEDULES = ("wsd", "cosine")
 RUN_FILES = ("resume", ".resume.new", ".resume.old", "log.jsonl", "snapshots")  # what <out> holds besides the export
@@ -52,8 +52,8 @@ class RunConfig:
 
     # --- what to train on -----------------------------------------------------------------------
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields: the architecture is data, not code
-    data: str = "data/corpus-bytes"  # directory of token shards (train_*.bin / val_*.bin + manifest.json)
-    tokenizer: str = "bytes"  # tokenizer spec (get_tokenizer); must match the shards, exported with the checkpoint
+    data: Annotated[str, PATH_TEXT] = "data/corpus-bytes"  # directory of token shards (train_*.bin / val_*.bin + manifest.json)
+    tokenizer: Annotated[str, PATH_TEXT] = "bytes"  # tokenizer spec (get_tokenizer); must match the shards, exported with the checkpoint
     seq_len: Pos = 128  # tokens per training sequence (inputs; targets are shifted by one)
 
     # --- batch ----------------------------------------------------------------------------------
@@ -89,8 +89,8 @@ class RunConfig:
     save_every: Count = 0  # write the resume state every N steps (0 = only at the end)
     stop_after: Count = 0  # stop after this step as if killed, leaving the resume state (0 = run to `steps`)
     resume: bool = True  # continue from <out>/resume if it exists (a preempted job just reruns its command)
-    out: Annotated[str, MinLen(1)] = "runs/default"  # run directory: log.jsonl, resume/ state
-    export: str = ""  # where the final depthlens checkpoint goes ("" = <out>/checkpoint)
+    out: Annotated[str, MinLen(1), PATH_TEXT] = "runs/default"  # run directory: log.jsonl, resume/ state
+    export: Annotated[str, PATH_TEXT] = ""  # where the final depthlens checkpoint goes ("" = <out>/checkpoint)
     snapshots: list[Count] = field(default_factory=list)  # steps at which to keep a model-only analysis snapshot (0 = init)
     snapshot_every_log2: bool = False  # snapshots at step 0, 16, 32, 64, ... and the last step: depth use over training
     snapshot_eval_batches: Count = 4  # validation batches behind each snapshot's val_loss (cheap; the final eval is separate)
