@@ -51,9 +51,14 @@ PATH_TEXT = Check(lambda s: "\0" not in s, "a path (no NUL byte)")  # a NUL byte
 LAX = object()  # annotation marker: accept the JSON form of the container (a list for a tuple); items stay strict
 
 
+_UNION_TAGS = ("str", "int", "float", "bool", "list", "dict", "none", "tuple")
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
+        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part or "(" in part):
+            continue  # pydantic's name for a union member or a validator, not a field
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 

@@ -199,7 +199,7 @@ def test_device_map_grammar(text):
 
     out = depthlens_error_or(parse_device_map, text)
     if isinstance(out, dict):
-        assert set(out) == {"embed", "layers", "head"} and out["embed"] in ("cpu",)
+        assert set(out) == {"embed", "layers", "head"} and out["embed"] in ("cpu", "meta")
 
 
 # --- files: JSON bytes, manifests, tokenizer configs ---------------------------------------------------------

@@ -17,6 +17,7 @@ per visible CUDA device. An explicit map may put the head elsewhere (not with ti
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -110,9 +111,9 @@ def resolve_device_map(spec: str | dict[str, Any] | Placement, sizes: PartSizes,
         d = _device(spec, "device_map")
         p = Placement(d, (d,) * L, d)
     elif isinstance(spec, dict):
-        extra = set(spec) - {"embed", "layers", "head"}
-        if extra or not {"embed", "layers", "head"} <= set(spec):
-            raise DepthlensError(f"device_map needs exactly the keys embed, layers, head; got {sorted(spec)}")
+        from ..schema import validate
+
+        spec = validate(_map_schema(), spec, "device_map").model_dump()  # keys, types, device names: one line
         layers = spec["layers"]
         if isinstance(layers, str):
             layers = [layers] * L
@@ -150,7 +151,7 @@ def move(x: Any, dev: torch.device) -> Any:
     return x
 
 
-DEVICE_NAME = r"^(cpu|mps|cuda(:\d{1,4})?)$"
+DEVICE_NAME = r"^(cpu|mps|meta|cuda(:\d{1,4})?)$"  # meta: shapes only (tests, planning)
 
 
 def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
@@ -177,7 +178,7 @@ def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
                               where="--device-map", usage=True)
         out, names = text, [text]
     for name in dict.fromkeys(names):
-        _check_present(name)
+        _check_present(name if isinstance(name, str) else f"cuda:{name}")
     return out
 
 
@@ -192,13 +193,21 @@ def _check_present(name: str) -> None:
         raise DepthlensError("--device-map names mps, which this machine does not have")
 
 
+@functools.cache
 def _map_schema() -> Any:
     """{"embed": dev, "layers": dev or [dev per layer], "head": dev}: device names only."""
     from typing import Annotated
 
-    from pydantic import BaseModel, ConfigDict, StringConstraints
+    import re
 
-    Dev = Annotated[str, StringConstraints(pattern=DEVICE_NAME)]
+    from pydantic import AfterValidator, BaseModel, ConfigDict
+
+    from ..schema import Check
+
+    def device_name(x: Any) -> bool:  # a name, or a CUDA index (the Python API's int)
+        return bool(re.match(DEVICE_NAME, x)) if isinstance(x, str) else isinstance(x, int) and x >= 0
+
+    Dev = Annotated[str | int, AfterValidator(Check(device_name, "a device name (cpu, mps, cuda, cuda:N)"))]
 
     class DeviceMap(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
