@@ -267,7 +267,7 @@ CASES += [
     ("causal-device-map-cuda7", ["causal", "{preln}", "--device-map", "cuda:7", *FAST], 1, "cuda:7"),
     ("causal-device-map-fifo", ["causal", "{preln}", "--device-map", "{root}/map.json", *FAST], 1, "FIFO"),
     ("causal-device-map-missing", ["causal", "{preln}", "--device-map", "{root}/nomap.json", *FAST], 1, "nomap.json"),
-    ("causal-device-map-bad-field", ["causal", "{preln}", "--device-map", '{{"embed": 1, "layers": "cpu", "head": "cpu"}}',
+    ("causal-device-map-bad-field", ["causal", "{preln}", "--device-map", '{{"embed": true, "layers": "cpu", "head": "cpu"}}',
                                      *FAST], 2, "'embed'"),
     ("causal-device-map-name", ["causal", "{preln}", "--device-map", "gpu0", *FAST], 2, "--device-map"),
     ("prepare-dev-zero", ["prepare", "/dev/zero", "--out", "{root}/shards"], 1, "character device"),
