@@ -15,7 +15,7 @@ from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "depthlens"
 LAYER = {"models": 0, "io": 1, "data": 1, "adapters": 2, "training": 2, "analysis": 3, "report": 4, "cli": 5}
-ROOT_MODULES = {"depthlens.designs", "depthlens.errors", "depthlens._version"}
+ROOT_MODULES = {"depthlens.designs", "depthlens.errors", "depthlens._version", "depthlens.schema"}
 
 
 def _modules() -> dict[str, Path]:

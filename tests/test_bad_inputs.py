@@ -10,6 +10,7 @@ so the whole matrix runs in seconds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -54,7 +55,73 @@ def env(tmp_path_factory) -> dict[str, Path]:
     for name, text in {"list_manifest": "[1, 2]", "keyless_manifest": '{"splits": {"train": {}}}'}.items():
         (root / name).mkdir()
         (root / name / "manifest.json").write_text(text)
+    _hostile_checkpoints(root, e)
     return e
+
+
+def _hostile_checkpoints(root: Path, e: dict[str, Path]) -> None:
+    """Checkpoints whose files lie: a tied config over an untied weight file, a float64 weight that is +inf in
+    fp32, config.json as a FIFO / /dev/zero / 100k-deep JSON, a mistyped train.json and tokenizer config, and an
+    all-zero model. Plus a FIFO named like a device map."""
+    from safetensors.torch import load_file, save_file
+
+    def clone(name: str) -> Path:
+        d = root / name
+        d.mkdir()
+        for f in e["preln"].iterdir():
+            if f.is_file():
+                (d / f.name).write_bytes(f.read_bytes())
+        return d
+
+    d = clone("ck_tied_own_head")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model"]["tie_embeddings"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    d = clone("ck_f64_overflow")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["blocks.0.attn.fn.o_proj.weight"] = sd["blocks.0.attn.fn.o_proj.weight"].double()
+    sd["blocks.0.attn.fn.o_proj.weight"][0, 0] = 1e300  # finite in float64, +inf in the fp32 the model computes in
+    save_file(sd, str(d / "model.safetensors"))
+    d = clone("ck_config_fifo")
+    (d / "config.json").unlink()
+    os.mkfifo(d / "config.json")
+    d = clone("ck_config_dev_zero")
+    (d / "config.json").unlink()
+    (d / "config.json").symlink_to("/dev/zero")
+    d = clone("ck_config_deep")
+    (d / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    d = clone("ck_train_json_bad")
+    (d / "train.json").write_text(json.dumps({"steps": "many", "final_val_loss": 3.0}))
+    d = clone("ck_tokenizer_kind_list")
+    (d / "tokenizer_config.json").write_text(json.dumps({"kind": ["bytes"]}))
+    zero = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
+    with torch.no_grad():
+        for p in zero.parameters():
+            p.zero_()
+    depthlens.save(zero, root / "ck_all_zero")
+    os.mkfifo(root / "map.json")
+    for name, text in RAW_RECIPES.items():
+        (root / f"raw_{name}.json").write_text(text)
+
+
+_BASE = {"model": {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab_size": 257, "max_seq_len": 32},
+         "seq_len": 32, "global_batch": 8, "steps": 5, "warmup": 1}
+# recipes that the old hand-written checks let through to a traceback (AttributeError, TypeError)
+RAW_RECIPES = {
+    "runs_int": json.dumps({"base": _BASE, "runs": 3}),
+    "runs_list": json.dumps({"base": _BASE, "runs": [{"lr": 1e-3}]}),
+    "base_list": json.dumps({"base": [1, 2], "runs": {"a": {}}}),
+    "run_bad_lr": json.dumps({"base": _BASE, "runs": {"a": {"lr": "abc"}}}),
+    "lr_text": json.dumps({**_BASE, "lr": "abc"}),
+    "betas_scalar": json.dumps({**_BASE, "betas": 0.9}),
+    "eps_text": json.dumps({**_BASE, "eps": "1e-8"}),
+    "grad_clip_text": json.dumps({**_BASE, "grad_clip": "x"}),
+    "min_lr_null": json.dumps({**_BASE, "min_lr_factor": None}),
+    "out_int": json.dumps({**_BASE, "out": 123}),
+    "threads_huge": json.dumps({**_BASE, "threads": 100000}),
+    "name_list": json.dumps({**_BASE, "name": ["a"]}),
+    "deep": "[" * 100_000 + "]" * 100_000,
+}
 
 
 def _recipe(env: dict[str, Path], name: str, **over) -> Path:
@@ -151,19 +218,64 @@ CASES += [
     ("prepare-seed-negative", ["prepare", "{txt}", "--out", "{root}/shards", "--seed", "-1"], 2, "--seed"),
     ("train-recipe-missing", ["train", "{root}/no_recipe.json"], 1, "no_recipe.json"),
     ("train-recipe-not-json", ["train", "{txt}"], 1, "JSON"),
-    ("train-unknown-field", ["train", "@recipe:typo", "lrr=1"], 1, "lrr"),
-    ("train-float-streams", ["train", "@recipe:streams", "model.arch=hc", "model.hc_streams=2.5"], 1, "hc_streams"),
+    ("train-unknown-field", ["train", "@recipe:typo", "lrr=1"], 2, "lrr"),
+    ("train-float-streams", ["train", "@recipe:streams", "model.arch=hc", "model.hc_streams=2.5"], 2, "hc_streams"),
     ("train-huge-depth", ["train", "@recipe:depth", "model.n_layer=200000"], 1, "GiB"),
     ("train-seq-len-memory", ["train", "@recipe:seq", "seq_len=1000000", "model.max_seq_len=1000000"], 1, "GiB"),
     ("train-global-batch-memory", ["train", "@recipe:batch", "global_batch=1000000"], 1, "GiB"),
-    ("train-export-own-out", ["train", "@recipe:export", "export={root}/run_export"], 1, "export"),
-    ("train-micro-batch", ["train", "@recipe:micro", "micro_batch=3"], 1, "micro_batch"),
-    ("train-lr-negative", ["train", "@recipe:lr", "lr=-1"], 1, "lr"),
+    ("train-export-own-out", ["train", "@recipe:export", "export={root}/run_export"], 2, "export"),
+    ("train-micro-batch", ["train", "@recipe:micro", "micro_batch=3"], 2, "micro_batch"),
+    ("train-lr-negative", ["train", "@recipe:lr", "lr=-1"], 2, "lr"),
     ("train-data-missing", ["train", "@recipe:data"], 1, "no_such_corpus"),
     ("train-data-list-manifest", ["train", "@recipe:manifest", "data={root}/list_manifest"], 1, "manifest"),
     ("train-data-keyless-manifest", ["train", "@recipe:keyless", "data={root}/keyless_manifest"], 1, "shards"),
     ("train-data-dev-zero", ["train", "@recipe:zero", "data=/dev/zero"], 1, "/dev/zero"),
-    ("train-bad-override", ["train", "@recipe:override", "novalue"], 1, "key=value"),
+    # --- issue 23: the schema layer, the file opener, the numerics of inputs -----------------------------------
+    *[(f"train-recipe-{n.replace('_', '-')}", ["train", f"{{root}}/raw_{n}.json"], 1, needle) for n, needle in [
+        ("runs_int", "'runs'"), ("runs_list", "'runs'"), ("base_list", "'base'"), ("lr_text", "'lr'"),
+        ("betas_scalar", "'betas'"), ("eps_text", "'eps'"), ("grad_clip_text", "'grad_clip'"),
+        ("min_lr_null", "'min_lr_factor'"), ("out_int", "'out'"), ("threads_huge", "'threads'"),
+        ("name_list", "'name'"), ("deep", "nested too deeply")]],
+    ("train-grid-bad-run", ["train", "{root}/raw_run_bad_lr.json", "--run", "a"], 1, "'lr'"),
+    ("train-list-runs-int", ["train", "{root}/raw_runs_int.json", "--list"], 1, "'runs'"),
+    ("train-list-bad-run", ["train", "{root}/raw_run_bad_lr.json", "--list"], 1, "'lr'"),
+    ("train-list-base-list", ["train", "{root}/raw_base_list.json", "--list"], 1, "'base'"),
+    ("train-recipe-fifo", ["train", "{fifo}"], 1, "FIFO"),
+    ("train-recipe-dir", ["train", "{root}/foreign_dir"], 1, "directory"),
+    ("train-recipe-dev-zero", ["train", "/dev/zero"], 1, "character device"),
+    ("train-override-threads-huge", ["train", "@recipe:threads", "threads=100000"], 2, "'threads'"),
+    ("train-override-text-lr", ["train", "@recipe:lrtext", "lr=abc"], 2, "'lr'"),
+    ("train-override-conflict", ["train", "@recipe:conflict", "lr=1", "lr.x=2"], 2, "lr"),
+    ("train-override-empty-key", ["train", "@recipe:emptykey", "=3"], 2, "key=value"),
+    ("train-override-null-byte", ["train", "@recipe:nul", "out=a\x00b"], 2, "'out'"),
+    ("info-tied-own-head", ["info", "{root}/ck_tied_own_head"], 1, "tie_embeddings"),
+    ("info-f64-overflow", ["info", "{root}/ck_f64_overflow"], 1, "NaN or Inf"),
+    ("causal-f64-overflow", ["causal", "{root}/ck_f64_overflow", *FAST], 1, "NaN or Inf"),
+    ("info-config-fifo", ["info", "{root}/ck_config_fifo"], 1, "FIFO"),
+    ("info-config-dev-zero", ["info", "{root}/ck_config_dev_zero"], 1, "character device"),
+    ("info-config-deep", ["info", "{root}/ck_config_deep"], 1, "nested too deeply"),
+    ("info-train-json-bad", ["info", "{root}/ck_train_json_bad"], 1, "'steps'"),
+    ("info-tokenizer-kind-list", ["info", "{root}/ck_tokenizer_kind_list"], 1, "'kind'"),
+    ("causal-all-zero", ["causal", "{root}/ck_all_zero", *FAST], 1, "every weight is zero"),
+    ("angular-all-zero", ["angular", "{root}/ck_all_zero", *FAST], 1, "every weight is zero"),
+    ("sweep-grid-subnormal-step", ["sweep", "{preln}", "--thresholds", "0:1:1e-320", *FAST], 2, "points"),
+    ("sweep-grid-huge-stop", ["sweep", "{preln}", "--thresholds", "0:1e308:1e-10", *FAST], 2, "points"),
+    ("angular-batch-size-huge", ["angular", "{preln}", "--batch-size", "1" + "0" * 30, *FAST], 2, "--batch-size"),
+    ("causal-n-seq-huge", ["causal", "{preln}", "--n-seq", "1" + "0" * 30, "--seq-len", "16"], 2, "--n-seq"),
+    ("shapes-aspect-tiny", ["shapes", "--aspect-ratios", "1e-300"], 2, "--aspect-ratios"),
+    ("shapes-aspect-huge-ok-range", ["shapes", "--target", "1e5", "--aspect-ratios", "9000"], 2, "--aspect-ratios"),
+    ("causal-device-map-cuda7", ["causal", "{preln}", "--device-map", "cuda:7", *FAST], 1, "cuda:7"),
+    ("causal-device-map-fifo", ["causal", "{preln}", "--device-map", "{root}/map.json", *FAST], 1, "FIFO"),
+    ("causal-device-map-missing", ["causal", "{preln}", "--device-map", "{root}/nomap.json", *FAST], 1, "nomap.json"),
+    ("causal-device-map-bad-field", ["causal", "{preln}", "--device-map", '{{"embed": true, "layers": "cpu", "head": "cpu"}}',
+                                     *FAST], 2, "'embed'"),
+    ("causal-device-map-name", ["causal", "{preln}", "--device-map", "gpu0", *FAST], 2, "--device-map"),
+    ("prepare-dev-zero", ["prepare", "/dev/zero", "--out", "{root}/shards"], 1, "character device"),
+    ("prepare-fifo", ["prepare", "{fifo}", "--out", "{root}/shards"], 1, "FIFO"),
+    ("prepare-dir", ["prepare", "{root}/foreign_dir", "--out", "{root}/shards"], 1, "directory"),
+    ("prepare-max-bytes-1", ["prepare", "--max-bytes", "1", "--out", "{root}/shards"], 1, "--max-bytes"),
+    ("eval-jsonl-deep", ["eval", "{preln}", "--jsonl", "x={root}/raw_deep.json:q,a"], 1, "nested too deeply"),
+    ("train-bad-override", ["train", "@recipe:override", "novalue"], 2, "key=value"),
 ]
 
 
@@ -381,3 +493,53 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_write(tmp_path, which):
     name, target, write = next(w for w in _writers(tmp_path) if w[0] == which)
     write()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mine.txt", target.name])
+
+
+# --- issue 23: inputs checked before the work they would waste -----------------------------------------------
+
+def test_gguf_seq_len_is_refused_before_the_load(tmp_path, monkeypatch):
+    """--seq-len beyond the context a GGUF header declares: refused from the header, the weights never read."""
+    import transformers
+    from gguf_tiny import tiny_llama, write_tiny_gguf
+
+    path = write_tiny_gguf(tiny_llama(n_layer=1), tmp_path / "t.gguf", tokenizer=False)  # context 128
+
+    def loaded(*a, **k):
+        raise AssertionError("the model was loaded before --seq-len was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loaded)
+    r = CliRunner().invoke(app, ["causal", str(path), "--seq-len", "100000", "--n-seq", "2"])
+    assert r.exit_code == 1 and "--seq-len 100000 exceeds the 128 tokens" in r.stderr, r.stderr
+    assert "Traceback" not in r.output and not list(tmp_path.glob("*.nc"))
+
+
+def test_eval_loss_beyond_exp_range_is_reported(env, tmp_path):
+    """A loss above ~709.78 nats has a perplexity beyond float range: said, not an OverflowError."""
+    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(1e5)  # confidently wrong logits: a loss of thousands of nats, still finite in fp32
+    ck = depthlens.save(m, tmp_path / "loud")
+    r = CliRunner().invoke(app, ["eval", str(ck), "--data", str(env["txt"])])
+    assert r.exit_code == 0, r.stderr
+    loss = float(r.stdout.split("val loss ")[1].split()[0])
+    assert loss > 709.79 and "exp(loss) overflows" in r.stdout
+    from depthlens.analysis.nll import perplexity
+
+    assert perplexity(709.0) == pytest.approx(math.exp(709.0)) and perplexity(710.0) == math.inf
+
+
+def test_track_recipe_fifo_is_refused_by_name(env):
+    from depthlens.analysis.track import recipes_in
+    from depthlens.errors import DepthlensError
+
+    with pytest.raises(DepthlensError, match="FIFO"):
+        recipes_in(env["fifo"])
+
+
+def test_bad_thread_env_is_dropped_before_openmp_starts(env):
+    r = subprocess.run([sys.executable, "-m", "depthlens.cli", "info", str(env["preln"]), "--json"],
+                       env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "abc"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["depthlens: note: OMP_NUM_THREADS='abc' is not a positive integer; ignored"]
+    assert json.loads(r.stdout)["n_layer"] == 4

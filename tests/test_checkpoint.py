@@ -92,7 +92,7 @@ CASES = {
     "empty_weights": "unreadable safetensors",
     "truncated": "unreadable safetensors",
     "corrupt_config": "not valid JSON",
-    "unknown_design": "unknown design 'postln'",
+    "unknown_design": "field 'model.arch': expected one of .*got 'postln'",
     "shape_mismatch": "shape",
     "missing_tensor": "missing 1 tensor",
     "nan": "NaN or Inf",

@@ -335,7 +335,7 @@ def test_prepare_errors_name_the_file(tmp_path, name, content, message):
 
 
 def test_prepare_missing_file(tmp_path):
-    with pytest.raises(DataError, match="not found"):
+    with pytest.raises(DataError, match="nope.txt: no such file"):
         prepare_files([tmp_path / "nope.txt"], tmp_path / "out", ByteTokenizer())
 
 

@@ -68,9 +68,9 @@ def test_contiguous_split_is_the_optimum_of_a_brute_force(seed):
 
 def test_device_map_refusals_are_one_line():
     sizes = PartSizes(1, (1, 1), 1)
-    for bad, msg in (({"embed": "cpu", "layers": ["cpu"]}, "keys"),
+    for bad, msg in (({"embed": "cpu", "layers": ["cpu"]}, "field 'head'"),
                      ({"embed": "cpu", "layers": ["cpu"] * 3, "head": "cpu"}, "one device per layer"),
-                     ({"embed": "gpu9", "layers": "cpu", "head": "cpu"}, "not a device"),
+                     ({"embed": "gpu9", "layers": "cpu", "head": "cpu"}, "expected a device name"),
                      (3.5, "must be")):
         with pytest.raises(DepthlensError, match=msg):
             resolve_device_map(bad, sizes)

@@ -135,7 +135,9 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     files = [path / "model.safetensors"]
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = [path / f for f in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))]
+        from ..io.weights import safetensors_files
+
+        files = safetensors_files(path)  # the index read through io.files, its shards confined to the directory
     state: dict[str, torch.Tensor] = {}
     for f in files:
         if not f.exists():

@@ -23,6 +23,7 @@ the tokenizer with its BOS id. Every result dataset built from this model carrie
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -285,18 +286,28 @@ def gguf_header(p: Path) -> dict[str, Any]:
         if f is None or not f.data:
             return None
         v = f.contents() if hasattr(f, "contents") else f.parts[f.data[0]]
-        return v
+        return v.item() if hasattr(v, "item") and getattr(v, "size", 1) == 1 else v  # numpy scalar -> Python
 
     arch = field_value("general.architecture")
-    arch = str(arch) if arch is not None else "?"
+    arch = str(arch) if isinstance(arch, str) and arch else "?"
     names = [t.name for t in reader.tensors]
-    blocks = field_value(f"{arch}.block_count")
+    from ..errors import SchemaError
     from ..io.weights import layer_indices
+    from ..schema import validate
+
+    meta = {k: v for k, v in {"block_count": field_value(f"{arch}.block_count"),
+                               "embedding_length": field_value(f"{arch}.embedding_length"),
+                               "context_length": field_value(f"{arch}.context_length")}.items() if v is not None}
+    try:
+        head = validate(_gguf_schema(), meta, p)
+    except SchemaError as e:
+        raise CheckpointError(f"{p}: GGUF header field {arch}.{e.field}: {e.message}") from None
+    blocks = head.block_count
 
     found = layer_indices(names, "blk.")
     if not isinstance(blocks, int) or blocks != len(found) or (found and max(found) != blocks - 1):
         raise CheckpointError(f"{p}: header says {arch}.block_count={blocks}, the file holds {len(found)} layer(s)")
-    d = field_value(f"{arch}.embedding_length")
+    d = head.embedding_length
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is not None and isinstance(d, int) and int(emb.shape[0]) != d:  # ggml order: (d, V)
         raise CheckpointError(f"{p}: header says {arch}.embedding_length={d}, token_embd.weight has width "
@@ -304,8 +315,44 @@ def gguf_header(p: Path) -> dict[str, Any]:
     types = Counter(t.tensor_type.name for t in reader.tensors)
     matrices = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight")
     quant = (matrices or types).most_common(1)[0][0] if types else "none"
-    return {"architecture": arch, "n_layer": blocks, "quantization": quant,
+    return {"architecture": arch, "n_layer": blocks, "quantization": quant, "context_length": head.context_length,
             "tensor_types": ",".join(f"{k}:{v}" for k, v in sorted(types.items()))}
+
+
+@functools.cache
+def _gguf_schema() -> Any:
+    """The GGUF header fields depthlens reads (`<arch>.*` in llama.cpp's metadata), checked before any load."""
+    from typing import Annotated
+
+    from annotated_types import Gt
+    from pydantic import BaseModel, ConfigDict
+
+    class GGUFHeader(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        block_count: Annotated[int, Gt(0)] | None = None  # decoder layers (checked against the blk.N tensors)
+        embedding_length: Annotated[int, Gt(0)] | None = None  # width d (checked against token_embd.weight)
+        context_length: Annotated[int, Gt(0)] | None = None  # longest context the model was trained for
+
+    return GGUFHeader
+
+
+def declared_context(path: str | os.PathLike) -> int | None:
+    """The longest sequence a model file declares, read from its header or config only (nothing is loaded):
+    GGUF `<arch>.context_length`, HF `max_position_embeddings`/`n_positions`, depthlens `max_seq_len`."""
+    p = Path(path)
+    ggufs = [p] if p.is_file() else sorted(p.glob("*.gguf")) if p.is_dir() and not (p / "config.json").is_file() else []
+    if len(ggufs) == 1 and _is_gguf(ggufs[0]):
+        return gguf_header(ggufs[0]).get("context_length")
+    if p.is_dir() and (p / "config.json").is_file():
+        from ..io.checkpoint import read_json_object
+
+        raw = read_json_object(p / "config.json", "model config")
+        model = raw.get("model") if isinstance(raw.get("model"), dict) else raw
+        for key in ("max_seq_len", "max_position_embeddings", "n_positions"):
+            v = model.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
 
 
 def _gguf_tokenizer(p: Path) -> Any:

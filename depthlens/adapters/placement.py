@@ -17,6 +17,7 @@ per visible CUDA device. An explicit map may put the head elsewhere (not with ti
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -110,9 +111,9 @@ def resolve_device_map(spec: str | dict[str, Any] | Placement, sizes: PartSizes,
         d = _device(spec, "device_map")
         p = Placement(d, (d,) * L, d)
     elif isinstance(spec, dict):
-        extra = set(spec) - {"embed", "layers", "head"}
-        if extra or not {"embed", "layers", "head"} <= set(spec):
-            raise DepthlensError(f"device_map needs exactly the keys embed, layers, head; got {sorted(spec)}")
+        from ..schema import validate
+
+        spec = validate(_map_schema(), spec, "device_map").model_dump()  # keys, types, device names: one line
         layers = spec["layers"]
         if isinstance(layers, str):
             layers = [layers] * L
@@ -150,20 +151,68 @@ def move(x: Any, dev: torch.device) -> Any:
     return x
 
 
+DEVICE_NAME = r"^(cpu|mps|meta|cuda(:\d{1,4})?)$"  # meta: shapes only (tests, planning)
+
+
 def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
-    """The CLI's --device-map: 'auto', a device name, or the dict as JSON (inline or a .json file path)."""
+    """The CLI's --device-map: 'auto', a device name, or the dict as JSON (inline or a .json file path), checked
+    by the schema layer and against the devices this machine has, before any model is read."""
     if text is None or text in ("auto",):
         return text
-    import json
-    from pathlib import Path
+    from ..io.files import loads_json, read_json
+    from ..schema import validate
 
     if text.lstrip().startswith("{") or text.endswith(".json"):
-        try:
-            raw = Path(text).read_text() if text.endswith(".json") else text
-            out = json.loads(raw)
-        except (OSError, json.JSONDecodeError) as e:
-            raise DepthlensError(f"--device-map: not a readable JSON map ({e.__class__.__name__})") from None
-        if not isinstance(out, dict):
-            raise DepthlensError("--device-map: the JSON must be an object {embed, layers, head}")
-        return out
-    return text
+        raw = (read_json(text, "a --device-map", object_only=False) if text.endswith(".json")
+               else loads_json(text, "--device-map", "the map"))
+        where = text if text.endswith(".json") else "--device-map"
+        out = validate(_map_schema(), raw, where, usage=True).model_dump(exclude_unset=True)
+        names = [out["embed"], out["head"], *([out["layers"]] if isinstance(out["layers"], str) else out["layers"])]
+    else:
+        import re
+
+        from ..errors import SchemaError
+
+        if not re.match(DEVICE_NAME, text):
+            raise SchemaError(f"expected auto, cpu, mps, cuda, cuda:N or a JSON map {{embed, layers, head}}, got {text!r}",
+                              where="--device-map", usage=True)
+        out, names = text, [text]
+    for name in dict.fromkeys(names):
+        _check_present(name if isinstance(name, str) else f"cuda:{name}")
+    return out
+
+
+def _check_present(name: str) -> None:
+    """DepthlensError (one line) when this machine has no such device (cuda:7 on a CPU machine)."""
+    d = torch.device(name)
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (d.index or 0) >= n:
+            raise DepthlensError(f"--device-map names {name}, but this machine has {n} visible CUDA device(s)")
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        raise DepthlensError("--device-map names mps, which this machine does not have")
+
+
+@functools.cache
+def _map_schema() -> Any:
+    """{"embed": dev, "layers": dev or [dev per layer], "head": dev}: device names only."""
+    from typing import Annotated
+
+    import re
+
+    from pydantic import AfterValidator, BaseModel, ConfigDict
+
+    from ..schema import Check
+
+    def device_name(x: Any) -> bool:  # a name, or a CUDA index (the Python API's int)
+        return bool(re.match(DEVICE_NAME, x)) if isinstance(x, str) else isinstance(x, int) and x >= 0
+
+    Dev = Annotated[str | int, AfterValidator(Check(device_name, "a device name (cpu, mps, cuda, cuda:N)"))]
+
+    class DeviceMap(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        embed: Dev  # token embeddings, rotary tables: where token ids go
+        layers: Dev | list[Dev]  # one device for all layers, or one per layer (checked against the model later)
+        head: Dev  # final norm + LM head: where the logits come back
+
+    return DeviceMap

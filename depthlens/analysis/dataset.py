@@ -228,10 +228,9 @@ def provenance(
         record["checkpoint_path"] = str(root.resolve())
         record["checkpoint_sha256"] = checkpoint_sha256(root)
         if config is None:
-            try:
-                config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
-                raise CheckpointError(f"{root}: unreadable config.json ({e})") from e
+            from depthlens.io.files import read_json
+
+            config = read_json(root / "config.json", "model config", error=CheckpointError)
     record.update(
         design=design,
         config=dict(config) if config is not None else None,

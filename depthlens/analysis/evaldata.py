@@ -169,10 +169,9 @@ def _stream_from_docs(docs: list[str], tokenizer) -> np.ndarray:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+    from depthlens.io.files import TEXT_MAX, read_text
+
+    text = read_text(path, "eval text", max_bytes=TEXT_MAX, error=DataError)
     if not text.strip():
         raise DataError(f"{path}: file is empty")
     return text

@@ -49,21 +49,18 @@ def humaneval_items() -> list[Item]:
 def jsonl_items(path: str | Path, prompt_field: str, answer_field: str) -> list[Item]:
     """Items from a user-supplied JSONL file with the given field names."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text") from None
+    from depthlens.io.files import TEXT_MAX, read_text
+
+    text = read_text(path, "a JSONL file", max_bytes=TEXT_MAX, error=DataError)
     items = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            raise DataError(f"{path}:{n}: not valid JSON") from None
-        if prompt_field not in row or answer_field not in row:
+        except (json.JSONDecodeError, RecursionError):
+            raise DataError(f"{path}:{n}: not valid JSON (or nested too deeply)") from None
+        if not isinstance(row, dict) or prompt_field not in row or answer_field not in row:
             raise DataError(f"{path}:{n}: missing field {prompt_field!r} or {answer_field!r}")
         items.append(Item(str(row[prompt_field]), str(row[answer_field])))
     if not items:
@@ -114,7 +111,12 @@ def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max
         raise DataError("no evaluable items (every answer was empty)")
     return {"nll": total_nll / total_tok, "nll_item_mean": sum(per_item) / len(per_item), "per_item": per_item,
             "n_items": len(per_item), "n_answer_tokens": total_tok, "n_truncated": truncated,
-            "perplexity": math.exp(total_nll / total_tok)}
+            "perplexity": perplexity(total_nll / total_tok)}
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) in nats; inf where it overflows a float (loss > ~709.78), never an OverflowError."""
+    return math.exp(loss) if loss < math.log(float.fromhex("0x1.fffffffffffffp+1023")) else math.inf
 
 
 def _device(model: Any) -> torch.device:

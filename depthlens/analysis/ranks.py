@@ -9,11 +9,13 @@ exact, where a netCDF round trip would turn int/float attributes into numpy scal
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from ..errors import DepthlensError
+from ..io.files import read_json
 
 
 def cost(path: str | os.PathLike) -> float:
@@ -24,10 +26,10 @@ def cost(path: str | os.PathLike) -> float:
     try:
         weights = [p] if p.is_file() else [*p.glob("*.safetensors"), *p.glob("*.gguf")]
         size = sum(f.stat().st_size for f in weights)
-        raw = json.loads((p / "config.json").read_text(encoding="utf-8")) if p.is_dir() else {}
+        raw = read_json(p / "config.json", "model config") if p.is_dir() else {}  # a FIFO would hang the rank
         cfg = raw.get("model") if isinstance(raw.get("model"), dict) else raw  # depthlens nests it under "model"
         n_layer = int(cfg.get("n_layer") or cfg.get("num_hidden_layers") or 1)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, DepthlensError):
         return 0.0
     return float(n_layer) ** 2 * size
 

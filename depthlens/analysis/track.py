@@ -107,13 +107,12 @@ def requested_steps(recipe: Mapping[str, Any]) -> list[int] | None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    from depthlens.io.files import read_json
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(f"{path}: unreadable JSON ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise _fail(f"{path}: expected a JSON object")
-    return data
+        return read_json(path, "a training record")
+    except DepthlensError as e:
+        raise _fail(str(e)) from None
 
 
 def _number(x: Any) -> float:
@@ -121,11 +120,12 @@ def _number(x: Any) -> float:
 
 
 def _snapshot_record(d: Path) -> dict[str, Any]:
-    rec = _read_json(d / SNAPSHOT_JSON)
-    step = rec.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise _fail(f"{d / SNAPSHOT_JSON}: 'step' must be a non-negative integer, got {step!r}")
-    return rec
+    from depthlens.io.records import check_snapshot_record
+
+    try:
+        return check_snapshot_record(_read_json(d / SNAPSHOT_JSON), d / SNAPSHOT_JSON)
+    except ValueError as e:  # SchemaError: one line naming the file and the field
+        raise _fail(str(e)) from None
 
 
 def is_run_dir(path: Path) -> bool:
@@ -140,13 +140,13 @@ def recipes_in(path: Path) -> dict[str, dict[str, Any]]:
 
     try:
         data = read_recipe(path)
-    except ValueError as e:
+        if isinstance(data.get("recipe"), dict):
+            return {str(data["recipe"].get("name") or data.get("name") or ""): data["recipe"]}
+        if "runs" not in data and not data.get("name"):
+            return {"": recipe_runs(data, path).popitem()[1]}  # a single run that names no run: applies to every run
+        return recipe_runs(data, path)
+    except (DepthlensError, ValueError) as e:
         raise _fail(str(e)) from None
-    if isinstance(data.get("recipe"), dict):
-        return {str(data["recipe"].get("name") or data.get("name") or ""): data["recipe"]}
-    if "runs" not in data and not data.get("name"):
-        return {"": recipe_runs(data).popitem()[1]}  # a single run that names no run: it applies to every run
-    return recipe_runs(data)
 
 
 def _run_recipe(run: Path, run_name: str, recipes: Sequence[Path], snap_dirs: Sequence[Path]
@@ -162,7 +162,12 @@ def _run_recipe(run: Path, run_name: str, recipes: Sequence[Path], snap_dirs: Se
         raise _fail(f"no --recipe names the run {run_name!r} ({run})")
     for cand in [run / "checkpoint" / "train.json", *(d / "train.json" for d in reversed(snap_dirs))]:
         if cand.is_file():
-            rec = _read_json(cand).get("recipe")
+            from depthlens.io.records import check_train_record
+
+            try:
+                rec = check_train_record(_read_json(cand), cand).get("recipe")
+            except ValueError as e:
+                raise _fail(str(e)) from None
             if isinstance(rec, dict):
                 return rec, str(cand)
     state = run / "resume" / "state.json"

@@ -71,12 +71,24 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
     if c.threads:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     check_choice(c.dtype, tuple(DTYPES), "--dtype")
+    from ..adapters.load import declared_context
     from ..analysis.api import load_model
     from .feedback import spinner
 
-    with spinner(f"loading {Path(ckpt).name}") as p:
+    ctx = declared_context(ckpt) if c.seq_len else None  # from the header: refused before a minute-long load
+    if ctx is not None and c.seq_len > ctx:
+        from ..errors import DataError
+
+        raise DataError(f"--seq-len {c.seq_len} exceeds the {ctx} tokens of context {ckpt} declares")
+    with spinner(f"loading {Path(ckpt).name}") as p:  # the device map is checked against this machine first
         model, _ = load_model(ckpt, device=c.device, dtype=registry.load_dtype(c.dtype), device_map=c.device_map,
                               progress=p.engine())
+    params = getattr(model, "parameters", None)
+    if callable(params) and not any(bool(p.detach().any()) for p in params()):
+        from ..errors import DepthlensError
+
+        raise DepthlensError(f"{ckpt}: every weight is zero, so every layer's output is zero and every depth score "
+                             "would be 0/0; nothing to measure (an untrained or wiped checkpoint?)")
     return model, ckpt
 
 
@@ -394,9 +406,11 @@ def parse_grid(text: str) -> list[float]:
             a, b, s = (float(x) for x in text.split(":"))
             if not (s > 0 and b >= a and math.isfinite(a) and math.isfinite(b)):
                 raise ValueError
-            if (b - a) / s + 1 > GRID_MAX:  # sized before allocating: 10^7 points would write 1.3 GB
-                fail(f"--thresholds {text}: {int((b - a) / s) + 1:,} points; at most {GRID_MAX:,}", 2)
-            vals = list(np.round(np.arange(a, b + s / 2, s), 10))
+            n = (b - a) / s + 1  # sized before allocating: 10^7 points would write 1.3 GB; inf for a 1e-320 step
+            if not math.isfinite(n) or n > GRID_MAX:
+                many = f"{int(n):,}" if n < 1e15 else "too many"
+                fail(f"--thresholds {text}: {many} points; at most {GRID_MAX:,}", 2)
+            vals = [round(float(v), 10) for v in np.arange(a, b + s / 2, s)]  # Python's round: no overflow at 1e308
         else:
             vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:

@@ -34,6 +34,7 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        sanitise_thread_env()
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
         except _click.exceptions.NoArgsIsHelpError as e:
@@ -52,6 +53,20 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def sanitise_thread_env() -> None:
+    """A thread-count variable that is not a positive integer is dropped (with one note) before torch loads
+    OpenMP, which would otherwise print its own complaint on every process start."""
+    for name in THREAD_ENV:
+        v = os.environ.get(name)
+        if v is not None and not (v.strip().isdigit() and 0 < int(v) <= 4096):
+            del os.environ[name]
+            if not _other_rank():
+                sys.stderr.write(f"depthlens: note: {name}={v[:40]!r} is not a positive integer; ignored\n")
 
 
 app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",
@@ -120,9 +135,17 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except typer.Exit:
             raise
         except DepthlensError as e:
-            fail(str(e), 1)
-        except ValueError as e:
             fail(str(e), 2 if getattr(e, "usage", False) else 1)
+        except ValueError as e:
+            if callable(getattr(e, "errors", None)) and type(e).__module__.startswith("pydantic"):
+                from ..schema import one_line
+
+                e = one_line(e)  # a schema violation not yet located in a file: still one line
+            fail(str(e), 2 if getattr(e, "usage", False) else 1)
+        except MemoryError:
+            fail("out of memory (an input or an option asks for more than this machine has)", 1)
+        except RecursionError:  # before RuntimeError, its base class
+            fail("an input is nested too deeply to process", 1)
         except (OSError, RuntimeError) as e:
             fail(f"{e.__class__.__name__}: {e}", 1)
         finally:

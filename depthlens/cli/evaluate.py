@@ -34,7 +34,8 @@ def evaluate(
     from ..adapters.load import open_model
     from ..analysis.api import _tokenizer_for
     from ..analysis.evaldata import load_eval_data, model_device
-    from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, teacher_forced_nll
+    from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, perplexity, teacher_forced_nll
+    from ..errors import DepthlensError
     from ..data.tokenizers import get_tokenizer
 
     from .feedback import bar, spinner
@@ -79,6 +80,9 @@ def evaluate(
             nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.reshape(-1), reduction="sum")
             total, count = total + float(nll), count + toks[:, 1:].numel()
             advance(1, loss=total / count)
+    if not math.isfinite(total / count):  # weights are finite (checked on load): the forward pass overflowed
+        raise DepthlensError(f"{ckpt}: the validation loss is not finite ({total / count}): the model's activations "
+                             "overflow in this dtype; no loss to report")
     result = {"checkpoint": str(ckpt), "design": model.config.arch, "n_layer": model.config.n_layer,
               "val_loss": total / count, "val_tokens": count, "val_data": ev.name, "val_data_sha256": ev.sha256,
               "tokenizer": getattr(tok, "name", "?"), "domain": {}}
@@ -92,7 +96,9 @@ def evaluate(
     if as_json:
         typer.echo(dumps(result, indent=2))
         return
-    typer.echo(f"{ckpt}: val loss {result['val_loss']:.4f} nats/token (ppl {math.exp(result['val_loss']):.2f}) "
+    ppl = perplexity(result["val_loss"])
+    ppl_text = f"{ppl:.2f}" if math.isfinite(ppl) else "beyond float range: exp(loss) overflows"
+    typer.echo(f"{ckpt}: val loss {result['val_loss']:.4f} nats/token (ppl {ppl_text}) "
                f"on {count:,} tokens of {ev.name}")
     for name, r in result["domain"].items():
         typer.echo(f"  {name}: NLL {r['nll']:.4f} nats/answer-token over {r['n_items']} items "

@@ -59,6 +59,7 @@ def shapes(
 ) -> None:
     """Iso-parameter shapes: d_model per depth, parameters, FLOPs, prefill cost and KV-cache bytes."""
     from ..designs import check_design
+    from ..errors import DepthlensError
     from ..training.shapes import plan
 
     try:
@@ -70,8 +71,12 @@ def shapes(
         kw["n_kv_head"] = n_kv_head
     if ffn_multiple is not None:
         kw["ffn_multiple"] = ffn_multiple
-    rows = plan(parse_count(target), depths=parse_list(depths, int), aspect_ratios=parse_list(aspect_ratios, float, "--aspect-ratios"),
-                design=design, vocab_size=vocab_size, multiple=multiple, seq_len=seq_len, prefill_len=prefill_len, **kw)
+    try:  # every input of `shapes` is an option: whatever the planner refuses is a usage error
+        rows = plan(parse_count(target), depths=parse_list(depths, int),
+                    aspect_ratios=parse_list(aspect_ratios, float, "--aspect-ratios"), design=design,
+                    vocab_size=vocab_size, multiple=multiple, seq_len=seq_len, prefill_len=prefill_len, **kw)
+    except (ValueError, DepthlensError) as e:
+        fail(str(e), 2)
     if as_json:
         typer.echo(dumps([r.to_dict() for r in rows], indent=2))
         return

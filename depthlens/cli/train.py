@@ -22,15 +22,16 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
 
     Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE ...`.
     """
-    from ..errors import DepthlensError
-    from ..training.config import read_recipe, recipe_runs
+    from ..io.files import regular_file
+    from ..training.config import RunConfig, read_recipe, recipe_runs
     from ..training.trainer import run_recipe
 
-    if not recipe.is_file():
-        raise DepthlensError(f"{recipe}: no such recipe file")
+    regular_file(recipe, "a recipe")  # a FIFO or a device is refused by name, before anything is read
     if list_runs:
-        for name in recipe_runs(read_recipe(recipe)):
-            typer.echo(name)
+        runs = recipe_runs(read_recipe(recipe), recipe)
+        for name, fields in runs.items():  # every run validated: a listed run is one that loads
+            RunConfig.from_dict(fields, recipe if len(runs) == 1 else f"{recipe} (run {name})")
+        typer.echo("\n".join(runs))
         return
     from ..training.config import load_recipe
     from .feedback import bar

@@ -17,6 +17,7 @@ from ..errors import DepthlensError, UsageError  # noqa: F401  (UsageError: re-e
 
 SEED_MAX = 2**63 - 1  # seeds are stored as int64 netCDF attributes and fed to torch/numpy generators
 N_BOOT_MAX = 100_000  # bootstrap resamples: beyond this the CI does not move, the run just never ends
+INT_OPTION_MAX = 2**31 - 1  # counts and sizes: stored as netCDF int attributes, and no run needs more
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|auto)$")
 
 
@@ -82,13 +83,13 @@ def check_options(params: dict[str, Any]) -> None:
     if isinstance(params.get("n_boot"), int):
         in_range(params["n_boot"], "--n-boot", 0, N_BOOT_MAX)
     if isinstance(params.get("n_seq"), int):
-        in_range(params["n_seq"], "--n-seq", 1)  # more than the source holds: capped, with a note
+        in_range(params["n_seq"], "--n-seq", 1, INT_OPTION_MAX)  # more than the source holds: capped, with a note
     if isinstance(params.get("threads"), int):
         in_range(params["threads"], "--threads", 0, os.cpu_count() and 4 * os.cpu_count() or 1024)
     for name in ("tokens", "seq_len", "batch_size", "limit"):
         v = params.get(name)
         if isinstance(v, int) and not isinstance(v, bool):
-            in_range(v, "--" + name.replace("_", "-"), 1)
+            in_range(v, "--" + name.replace("_", "-"), 1, INT_OPTION_MAX)
 
 
 def note_capped(ev: Any, option: str = "--n-seq") -> None:

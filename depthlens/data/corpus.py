@@ -160,6 +160,9 @@ def _write_dataset(out_dir: str | os.PathLike, tokenizer: Tokenizer, splits: dic
     """Tokenize each split into shards, save the tokenizer, write manifest.json; return the manifest.
     The directory is built under a temp name and swapped in whole: an earlier build's shards never mix
     with this one's, and `out_dir` may replace only a depthlens dataset (or an empty directory)."""
+    if not any(d.text.strip() for d in splits.get("train", [])):  # refused before the output exists
+        cap = f" --max-bytes {options['max_bytes']} leaves none;" if options.get("max_bytes") else ""
+        raise DataError(f"the dataset would hold no training text:{cap} give more text")
     with atomic_dir(out_dir, overwrite=overwrite, kinds=("dataset",)) as out:  # built whole, then swapped in
         return _write_splits(out, tokenizer, splits, sources, options, shard_tokens)
 
@@ -252,6 +255,9 @@ def build_corpus(out_dir: str | os.PathLike, tokenizer: Tokenizer, *, max_bytes:
                                 "bytes_used": len(text.encode("utf-8")), "sha256": hashlib.sha256(data).hexdigest()})
     options = {"source": "packages", "max_bytes": max_bytes, "val_fraction": val_fraction, "seed": seed,
                "shard_tokens": shard_tokens}
+    if max_bytes is not None and not all(any(d.text.strip() for d in splits[s]) for s in SPLITS):
+        raise DataError(f"--max-bytes {max_bytes} leaves a split without text (train and val each need some); "
+                        "give a larger cap")
     return _write_dataset(out_dir, tokenizer, splits, sources, options, shard_tokens, overwrite)
 
 
@@ -297,9 +303,9 @@ def _parquet_records(path: Path, text_field: str) -> list[str]:
 
 def _load_documents(path: Path, text_field: str) -> tuple[list[str], bytes]:
     """(non-empty documents, raw file bytes) of one input file; DataError if it holds no text."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    data = path.read_bytes()
+    from depthlens.io.files import TEXT_MAX, read_bytes
+
+    data = read_bytes(path, "an input file", max_bytes=TEXT_MAX, error=DataError)  # FIFO, device, dir: by name
     if not data.strip():
         raise DataError(f"{path}: file is empty")
     if path.suffix.lower() == ".parquet":

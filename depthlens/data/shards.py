@@ -161,27 +161,59 @@ def data_hash(shard_paths: Sequence[str | os.PathLike], manifest: Mapping[str, A
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The directory's manifest.json, or None if it has none."""
+    from depthlens.errors import SchemaError
+    from depthlens.io.files import read_json
+    from depthlens.schema import validate
+
     path = Path(directory) / MANIFEST_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
+    manifest = read_json(path, "a shard manifest", error=DataError)
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: unreadable manifest ({e})") from None
-    if not isinstance(manifest, dict):
-        raise DataError(f"{path}: a shard manifest is a JSON object, got {type(manifest).__name__}")
-    splits = manifest.get("splits", {})
-    ok = isinstance(splits, dict) and all(
-        isinstance(v, dict) and isinstance(v.get("shards"), list)
-        and all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in v["shards"])
-        for v in splits.values())
-    if not ok:
-        raise DataError(f"{path}: malformed 'splits' (each split needs a 'shards' list of {{\"file\": name}})")
-    for v in splits.values():  # a manifest names files of its own directory, nothing else
-        for s in v["shards"]:
-            if "/" in s["file"] or "\\" in s["file"] or s["file"] in ("", ".", ".."):
-                raise DataError(f"{path}: shard file {s['file']!r} is outside the shard directory")
+        validate(_manifest_schema(), manifest, path)
+    except SchemaError as e:
+        raise DataError(str(e)) from None
     return manifest
+
+
+def _shard_name(name: str) -> str:
+    """A manifest names files of its own directory, nothing else."""
+    if "/" in name or "\\" in name or name in ("", ".", "..") or "\0" in name:
+        raise ValueError("a file name of the shard directory itself (a path would point outside the shard directory)")
+    return name
+
+
+@lru_cache(maxsize=1)
+def _manifest_schema() -> Any:
+    """manifest.json (written by `prepare`, or a foreign one): splits of shard files, the tokenizer they hold."""
+    from typing import Annotated
+
+    from annotated_types import Ge, Gt
+    from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+    class Shard(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+        file: Annotated[str, AfterValidator(_shard_name)]  # a file of the manifest's own directory
+        n_tokens: Annotated[int, Ge(0)] | None = None
+
+    class Split(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+        shards: list[Shard]  # in stream order
+        n_tokens: Annotated[int, Ge(0)] | None = None
+
+    class ShardTokenizer(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+        name: str | None = None  # must match the tokenizer a run or an eval uses
+        vocab_size: Annotated[int, Gt(0)] | None = None
+        bos_id: Annotated[int, Ge(0)] | None = None  # the document delimiter the shards hold
+
+    class Manifest(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+        splits: dict[str, Split] = Field(default_factory=dict)
+        tokenizer: ShardTokenizer | str | None = None
+        data_hash: str | None = None
+
+    return Manifest
 
 
 def confined(directory: Path, name: str) -> Path:

@@ -232,8 +232,11 @@ class BPETokenizer:
 
         path = Path(path)
         file = path / HF_TOKENIZER_NAME if path.is_dir() else path
-        if not file.is_file():
+        from depthlens.io.files import regular_file
+
+        if not os.path.lexists(file):
             raise DataError(f"{file}: BPE tokenizer file not found")
+        regular_file(file, "a BPE tokenizer.json", error=DataError)  # a FIFO would block the reader for ever
         try:
             return cls(HFTokenizer.from_file(str(file)))
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
@@ -248,16 +251,37 @@ _KINDS: dict[str, type] = {"bytes": ByteTokenizer, "gpt2": GPT2Tokenizer, "bpe":
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """Read back a tokenizer that `save(directory)` wrote (dispatch on `tokenizer_config.json`)."""
+    from depthlens.errors import SchemaError
+    from depthlens.io.files import read_json
+    from depthlens.schema import validate
+
     file = Path(directory) / CONFIG_NAME
+    if not os.path.lexists(file):
+        raise DataError(f"{file}: tokenizer config not found")
+    config = read_json(file, "a tokenizer config", error=DataError)
     try:
-        kind = json.loads(file.read_text(encoding="utf-8"))["kind"]
-    except FileNotFoundError:
-        raise DataError(f"{file}: tokenizer config not found") from None
-    except (ValueError, KeyError, TypeError):
-        raise DataError(f"{file}: malformed tokenizer config") from None
-    if kind not in _KINDS:
-        raise DataError(f"{file}: unknown tokenizer kind {kind!r}")
+        kind = validate(_config_schema(), config, file).kind
+    except SchemaError as e:
+        raise DataError(str(e)) from None
     return _KINDS[kind].load(directory)
+
+
+@lru_cache(maxsize=1)
+def _config_schema() -> Any:
+    """tokenizer_config.json as `save` writes it: the kind picks the class that reads the rest."""
+    from typing import Annotated
+
+    from pydantic import AfterValidator, BaseModel, ConfigDict
+
+    from depthlens.schema import OneOf
+
+    class TokenizerConfig(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+        kind: Annotated[str, AfterValidator(OneOf(*_KINDS))]  # which tokenizer class reads the directory
+        name: str | None = None  # the tokenizer's name in provenance
+        file: str | None = None  # bpe: its tokenizer.json
+
+    return TokenizerConfig
 
 
 def get_tokenizer(spec: str) -> Tokenizer:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, DepthlensError
+from ..errors import CheckpointError, DepthlensError, SchemaError
 from .jsonsafe import jsonable
 
 CONFIG = "config.json"
@@ -44,15 +44,11 @@ class Checkpoint:
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """A JSON object from `path`; CheckpointError (one line) if missing, not JSON, or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.parent}: missing {path.name} ({what})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    from .files import read_json
+
+    if not os.path.lexists(path):
+        raise CheckpointError(f"{path.parent}: missing {path.name} ({what})")
+    return read_json(path, what, error=CheckpointError)
 
 
 def read_config(path: str | os.PathLike) -> Any:
@@ -71,9 +67,9 @@ def read_config(path: str | os.PathLike) -> Any:
     # a field missing from an older checkpoint means the model was trained with the old behaviour
     raw = {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in raw}, **raw}
     try:
-        return ModelConfig.from_dict(raw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path / CONFIG}: {e}") from None
+        return ModelConfig.from_dict(raw, path / CONFIG, prefix="model" if "model" in meta else "")
+    except SchemaError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def read_tokenizer(path: str | os.PathLike, vocab_size: int) -> Any:
@@ -118,7 +114,9 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
     expected = model.state_dict()
     if config.tie_embeddings:
         expected.pop("lm_head.weight", None)
-        tensors.pop("lm_head.weight", None)
+        if "lm_head.weight" in tensors:  # loading would silently replace it by the embedding
+            raise CheckpointError(f"{path / CONFIG}: field 'model.tie_embeddings' is true, but {WEIGHTS} holds its own "
+                                  "lm_head.weight; expected false (untied) or a file without lm_head.weight")
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
@@ -129,14 +127,24 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
     for k, v in expected.items():
         if tensors[k].shape != v.shape:
             raise CheckpointError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, config implies {tuple(v.shape)}")
-        if check_finite and tensors[k].is_floating_point() and not bool(torch.isfinite(tensors[k]).all()):
-            raise CheckpointError(f"{path}: tensor {k} contains NaN or Inf values")
+        # finite in the dtype the model computes in: a float64 1e300 is finite as stored and +inf in fp32
+        compute = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else v.dtype
+        if check_finite and tensors[k].is_floating_point() and not bool(torch.isfinite(tensors[k].to(compute)).all()):
+            raise CheckpointError(f"{path}: tensor {k} contains NaN or Inf values "
+                                  f"(in {str(compute).removeprefix('torch.')}, the dtype the model computes in)")
     model.load_state_dict(tensors, strict=not config.tie_embeddings)
     model.eval()
     if dtype is not None:
         model.to(dtype=dtype)
     model.to(device)
-    train = read_json_object(path / TRAIN, "training record") if (path / TRAIN).exists() else {}
+    train = read_json_object(path / TRAIN, "training record") if os.path.lexists(path / TRAIN) else {}
+    if train:
+        from .records import check_train_record
+
+        try:
+            check_train_record(train, path / TRAIN)
+        except SchemaError as e:
+            raise CheckpointError(str(e)) from None
     model.tokenizer = read_tokenizer(path, config.vocab_size)  # Lens(model).to_tokens / to_string use it
     return Checkpoint(path=path, model=model, config=model.config, train=train, meta=meta, tokenizer=model.tokenizer)
 

@@ -302,4 +302,9 @@ def plan(target: float, depths: Sequence[int] | None = None, aspect_ratios: Sequ
     def score(row: ShapeRow, ar: float) -> float:
         return abs(row.rel_error) + ar_weight * abs(math.log(row.aspect_ratio / ar))
 
+    lo, hi = min(r.aspect_ratio for r in candidates), max(r.aspect_ratio for r in candidates)
+    for ar in aspect_ratios:  # refused, not clamped to the nearest end: the row would not be the asked shape
+        if not lo / 2 <= ar <= hi * 2:
+            raise ValueError(f"--aspect-ratios {ar:g}: at this target the depths 1..{max_layers} give d/L in "
+                             f"[{lo:.3g}, {hi:.3g}]; ask for a ratio within a factor 2 of that range")
     return [min(candidates, key=lambda row: score(row, ar)) for ar in aspect_ratios]
