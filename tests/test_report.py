@@ -204,7 +204,7 @@ CLI_EXAMPLES = {
     "compare": "depthlens compare checkpoints/preln_l16 checkpoints/hc_l16 --metrics causal,perm_abs",
     "shapes": "depthlens shapes --target 407M --design hc",
     "prepare": "depthlens prepare notes.txt code.jsonl --out data/mine --tokenizer bytes",
-    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l8",
+    "train": "depthlens train depthlens/recipes/zoo_cpu.json run=hc_l8",
     "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
 }
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
+from depthlens.io.provenance import command_line
 
 METRICS = registry.NAMES  # every diagnostic, in table/file order
 SWEEP_METRICS = {d.name: d.headline.key for d in registry.DIAGNOSTICS if d.headline}  # -> sweep.METRICS key
@@ -675,7 +675,7 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
         t_compute = time.perf_counter() - t0
     rep = summarise(entries, data, opts, progress)
     rep.world_size = world_size
-    rep.command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    rep.command = command_line()
     rep.seconds["compute"] = round(t_compute, 2)
     write_report(rep, out, overwrite, progress)
     rep.seconds["total"] = round(time.perf_counter() - t_start, 2)

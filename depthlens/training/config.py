@@ -245,7 +245,7 @@ def load_recipe(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str,
     runs = recipe_runs(recipe)
     if run is None:
         if len(runs) != 1:
-            raise ValueError(f"{path}: recipe has {len(runs)} runs; pick one with --run ({', '.join(list(runs)[:5])}, ...)")
+            raise ValueError(f"{path}: recipe has {len(runs)} runs; pick one with run=NAME ({', '.join(list(runs)[:5])}, ...)")
         run = next(iter(runs))
     if run not in runs:
         raise ValueError(f"{path}: no run named {run!r}")

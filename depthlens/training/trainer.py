@@ -1,7 +1,7 @@
 """The depthlens trainer: one readable loop in the nanoGPT / torchtitan mould.
 
-    python -m depthlens.training.trainer RECIPE.json [--run NAME] [key=value ...]
-    torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE.json --run NAME
+    python -m depthlens.training.trainer RECIPE.json [run=NAME] [key=value ...]
+    torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE.json run=NAME
 
 What it guarantees:
 
@@ -494,11 +494,29 @@ def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]
     return Trainer(cfg, init_distributed(cfg.device), callback).run()
 
 
+def split_run_name(overrides: Sequence[str], run: str | None = None) -> tuple[list[str], str | None]:
+    """Take the run name out of the key=value arguments: `run=NAME` is how the documented launch lines name a
+    grid recipe's run, because torchrun's own parser reads every `--option` after the module and refuses
+    `--run` as an ambiguous abbreviation of its `--run-path`. `--run NAME` still works without torchrun."""
+    rest, names = [], []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        (names if sep and key == "run" else rest).append(value if sep and key == "run" else item)
+    if run is not None:
+        names.insert(0, run)
+    if len(set(names)) > 1:
+        err = ValueError(f"two run names given ({', '.join(repr(n) for n in names)}): name one with run=NAME")
+        err.usage = True  # type: ignore[attr-defined]
+        raise err
+    return rest, (names[0] if names else None)
+
+
 def run_recipe(recipe: str | os.PathLike, overrides: Sequence[str] = (), run: str | None = None,
                callback: Callback | None = None) -> dict[str, Any]:
-    """`depthlens train`: load a recipe (one run of it), apply key=value overrides, train. One call per
-    process under torchrun: it leaves the process group at the end."""
+    """`depthlens train`: load a recipe (one run of it, named by `run` or a `run=NAME` argument), apply
+    key=value overrides, train. One call per process under torchrun: it leaves the process group at the end."""
     try:
+        overrides, run = split_run_name(overrides, run)
         return train(load_recipe(recipe, overrides, run=run), callback=callback)
     finally:
         shutdown()
@@ -508,8 +526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m depthlens.training.trainer", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe JSON (one run, or a grid with base + runs)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (model.n_layer=8, lr=1e-3, steps=200)")
-    p.add_argument("--run", help="run name in a grid recipe")
+    p.add_argument("overrides", nargs="*", help="run=NAME (a grid recipe's run) and key=value overrides "
+                                                "(model.n_layer=8, lr=1e-3, steps=200)")
+    p.add_argument("--run", help="run name in a grid recipe (under torchrun write run=NAME: torchrun reads --run)")
     p.add_argument("--list", action="store_true", help="list the recipe's runs and exit")
     args = p.parse_intermixed_args(argv)  # overrides may follow --run NAME
     if args.list:
