@@ -111,3 +111,95 @@ def test_recorded_command_names_depthlens_not_main_py():
         "python -m depthlens.training.trainer R.json run=x"
     assert command_line(["/usr/bin/depthlens", "causal", "c"]) == "depthlens causal c"
     assert command_line(["/elsewhere/__main__.py", "x"]) == "__main__.py x"
+
+
+# --- a diverging run ----------------------------------------------------------------------------------
+
+def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_state(corpus, tmp_path, monkeypatch):  # noqa: F811
+    """A NaN loss at step 5 (injected: the weights stay good, so the kept state can be checked by resuming it):
+    one line naming the step and the kept state (step 4), nothing saved or exported after it; the rerun resumes
+    from step 4 and ends bit-identical to a straight run."""
+    from depthlens.training import trainer as T
+
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    train(tiny(corpus, straight, steps=8, save_every=2))
+    real = T.Trainer.train_step
+
+    def poisoned(self, step):
+        rec = real(self, step)
+        return {**rec, "loss": math.nan} if step == 4 else rec  # the 5th step (steps count from 1 in the log)
+
+    monkeypatch.setattr(T.Trainer, "train_step", poisoned)
+    with pytest.raises(T.TrainingDiverged) as err:
+        train(tiny(corpus, out, steps=8, save_every=2))
+    msg = str(err.value)
+    assert "\n" not in msg and "loss is nan at step 5" in msg and "(step 4)" in msg and str(out / "resume") in msg
+    assert "rerun the same command" in msg
+    assert json.loads((out / "resume" / "state.json").read_text())["step"] == 4
+    assert not (out / "checkpoint").exists()
+    monkeypatch.setattr(T.Trainer, "train_step", real)
+    train(tiny(corpus, out, steps=8, save_every=2))
+    ref, got = _weights(straight / "checkpoint"), _weights(out / "checkpoint")
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    assert log_losses(out) == log_losses(straight)
+
+
+def test_infinite_gradient_norm_stops_before_the_poisoned_update_is_saved(corpus, tmp_path, monkeypatch):  # noqa: F811
+    from depthlens.training import trainer as T
+
+    real = T.Trainer.train_step
+    monkeypatch.setattr(T.Trainer, "train_step",
+                        lambda self, step: {**real(self, step), "grad_norm": math.inf} if step == 2 else real(self, step))
+    with pytest.raises(T.TrainingDiverged, match=r"gradient norm is inf at step 3; no resume state was saved"):
+        train(tiny(corpus, tmp_path / "run", steps=8))
+    assert not (tmp_path / "run" / "resume").exists()
+
+
+def test_a_diverging_run_through_the_cli_says_one_line(corpus, tmp_path):  # noqa: F811
+    """lr=1e30 really diverges: `depthlens train` and `python -m depthlens.training.trainer` exit 1 with one
+    line naming the step (was a FloatingPointError traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps({**tiny(corpus, tmp_path / "run", steps=6, lr=1e30).to_dict(), "save_every": 1}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for cmd in (["-m", "depthlens.cli", "train", str(recipe)], ["-m", "depthlens.training.trainer", str(recipe)]):
+        r = subprocess.run([sys.executable, *cmd], env=env, capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("depthlens: error:")]
+        assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert re.search(r"training stopped: (loss|the gradient norm) is (nan|inf) at step \d", lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_training_and_the_rerun_resumes_bit_exactly(corpus, tmp_path, sig):  # noqa: F811
+    """SIGINT (Ctrl-C) and SIGTERM (timeout, Slurm) during `depthlens train`: the process stops (SIGINT: exit 130,
+    SIGTERM: killed by it), no temp is left, and rerunning the command ends bit-identical to a straight run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    train(tiny(corpus, straight, steps=40, micro_batch=4))
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps({**tiny(corpus, out, steps=40, micro_batch=4).to_dict(), "save_every": 1}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "depthlens.cli", "train", str(recipe)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not (out / "resume").exists() and proc.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.01)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == (130 if sig == "SIGINT" else -signal.SIGTERM), err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    stopped_at = json.loads((out / "resume" / "state.json").read_text())["step"]
+    assert 1 <= stopped_at < 40 and not (out / "checkpoint").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".depthlens-output"]
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    ref, got = _weights(straight / "checkpoint"), _weights(out / "checkpoint")
+    assert all(torch.equal(got[k], ref[k]) for k in ref), f"{sig} at step {stopped_at}: weights differ"

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.shards import TokenDataset, batch_indices
+from ..errors import DepthlensError
 from ..io.atomic import atomic_write_text
 from ..models.model import build_model
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
@@ -48,6 +49,11 @@ from .schedule import lr_at
 from .state import STATE_JSON, STATE_TENSORS, check_complete, has_state, read_meta, read_state, write_state  # noqa: F401
 
 LOG = "log.jsonl"
+
+
+class TrainingDiverged(DepthlensError):
+    """The training loss became NaN or infinite (the run stops; its last good resume state stays)."""
+
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
 
@@ -378,8 +384,10 @@ class Trainer:
             tok_s = cfg.tokens_per_step / dt
             rec = {"step": self.step, **rec, "tokens": self.step * cfg.tokens_per_step, "tok_s": tok_s,
                    "mfu": tok_s * self.flops_per_token / (self.peak * dist.world) if self.peak else None}
-            if not math.isfinite(rec["loss"]):
-                raise FloatingPointError(f"loss is {rec['loss']} at step {self.step}")
+            # a non-finite gradient norm poisons the update just made even when the loss was still finite: stop
+            # before that state could be saved
+            if not (math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])):
+                self.diverged(rec["loss"], rec["grad_norm"])
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                 self.last_val = rec["val_loss"] = self.evaluate(cfg.eval_batches)
             if rec.get("val_loss") is not None or self.step % cfg.log_every == 0 or self.step in (1, cfg.steps):
@@ -393,6 +401,20 @@ class Trainer:
         if self.step < cfg.steps:  # stopped early on purpose: the resume state is on disk
             return {"step": self.step, "stopped": True}
         return self.finish()
+
+    def diverged(self, loss: float, grad_norm: float) -> None:
+        """Stop on a NaN/inf loss with one line: the step, the resume state left on disk (the weights now in
+        memory took a step on non-finite gradients, so nothing is saved after the last good state), and how
+        to go on from it."""
+        state = self.out / "resume"
+        at = read_meta(state)["step"] if has_state(state) else None
+        kept = (f"the last good resume state (step {at}) is kept in {state}: rerun the same command to resume from "
+                "it" if at is not None else f"no resume state was saved before it (save_every={self.cfg.save_every}): "
+                "a rerun starts from step 0")
+        what = f"loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
+        raise TrainingDiverged(f"training stopped: {what} at step {self.step}; {kept} (a deterministic run "
+                               "diverges again there: to change lr, warmup or grad_clip start anew with resume=false "
+                               "or another out=)")
 
     def evaluate(self, batches: int) -> float:
         model = self.model if self.cfg.fsdp else self.raw  # DDP replicas are identical: no collectives needed
@@ -535,7 +557,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in recipe_runs(read_recipe(args.recipe)):
             print(name)
         return 0
-    record = run_recipe(args.recipe, args.overrides, run=args.run)
+    try:
+        record = run_recipe(args.recipe, args.overrides, run=args.run)
+    except (DepthlensError, ValueError) as e:  # one line, as `depthlens train` prints it; rank 0 says it once
+        if int(os.environ.get("RANK", "0")) == 0:
+            sys.stderr.write(f"depthlens: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n")
+        return 2 if getattr(e, "usage", False) else 1
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
         print(json.dumps({k: record[k] for k in keys if k in record}))
