@@ -19,6 +19,9 @@ class OneLineErrors(TyperGroup):
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         try:
+            if sys.stdout is None:  # started with stdout closed (`>&-`): every result printed would be lost silently
+                raise _click.exceptions.ClickException("stdout is closed: nothing could be printed; redirect it to a "
+                                                       "file (or /dev/null) instead of closing it")
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
         except _click.exceptions.NoArgsIsHelpError as e:
             sys.stdout.write(e.format_message() + "\n")
@@ -33,9 +36,28 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             sys.stderr.write("depthlens: aborted\n")
             rv = 1
+        except OSError as e:  # writing the help or a result to a stdout that takes nothing (a full disk)
+            sys.stderr.write(f"depthlens: error: cannot write the output to stdout ({e.strerror or e})\n")
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the flush at exit does not fail again
+            rv = 1
+        rv = _flush_stdout(rv)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _flush_stdout(rv: Any) -> Any:
+    """Flush what the command printed now, so a stdout that cannot take it (a closed pipe, a full disk) is one
+    line and exit 1 instead of Python's "Exception ignored" at exit with the result lost."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as e:
+        if sys.stderr is not None:
+            sys.stderr.write(f"depthlens: error: cannot write the output to stdout ({e.strerror or e})\n")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit, so the final flush succeeds
+        return 1
+    return rv
 
 
 app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",

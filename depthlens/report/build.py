@@ -32,6 +32,7 @@ lists which checkpoints each file holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -153,37 +154,24 @@ def _noop(_: str) -> None:
 # 1. output location
 
 
-def is_report_dir(path: Path) -> bool:
-    """An empty directory, or one holding a depthlens report's manifest.json: safe to replace with --overwrite."""
-    try:
-        if not any(path.iterdir()):
-            return True
-        meta = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("title") == "depthlens report"
-
-
-def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
+def check_out(out: str | os.PathLike, overwrite: bool, held: contextlib.ExitStack | None = None) -> Path:
     """Fail early (DepthlensError, one line) if `out` exists without overwrite, is a file or a directory that is
-    not a report (never replaced, so `--out checkpoints --overwrite` cannot wipe anything), or can't be created."""
+    not a depthlens report (no ownership marker: never replaced, so `--out checkpoints --overwrite` cannot wipe
+    anything), is being written by another depthlens, or can't be created. Given `held`, the output's lock is
+    taken and kept there (one writer per report directory)."""
+    from depthlens.io.atomic import MARKER, check_target, output_lock, recognise
+
     out = Path(out)
     recover(out)  # an interrupted swap of an earlier run: keep the newest complete report
     if out.exists() or out.is_symlink():
-        if not out.is_dir():
+        if not out.is_dir() or out.is_symlink():
             raise DepthlensError(f"{out} exists and is not a directory")
-        if not overwrite:
-            raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
-        if not is_report_dir(out):
-            raise DepthlensError(f"{out} exists and is not a depthlens report (no manifest.json from one); "
+        if any(out.iterdir()) and recognise(out) != "report":
+            raise DepthlensError(f"{out} exists and is not a depthlens report (no {MARKER} marker of one); "
                                  "refusing to replace it, even with --overwrite")
-    anc = out.parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise DepthlensError(f"cannot write {out}: {anc} is not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise DepthlensError(f"cannot write {out}: directory {anc} is not writable")
+    check_target(out, overwrite, kinds=("report",), make_parents=True)  # --overwrite, name length, writable
+    if held is not None:
+        held.enter_context(output_lock(out, "report"))
     return out
 
 
@@ -558,7 +546,7 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
     out = check_out(out, overwrite)
     try:
         # built under a temp name, swapped in whole; on failure or SIGTERM nothing is left (depthlens.io.atomic)
-        with atomic_dir(out, overwrite=overwrite, checked=True) as tmp:
+        with atomic_dir(out, overwrite=overwrite, checked=True, kind="report") as tmp:
             (tmp / "figures").mkdir()
             t0 = time.perf_counter()
             for e in rep.entries:
@@ -593,7 +581,8 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
 
 def compute_spread(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions, *,
                    overwrite: bool = False, progress: Progress = _noop,
-                   on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
+                   on_loaded: Callable[[int], None] | None = None,
+                   held: contextlib.ExitStack | None = None) -> tuple[list[Entry], Any, float, int] | None:
     """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
@@ -607,7 +596,7 @@ def compute_spread(paths: Sequence[str | os.PathLike], out: str | os.PathLike, o
     paths = [Path(p) for p in paths]
 
     def plan() -> list[int]:
-        check_out(out, overwrite)
+        check_out(out, overwrite, held)
         return assign(paths, n)
 
     def load() -> tuple[list[Entry], list[tuple[str, int]]]:
@@ -657,15 +646,23 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
     from depthlens.analysis.distributed import launched
 
     opts = opts or ReportOptions()
+    with contextlib.ExitStack() as held:  # rank 0 holds the output's lock from the check to the last write
+        return _build_report(paths, out, opts, overwrite, progress, on_loaded, held, launched())
+
+
+def _build_report(paths, out, opts: ReportOptions, overwrite: bool, progress: Progress,
+                  on_loaded: Callable[[int], None] | None, held: contextlib.ExitStack, spread_over_ranks: bool
+                  ) -> Report | None:
     t_start = time.perf_counter()
     world_size = 1
-    if launched():
-        spread = compute_spread(paths, out, opts, overwrite=overwrite, progress=progress, on_loaded=on_loaded)
+    if spread_over_ranks:
+        spread = compute_spread(paths, out, opts, overwrite=overwrite, progress=progress, on_loaded=on_loaded,
+                                held=held)
         if spread is None:
             return None
         entries, data, t_compute, world_size = spread
     else:
-        check_out(out, overwrite)
+        check_out(out, overwrite, held)
         entries = load_entries(paths, device=opts.device, dtype=opts.dtype)
         data = report_eval_data(entries, opts)
         if on_loaded is not None:

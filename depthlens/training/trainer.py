@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -365,7 +365,9 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg, dist = self.cfg, self.dist
         if dist.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            from ..io.atomic import claim_dir
+
+            claim_dir(self.out, "run", **run_owner(cfg))  # new: created with its marker; else checked again
         barrier(dist)
         self.maybe_resume()
         if self.step == 0:
@@ -438,7 +440,7 @@ class Trainer:
                     "val_batches": cfg.snapshot_eval_batches or "all", "run": cfg.name, "seed": cfg.seed,
                     "data_hash": self.data_hash}
             files = {**self.tokenizer_files(), SNAPSHOT_JSON: json.dumps(info, indent=1, sort_keys=True) + "\n"}
-            checkpoint.save(model, path, extra_files=files, overwrite=True)
+            checkpoint.save(model, path, extra_files=files, owner=run_owner(cfg))
         barrier(self.dist)
         return path
 
@@ -455,7 +457,7 @@ class Trainer:
             export = build_model(cfg.model_config(), seed=None)
             export.load_state_dict(model_sd)
             record["checkpoint"] = str(checkpoint.save(export, cfg.export_dir, train=record,
-                                                       extra_files=self.tokenizer_files(), overwrite=True))
+                                                       extra_files=self.tokenizer_files(), owner=run_owner(cfg)))
             self.log({"step": self.step, "final_val_loss": val})
         barrier(self.dist)
         return record
@@ -506,6 +508,39 @@ def _git_sha() -> str | None:
 # entry points
 
 
+def run_owner(cfg: RunConfig) -> dict[str, str]:
+    """Who owns what a run writes (its marker's owner): the run directory, as an absolute path."""
+    return {"run": str(Path(cfg.out).resolve())}
+
+
+@contextmanager
+def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
+    """Before any work, rank 0 checks that the run directory is new, empty or a depthlens run directory of
+    this path, and that the export is new, empty or this run's own export (a user's directory or a checkpoint
+    made elsewhere is never replaced); then it holds both for the whole run (one trainer per run directory
+    and per export: a second refuses naming the first). Every rank raises the same one-line refusal."""
+    from ..io.atomic import check_target, claim_dir, output_lock
+
+    owner = run_owner(cfg)
+    error: Exception | None = None
+    with ExitStack() as held:
+        if dist.is_main:
+            try:
+                claim_dir(cfg.out, "run", create=False, **owner)  # created (and marked) by run(), after the setup
+                check_target(cfg.export_dir, False, kinds=("checkpoint",), flag="", owner=owner, make_parents=True)
+                held.enter_context(output_lock(cfg.out, "run directory"))
+                if cfg.export_dir.resolve().parent != Path(cfg.out).resolve():  # else the run directory's lock holds it
+                    held.enter_context(output_lock(cfg.export_dir, "export"))
+            except DepthlensError as e:
+                error = e
+        message = broadcast_object(None if error is None else str(error), dist)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise DepthlensError(message)
+        yield
+
+
 def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]:
     """Train one run (single process, or one rank of a torchrun job). Returns the train record (with
     `final_val_loss` and `checkpoint`), or {"step", "stopped": True} when `stop_after` ended it early."""
@@ -513,7 +548,9 @@ def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]
         torch.set_num_threads(cfg.threads)
     # joins the torchrun job's process group on the first call; later calls in the same process reuse it
     # (re-creating a group on the same rendezvous can hang); run_recipe tears it down at the end
-    return Trainer(cfg, init_distributed(cfg.device), callback).run()
+    dist = init_distributed(cfg.device)
+    with owned_outputs(cfg, dist):
+        return Trainer(cfg, dist, callback).run()
 
 
 def split_run_name(overrides: Sequence[str], run: str | None = None) -> tuple[list[str], str | None]:
