@@ -15,6 +15,8 @@ if [ ${#ckpts[@]} -eq 0 ]; then
   echo "zoo-report: no checkpoints in checkpoints/ (train them with: bash scripts/train_zoo.sh)" >&2
   exit 1
 fi
+# a report written before ownership markers is marked once, so --overwrite may replace it (a no-op afterwards)
+[ -d reports/zoo ] && .venv/bin/python -m depthlens.io.atomic adopt reports/zoo > /dev/null
 .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"
 # depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them.
 # TRACK_ARGS go to `depthlens track`, e.g. TRACK_ARGS="--device cuda" or "--n-seq 16" (JOBS: runs in parallel)

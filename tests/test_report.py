@@ -69,7 +69,7 @@ def test_report_renders_nontrivial_pngs(report):
         assert p.stat().st_size > 5_000, p.name
         img = mpimg.imread(p)
         assert float(np.asarray(img, dtype=float).std()) > 0, f"{p.name} is blank"
-    assert not [p for p in out.rglob("*") if p.name.startswith(".")]  # no temp files left
+    assert [p.name for p in out.rglob("*") if p.name.startswith(".")] == [".depthlens-output"]  # no temp files left
 
 
 def test_html_and_markdown_reference_only_existing_local_files(report):

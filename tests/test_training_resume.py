@@ -203,3 +203,26 @@ def test_a_signal_stops_training_and_the_rerun_resumes_bit_exactly(corpus, tmp_p
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     ref, got = _weights(straight / "checkpoint"), _weights(out / "checkpoint")
     assert all(torch.equal(got[k], ref[k]) for k in ref), f"{sig} at step {stopped_at}: weights differ"
+
+
+@pytest.mark.slow
+def test_two_process_ddp_is_bit_identical_to_one_process_with_the_same_micro_batch(corpus, tmp_path):  # noqa: F811
+    """The claim docs/training.md makes: 2-process DDP (each rank 4 sequences, one micro-step) ends with the same
+    weights, bit for bit, as 1 process accumulating two micro-batches of 4 (each micro-gradient is scaled by
+    exactly 1/2 either way, and a sum of two terms rounds the same in any order)."""
+    import os
+    import subprocess
+    import sys
+
+    one = tmp_path / "one"
+    train(tiny(corpus, one, steps=8, micro_batch=4))
+    recipe = tmp_path / "two.json"
+    recipe.write_text(json.dumps(tiny(corpus, tmp_path / "two", steps=8).to_dict()))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", str(REPO / "tests/dist_worker.py"),
+                           str(recipe)], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _weights(one / "checkpoint"), _weights(tmp_path / "two" / "checkpoint")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)

@@ -425,8 +425,8 @@ def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, 
             old = legacy_kind(path)
             hint = (f" (it looks like a {old} from a depthlens before markers: mark it once with "
                     f"`python -m depthlens.io.atomic adopt {path}`)" if old else "")
-            raise DepthlensError(f"{path}: not recognisably depthlens output (no {MARKER} marker); refusing to modify "
-                                 f"it{f', with or without {flag}' if flag else ''}{hint}")
+            raise DepthlensError(f"{path}: already exists and is not recognisably depthlens output (no {MARKER} "
+                                 f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{hint}")
         if kinds is not None and m["kind"] not in kinds:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {' / '.join(kinds)}; refusing to replace it")
         if owner is not None:
