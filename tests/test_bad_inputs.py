@@ -181,6 +181,7 @@ CASES += [
     ("angular-out-slash-on-file", ["angular", "{preln}", "-o", "{root}/notes.txt/", *FAST], 1, "not a directory"),
     ("angular-out-name-too-long", ["angular", "{preln}", "-o", "{root}/" + "z" * 256, *FAST], 1, "256 bytes"),
     ("angular-out-read-only-dir", ["angular", "{preln}", "-o", "/sys/a.nc", *FAST], 1, "not writable"),
+    ("train-two-run-names", ["train", "@recipe:tworun", "run=a", "--run", "b"], 2, "two run names"),
 ]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import corpus, tiny  # noqa: F401  (corpus is a fixture)
 from typer.testing import CliRunner
 
 import depthlens
@@ -24,7 +25,6 @@ from depthlens.cli import app
 from depthlens.errors import DepthlensError
 from depthlens.io import atomic
 from depthlens.models import ModelConfig, build_model
-from test_trainer import corpus, tiny  # noqa: F401  (corpus is a fixture)
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -199,9 +199,8 @@ def test_lock_files_are_removed_and_a_stale_lock_is_taken(tmp_path):
     side.write_text('{"pid": 1}')
     with atomic.output_lock(out):
         assert json.loads(side.read_text())["pid"] == os.getpid()
-        with pytest.raises(DepthlensError, match="another depthlens"):
-            with atomic.output_lock(out):
-                pass
+        with pytest.raises(DepthlensError, match="another depthlens"), atomic.output_lock(out):
+            pass
     assert list(tmp_path.iterdir()) == []
 
 
@@ -301,7 +300,7 @@ def test_out_into_a_read_only_directory_is_refused_before_the_computation(ck, tm
 def test_closed_stdout_is_an_error_not_a_lost_result(ck):
     r = subprocess.run(f"{sys.executable} -m depthlens.cli angular {ck} --json -o /dev/null --overwrite "
                        f"{' '.join(FAST)} >&-", shell=True, capture_output=False, stderr=subprocess.PIPE, text=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300, check=False)
     assert r.returncode == 1 and r.stderr.count("depthlens: error:") == 1 and "stdout is closed" in r.stderr, r.stderr
 
 

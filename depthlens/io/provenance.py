@@ -6,8 +6,8 @@ depthlens/cli/__main__.py: recorded as "__main__.py report ..." it names no comm
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 # module entry points -> how the command is written in the docs
 _ENTRY_POINTS = {("cli", "__main__.py"): "depthlens",

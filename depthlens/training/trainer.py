@@ -367,7 +367,7 @@ class Trainer:
         if dist.is_main:
             from ..io.atomic import claim_dir
 
-            claim_dir(self.out, "run", **run_owner(cfg))  # new: created with its marker; else checked again
+            claim_dir(self.out, "run")  # new: created with its marker; else checked again
         barrier(dist)
         self.maybe_resume()
         if self.step == 0:
@@ -515,8 +515,8 @@ def run_owner(cfg: RunConfig) -> dict[str, str]:
 
 @contextmanager
 def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
-    """Before any work, rank 0 checks that the run directory is new, empty or a depthlens run directory of
-    this path, and that the export is new, empty or this run's own export (a user's directory or a checkpoint
+    """Before any work, rank 0 checks that the run directory is new, empty or a depthlens run directory (its
+    marker), and that the export is new, empty or this run's own export (a user's directory or a checkpoint
     made elsewhere is never replaced); then it holds both for the whole run (one trainer per run directory
     and per export: a second refuses naming the first). Every rank raises the same one-line refusal."""
     from ..io.atomic import check_target, claim_dir, output_lock
@@ -526,7 +526,7 @@ def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
     with ExitStack() as held:
         if dist.is_main:
             try:
-                claim_dir(cfg.out, "run", create=False, **owner)  # created (and marked) by run(), after the setup
+                claim_dir(cfg.out, "run", create=False)  # created (and marked) by run(), after the setup
                 check_target(cfg.export_dir, False, kinds=("checkpoint",), flag="", owner=owner, make_parents=True)
                 held.enter_context(output_lock(cfg.out, "run directory"))
                 if cfg.export_dir.resolve().parent != Path(cfg.out).resolve():  # else the run directory's lock holds it
