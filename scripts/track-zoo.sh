@@ -55,6 +55,8 @@ EOF
 fi
 
 [ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
+# a track output written before ownership markers is marked once, so the rerun may resume it (no-op afterwards)
+if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then "${DEPTHLENS%/depthlens}/python" -m depthlens.io.atomic adopt "$OUT" > /dev/null; fi
 rec=()
 if [ -z "${RECIPE:-}" ]; then  # the committed recipe that names the first run and asks for snapshots, if any
   RECIPE=$("${DEPTHLENS%/depthlens}/python" - "$(basename "${have[0]}")" <<'EOF' || true

@@ -34,6 +34,12 @@ done
 "$PY" -c "import json,sys; from depthlens.training.recipes import prepare_zoo_data; \
 print('data:', prepare_zoo_data(json.load(open(sys.argv[1]))))" "$ZOO"
 
+# checkpoints and run directories written before ownership markers are marked once (their runs may then resume
+# and replace their own exports); anything not recognisably depthlens output is left alone (and reported)
+for d in checkpoints/*/ .cache/depthlens/runs/*/*/; do
+  [ -d "$d" ] && { "$PY" -m depthlens.io.atomic adopt "${d%/}" > /dev/null || true; }
+done
+
 train_one() {  # recipe name: one run, logged to its out dir; a failure is reported, not fatal to the others
   local recipe=$1 name=$2 extra=()
   [ "$force" -eq 1 ] && extra+=(resume=false)

@@ -15,6 +15,8 @@ if [ ${#ckpts[@]} -eq 0 ]; then
   echo "zoo-report: no checkpoints in checkpoints/ (train them with: bash scripts/train_zoo.sh)" >&2
   exit 1
 fi
+# a report written before ownership markers is marked once, so --overwrite may replace it (a no-op afterwards)
+[ -d reports/zoo ] && .venv/bin/python -m depthlens.io.atomic adopt reports/zoo > /dev/null
 # progress goes to stderr: a bar on a terminal, one line per step in a log (`2>log`); --quiet silences it.
 # Timings and machine facts go to reports/zoo/timings.json (git-ignored): a rerun leaves the tracked files unchanged.
 echo "zoo-report: ${#ckpts[@]} checkpoints -> reports/zoo/" >&2

@@ -279,6 +279,24 @@ CASES += [
 ]
 
 
+# --- issue 23, owned outputs: a directory without depthlens's marker is never modified, a trainer's export only by
+# the run that made it, -o DIR/ names a directory, two outputs never share a path, names fit the filesystem, an
+# unwritable directory is refused before the computation (more, with reruns and locks: test_owned_outputs.py)
+CASES += [
+    ("train-out-user-dir", ["train", "@recipe:userdir", "out={root}/foreign_dir"], 1, "refusing to write into it"),
+    ("train-export-user-dir", ["train", "@recipe:userexport", "export={root}/foreign_dir"], 1,
+     "not recognisably depthlens output"),
+    ("train-export-foreign-checkpoint", ["train", "@recipe:theirs", "export={preln}"], 1, "not by this run"),
+    ("track-out-user-dir", ["track", "{preln}", "--out", "{root}/foreign_dir", *FAST], 1, "not a track output directory"),
+    ("sweep-out-plot-same", ["sweep", "{preln}", "-o", "{root}/same.png", "--plot", "{root}/same.png", *FAST], 1,
+     "name the same file"),
+    ("angular-out-slash-on-file", ["angular", "{preln}", "-o", "{root}/notes.txt/", *FAST], 1, "not a directory"),
+    ("angular-out-name-too-long", ["angular", "{preln}", "-o", "{root}/" + "z" * 256, *FAST], 1, "256 bytes"),
+    ("angular-out-read-only-dir", ["angular", "{preln}", "-o", "/sys/a.nc", *FAST], 1, "not writable"),
+    ("train-two-run-names", ["train", "@recipe:tworun", "run=a", "--run", "b"], 2, "two run names"),
+]
+
+
 def _argv(args: list[str], env: dict[str, Path]) -> list[str]:
     out = []
     for a in args:

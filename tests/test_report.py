@@ -69,7 +69,7 @@ def test_report_renders_nontrivial_pngs(report):
         assert p.stat().st_size > 5_000, p.name
         img = mpimg.imread(p)
         assert float(np.asarray(img, dtype=float).std()) > 0, f"{p.name} is blank"
-    assert not [p for p in out.rglob("*") if p.name.startswith(".")]  # no temp files left
+    assert [p.name for p in out.rglob("*") if p.name.startswith(".")] == [".depthlens-output"]  # no temp files left
 
 
 def test_html_and_markdown_reference_only_existing_local_files(report):
@@ -204,7 +204,7 @@ CLI_EXAMPLES = {
     "compare": "depthlens compare checkpoints/preln_l16 checkpoints/hc_l16 --metrics causal,perm_abs",
     "shapes": "depthlens shapes --target 407M --design hc",
     "prepare": "depthlens prepare notes.txt code.jsonl --out data/mine --tokenizer bytes",
-    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l8",
+    "train": "depthlens train depthlens/recipes/zoo_cpu.json run=hc_l8",
     "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
 }
 

@@ -82,7 +82,7 @@ def test_overrides_and_validation(tmp_path):
                                 "warmup": 1}, "runs": {"a": {"model": {"n_layer": 2}}, "b": {"lr": 1e-3}}}))
     cfg = load_recipe(path, ["model.d_model=64", "lr=2e-3"], run="a")
     assert (cfg.model, cfg.lr, cfg.name, cfg.steps) == ({"arch": "preln", "d_model": 64, "n_head": 2, "n_layer": 2}, 2e-3, "a", 5)
-    with pytest.raises(ValueError, match="pick one with --run"):
+    with pytest.raises(ValueError, match="pick one with run=NAME"):
         load_recipe(path)
     with pytest.raises(ValueError, match="micro_batch"):
         RunConfig(global_batch=8, micro_batch=3)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +32,7 @@ import xarray as xr
 from depthlens._version import __version__
 from depthlens.data.shards import sha256_file  # the one streamed file hash
 from depthlens.errors import CheckpointError, DepthlensError
+from depthlens.io.provenance import command_line
 
 LAYER_DIMS = ("layer", "layer_other")
 EVAL_TOKEN_DIMS = ("eval_seq", "eval_pos")  # the `eval_tokens` variable every result stores (int32 ids)
@@ -131,7 +131,7 @@ def make_dataset(
     for name in ds.coords:
         if name in names and "long_name" not in ds[name].attrs:
             ds[name].attrs["long_name"] = names[name]
-    command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        command = command if command is not None else command_line()
     attrs: dict[str, Any] = {
         "title": title or f"depthlens {metric}",
         "Conventions": "CF-1.11",

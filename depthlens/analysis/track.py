@@ -405,6 +405,13 @@ def cache_key(wid: str, eval_sha: str, metric: str, opts: Mapping[str, Any]) -> 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _discard(path: Path) -> None:
+    """Remove a cache part that `_cached` rejected (truncated, foreign, or for other options): the cache
+    directory is ours (its marker was checked by `track`), so the part is recomputed instead of refused."""
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
+
+
 def _cached(path: Path, key: str) -> xr.Dataset | None:
     if not path.is_file():
         return None
@@ -505,6 +512,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
         key = cache_key(wid, ev.sha256, m, _metric_opts(m, opts))
         ds = _cached(cache / f"{stem}.{m}.nc", key)
         if ds is None:
+            _discard(cache / f"{stem}.{m}.nc")  # a stale or damaged part of our own cache: recomputed, replaced
             with torch.no_grad():  # the registry is the one dispatch path (as for report, API and CLI)
                 ds = registry.run(diagnostic(m).name, model, ev, checkpoint=snap.path, batch_size=opts.batch_size,
                                   **engine_options(m))
@@ -543,7 +551,9 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
     """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
     from depthlens.analysis.dataset import depthlens_version, make_dataset
 
-    cache = Path(cache)
+    from depthlens.io.atomic import claim_dir
+
+    cache = claim_dir(cache, "track cache")  # a directory of ours (marker), so damaged parts may be replaced
     ev = ev if ev is not None else eval_tokens(series, opts)
     parts, designs, depths, notes = [], [], [], []
     for s in series:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,7 +30,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Eval-data and bootstrap se
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")]
 DeviceMapOpt = Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")]
-OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the dataset here (netCDF). Default: ./<ckpt>.<metric>.nc")]
+OutOpt = Annotated[str | None, typer.Option("--out", "-o", help="Write the dataset here (netCDF); DIR/ (trailing slash) "
+                                            "writes the default name into DIR. Default: ./<ckpt>.<metric>.nc")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
 BootOpt = Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences (0 = no CI).")]
@@ -102,19 +104,31 @@ def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:
     return ev
 
 
-def resolve_out(out: Path | None, ckpt: Path, metric: str, overwrite: bool) -> tuple[Path, bool]:
-    """The netCDF path (default ./<ckpt>.<metric>.nc), checked before any work: an existing file is replaced
-    only with --overwrite and only when it is a depthlens netCDF dataset (the default name too)."""
+def resolve_out(out: str | Path | None, ckpt: Path, metric: str, overwrite: bool) -> tuple[Path, bool]:
+    """The netCDF path (default ./<ckpt>.<metric>.nc, its name shortened with a hash when the filesystem would
+    not hold it; `-o DIR/`: that name inside DIR, created if new), checked before any work: an existing file is
+    replaced only with --overwrite and only when it is a depthlens netCDF dataset; the directory must take files."""
     from ..errors import DepthlensError
-    from ..io.atomic import check_target
+    from ..io.atomic import check_name, check_target, fit_name, name_max
 
-    out = Path(f"{ckpt.resolve().name}.{metric}.nc") if out is None else out
-    if out.is_dir():
-        raise DepthlensError(f"{out}: is a directory")
-    if not out.parent.exists():
-        raise DepthlensError(f"{out.parent}: output directory does not exist")
-    check_target(out, overwrite, kinds=("netCDF dataset",))
-    return out, overwrite
+    raw = None if out is None else os.fspath(out)
+    into = Path(raw) if raw is not None and raw.endswith(("/", os.sep)) else None  # a trailing slash: a directory
+    if into is not None and into.exists() and not into.is_dir():
+        raise DepthlensError(f"{raw}: exists and is not a directory (a trailing slash names a directory to write into)")
+    if raw is None or into is not None:
+        suffix = f".{metric}.nc"
+        where = into if into is not None else Path(".")
+        room = name_max(where) - len(os.fsencode(suffix))
+        path = where / (fit_name(ckpt.resolve().name, room) + suffix)
+    else:
+        path = Path(raw)
+    check_name(path)  # before any stat: a name over the limit makes os.stat itself fail
+    if path.is_dir():
+        raise DepthlensError(f"{path}: is a directory (end it with / to write {metric} output inside it)")
+    if into is None and not path.parent.exists():
+        raise DepthlensError(f"{path.parent}: output directory does not exist")
+    check_target(path, overwrite, kinds=("netCDF dataset",), make_parents=into is not None)
+    return path, overwrite
 
 
 def write(ds: Any, path: Path, overwrite: bool, command: str) -> None:
@@ -124,8 +138,11 @@ def write(ds: Any, path: Path, overwrite: bool, command: str) -> None:
     if not is_main():  # under torchrun only rank 0 writes the merged dataset
         return
 
+    from ..io.atomic import parents_made
+
     ds.attrs["command"] = command
-    write_netcdf(ds, path, overwrite=overwrite)
+    with parents_made(path):  # `-o NEWDIR/`: created now, removed again if the write fails
+        write_netcdf(ds, path, overwrite=overwrite)
 
 
 def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: Any = None) -> None:
@@ -449,8 +466,9 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
     if plot is not None:  # checked now, so a bad --plot cannot fail after the dataset was written
-        from ..io.atomic import check_target
+        from ..io.atomic import check_target, distinct_outputs
 
+        distinct_outputs({"--out": path, "--plot": plot})  # one path for both: the plot would replace the dataset
         if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
             fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
         check_target(plot, overwrite, kinds=("figure",))

@@ -36,6 +36,9 @@ class OneLineErrors(TyperGroup):
              standalone_mode: bool = True, **extra: Any) -> Any:
         sanitise_thread_env()
         try:
+            if sys.stdout is None:  # started with stdout closed (`>&-`): every result printed would be lost silently
+                raise _click.exceptions.ClickException("stdout is closed: nothing could be printed; redirect it to a "
+                                                       "file (or /dev/null) instead of closing it")
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
         except _click.exceptions.NoArgsIsHelpError as e:
             sys.stdout.write(e.format_message() + "\n")
@@ -50,6 +53,11 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             sys.stderr.write("depthlens: aborted\n")
             rv = 1
+        except OSError as e:  # writing the help or a result to a stdout that takes nothing (a full disk)
+            sys.stderr.write(f"depthlens: error: cannot write the output to stdout ({e.strerror or e})\n")
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the flush at exit does not fail again
+            rv = 1
+        rv = _flush_stdout(rv)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -67,6 +75,20 @@ def sanitise_thread_env() -> None:
             del os.environ[name]
             if not _other_rank():
                 sys.stderr.write(f"depthlens: note: {name}={v[:40]!r} is not a positive integer; ignored\n")
+
+
+def _flush_stdout(rv: Any) -> Any:
+    """Flush what the command printed now, so a stdout that cannot take it (a closed pipe, a full disk) is one
+    line and exit 1 instead of Python's "Exception ignored" at exit with the result lost."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as e:
+        if sys.stderr is not None:
+            sys.stderr.write(f"depthlens: error: cannot write the output to stdout ({e.strerror or e})\n")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit, so the final flush succeeds
+        return 1
+    return rv
 
 
 app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",

@@ -14,15 +14,25 @@ CACHE = "parts"
 
 
 def check_out(out: Path) -> None:
-    """`out` may be new, empty, or a previous track output (then it is resumed and its files replaced)."""
+    """`out` may be new, empty, or a previous track output (a directory with depthlens's marker: then it is
+    resumed and its files replaced, unless the user edited one of them). Refuses before any work."""
     from ..errors import DepthlensError
+    from ..io.atomic import MARKER, check_unedited, claim_dir, legacy_kind, read_marker
 
-    if out.exists() and not out.is_dir():
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise DepthlensError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not ((out / CACHE).is_dir() or (out / OUT_FILES[0]).is_file()):
-        raise DepthlensError(f"{out}: exists and is not a track output directory (no {CACHE}/ or track.nc)")
+    if out.is_dir() and any(out.iterdir()) and (read_marker(out) or {}).get("kind") != "track":
+        hint = (f" (a track output from a depthlens before markers: mark it once with `python -m depthlens.io.atomic "
+                f"adopt {out}`)" if legacy_kind(out) == "track" else "")
+        raise DepthlensError(f"{out}: exists and is not a track output directory (no {MARKER} marker of one); refusing "
+                             f"to write into it{hint}")
     if not out.exists() and not out.parent.is_dir():
         raise DepthlensError(f"{out.parent}: output directory does not exist")
+    claim_dir(out, "track", create=False)  # name length, a writable directory
+    if out.is_dir():
+        check_unedited(out, OUT_FILES)
+        if (out / CACHE).exists():
+            claim_dir(out / CACHE, "track cache", create=False)
 
 
 @app.command()
@@ -67,8 +77,7 @@ def track(
     matplotlib.use("Agg")
     import torch
 
-    from ..analysis.track import TrackOptions, eval_tokens, parse_metrics, scan
-    from ..analysis.track import track as run_track
+    from ..analysis.track import TrackOptions, parse_metrics, scan
 
     if not runs:
         fail("give at least one run directory or checkpoint", 2)
@@ -89,22 +98,32 @@ def track(
                        + (f"; pending {s.pending}" if s.pending else ""))
         return
     check_out(out)
-    ev = eval_tokens(series, opts)
+    from ..io.atomic import output_lock
+
+    with output_lock(out, "track output"):  # one writer per output directory, from here to the last write
+        _track_into(out, series, opts, runs, metric, as_json)
+
+
+def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json: bool) -> None:
     from rich.console import Console
 
-    from ..io.atomic import atomic_write_text
+    from ..analysis.track import eval_tokens
+    from ..analysis.track import track as run_track
+    from ..io.atomic import atomic_write_text, claim_dir
     from .feedback import Progress
 
-    out.mkdir(exist_ok=True)
-    (out / CACHE).mkdir(exist_ok=True)
+    ev = eval_tokens(series, opts)
+    claim_dir(out, "track")
+    claim_dir(out / CACHE, "track cache")
     if not (out / CACHE / ".gitignore").exists():
         atomic_write_text(out / CACHE / ".gitignore", "# depthlens track cache: per-snapshot results, not for git\n*\n")
     total = sum(len(s.snapshots) for s in series)
     # the run's name in every line: track-zoo.sh runs several `track` processes on one stderr
     with Progress("track" + (f" {series[0].name}" if len(series) == 1 else ""), total * len(opts.metrics)) as bar:
         ds = run_track(series, opts, out / CACHE, ev, progress=bar.step)
-    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metrics", ",".join(metrics), "--out",
-                                     str(out)]))
+    from ..io.provenance import command_line
+
+    write_outputs(ds, out, command_line())  # the command as given, every option in it
     from ..report.track import track_rows
 
     rows = track_rows(ds)
@@ -124,19 +143,21 @@ def track(
 
 
 def write_outputs(ds, out: Path, command: str) -> None:
-    """Dataset, figure and Markdown section, each written atomically."""
+    """Dataset, figure and Markdown section, each written atomically; their hashes go into the directory's
+    marker, so a rerun can tell a README the user edited (kept: refused) from the one it wrote (replaced)."""
     from ..analysis.dataset import write_netcdf
     from ..analysis.plots import save_figure
-    from ..io.atomic import atomic_write_text
+    from ..io.atomic import atomic_write_text, check_unedited, record_files
+    from ..report.reproducible import reproducible
     from ..report.track import fig_track, track_markdown
 
-    from ..report.reproducible import reproducible
-
+    check_unedited(out, OUT_FILES)  # again: the user may have edited one while we computed
     # no time stamp in the tracked file: a rerun on the same snapshots leaves track.nc byte-identical
     ds.attrs["history"] = command
     write_netcdf(reproducible(ds), out / "track.nc", overwrite=True)
     save_figure(fig_track(ds), out / "track.png")
     atomic_write_text(out / "README.md", track_markdown(ds, "track.png", heading="#"))
+    record_files(out, OUT_FILES)
 
 
 def summary(ds) -> list[dict]:

@@ -14,17 +14,20 @@ from .app import QuietOpt, app, domain_errors, dumps
 @app.command()
 @domain_errors
 def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or a grid with base + runs).")],
-          overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. steps=200 model.n_layer=8")] = None,
-          run: Annotated[str | None, typer.Option(help="Run name inside a grid recipe.")] = None,
+          overrides: Annotated[list[str] | None, typer.Argument(help="run=NAME (a run of a grid recipe) and key=value "
+                                                                  "overrides, e.g. run=hc_l8 steps=200 model.n_layer=8")] = None,
+          run: Annotated[str | None, typer.Option(help="Run name inside a grid recipe (same as run=NAME; under torchrun "
+                                                       "write run=NAME).")] = None,
           list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False,
           quiet: QuietOpt = False) -> None:
     """Train a model from a committed recipe; resumable, seeded; exports a depthlens checkpoint.
 
-    Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE ...`.
+    Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.cli train RECIPE run=NAME ...`.
     """
+    from ..errors import DepthlensError
     from ..io.files import regular_file
     from ..training.config import RunConfig, read_recipe, recipe_runs
-    from ..training.trainer import run_recipe
+    from ..training.trainer import run_recipe, split_run_name
 
     regular_file(recipe, "a recipe")  # a FIFO or a device is refused by name, before anything is read
     if list_runs:
@@ -36,7 +39,8 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
     from ..training.config import load_recipe
     from .feedback import bar
 
-    cfg = load_recipe(recipe, overrides or [], run=run)  # validated before any work; also sizes the bar
+    overrides, run = split_run_name(overrides or [], run)
+    cfg = load_recipe(recipe, overrides, run=run)  # validated before any work; also sizes the bar
     main = int(os.environ.get("RANK", "0")) == 0
     with bar(f"train {cfg.name or recipe.stem}", cfg.steps, show=main, every=10.0) as advance:
         advance(0)
@@ -44,7 +48,7 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
         def progress(step: int, rec: dict) -> None:
             advance(1, loss=rec.get("loss"), val=rec.get("val_loss"), **{"tok/s": rec.get("tok_s")})
 
-        record = run_recipe(recipe, overrides or [], run=run, callback=progress)
+        record = run_recipe(recipe, overrides, run=run, callback=progress)
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
         typer.echo(dumps({k: record[k] for k in keys if k in record}))

@@ -150,10 +150,11 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
 
 
 def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = None,
-         extra_files: dict[str, str | bytes] | None = None, overwrite: bool = False) -> Path:
+         extra_files: dict[str, str | bytes] | None = None, overwrite: bool = False,
+         owner: dict[str, str] | None = None) -> Path:
     """Write a checkpoint directory atomically (depthlens.io.atomic.atomic_dir: temp dir in the same parent,
     then a recoverable swap). `overwrite` replaces only an existing depthlens checkpoint, never another
-    directory or file."""
+    directory or file; given `owner` (a trainer's run: {"run": <run dir>}), only one that owner made."""
     from safetensors.torch import save_file
 
     from .._version import __version__
@@ -167,7 +168,7 @@ def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = 
         if v.is_floating_point() and not bool(v.isfinite().all()):
             raise CheckpointError(f"refusing to save: tensor {k} contains NaN or Inf values")
     try:
-        with atomic_dir(path, overwrite=overwrite, kinds=("checkpoint",), flag="overwrite=True") as tmp:
+        with atomic_dir(path, overwrite=overwrite, kinds=("checkpoint",), flag="overwrite=True", owner=owner) as tmp:
             save_file(sd, str(tmp / WEIGHTS), metadata={"format": "pt", "depthlens_version": __version__})
             meta = {"depthlens_version": __version__, "model": model.config.to_dict()}
             (tmp / CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")

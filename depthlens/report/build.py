@@ -22,9 +22,9 @@ the run on every rank with its one line and nothing is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +56,8 @@ from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_write_text
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
-from depthlens.report.write import check_out, is_report_dir, manifest, merged_datasets, write_report  # noqa: F401
+from depthlens.io.provenance import command_line
+from depthlens.report.write import check_out, manifest, merged_datasets, write_report  # noqa: F401
 
 METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
 DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS
@@ -210,14 +211,20 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
     every rank computes whole checkpoints of its own and rank 0 writes the report a single process writes; the
     other ranks return None."""
     opts = opts or ReportOptions()
+    with contextlib.ExitStack() as held:  # rank 0 holds the output's lock from the check to the last write
+        return _build_report(paths, out, opts, overwrite, progress, on_loaded, held)
+
+
+def _build_report(paths, out, opts: ReportOptions, overwrite: bool, progress: Progress,
+                  on_loaded: Callable[[int], None] | None, held: contextlib.ExitStack) -> Report | None:
     t_start = time.perf_counter()
-    study = run_study(paths, opts, before=lambda: check_out(out, overwrite), progress=progress, on_loaded=on_loaded)
+    study = run_study(paths, opts, before=lambda: check_out(out, overwrite, held), progress=progress, on_loaded=on_loaded)
     if study is None:  # a rank other than 0: its checkpoints went to rank 0
         return None
     entries, data, t_compute, world_size = study.entries, study.data, study.seconds, study.world_size
     rep = summarise(entries, data, opts, progress)
     rep.world_size = world_size
-    rep.command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    rep.command = command_line()
     rep.seconds["compute"] = round(t_compute, 2)
     write_report(rep, out, overwrite, progress)
     rep.seconds["total"] = round(time.perf_counter() - t_start, 2)

@@ -15,6 +15,7 @@ checkpoints each file holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -39,37 +40,24 @@ def _noop(_: str) -> None:
 # output location
 
 
-def is_report_dir(path: Path) -> bool:
-    """An empty directory, or one holding a depthlens report's manifest.json: safe to replace with --overwrite."""
-    try:
-        if not any(path.iterdir()):
-            return True
-        meta = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("title") == "depthlens report"
-
-
-def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
+def check_out(out: str | os.PathLike, overwrite: bool, held: contextlib.ExitStack | None = None) -> Path:
     """Fail early (DepthlensError, one line) if `out` exists without overwrite, is a file or a directory that is
-    not a report (never replaced, so `--out checkpoints --overwrite` cannot wipe anything), or can't be created."""
+    not a depthlens report (no ownership marker: never replaced, so `--out checkpoints --overwrite` cannot wipe
+    anything), is being written by another depthlens, or can't be created. Given `held`, the output's lock is
+    taken and kept there (one writer per report directory)."""
+    from depthlens.io.atomic import MARKER, check_target, output_lock, recognise
+
     out = Path(out)
     recover(out)  # an interrupted swap of an earlier run: keep the newest complete report
     if out.exists() or out.is_symlink():
-        if not out.is_dir():
+        if not out.is_dir() or out.is_symlink():
             raise DepthlensError(f"{out} exists and is not a directory")
-        if not overwrite:
-            raise DepthlensError(f"{out} already exists; pass --overwrite to replace it")
-        if not is_report_dir(out):
-            raise DepthlensError(f"{out} exists and is not a depthlens report (no manifest.json from one); "
+        if any(out.iterdir()) and recognise(out) != "report":
+            raise DepthlensError(f"{out} exists and is not a depthlens report (no {MARKER} marker of one); "
                                  "refusing to replace it, even with --overwrite")
-    anc = out.parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise DepthlensError(f"cannot write {out}: {anc} is not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise DepthlensError(f"cannot write {out}: directory {anc} is not writable")
+    check_target(out, overwrite, kinds=("report",), make_parents=True)  # --overwrite, name length, writable
+    if held is not None:
+        held.enter_context(output_lock(out, "report"))
     return out
 
 
@@ -155,7 +143,7 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
     out = check_out(out, overwrite)
     try:
         # built under a temp name, swapped in whole; on failure or SIGTERM nothing is left (depthlens.io.atomic)
-        with atomic_dir(out, overwrite=overwrite, checked=True) as tmp:
+        with atomic_dir(out, overwrite=overwrite, checked=True, kind="report") as tmp:
             (tmp / "figures").mkdir()
             t0 = time.perf_counter()
             for e in rep.entries:

@@ -254,7 +254,7 @@ def load_recipe(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str,
     runs = recipe_runs(recipe, path)
     if run is None:
         if len(runs) != 1:
-            raise SchemaError(f"recipe has {len(runs)} runs; pick one with --run ({', '.join(list(runs)[:5])}, ...)",
+            raise SchemaError(f"recipe has {len(runs)} runs; pick one with run=NAME ({', '.join(list(runs)[:5])}, ...)",
                               where=str(path), usage=True)
         run = next(iter(runs))
     if run not in runs:

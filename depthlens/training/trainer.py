@@ -1,7 +1,7 @@
 """The depthlens trainer: one readable loop in the nanoGPT / torchtitan mould.
 
-    python -m depthlens.training.trainer RECIPE.json [--run NAME] [key=value ...]
-    torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE.json --run NAME
+    python -m depthlens.training.trainer RECIPE.json [run=NAME] [key=value ...]
+    torchrun --standalone --nproc_per_node=8 -m depthlens.training.trainer RECIPE.json run=NAME
 
 What it guarantees:
 
@@ -27,9 +27,9 @@ import platform
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.shards import TokenDataset, batch_indices
+from ..errors import DepthlensError
 from ..io.atomic import atomic_write_text
 from ..models.model import build_model
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
@@ -48,6 +49,11 @@ from .schedule import lr_at
 from .state import STATE_JSON, STATE_TENSORS, check_complete, has_state, read_meta, read_state, write_state  # noqa: F401
 
 LOG = "log.jsonl"
+
+
+class TrainingDiverged(DepthlensError):
+    """The training loss became NaN or infinite (the run stops; its last good resume state stays)."""
+
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
 
@@ -359,7 +365,9 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg, dist = self.cfg, self.dist
         if dist.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            from ..io.atomic import claim_dir
+
+            claim_dir(self.out, "run")  # new: created with its marker; else checked again
         barrier(dist)
         self.maybe_resume()
         if self.step == 0:
@@ -378,8 +386,10 @@ class Trainer:
             tok_s = cfg.tokens_per_step / dt
             rec = {"step": self.step, **rec, "tokens": self.step * cfg.tokens_per_step, "tok_s": tok_s,
                    "mfu": tok_s * self.flops_per_token / (self.peak * dist.world) if self.peak else None}
-            if not math.isfinite(rec["loss"]):
-                raise FloatingPointError(f"loss is {rec['loss']} at step {self.step}")
+            # a non-finite gradient norm poisons the update just made even when the loss was still finite: stop
+            # before that state could be saved
+            if not (math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])):
+                self.diverged(rec["loss"], rec["grad_norm"])
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                 self.last_val = rec["val_loss"] = self.evaluate(cfg.eval_batches)
             if rec.get("val_loss") is not None or self.step % cfg.log_every == 0 or self.step in (1, cfg.steps):
@@ -393,6 +403,20 @@ class Trainer:
         if self.step < cfg.steps:  # stopped early on purpose: the resume state is on disk
             return {"step": self.step, "stopped": True}
         return self.finish()
+
+    def diverged(self, loss: float, grad_norm: float) -> None:
+        """Stop on a NaN/inf loss with one line: the step, the resume state left on disk (the weights now in
+        memory took a step on non-finite gradients, so nothing is saved after the last good state), and how
+        to go on from it."""
+        state = self.out / "resume"
+        at = read_meta(state)["step"] if has_state(state) else None
+        kept = (f"the last good resume state (step {at}) is kept in {state}: rerun the same command to resume from "
+                "it" if at is not None else f"no resume state was saved before it (save_every={self.cfg.save_every}): "
+                "a rerun starts from step 0")
+        what = f"loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
+        raise TrainingDiverged(f"training stopped: {what} at step {self.step}; {kept} (a deterministic run "
+                               "diverges again there: to change lr, warmup or grad_clip start anew with resume=false "
+                               "or another out=)")
 
     def evaluate(self, batches: int) -> float:
         model = self.model if self.cfg.fsdp else self.raw  # DDP replicas are identical: no collectives needed
@@ -416,7 +440,7 @@ class Trainer:
                     "val_batches": cfg.snapshot_eval_batches or "all", "run": cfg.name, "seed": cfg.seed,
                     "data_hash": self.data_hash}
             files = {**self.tokenizer_files(), SNAPSHOT_JSON: json.dumps(info, indent=1, sort_keys=True) + "\n"}
-            checkpoint.save(model, path, extra_files=files, overwrite=True)
+            checkpoint.save(model, path, extra_files=files, owner=run_owner(cfg))
         barrier(self.dist)
         return path
 
@@ -433,7 +457,7 @@ class Trainer:
             export = build_model(cfg.model_config(), seed=None)
             export.load_state_dict(model_sd)
             record["checkpoint"] = str(checkpoint.save(export, cfg.export_dir, train=record,
-                                                       extra_files=self.tokenizer_files(), overwrite=True))
+                                                       extra_files=self.tokenizer_files(), owner=run_owner(cfg)))
             self.log({"step": self.step, "final_val_loss": val})
         barrier(self.dist)
         return record
@@ -475,6 +499,39 @@ def _log_step(line: str) -> float:
 # entry points
 
 
+def run_owner(cfg: RunConfig) -> dict[str, str]:
+    """Who owns what a run writes (its marker's owner): the run directory, as an absolute path."""
+    return {"run": str(Path(cfg.out).resolve())}
+
+
+@contextmanager
+def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
+    """Before any work, rank 0 checks that the run directory is new, empty or a depthlens run directory (its
+    marker), and that the export is new, empty or this run's own export (a user's directory or a checkpoint
+    made elsewhere is never replaced); then it holds both for the whole run (one trainer per run directory
+    and per export: a second refuses naming the first). Every rank raises the same one-line refusal."""
+    from ..io.atomic import check_target, claim_dir, output_lock
+
+    owner = run_owner(cfg)
+    error: Exception | None = None
+    with ExitStack() as held:
+        if dist.is_main:
+            try:
+                claim_dir(cfg.out, "run", create=False)  # created (and marked) by run(), after the setup
+                check_target(cfg.export_dir, False, kinds=("checkpoint",), flag="", owner=owner, make_parents=True)
+                held.enter_context(output_lock(cfg.out, "run directory"))
+                if cfg.export_dir.resolve().parent != Path(cfg.out).resolve():  # else the run directory's lock holds it
+                    held.enter_context(output_lock(cfg.export_dir, "export"))
+            except DepthlensError as e:
+                error = e
+        message = broadcast_object(None if error is None else str(error), dist)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise DepthlensError(message)
+        yield
+
+
 def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]:
     """Train one run (single process, or one rank of a torchrun job). Returns the train record (with
     `final_val_loss` and `checkpoint`), or {"step", "stopped": True} when `stop_after` ended it early."""
@@ -482,14 +539,34 @@ def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]
         torch.set_num_threads(cfg.threads)
     # joins the torchrun job's process group on the first call; later calls in the same process reuse it
     # (re-creating a group on the same rendezvous can hang); run_recipe tears it down at the end
-    return Trainer(cfg, init_distributed(cfg.device), callback).run()
+    dist = init_distributed(cfg.device)
+    with owned_outputs(cfg, dist):
+        return Trainer(cfg, dist, callback).run()
+
+
+def split_run_name(overrides: Sequence[str], run: str | None = None) -> tuple[list[str], str | None]:
+    """Take the run name out of the key=value arguments: `run=NAME` is how the documented launch lines name a
+    grid recipe's run, because torchrun's own parser reads every `--option` after the module and refuses
+    `--run` as an ambiguous abbreviation of its `--run-path`. `--run NAME` still works without torchrun."""
+    rest, names = [], []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        (names if sep and key == "run" else rest).append(value if sep and key == "run" else item)
+    if run is not None:
+        names.insert(0, run)
+    if len(set(names)) > 1:
+        err = ValueError(f"two run names given ({', '.join(repr(n) for n in names)}): name one with run=NAME")
+        err.usage = True  # type: ignore[attr-defined]
+        raise err
+    return rest, (names[0] if names else None)
 
 
 def run_recipe(recipe: str | os.PathLike, overrides: Sequence[str] = (), run: str | None = None,
                callback: Callback | None = None) -> dict[str, Any]:
-    """`depthlens train`: load a recipe (one run of it), apply key=value overrides, train. One call per
-    process under torchrun: it leaves the process group at the end."""
+    """`depthlens train`: load a recipe (one run of it, named by `run` or a `run=NAME` argument), apply
+    key=value overrides, train. One call per process under torchrun: it leaves the process group at the end."""
     try:
+        overrides, run = split_run_name(overrides, run)
         return train(load_recipe(recipe, overrides, run=run), callback=callback)
     finally:
         shutdown()
@@ -499,15 +576,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m depthlens.training.trainer", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe JSON (one run, or a grid with base + runs)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (model.n_layer=8, lr=1e-3, steps=200)")
-    p.add_argument("--run", help="run name in a grid recipe")
+    p.add_argument("overrides", nargs="*", help="run=NAME (a grid recipe's run) and key=value overrides "
+                                                "(model.n_layer=8, lr=1e-3, steps=200)")
+    p.add_argument("--run", help="run name in a grid recipe (under torchrun write run=NAME: torchrun reads --run)")
     p.add_argument("--list", action="store_true", help="list the recipe's runs and exit")
     args = p.parse_intermixed_args(argv)  # overrides may follow --run NAME
     if args.list:
         for name in recipe_runs(read_recipe(args.recipe)):
             print(name)
         return 0
-    record = run_recipe(args.recipe, args.overrides, run=args.run)
+    try:
+        record = run_recipe(args.recipe, args.overrides, run=args.run)
+    except (DepthlensError, ValueError) as e:  # one line, as `depthlens train` prints it; rank 0 says it once
+        if int(os.environ.get("RANK", "0")) == 0:
+            sys.stderr.write(f"depthlens: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n")
+        return 2 if getattr(e, "usage", False) else 1
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
         print(json.dumps({k: record[k] for k in keys if k in record}))
