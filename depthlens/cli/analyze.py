@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import app, domain_errors, fail, rank0_errors
+from .app import app, domain_errors, fail, print_table, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
@@ -29,7 +29,7 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Eval-data and bootstrap se
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")]
 DeviceMapOpt = Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")]
-OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the dataset here (netCDF). Default: ./<ckpt>.<metric>.nc")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the dataset here (netCDF). Default: depthlens-out/<ckpt>.<metric>.nc")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
 BootOpt = Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences (0 = no CI).")]
@@ -98,12 +98,16 @@ def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:
 
 
 def resolve_out(out: Path | None, ckpt: Path, metric: str, overwrite: bool) -> tuple[Path, bool]:
-    """The netCDF path (default ./<ckpt>.<metric>.nc), checked before any work: an existing file is replaced
-    only with --overwrite and only when it is a depthlens netCDF dataset (the default name too)."""
+    """The netCDF path (default depthlens-out/<ckpt>.<metric>.nc: one git-ignored folder, not the working
+    directory), checked before any work: an existing file is replaced only with --overwrite and only when it is
+    a depthlens netCDF dataset (the default name too)."""
     from ..errors import DepthlensError
     from ..io.atomic import check_target
+    from .app import DEFAULT_OUT_DIR
 
-    out = Path(f"{ckpt.resolve().name}.{metric}.nc") if out is None else out
+    if out is None:
+        out = DEFAULT_OUT_DIR / f"{ckpt.resolve().name}.{metric}.nc"
+        out.parent.mkdir(parents=True, exist_ok=True)
     if out.is_dir():
         raise DepthlensError(f"{out}: is a directory")
     if not out.parent.exists():
@@ -112,14 +116,17 @@ def resolve_out(out: Path | None, ckpt: Path, metric: str, overwrite: bool) -> t
     return out, overwrite
 
 
-def write(ds: Any, path: Path, overwrite: bool, command: str) -> None:
+def write(ds: Any, path: Path, overwrite: bool, command: str | None = None) -> None:
+    """Write `ds` (rank 0 only). Its `command` attr is the command line as given (every option the user set),
+    `command` only outside a CLI invocation."""
     from ..analysis.dataset import write_netcdf
     from ..analysis.distributed import is_main
+    from .app import invoked_command
 
     if not is_main():  # under torchrun only rank 0 writes the merged dataset
         return
 
-    ds.attrs["command"] = command
+    ds.attrs["command"] = invoked_command() or command or ""
     write_netcdf(ds, path, overwrite=overwrite)
 
 
@@ -176,10 +183,6 @@ def _opts(c: Common) -> dict[str, Any]:
     return {} if c.batch_size is None else {"batch_size": c.batch_size}
 
 
-def _cmdline(name: str, ckpt: Path, extra: str = "") -> str:
-    return f"depthlens {name} {ckpt} {extra}".strip()
-
-
 # --- commands ------------------------------------------------------------------------------------------
 
 @app.command()
@@ -199,7 +202,7 @@ def angular(ckpt: CkptArg, positions: Annotated[str, typer.Option(help="last | a
     with busy(f"angular distances of {ckpt}"):
         ds = registry.run("angular", model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
                           **_opts(c))
-    write(ds, path, ow, _cmdline("angular", ckpt))
+    write(ds, path, ow)
     import numpy as np
 
     prof = ds["profile"].values
@@ -244,8 +247,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     with busy(f"causal scores of {ckpt} (skipping each layer)"):
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
                           norm=norm, direct=direct, outputs=outputs, checkpoint=ck, **_opts(c))
-    write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
-                                                 f"--norm {norm}" + (" --outputs" if outputs else "")))
+    write(ds, path, ow)
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
@@ -294,7 +296,7 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     with busy(f"permutation scores of {ckpt} (swapping layer pairs)"):
         ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
                           **_opts(c))
-    write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
+    write(ds, path, ow)
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
@@ -315,7 +317,7 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
     model, ck = open_model(ckpt, c)
     with busy(f"effective rank of {ckpt}"):
         ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, **_opts(c))
-    write(ds, path, ow, _cmdline("rank", ckpt))
+    write(ds, path, ow)
     er = ds["erank"]
     stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
     h: dict[str, Any] = {"metric": "erank", "checkpoint": str(ckpt), "design": getattr(model.design, "slug", "?"),
@@ -364,7 +366,7 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
     grid = tuple(sorted(set(EPS_GRID) | {eps}))
     with busy(f"AttnRes weights of {ckpt}"):
         ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, **_opts(c))
-    write(ds, path, ow, _cmdline("attnres", ckpt))
+    write(ds, path, ow)
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
     by_eps = {f"{float(e):g}": int(ds["dead_prefix"].sel(eps=e)) for e in ds["eps"].values}
@@ -457,11 +459,12 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     theta = registry.score(metric).theta if headline_threshold is None else headline_threshold
     sel = {k: _first(ds, k) for k in ("window_start", "aggregator", "variant") if k in ds["share"].dims}
     headline_curves = ds["share"].sel(sel)
-    rob = robustness(headline_curves, rank_order or names, theta) if len(names) > 1 else None
+    # a ranking's robustness means something only against an order the user expects; the argument order is not one
+    rob = robustness(headline_curves, rank_order, theta) if rank_order is not None and len(names) > 1 else None
     if rob is not None:
-        ds.attrs["ranking_order_json"] = json.dumps(rank_order or names)
+        ds.attrs["ranking_order_json"] = json.dumps(rank_order)
         ds.attrs["ranking_fraction"] = float(rob["fraction"])
-    write(ds, path, ow, "depthlens sweep " + " ".join(str(p) for p in ckpts) + f" --metric {metric}")
+    write(ds, path, ow)
     if plot is not None:
         from ..analysis.plots import save_figure
         from ..analysis.plots import share_curves as draw
@@ -474,7 +477,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     h: dict[str, Any] = {"metric": metric, "definition": defn, "headline_threshold": theta, "checkpoints": names,
                          "out": str(path), "plot": str(plot) if plot else None}
     if rob is not None:
-        h["ranking_order"] = rank_order or names
+        h["ranking_order"] = rank_order
         h["ranking_fraction"] = float(rob["fraction"])
     lines = [f"share(θ) for {defn} over {len(ds['threshold'])} thresholds, {len(names)} checkpoint(s)"]
     if "crossing" in ds:
@@ -486,7 +489,9 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
             lines.append(f"  {name:>20}: " + "  ".join(f"q={float(q):g}: {float(v):.3g}" for q, v in zip(row["q"].values, row.values)))
             h.setdefault("crossings", {})[name] = {str(float(q)): float(v) for q, v in zip(row["q"].values, row.values)}
     if rob is not None:
-        lines.append(f"ranking {' < '.join(rank_order or names)} holds on {100 * float(rob['fraction']):.0f}% of the θ grid")
+        lines.append(f"ranking {' < '.join(rank_order)} holds on {100 * float(rob['fraction']):.0f}% of the θ grid")
+    elif len(names) > 1:
+        lines.append("ranking robustness: give the expected order with --order a,b,... (low to high)")
     lines.append(f"dataset: {path}" + (f"; plot: {plot}" if plot else ""))
     emit(h, as_json, lines)
 
@@ -563,7 +568,6 @@ def compare(ckpts: CkptsArg,
     if as_json:
         typer.echo(_json(rows))
         return
-    from rich.console import Console
     from rich.table import Table
 
     defs = "; ".join(dict.fromkeys(r[m]["definition"] for r in rows for m in wanted))
@@ -577,4 +581,4 @@ def compare(ckpts: CkptsArg,
             ci = "" if math.isnan(h["ci_low"]) else f" [{100 * h['ci_low']:.0f}, {100 * h['ci_high']:.0f}]"
             cells.append(f"{100 * h['share']:.1f}%{ci} (> {h['threshold']})")
         t.add_row(r["checkpoint"], r["design"], str(r["n_layer"]), *cells)
-    Console().print(t)
+    print_table(t)

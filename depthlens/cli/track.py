@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps, fail
+from .app import app, domain_errors, dumps, fail, invoked_command
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -101,7 +101,7 @@ def track(
                   TextColumn("{task.description}"), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("analysing", total=total * len(opts.metrics))
         ds = run_track(series, opts, out / CACHE, ev, progress=lambda d: bar.update(task, advance=1, description=d))
-    write_outputs(ds, out, " ".join(["depthlens track", *map(str, runs), "--metric", metric, "--out", str(out)]))
+    write_outputs(ds, out, invoked_command() or "depthlens track")  # every option given, as given
     from ..report.track import track_rows
 
     rows = track_rows(ds)

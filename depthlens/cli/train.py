@@ -36,6 +36,7 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
 
     cfg = load_recipe(recipe, overrides or [], run=run)  # validated before any work; also sizes the bar
     main = int(os.environ.get("RANK", "0")) == 0
+    ensure_data(read_recipe(recipe), Path(cfg.data), cfg.tokenizer)
     with bar(f"train {cfg.name or recipe.stem}", cfg.steps, as_json=not main) as advance:
         advance(0)
 
@@ -46,3 +47,27 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
         typer.echo(dumps({k: record[k] for k in keys if k in record}))
+
+
+def ensure_data(raw: dict, data: Path, tokenizer: str) -> None:
+    """A fresh clone has no token shards yet: build the corpus the recipe's `corpus` block describes (progress on
+    stderr), or refuse with the one command that builds it. Existing data is left as it is (the trainer records
+    its hash), so this never changes what a run trains on."""
+    import shlex
+    import sys
+
+    from ..data.shards import read_manifest
+    from ..errors import DataError
+    from ..training.recipes import corpus_command, prepare_zoo_data
+
+    if read_manifest(data) is not None or (data.is_dir() and any(data.glob("*.bin"))):
+        return
+    spec = raw.get("corpus")
+    if spec is None:
+        raise DataError(f"{data}: no token shards, and the recipe has no `corpus` block to build them from; build "
+                        f"them with `depthlens prepare --out {shlex.quote(str(data))} --tokenizer {shlex.quote(tokenizer)}`"
+                        f" (the offline corpus) or `depthlens prepare FILES... --out {shlex.quote(str(data))} "
+                        f"--tokenizer {shlex.quote(tokenizer)}`")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # ranks must not build one directory concurrently
+        raise DataError(f"{data}: no token shards; build them once before torchrun: `{corpus_command(spec, data)}`")
+    prepare_zoo_data(raw, data, log=lambda line: print(f"depthlens train: {line}", file=sys.stderr, flush=True))
