@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import app, domain_errors, fail, print_table, rank0_errors
+from .app import app, domain_errors, fail, in_default_dir, print_table, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
@@ -105,14 +105,13 @@ def resolve_out(out: Path | None, ckpt: Path, metric: str, overwrite: bool) -> t
     from ..io.atomic import check_target
     from .app import DEFAULT_OUT_DIR
 
-    if out is None:
-        out = DEFAULT_OUT_DIR / f"{ckpt.resolve().name}.{metric}.nc"
-        out.parent.mkdir(parents=True, exist_ok=True)
+    out = DEFAULT_OUT_DIR / f"{ckpt.resolve().name}.{metric}.nc" if out is None else out
     if out.is_dir():
         raise DepthlensError(f"{out}: is a directory")
-    if not out.parent.exists():
+    if not out.parent.exists() and not in_default_dir(out):  # the default folder is made when first written
         raise DepthlensError(f"{out.parent}: output directory does not exist")
-    check_target(out, overwrite, kinds=("netCDF dataset",))
+    if out.parent.exists():
+        check_target(out, overwrite, kinds=("netCDF dataset",))
     return out, overwrite
 
 
@@ -127,6 +126,7 @@ def write(ds: Any, path: Path, overwrite: bool, command: str | None = None) -> N
         return
 
     ds.attrs["command"] = invoked_command() or command or ""
+    path.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here (resolve_out)
     write_netcdf(ds, path, overwrite=overwrite)
 
 
@@ -439,7 +439,8 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
 
         if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
             fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
-        check_target(plot, overwrite, kinds=("figure",))
+        if plot.parent.exists() or not in_default_dir(plot):
+            check_target(plot, overwrite, kinds=("figure",))
     from ..analysis.dataset import concat_checkpoints
     from ..analysis.sweep import robustness
 
@@ -469,6 +470,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         from ..analysis.plots import save_figure
         from ..analysis.plots import share_curves as draw
 
+        plot.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here
         save_figure(draw(headline_curves, headline=theta), plot)
     from ..analysis.sweep import definition
 

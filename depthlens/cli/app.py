@@ -97,6 +97,11 @@ def invoked_command() -> str | None:
 DEFAULT_OUT_DIR = Path("depthlens-out")  # default home of command outputs (git-ignored), relative to the cwd
 
 
+def in_default_dir(path: Path) -> bool:
+    """Whether `path` lies directly in the default output folder (created when a command first writes there)."""
+    return Path(path).parent.resolve() == DEFAULT_OUT_DIR.resolve()
+
+
 def print_table(table: Any) -> None:
     """Print a rich table on stdout. A column is never narrower than its widest cell or header word (headers
     wrap at spaces), and a table that still does not fit is printed wider rather than cropped, so a pipe or log

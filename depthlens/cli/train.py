@@ -64,7 +64,7 @@ def ensure_data(raw: dict, data: Path, tokenizer: str) -> None:
         return
     spec = raw.get("corpus")
     if spec is None:
-        raise DataError(f"{data}: no token shards, and the recipe has no `corpus` block to build them from; build "
+        raise DataError(f"{data}: no token shards, and the recipe has no corpus block to build them from; build "
                         f"them with `depthlens prepare --out {shlex.quote(str(data))} --tokenizer {shlex.quote(tokenizer)}`"
                         f" (the offline corpus) or `depthlens prepare FILES... --out {shlex.quote(str(data))} "
                         f"--tokenizer {shlex.quote(tokenizer)}`")
