@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, domain_errors, dumps, fail, invoked_command
+from .app import app, domain_errors, dumps, fail, in_default_dir, invoked_command
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -85,6 +85,8 @@ def track(
                        + (f"; requested by {s.requested_from}" if s.requested is not None else "")
                        + (f"; pending {s.pending}" if s.pending else ""))
         return
+    if in_default_dir(out):  # `--out depthlens-out/x`: the git-ignored output folder is made on first use
+        out.parent.mkdir(exist_ok=True)
     check_out(out)
     ev = eval_tokens(series, opts)
     from rich.console import Console
