@@ -1,10 +1,10 @@
 """Every fenced ```python and ```bash block of README.md and docs/*.md runs as pasted.
 
 * Where they run: in a copy of the checkout (the files git tracks or would track, the venv linked), so nothing a
-  block writes reaches the repository. Bash blocks run with `depthlens`, `python` and `torchrun` of this venv on
-  PATH (what `source .venv/bin/activate` gives), under `set -eo pipefail`, each after `depthlens-out/` is emptied;
-  `.cache/` (token corpora, training runs) is kept between blocks, as in a user's clone. The python blocks of one
-  page run in order in one namespace, as pasted into one Python session.
+  block writes reaches the repository. A page's blocks run in order, as a reader follows it: bash blocks with
+  `depthlens`, `python` and `torchrun` of this venv on PATH (what `source .venv/bin/activate` gives), under
+  `set -eo pipefail`; python blocks in one namespace, as pasted into one Python session. `depthlens-out/` is
+  emptied before each page; `.cache/` (token corpora, training runs) is kept, as in a user's clone.
 * A block that is not meant to run says why, visibly, on the line before it: `<!-- not-run: reason -->`. That set
   is small (NOT_RUN_MAX) and each such block must still parse (bash -n / compile).
 * Blocks that start processes or load checkpoints or the SmolLM2 GGUF are marked slow.
@@ -65,7 +65,7 @@ def doc_blocks(path: Path) -> list[Block]:
 
 
 BLOCKS = [b for d in DOCS for b in doc_blocks(d)]
-PAGES = sorted({b.doc for b in BLOCKS if b.lang == "python" and not b.not_run})
+PAGES = sorted({b.doc for b in BLOCKS if not b.not_run})
 
 
 def test_blocks_found_and_not_run_set_is_small():
@@ -117,40 +117,31 @@ def _env(clone: Path) -> dict[str, str]:
             "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "100"}
 
 
-def _fresh_outputs(clone: Path) -> None:
-    shutil.rmtree(clone / "depthlens-out", ignore_errors=True)
-
-
-def _params(blocks):
-    return [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else []) for b in blocks]
-
-
-@pytest.mark.parametrize("block", _params([b for b in BLOCKS if b.lang == "bash" and not b.not_run]))
-def test_bash_block_runs(block, clone):
-    _fresh_outputs(clone)
-    r = subprocess.run(["bash", "-c", "set -eo pipefail\n" + block.code], cwd=clone, env=_env(clone),
-                       capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
-    assert r.returncode == 0, f"{block.id} failed ({r.returncode}):\n{block.code}\n--- stderr:\n{r.stderr[-4000:]}"
-    assert "Traceback" not in r.stderr, r.stderr[-4000:]
-
 
 @pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(ROOT)),
                                                marks=[pytest.mark.slow] * any(b.slow for b in BLOCKS if b.doc == p))
                                   for p in PAGES])
-def test_python_blocks_run(page, clone, monkeypatch):
+def test_page_blocks_run(page, clone, monkeypatch):
+    """The page's blocks in order, as a reader follows it: bash blocks in a shell each, python blocks in one session."""
+    import matplotlib.pyplot as plt
     import torch
 
     torch.set_num_threads(1)
-    _fresh_outputs(clone)
+    shutil.rmtree(clone / "depthlens-out", ignore_errors=True)
     monkeypatch.chdir(clone)
+    env = _env(clone)
     for k in ("MPLBACKEND", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(k, _env(clone)[k])
+        monkeypatch.setenv(k, env[k])
     namespace: dict = {"__name__": "__main__"}
-    for b in [b for b in BLOCKS if b.doc == page and b.lang == "python" and not b.not_run]:
+    for b in [b for b in BLOCKS if b.doc == page and not b.not_run]:
+        if b.lang == "bash":
+            r = subprocess.run(["bash", "-c", "set -eo pipefail\n" + b.code], cwd=clone, env=env,
+                               capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+            assert r.returncode == 0 and "Traceback" not in r.stderr, \
+                f"{b.id} failed ({r.returncode}):\n{b.code}\n--- stderr:\n{r.stderr[-4000:]}"
+            continue
         try:
             exec(compile(b.code, b.id, "exec"), namespace)
         except Exception as e:
             raise AssertionError(f"{b.id} failed: {type(e).__name__}: {e}\n{b.code}") from e
-    import matplotlib.pyplot as plt
-
     plt.close("all")
