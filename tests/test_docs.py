@@ -140,8 +140,12 @@ def test_page_blocks_run(page, clone, monkeypatch):
             assert r.returncode == 0 and "Traceback" not in r.stderr, \
                 f"{b.id} failed ({r.returncode}):\n{b.code}\n--- stderr:\n{r.stderr[-4000:]}"
             continue
+        # from a file, as pasted into a script: tools that read their caller's source back (nnsight's trace) need it
+        src = clone / ".doc-blocks" / f"{b.doc.stem}_{b.line}.py"
+        src.parent.mkdir(exist_ok=True)
+        src.write_text(b.code)
         try:
-            exec(compile(b.code, b.id, "exec"), namespace)
+            exec(compile(b.code, str(src), "exec"), namespace)
         except Exception as e:
             raise AssertionError(f"{b.id} failed: {type(e).__name__}: {e}\n{b.code}") from e
     plt.close("all")
