@@ -341,12 +341,13 @@ def test_default_output_name_is_never_replaced_silently(env, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     args = ["angular", str(env["preln"]), *FAST]
     assert CliRunner().invoke(app, args).exit_code == 0
-    default = tmp_path / "preln_l4.angular.nc"
+    default = tmp_path / "depthlens-out" / "preln_l4.angular.nc"
     stamp = default.stat().st_mtime_ns
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 1 and "already exists" in r.stderr and default.stat().st_mtime_ns == stamp
     assert CliRunner().invoke(app, [*args, "--overwrite"]).exit_code == 0  # ours: replaceable on request
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["preln_l4.angular.nc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["depthlens-out"]
+    assert sorted(p.name for p in default.parent.iterdir()) == ["preln_l4.angular.nc"]
 
 
 def test_json_is_strict_without_bootstrap(env, tmp_path):

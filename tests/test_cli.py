@@ -115,7 +115,7 @@ def test_other_commands_json(zoo, tmp_path, cmd, arch, extra):
 def test_sweep_and_compare(zoo, tmp_path):
     out, png = tmp_path / "s.nc", tmp_path / "s.png"
     r = run(["sweep", zoo["preln"], zoo["hc"], "--metric", "causal", "--thresholds", "0:1.5:0.05", "--out", out,
-             "--plot", png, "--json", *FAST])
+             "--plot", png, "--order", "preln_l4,hc_l4", "--json", *FAST])
     assert r.exit_code == 0, r.output
     h = json.loads(r.stdout)
     assert 0 <= h["ranking_fraction"] <= 1 and png.stat().st_size > 5000

@@ -53,4 +53,7 @@ def test_explore_notebook_executes(kernel_env, monkeypatch, tiny):
                        allow_errors=False).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
+    # a newcomer's first run shows no warnings (the TqdmWarning of a kernel without ipywidgets, deprecations...)
+    stderr = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    assert "Warning" not in stderr and "warn" not in stderr.lower(), stderr
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4  # heatmaps and share curves drawn

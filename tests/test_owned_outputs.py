@@ -276,7 +276,7 @@ def test_long_names_work_or_refuse_cleanly(ck, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(app, ["angular", str(long_ck), *FAST])
     assert r.exit_code == 0, r.output
-    made = [p.name for p in tmp_path.iterdir() if p.name.endswith(".angular.nc")]
+    made = [p.name for p in (tmp_path / "depthlens-out").iterdir() if p.name.endswith(".angular.nc")]  # default dir
     assert len(made) == 1 and made[0].startswith("c" * 200) and len(made[0].encode()) <= 255
     line = one_line(CliRunner().invoke(app, ["angular", str(ck), "-o", str(tmp_path / ("z" * 256)), *FAST]))
     assert "256 bytes" in line

@@ -190,21 +190,27 @@ def test_usage_and_unwritable_errors(ckpts, tmp_path):
 
 CLI_ORDER = ("info", "hooks", "angular", "causal", "permute", "rank", "attnres", "sweep", "report", "track",
              "compare", "shapes", "prepare", "train", "eval")
-CLI_EXAMPLES = {
+CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_docs.py runs docs/cli.md)
     "info": "depthlens info checkpoints/hc_l16 --json",
     "hooks": "depthlens hooks checkpoints/preln_l4",
-    "angular": "depthlens angular checkpoints/preln_l16 --positions all -o /tmp/preln_l16.angular.nc",
+    "angular": "depthlens angular checkpoints/preln_l16 --positions all",
     "causal": "depthlens causal checkpoints/hc_l16 --layers late --n-boot 200",
-    "permute": "depthlens permute checkpoints/keel_l16 --pairs late --swap body",
+    "permute": "depthlens permute checkpoints/keel_l8 --pairs late --swap body",
     "rank": "depthlens rank checkpoints/mhc_l16 --json",
     "attnres": "depthlens attnres checkpoints/block_attnres_l16 --eps 0.05",
-    "sweep": "depthlens sweep checkpoints/*_l16/ --metric causal --plot /tmp/sweep.png",
-    "report": "depthlens report checkpoints/*/ --out reports/zoo --overwrite",
-    "track": "depthlens track .cache/depthlens/runs/zoo/hc_l16 .cache/depthlens/runs/zoo/mhc_l16 --out reports/track",
-    "compare": "depthlens compare checkpoints/preln_l16 checkpoints/hc_l16 --metrics causal,perm_abs",
+    "sweep": "depthlens sweep checkpoints/preln_l8 checkpoints/hc_l8 checkpoints/mhc_l8 --metric causal \\\n"
+             "    --order preln_l8,mhc_l8,hc_l8 --plot depthlens-out/sweep.png",
+    "report": "depthlens report checkpoints/*_l4/ --out depthlens-out/report_l4",
+    "track": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 \\\n"
+             "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'     # a run with snapshots (2 min)\n"
+             "depthlens track .cache/depthlens/runs/docs/hc_l4 --n-seq 8 --out depthlens-out/track",
+    "compare": "depthlens compare checkpoints/preln_l8 checkpoints/hc_l8 --metrics causal,perm_abs",
     "shapes": "depthlens shapes --target 407M --design hc",
-    "prepare": "depthlens prepare notes.txt code.jsonl --out data/mine --tokenizer bytes",
-    "train": "depthlens train depthlens/recipes/zoo_cpu.json run=hc_l8",
+    "prepare": "depthlens prepare --out data/offline --max-bytes 1000000           # the packaged offline corpus, capped\n"
+               "python -c 'import this' > data/zen.txt                               # or your .txt/.jsonl/.parquet files\n"
+               "depthlens prepare data/zen.txt --out data/zen --tokenizer bytes",
+    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 \\\n"
+             "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'",
     "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
 }
 
@@ -259,7 +265,10 @@ def cli_reference() -> str:
            "existing output without `--overwrite`), 2 on a usage error; never a traceback. `--json` prints "
            "machine-readable output on stdout. Outputs are written atomically (temp file, then rename). Work that "
            "runs longer than 2 s shows progress on stderr: a bar with a count and an ETA on a terminal, one line "
-           "per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it.", "",
+           "per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it. Datasets "
+           "go to `depthlens-out/` (git-ignored) unless `--out` says otherwise, and record the command line as "
+           "given (`command` attribute). `-h` is `--help`; `depthlens --version` prints the version; "
+           "`depthlens --install-completion` installs shell completion (bash, zsh, fish, PowerShell).", "",
            "<!-- generated from `depthlens <command> --help` by `.venv/bin/python tests/test_report.py`; "
            "do not edit by hand -->", "",
            " · ".join(f"[{c}](#depthlens-{c})" for c in order), ""]
@@ -267,7 +276,7 @@ def cli_reference() -> str:
         usage, desc, panels = _parse_help(_cli_help(cmd))
         out += [f"## depthlens {cmd}", "", desc, "", "```text", usage, "```", ""]
         for title, rows in panels:
-            rows = [r for r in rows if r[0] != "`--help`"]
+            rows = [r for r in rows if not r[0].startswith("`--help`")]  # `--help`, `-h`
             if not rows:
                 continue
             out += [f"**{title}**", "", "| name | type | description | default |", "|---|---|---|---|"]

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import depthlens
 from depthlens.analysis import registry
-from depthlens.analysis.registry import Diagnostic, Grid, Score
+from depthlens.analysis.registry import Diagnostic
 from depthlens.models import ModelConfig, build_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
@@ -48,8 +48,9 @@ def example(tmp_path_factory) -> Diagnostic:
     (d / f"{MODULE}.py").write_text(module_src, encoding="utf-8")
     sys.path.insert(0, str(d))
     importlib.invalidate_caches()
-    entry = eval(entry_src.replace("depthlens.analysis.update_align", MODULE),  # noqa: S307  (our own doc)
-                 {"Diagnostic": Diagnostic, "Score": Score, "Grid": Grid})
+    namespace: dict = {}
+    exec(entry_src.replace("depthlens.analysis.update_align", MODULE), namespace)  # noqa: S102  (our own doc)
+    entry = namespace["entry"]
     yield entry
     sys.path.remove(str(d))
     sys.modules.pop(MODULE, None)

@@ -254,8 +254,8 @@ def sweep(checkpoints: Sequence[Any], key: str = "causal", thresholds: Sequence[
     robustness of the headline curves (window quarter, max, current) when there are two or more checkpoints.
 
     Returns {"dataset": the curves stacked along `checkpoint`, "curves": the headline curves, "selection",
-    "theta", "order", "robustness": xr.Dataset or None}. `order` (checkpoint names, low to high) defaults to the
-    given order."""
+    "theta", "order", "robustness": xr.Dataset or None}. `order` (checkpoint names, low to high): without it
+    no robustness is computed."""
     from depthlens.analysis.sweep import robustness, share_curves
 
     key = check_scores([key], "--metric")[0]
@@ -268,8 +268,9 @@ def sweep(checkpoints: Sequence[Any], key: str = "causal", thresholds: Sequence[
     theta = registry.score(key).theta if theta is None else float(theta)
     sel = {k: _first(ds, k) for k in ("window_start", "aggregator", "variant") if k in ds["share"].dims}
     curves = ds["share"].sel(sel)
-    order = list(order) if order else names
-    rob = robustness(curves, order, theta) if len(names) > 1 else None
+    # a ranking's robustness means something only against an order the caller expects, not the argument order
+    order = list(order) if order else None
+    rob = robustness(curves, order, theta) if order is not None and len(names) > 1 else None
     if rob is not None:
         import json
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import QuietOpt, app, domain_errors, fail, rank0_errors
+from .app import QuietOpt, app, domain_errors, fail, in_default_dir, print_table, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.", show_default=False)]
@@ -31,7 +31,7 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")]
 DeviceMapOpt = Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")]
 OutOpt = Annotated[str | None, typer.Option("--out", "-o", help="Write the dataset here (netCDF); DIR/ (trailing slash) "
-                                            "writes the default name into DIR. Default: ./<ckpt>.<metric>.nc")]
+                                            "writes the default name into DIR. Default: depthlens-out/<ckpt>.<metric>.nc")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
 BootOpt = Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences (0 = no CI).")]
@@ -105,11 +105,12 @@ def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:
 
 
 def resolve_out(out: str | Path | None, ckpt: Path, metric: str, overwrite: bool) -> tuple[Path, bool]:
-    """The netCDF path (default ./<ckpt>.<metric>.nc, its name shortened with a hash when the filesystem would
+    """The netCDF path (default depthlens-out/<ckpt>.<metric>.nc, its name shortened with a hash when the filesystem would
     not hold it; `-o DIR/`: that name inside DIR, created if new), checked before any work: an existing file is
     replaced only with --overwrite and only when it is a depthlens netCDF dataset; the directory must take files."""
     from ..errors import DepthlensError
     from ..io.atomic import check_name, check_target, fit_name, name_max
+    from .app import DEFAULT_OUT_DIR
 
     raw = None if out is None else os.fspath(out)
     into = Path(raw) if raw is not None and raw.endswith(("/", os.sep)) else None  # a trailing slash: a directory
@@ -117,7 +118,7 @@ def resolve_out(out: str | Path | None, ckpt: Path, metric: str, overwrite: bool
         raise DepthlensError(f"{raw}: exists and is not a directory (a trailing slash names a directory to write into)")
     if raw is None or into is not None:
         suffix = f".{metric}.nc"
-        where = into if into is not None else Path(".")
+        where = into if into is not None else DEFAULT_OUT_DIR  # one git-ignored folder, not the working directory
         room = name_max(where) - len(os.fsencode(suffix))
         path = where / (fit_name(ckpt.resolve().name, room) + suffix)
     else:
@@ -125,22 +126,25 @@ def resolve_out(out: str | Path | None, ckpt: Path, metric: str, overwrite: bool
     check_name(path)  # before any stat: a name over the limit makes os.stat itself fail
     if path.is_dir():
         raise DepthlensError(f"{path}: is a directory (end it with / to write {metric} output inside it)")
-    if into is None and not path.parent.exists():
+    if into is None and not path.parent.exists() and not in_default_dir(path):  # the default folder: made on write
         raise DepthlensError(f"{path.parent}: output directory does not exist")
-    check_target(path, overwrite, kinds=("netCDF dataset",), make_parents=into is not None)
+    check_target(path, overwrite, kinds=("netCDF dataset",), make_parents=into is not None or in_default_dir(path))
     return path, overwrite
 
 
-def write(ds: Any, path: Path, overwrite: bool, command: str) -> None:
+def write(ds: Any, path: Path, overwrite: bool, command: str | None = None) -> None:
+    """Write `ds` (rank 0 only). Its `command` attr is the command line as given (every option the user set),
+    `command` only outside a CLI invocation."""
     from ..analysis.dataset import write_netcdf
     from ..analysis.distributed import is_main
+    from .app import invoked_command
 
     if not is_main():  # under torchrun only rank 0 writes the merged dataset
         return
 
     from ..io.atomic import parents_made
 
-    ds.attrs["command"] = command
+    ds.attrs["command"] = invoked_command() or command or ""
     with parents_made(path):  # `-o NEWDIR/`: created now, removed again if the write fails
         write_netcdf(ds, path, overwrite=overwrite)
 
@@ -207,10 +211,6 @@ def _opts(c: Common) -> dict[str, Any]:
     return {} if c.batch_size is None else {"batch_size": c.batch_size}
 
 
-def _cmdline(name: str, ckpt: Path, extra: str = "") -> str:
-    return f"depthlens {name} {ckpt} {extra}".strip()
-
-
 # --- commands ------------------------------------------------------------------------------------------
 
 @app.command()
@@ -229,7 +229,7 @@ def angular(ckpt: CkptArg, positions: Annotated[Literal["last", "all"], typer.Op
     with busy(f"angular {ckpt.name}") as p:
         ds = registry.run("angular", model, eval_data(model, ck, c), positions=positions, repr=repr, checkpoint=ck,
                           progress=p.engine(), **_opts(c))
-    write(ds, path, ow, _cmdline("angular", ckpt))
+    write(ds, path, ow)
     import numpy as np
 
     prof = ds["profile"].values
@@ -269,8 +269,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     with busy(f"causal {ckpt.name} (layer skips)") as p:
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
                           norm=norm, direct=direct, outputs=outputs, checkpoint=ck, progress=p.engine(), **_opts(c))
-    write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
-                                                 f"--norm {norm}" + (" --outputs" if outputs else "")))
+    write(ds, path, ow)
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
@@ -319,7 +318,7 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     with busy(f"permute {ckpt.name} (layer pairs)") as p:
         ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
                           progress=p.engine(), **_opts(c))
-    write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
+    write(ds, path, ow)
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
@@ -341,7 +340,7 @@ def rank(ckpt: CkptArg, data: DataOpt = None, tokens: TokensOpt = None, n_seq: N
     model, ck = open_model(ckpt, c)
     with busy(f"rank {ckpt.name} (batches)") as p:
         ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, progress=p.engine(), **_opts(c))
-    write(ds, path, ow, _cmdline("rank", ckpt))
+    write(ds, path, ow)
     er = ds["erank"]
     stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
     h: dict[str, Any] = {"metric": "erank", "checkpoint": str(ckpt), "design": getattr(model.design, "slug", "?"),
@@ -392,7 +391,7 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
     with busy(f"attnres {ckpt.name} (batches)") as p:
         ds = registry.run("attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck,
                           progress=p.engine(), **_opts(c))
-    write(ds, path, ow, _cmdline("attnres", ckpt))
+    write(ds, path, ow)
     sw = [float(x) for x in ds["self_weight"].values]
     k = int(ds["dead_prefix"].sel(eps=eps))
     by_eps = {f"{float(e):g}": int(ds["dead_prefix"].sel(eps=e)) for e in ds["eps"].values}
@@ -471,7 +470,8 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         distinct_outputs({"--out": path, "--plot": plot})  # one path for both: the plot would replace the dataset
         if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
             fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
-        check_target(plot, overwrite, kinds=("figure",))
+        if plot.parent.exists() or not in_default_dir(plot):
+            check_target(plot, overwrite, kinds=("figure",))
     names = [p.resolve().name for p in ckpts]
     if len(set(names)) != len(names):
         fail("checkpoint names must be distinct", 2)
@@ -484,11 +484,12 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
         res = api.sweep(ckpts, metric, grid, theta=headline_threshold, order=rank_order, opts=_study(c))
     ds, headline_curves, sel, theta, rob = (res["dataset"], res["curves"], res["selection"], res["theta"],
                                             res["robustness"])
-    write(ds, path, ow, "depthlens sweep " + " ".join(str(p) for p in ckpts) + f" --metric {metric}")
+    write(ds, path, ow)
     if plot is not None:
         from ..analysis.plots import save_figure
         from ..analysis.plots import share_curves as draw
 
+        plot.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here
         save_figure(draw(headline_curves, headline=theta), plot)
     from ..analysis.sweep import definition
 
@@ -497,7 +498,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     h: dict[str, Any] = {"metric": metric, "definition": defn, "headline_threshold": theta, "checkpoints": names,
                          "out": str(path), "plot": str(plot) if plot else None}
     if rob is not None:
-        h["ranking_order"] = rank_order or names
+        h["ranking_order"] = rank_order
         h["ranking_fraction"] = float(rob["fraction"])
     lines = [f"share(θ) for {defn} over {len(ds['threshold'])} thresholds, {len(names)} checkpoint(s)"]
     if "crossing" in ds:
@@ -509,7 +510,9 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
             lines.append(f"  {name:>20}: " + "  ".join(f"q={float(q):g}: {float(v):.3g}" for q, v in zip(row["q"].values, row.values)))
             h.setdefault("crossings", {})[name] = {str(float(q)): float(v) for q, v in zip(row["q"].values, row.values)}
     if rob is not None:
-        lines.append(f"ranking {' < '.join(rank_order or names)} holds on {100 * float(rob['fraction']):.0f}% of the θ grid")
+        lines.append(f"ranking {' < '.join(rank_order)} holds on {100 * float(rob['fraction']):.0f}% of the θ grid")
+    elif len(names) > 1:
+        lines.append("ranking robustness: give the expected order with --order a,b,... (low to high)")
     lines.append(f"dataset: {path}" + (f"; plot: {plot}" if plot else ""))
     emit(h, as_json, lines)
 
@@ -540,7 +543,6 @@ def compare(ckpts: CkptsArg,
     if as_json:
         typer.echo(_json(rows))
         return
-    from rich.console import Console
     from rich.table import Table
 
     defs = "; ".join(dict.fromkeys(r[m]["definition"] for r in rows for m in wanted))
@@ -554,4 +556,4 @@ def compare(ckpts: CkptsArg,
             ci = "" if math.isnan(h["ci_low"]) else f" [{100 * h['ci_low']:.0f}, {100 * h['ci_high']:.0f}]"
             cells.append(f"{100 * h['share']:.1f}%{ci} (> {h['threshold']})")
         t.add_row(r["checkpoint"], r["design"], str(r["n_layer"]), *cells)
-    Console().print(t)
+    print_table(t)

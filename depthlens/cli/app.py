@@ -6,6 +6,7 @@ import functools
 import inspect
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any, Callable
 
 import typer
@@ -92,11 +93,91 @@ def _flush_stdout(rv: Any) -> Any:
 
 
 app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",
-                  pretty_exceptions_enable=False, add_completion=False,
+                  pretty_exceptions_enable=False, add_completion=True,  # --install-completion / --show-completion
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Does this residual design turn extra layers into extra computation?")
 
 
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (a bar on a terminal, else a line per step).")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .._version import __version__
+
+        typer.echo(f"depthlens {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the depthlens version and exit.")) -> None:
+    """Does this residual design turn extra layers into extra computation?"""
+
+
+def invoked_command() -> str | None:
+    """The command line as given: `depthlens <command>`, then every argument and option the user set (on the
+    command line or from the environment), in declaration order; options left at their default are omitted.
+    From click's context, so it is exact under `python -m`, torchrun and test runners alike. None outside a
+    command."""
+    import shlex
+
+    from typer._click.core import ParameterSource  # typer vendors click: its context, not the click package's
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return None
+    words = ctx.command_path.split()
+    words[0] = "depthlens"
+    for p in ctx.command.params:
+        if ctx.get_parameter_source(p.name) not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            continue
+        value = ctx.params.get(p.name)
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if p.param_type_name == "argument":
+            words += [str(v) for v in values]
+            continue
+        flag = max(p.opts, key=len)
+        if getattr(p, "is_flag", False):
+            if p.secondary_opts:  # --x/--no-x: the spelling that was given
+                words.append(flag if value else max(p.secondary_opts, key=len))
+            elif value:
+                words.append(flag)
+            continue
+        for v in values:
+            words += [flag, str(v)]
+    return shlex.join(words)
+
+
+DEFAULT_OUT_DIR = Path("depthlens-out")  # default home of command outputs (git-ignored), relative to the cwd
+
+
+def in_default_dir(path: Path) -> bool:
+    """Whether `path` lies directly in the default output folder (created when a command first writes there)."""
+    return Path(path).parent.resolve() == DEFAULT_OUT_DIR.resolve()
+
+
+def print_table(table: Any) -> None:
+    """Print a rich table on stdout. A column is never narrower than its widest cell or header word (headers
+    wrap at spaces), and a table that still does not fit is printed wider rather than cropped, so a pipe or log
+    at 80 columns shows every digit (rich's default squeezes 406.2M into 406…)."""
+    from rich.cells import cell_len
+    from rich.console import Console
+    from rich.padding import Padding
+
+    for col in table.columns:
+        col.overflow = "fold"
+        words = str(col.header).split() or [""]
+        widest = max([cell_len(str(c)) for c in col._cells] + [cell_len(w) for w in words])
+        col.min_width = max(col.min_width or 0, widest)
+    con = Console()
+    _, right, _, left = Padding.unpack(table.padding)
+    need = sum(col.min_width + left + right for col in table.columns) + table._extra_width  # cells, edges, borders
+    if need > con.width:  # wider than the terminal or the 80-column pipe default: widen rather than crop
+        con = Console(width=need)
+    con.print(table)
+
 
 _rank0_voice = False  # set by rank0_errors on the ranks other than 0
 

@@ -33,8 +33,9 @@ def prepare(
         return
     from ..io.atomic import check_target
 
-    check_target(out, overwrite, kinds=("dataset",))  # before any tokenizing
     tok = get_tokenizer(tokenizer)
+    out.parent.mkdir(parents=True, exist_ok=True)  # `--out data/mine` in a fresh clone: data/ is not there yet
+    check_target(out, overwrite, kinds=("dataset",))  # before any tokenizing
     if files:
         manifest = prepare_files(files, out, tok, val_fraction, text_field=text_field, seed=seed, overwrite=overwrite)
     else:

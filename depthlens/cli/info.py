@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import QuietOpt, app, domain_errors, dumps
+from .app import QuietOpt, app, domain_errors, dumps, print_table
 
 CkptArg = Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON to stdout.")]
@@ -29,7 +29,6 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> No
     if as_json:
         typer.echo(dumps(s, indent=2, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{ckpt}", show_header=False)
@@ -40,4 +39,4 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> No
         if k in s and s[k] is not None:
             v = s[k]
             t.add_row(k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v)))
-    Console().print(t)
+    print_table(t)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..analysis import registry  # stdlib-only: the diagnostics' names for the help text
-from .app import QuietOpt, app, domain_errors, dumps, fail, rank0_errors
+from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, rank0_errors
 
 
 @app.command()
@@ -52,6 +52,8 @@ def report(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
+    if in_default_dir(out):  # `--out depthlens-out/x`: the git-ignored output folder is made on first use
+        out.parent.mkdir(exist_ok=True)
     opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
                          device_map=device_map, metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot,
                          threads=threads or None)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..designs import SLUGS
-from .app import app, domain_errors, dumps, fail
+from .app import app, domain_errors, dumps, fail, print_table
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
 
@@ -80,7 +80,6 @@ def shapes(
     if as_json:
         typer.echo(dumps([r.to_dict() for r in rows], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{design}: iso-parameter shapes at {parse_count(target) / 1e6:.1f}M total")
@@ -91,4 +90,4 @@ def shapes(
         t.add_row(str(r.n_layer), str(r.d_model), str(r.n_head), f"{r.aspect_ratio:.1f}", f"{r.total / 1e6:.1f}M",
                   f"{r.non_embedding / 1e6:.1f}M", f"{r.overhead:,}", f"{100 * r.rel_error:+.1f}%",
                   f"{r.train_flops_per_token / 1e9:.2f}", f"{r.prefill_flops / 1e12:.2f}", f"{r.kv_cache_bytes / 1e6:.1f}")
-    Console().print(t)
+    print_table(t)

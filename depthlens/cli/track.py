@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import QuietOpt, app, domain_errors, dumps, fail
+from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, invoked_command
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -97,6 +97,8 @@ def track(
                        + (f"; requested by {s.requested_from}" if s.requested is not None else "")
                        + (f"; pending {s.pending}" if s.pending else ""))
         return
+    if in_default_dir(out):  # `--out depthlens-out/x`: the git-ignored output folder is made on first use
+        out.parent.mkdir(exist_ok=True)
     check_out(out)
     from ..io.atomic import output_lock
 
@@ -121,9 +123,7 @@ def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json:
     # the run's name in every line: track-zoo.sh runs several `track` processes on one stderr
     with Progress("track" + (f" {series[0].name}" if len(series) == 1 else ""), total * len(opts.metrics)) as bar:
         ds = run_track(series, opts, out / CACHE, ev, progress=bar.step)
-    from ..io.provenance import command_line
-
-    write_outputs(ds, out, command_line())  # the command as given, every option in it
+    write_outputs(ds, out, invoked_command() or "depthlens track")  # every option given, as given
     from ..report.track import track_rows
 
     rows = track_rows(ds)

@@ -24,7 +24,7 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
 
     Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.cli train RECIPE run=NAME ...`.
     """
-    from ..errors import DepthlensError
+    from ..errors import DataError, DepthlensError
     from ..io.files import regular_file
     from ..training.config import RunConfig, read_recipe, recipe_runs
     from ..training.trainer import run_recipe, split_run_name
@@ -42,13 +42,52 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
     overrides, run = split_run_name(overrides or [], run)
     cfg = load_recipe(recipe, overrides, run=run)  # validated before any work; also sizes the bar
     main = int(os.environ.get("RANK", "0")) == 0
+    missing = no_shards(Path(cfg.data))
+    raw = read_recipe(recipe)
+    if missing and raw.get("corpus") is not None:
+        build_corpus_block(raw, Path(cfg.data))
     with bar(f"train {cfg.name or recipe.stem}", cfg.steps, show=main, every=10.0) as advance:
         advance(0)
 
         def progress(step: int, rec: dict) -> None:
             advance(1, loss=rec.get("loss"), val=rec.get("val_loss"), **{"tok/s": rec.get("tok_s")})
 
-        record = run_recipe(recipe, overrides, run=run, callback=progress)
+        try:
+            record = run_recipe(recipe, overrides, run=run, callback=progress)
+        except DataError as e:  # the trainer's own checks (memory, ...) come first; then say how to get the data
+            if missing and raw.get("corpus") is None:
+                raise DataError(missing_data_message(Path(cfg.data), cfg.tokenizer)) from e
+            raise
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
         typer.echo(dumps({k: record[k] for k in keys if k in record}))
+
+
+def no_shards(data: Path) -> bool:
+    """A fresh clone has no token shards yet (no manifest and no .bin files at the recipe's data path)."""
+    from ..data.shards import read_manifest
+
+    return read_manifest(data) is None and not (data.is_dir() and any(data.glob("*.bin")))
+
+
+def build_corpus_block(raw: dict, data: Path) -> None:
+    """Build the corpus the recipe's `corpus` block describes into `data`, with progress lines on stderr. Only
+    where nothing is there yet, so this never changes the data an existing run trains on."""
+    import sys
+
+    from ..errors import DataError
+    from ..training.recipes import corpus_command, prepare_zoo_data
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # ranks must not build one directory concurrently
+        raise DataError(f"{data}: no token shards; build them once before torchrun: "
+                        f"`{corpus_command(raw['corpus'], data)}`")
+    prepare_zoo_data(raw, data, log=lambda line: print(f"depthlens train: {line}", file=sys.stderr, flush=True))
+
+
+def missing_data_message(data: Path, tokenizer: str) -> str:
+    import shlex
+
+    out, tok = shlex.quote(str(data)), shlex.quote(tokenizer)
+    return (f"{data}: no token shards, and the recipe has no corpus block to build them from; build them with "
+            f"`depthlens prepare --out {out} --tokenizer {tok}` (the offline corpus) or "
+            f"`depthlens prepare FILES... --out {out} --tokenizer {tok}`")

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..designs import SLUGS, checkpoint_name
 from ..io.atomic import atomic_write_text
@@ -265,8 +266,25 @@ def paper_recipe() -> dict[str, Any]:
             "base": base, "runs": runs}
 
 
-def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | None = None) -> Path:
-    """Build the zoo corpus described by the recipe's `corpus` block, unless it is already there."""
+def corpus_command(spec: dict[str, Any], out: str | os.PathLike) -> str:
+    """The `depthlens prepare` command that builds what a recipe's `corpus` block describes into `out`."""
+    import shlex
+
+    if spec.get("source") != "packages":
+        raise ValueError(f"corpus source {spec.get('source')!r}: only the packaged offline corpus ('packages') is built")
+    words = ["depthlens", "prepare", "--out", str(out), "--tokenizer", str(spec["tokenizer"]),
+             "--val-fraction", f"{spec['val_fraction']:g}", "--seed", str(spec["seed"])]
+    if spec.get("max_bytes") is not None:
+        words += ["--max-bytes", str(spec["max_bytes"])]
+    return shlex.join(words)
+
+
+def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | os.PathLike | None = None, *,
+                     log: Callable[[str], None] | None = None) -> Path:
+    """Build the zoo corpus described by the recipe's `corpus` block, unless it is already there.
+    `log` (e.g. a stderr writer) hears one line before a build starts and one when it is done."""
+    import time
+
     from ..data.corpus import build_corpus
     from ..data.shards import read_manifest
     from ..data.tokenizers import get_tokenizer
@@ -278,8 +296,15 @@ def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | None = None) -> Pat
     if m is not None and all(opts.get(k) == spec[k] for k in ("source", "max_bytes", "val_fraction", "seed")) \
             and m.get("tokenizer", {}).get("name") == get_tokenizer(spec["tokenizer"]).name:
         return out
-    build_corpus(out, get_tokenizer(spec["tokenizer"]), max_bytes=spec["max_bytes"],
-                 val_fraction=spec["val_fraction"], seed=spec["seed"])
+    if log is not None:
+        log(f"building the recipe's corpus into {out} (once; the same as `{corpus_command(spec, out)}`) ...")
+    t0 = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    manifest = build_corpus(out, get_tokenizer(spec["tokenizer"]), max_bytes=spec["max_bytes"],
+                            val_fraction=spec["val_fraction"], seed=spec["seed"])
+    if log is not None:
+        n = {k: v.get("n_tokens") for k, v in manifest.get("splits", {}).items()}
+        log(f"corpus ready: {', '.join(f'{k} {v:,} tokens' for k, v in n.items())} in {time.perf_counter() - t0:.1f} s")
     return out
 
 
