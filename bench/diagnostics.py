@@ -24,8 +24,9 @@ import platform
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

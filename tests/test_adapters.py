@@ -44,7 +44,7 @@ def _tokenizer(directory, bos: bool) -> None:
     from transformers import PreTrainedTokenizerFast
 
     if bos:
-        words = ["<s>", "</s>", "<unk>"] + "the a cat dog sat on mat".split()
+        words = ["<s>", "</s>", "<unk>"] + ["the", "a", "cat", "dog", "sat", "on", "mat"]
         tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
         tk.pre_tokenizer = pre_tokenizers.Whitespace()
         tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])

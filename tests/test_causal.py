@@ -12,8 +12,8 @@ from depthlens.analysis.causal import causal_scores, future_cut_table, future_cu
 from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
-from helpers import debug_model
 from depthlens.models.residual.base import RunContext
+from helpers import debug_model
 
 torch.set_num_threads(1)
 
@@ -399,8 +399,8 @@ def test_all_designs_structure(arch, data):
     # prefix reuse + staircase batching == one full forward per skip, for every design
     T = data.seq_len
     ref = _naive(m, data.tokens, [1, 2], slice(1, T), slice(1, T))
-    for s, (row, o, dl) in ref.items():
-        for t, (mx, mean, pooled) in row.items():
+    for s, (row, o, _dl) in ref.items():
+        for t, (mx, _mean, _pooled) in row.items():
             np.testing.assert_allclose(cur[s, t], mx, rtol=2e-5, atol=1e-6)
         assert d.output_effect.sel(variant="current").values[s] == pytest.approx(o, rel=1e-4, abs=1e-7)
 

@@ -76,7 +76,7 @@ def _np_forward(model, tokens):
     for l in range(L):
         for kind, j in (("attn", 2 * l), ("mlp", 2 * l + 1)):
             pre = f"blocks.{l}.{kind}."
-            F = (lambda z: _np_attn(z, p, pre + "fn.", cfg)) if kind == "attn" else (lambda z: _np_mlp(z, p, pre + "fn."))
+            F = (lambda z: _np_attn(z, p, pre + "fn.", cfg)) if kind == "attn" else (lambda z: _np_mlp(z, p, pre + "fn."))  # noqa: B023
             gain = p[pre + "norm.weight"]
             if cfg.arch in ("preln", "lns", "sandwich"):
                 scale = 1 / math.sqrt(l + 1) if cfg.arch == "lns" else 1.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_causal import LinearLM
 
 from depthlens.analysis.causal import token_nll
 from depthlens.analysis.evaldata import EvalData, random_eval_data
@@ -13,6 +12,7 @@ from depthlens.analysis.permutation import permutation_scores, swapped_order
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
 from helpers import debug_model
+from test_causal import LinearLM
 
 torch.set_num_threads(1)
 

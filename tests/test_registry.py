@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import debug_model
 
 from depthlens.analysis import registry
 from depthlens.analysis.evaldata import EvalData
 from depthlens.designs import CAPABILITIES, DESIGNS, SLUGS, has_capability
 from depthlens.errors import DepthlensError
+from helpers import debug_model
 
 PKG = Path(__file__).parents[1] / "depthlens"
 

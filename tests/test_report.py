@@ -249,8 +249,9 @@ def _parse_help(text: str) -> tuple[str, str, list[tuple[str, list[list[str]]]]]
 
 
 def cli_reference() -> str:
-    from depthlens.cli.app import app as _app
     import typer.main
+
+    from depthlens.cli.app import app as _app
 
     names = list(typer.main.get_command(_app).commands)
     order = [c for c in CLI_ORDER if c in names] + sorted(set(names) - set(CLI_ORDER))

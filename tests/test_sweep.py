@@ -11,8 +11,15 @@ from depthlens.analysis import api
 from depthlens.analysis.causal import causal_scores
 from depthlens.analysis.evaldata import random_eval_data
 from depthlens.analysis.permutation import permutation_scores
-from depthlens.analysis.sweep import (bootstrap_share, default_thresholds, eval_size_curve, headline,
-                                      resampled_matrix, robustness, share_curves)
+from depthlens.analysis.sweep import (
+    bootstrap_share,
+    default_thresholds,
+    eval_size_curve,
+    headline,
+    resampled_matrix,
+    robustness,
+    share_curves,
+)
 from depthlens.io.checkpoint import save
 from depthlens.models.config import ModelConfig
 from depthlens.models.model import build_model

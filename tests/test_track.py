@@ -316,10 +316,9 @@ def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
 def test_gguf_files_in_order(tmp_path, corpus):
     """A public model's revisions saved locally as GGUF files: the step comes from the file name, the last
     step equals a direct analysis of the last file, and a different architecture in the list is refused."""
-    from gguf_tiny import tiny_llama, write_tiny_gguf
-
     from depthlens.analysis import api
     from depthlens.analysis.sweep import headline
+    from gguf_tiny import tiny_llama, write_tiny_gguf
 
     revs = [write_tiny_gguf(tiny_llama(seed=s), tmp_path / f"tiny-step{100 * (s + 1)}.gguf") for s in range(2)]
     out = tmp_path / "g"

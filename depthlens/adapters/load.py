@@ -176,7 +176,7 @@ def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
 def _native_tokenizer(p: Path, vocab_size: int) -> Any:
     """The tokenizer saved with a depthlens checkpoint (in the directory or `tokenizer/`), bytes for the byte
     vocabulary, else None. A broken tokenizer file is a DataError, never a silent fallback."""
-    from ..data.tokenizers import ByteTokenizer, CONFIG_NAME, load_tokenizer
+    from ..data.tokenizers import CONFIG_NAME, ByteTokenizer, load_tokenizer
 
     for d in (p, p / "tokenizer"):
         if (d / CONFIG_NAME).is_file():

@@ -30,8 +30,9 @@ engine batches interventions along the batch itself; this recipe stays one trace
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce as _reduce
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

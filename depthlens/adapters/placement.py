@@ -17,8 +17,9 @@ per visible CUDA device. An explicit map may put the head elsewhere (not with ti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -66,7 +66,7 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
         if not hasattr(model, "hooks"):
             raise DepthlensError("repr='input' reads the hook point blocks.{l}.hook_attn_in and needs a "
                                  "HookedRootModule model (DepthModel)")
-        hooks = [(f"blocks.{l}.hook_attn_in", (lambda l: lambda x, hook: keep(l, x))(l)) for l in range(L)]
+        hooks = [(f"blocks.{l}.hook_attn_in", (lambda i: lambda x, hook: keep(i, x))(l)) for l in range(L)]
         with model.hooks(fwd_hooks=hooks):
             state = model.run_layers(state, ctx)
     else:

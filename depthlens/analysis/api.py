@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import xarray as xr

@@ -16,7 +16,8 @@ Definitions (means over tokens τ ≥ 1, NaN-aware):
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -29,8 +29,9 @@ that skips nothing, through the same batched path). The direct effect C_dir (spe
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -311,7 +312,7 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: st
             clean.den_sq[p] = residual_sq(model, {k: v[:b] for k, v in state.items()})
         got: list[torch.Tensor] = []
         state = model.run_layers(state, ctx, p, p + 1, keep={p: keep} if keep is not None else None, unit=unit,
-                                 on_layer=lambda pos, s, u: got.append(u))
+                                 on_layer=lambda pos, s, u: got.append(u))  # noqa: B023 (runs in this step)
         if trunk is not None:
             clean.updates[p] = _flat_update(got[0][:b], ndims).clone()  # a copy, not a view of all rows
             if clean.norm == "update":
@@ -566,7 +567,7 @@ def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per
             parts = [_subtract_update(clean.states[t], clean.updates[a.s],
                                       a.intervene[seqs].to(clean.updates[a.s].device)) for a in chunk]
             got: list[torch.Tensor] = []
-            model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))
+            model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))  # noqa: B023 (runs in this step)
             U = _flat_update(got[0], ndims).view(len(chunk), b, -1, clean.updates[t].shape[-1])
             diff_sq = (U - clean.updates[t]).square().sum(-1)
             den_sq = clean.den_sq[t].to(diff_sq.device)

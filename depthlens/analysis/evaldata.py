@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,13 +62,13 @@ class EvalData:
 
     @classmethod
     def from_tokens(cls, tokens, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens",
-                    **kw: Any) -> "EvalData":
+                    **kw: Any) -> EvalData:
         """Wrap an existing (N, T) id array (e.g. random tokens in tests, or another tool's eval set)."""
         return cls(torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens),
                    name=name, source=source, bos=bos, **kw)
 
     @classmethod
-    def from_dataset(cls, ds: Any) -> "EvalData":
+    def from_dataset(cls, ds: Any) -> EvalData:
         """The exact eval tokens a result was computed on (its `eval_tokens` variable), checked against the
         recorded `eval_data_sha256`, so an independent check can re-run on the same inputs."""
         if "eval_tokens" not in getattr(ds, "variables", {}):

@@ -17,7 +17,8 @@ paired standard errors and bootstrap CIs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -152,7 +153,7 @@ def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int
     if len(batches) >= n:
         return shard(batches, rank, n), by_i
     mine: dict[int, list[int]] = {}
-    for i, j in shard([(i, j) for i in sorted(by_i) for j in by_i[i]], rank, n):
+    for i, j in shard([(a, b) for a in sorted(by_i) for b in by_i[a]], rank, n):
         mine.setdefault(i, []).append(j)
     return batches, mine
 

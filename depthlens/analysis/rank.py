@@ -20,7 +20,8 @@ alone (`static.sub{j}.res_map`, the bias-only part with α = 0) when the routers
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -14,9 +14,10 @@ slug test. Adding a diagnostic = one engine module + one entry in `DIAGNOSTICS` 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError

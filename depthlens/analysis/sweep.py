@@ -12,8 +12,8 @@ resample, including the max, from the per-sequence summaries the engines store (
 from __future__ import annotations
 
 import json
-
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr

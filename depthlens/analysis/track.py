@@ -30,10 +30,11 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr

@@ -6,7 +6,8 @@ import functools
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import typer
 from typer import _click

@@ -35,7 +35,6 @@ def evaluate(
     from ..analysis.evaldata import load_eval_data, model_device
     from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, teacher_forced_nll
     from ..data.tokenizers import get_tokenizer
-
     from .feedback import bar, spinner
     from .validate import input_path
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def stderr_is_tty() -> bool:
@@ -41,7 +42,14 @@ def bar(what: str, total: int | None, as_json: bool = False) -> Iterator[Callabl
     if not active(as_json):
         yield lambda n=1, **fields: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn(f"[bold]{what}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console(), transient=True) as p:

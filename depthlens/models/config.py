@@ -14,7 +14,6 @@ from typing import Any
 
 from ..designs import SLUGS
 
-
 MHC_INITS = ("identity", "zero")
 MODA_DEPTH_ROPE = ("unrotated", "rotate_ffn", "prerope_keys")
 # Checkpoints written before a field existed load with the value they were trained with, not today's default.
@@ -185,7 +184,7 @@ class ModelConfig:
             return list(range(0, self.n_layer, self.attnres_block_size))
         return kimi_block_starts(self.n_layer, self.attnres_n_blocks)
 
-    def resolved(self) -> "ModelConfig":
+    def resolved(self) -> ModelConfig:
         """A copy with every data-dependent default made explicit (what gets saved and recorded)."""
         c = dataclasses.replace(self)
         if c.d_ff is None:
@@ -209,12 +208,12 @@ class ModelConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         check_fields(cls, d, "config")
         return cls(**d)
 
     @classmethod
-    def debug(cls, arch: str = "preln", **kw: Any) -> "ModelConfig":
+    def debug(cls, arch: str = "preln", **kw: Any) -> ModelConfig:
         """A tiny config (torchtitan's "debugmodel") so every path runs on a CPU in tests."""
         base: dict[str, Any] = dict(arch=arch, d_model=32, n_layer=4, n_head=4, vocab_size=97, max_seq_len=64)
         base.update(kw)

@@ -14,7 +14,8 @@ the layers in any order (`swap="body"` keeps routing parameters in place, `swap=
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,8 +54,8 @@ class Block(nn.Module):
             self.hook_streams_pre = HookPoint()  # (B, T, n, d), editable
             self.hook_streams_post = HookPoint()
 
-    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: "Block | None" = None,
-                router: "Block | None" = None, keep_attn: torch.Tensor | None = None,
+    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: Block | None = None,
+                router: Block | None = None, keep_attn: torch.Tensor | None = None,
                 keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
         """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
 

@@ -15,13 +15,13 @@ model wrapped by an adapter gets every diagnostic for free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from .residual.base import RunContext, State
-
 
 UNITS = ("block", "attn", "mlp")
 

@@ -36,9 +36,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -597,8 +598,14 @@ def compute_spread(paths: Sequence[str | os.PathLike], out: str | os.PathLike, o
     """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
-    from depthlens.analysis.distributed import (agree, device_for_rank, gather_to_main, local_only,
-                                                long_wait_group, world)
+    from depthlens.analysis.distributed import (
+        agree,
+        device_for_rank,
+        gather_to_main,
+        local_only,
+        long_wait_group,
+        world,
+    )
 
     from .ranks import assign, attempt, pack, unpack
 

@@ -15,8 +15,9 @@ point estimates and marked "point estimate" so nobody mistakes them for a resolv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 def cost(path: str | os.PathLike) -> float:

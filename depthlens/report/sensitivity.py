@@ -11,7 +11,8 @@ score's normalisation. These tables put every reading side by side, next to the 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr

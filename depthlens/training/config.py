@@ -15,9 +15,10 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..models.config import ModelConfig
 
@@ -173,7 +174,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:
         from depthlens.models.config import check_fields
 
         check_fields(cls, d, "run config")

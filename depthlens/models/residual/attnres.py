@@ -95,7 +95,7 @@ class AttnResRouter(AttnResOperator, Router):
     only owns the operator's parameters, which stay at their position under `swap="body"`.
     """
 
-    def __init__(self, design: "_AttnResDesign"):
+    def __init__(self, design: _AttnResDesign):
         super().__init__(design.cfg.d_model, design.cfg.norm_eps)
         self.design = design  # plain attribute (a stateless strategy, not a module)
 
