@@ -1,4 +1,4 @@
-"""Angular distance D_n(ℓ) through the model path (spec diagnostics §1)."""
+"""Angular distance D_n(ℓ) through the model path (docs/concepts.md#angular-distance)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Full and Block AttnRes (spec architectures.md §9, diagnostics.md §0/§3/§5)."""
+"""Full and Block AttnRes (docs/designs.md#attnres, docs/concepts.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Causal score C(s, t) (spec diagnostics §2): structure, closed forms and independent re-implementations."""
+"""Causal score C(s, t) (docs/concepts.md#causal-score): structure, closed forms and independent re-implementations."""
 
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def test_engine_equals_naive_loop(preln, data, variant):
     d = causal_scores(preln, data, variants=(variant,), n_cuts=1, outputs=True, batch_size=5, seq_batch=2)
     if variant == "current":
         intervene, measure = slice(1, T), slice(1, T)
-    else:  # one cut per sequence, drawn per sequence from one seeded stream (spec §2.1)
+    else:  # one cut per sequence, drawn per sequence from one seeded stream (docs/concepts.md#causal-score)
         c = torch.from_numpy(future_cut_table(T, data.n_seq, 1))  # (N, 1)
         pos = torch.arange(T)
         intervene, measure = (pos >= 1) & (pos < c), pos >= c

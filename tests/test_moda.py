@@ -1,4 +1,4 @@
-"""MoDA, pre-norm variant (spec architectures.md §10, diagnostics.md §0/§3)."""
+"""MoDA, pre-norm variant (docs/designs.md#moda, docs/concepts.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Permutation score P(i, j) (spec diagnostics §3)."""
+"""Permutation score P(i, j) (docs/concepts.md#permutation-score)."""
 
 from __future__ import annotations
 

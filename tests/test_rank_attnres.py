@@ -1,4 +1,5 @@
-"""Effective rank of mixing products (spec §4), AttnRes self-weight / dead prefix (§5), depth mixing."""
+"""Effective rank of mixing products (docs/concepts.md#effective-rank), AttnRes self-weight / dead prefix, depth
+mixing."""
 
 from __future__ import annotations
 

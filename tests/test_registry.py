@@ -28,7 +28,7 @@ def test_names_and_aliases_resolve_to_one_declaration():
 
 
 def test_default_thresholds_and_units():
-    """The spec's headline thresholds (diagnostics §2, §3), typed independently here."""
+    """The headline thresholds (docs/concepts.md#causal-score, #permutation-score), typed independently here."""
     assert dict(registry.THRESHOLDS) == {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15,
                                          "perm_kl": 0.15}
     assert registry.score("perm_abs").unit == "nat" and registry.score("causal").unit == "1"

@@ -1,4 +1,4 @@
-"""Threshold sweeps, crossings, ranking robustness, bootstrap and the convenience API (spec diagnostics §6)."""
+"""Threshold sweeps, crossings, ranking robustness, bootstrap and the convenience API (docs/concepts.md#thresholds)."""
 
 from __future__ import annotations
 

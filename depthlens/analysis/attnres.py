@@ -1,5 +1,5 @@
 """AttnRes depth-softmax readouts (self-weight, dead prefix, consumption) and depth mixing for every design
-(spec diagnostics §5).
+(docs/concepts.md#attnres-dead-prefix).
 
 AttnRes routers record per sublayer j (readouts of one forward, `model.readouts(tokens)`):
     sub{j}.alpha             depth-softmax weights over sources (B, T, S) (or (S, B, T)); sums to 1 over S
@@ -122,7 +122,8 @@ def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Seque
 
 def attnres_dataset(model, data: EvalData, *, eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
                     checkpoint: Any = None) -> xr.Dataset:
-    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data` (spec §5)."""
+    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data`
+    (docs/concepts.md#attnres-dead-prefix)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("AttnRes diagnostics read model.readouts(tokens); this model has none")
     L = model.n_layer

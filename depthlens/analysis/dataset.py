@@ -1,4 +1,4 @@
-"""xarray Dataset conventions, provenance and atomic netCDF I/O (interop spec §6.1).
+"""xarray Dataset conventions, provenance and atomic netCDF I/O (docs/concepts.md#results).
 
 Conventions:
 

@@ -5,7 +5,7 @@
     data = EvalData.from_tokens(torch.randint(0, 97, (4, 32)))   # tests / foreign data
     for start, tokens in data.batches(8): ...                  # tokens (b, T) int64
 
-Packing (spec diagnostics §0, §9): documents are concatenated into one token stream, each document
+Packing (docs/concepts.md#eval-data): documents are concatenated into one token stream, each document
 preceded by the tokenizer's BOS (when it has one). Sequence k is `[BOS] + the next T-1 stream tokens`
 (a BOS that would directly follow the leading BOS is skipped), so every sequence starts with BOS and
 there is no padding. `n_seq` windows are then drawn with a seeded RNG (`numpy.random.default_rng(seed)`,

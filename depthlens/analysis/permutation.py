@@ -1,4 +1,4 @@
-"""Permutation score: swap layers i and j, measure the rise in LM loss (spec diagnostics §3).
+"""Permutation score: swap layers i and j, measure the rise in LM loss (docs/concepts.md#permutation-score).
 
     P_abs(i, j) = L(π_ij) − L(id)   (nats)      P_rel = P_abs / L(id)
     P_KL(i, j)  = mean over tokens of KL(p_id ‖ p_π_ij)
@@ -96,7 +96,8 @@ def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: s
 def permutation_scores(model, data: EvalData, *, pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
                        batch_size: int | None = None, seq_batch: int | None = None, chunked_head: bool = True,
                        checkpoint: Any = None) -> xr.Dataset:
-    """P_abs, P_rel, P_KL for the requested pairs (spec §3), symmetric [L, L] matrices with a zero diagonal.
+    """P_abs, P_rel, P_KL for the requested pairs (docs/concepts.md#permutation-score), symmetric [L, L] matrices with
+    a zero diagonal.
 
     batch_size: max rows per forward (default: `default_rows`); seq_batch: sequences per clean pass.
     chunked_head: walk the LM head in vocabulary chunks when the model's head is one matmul (`vocab`); False

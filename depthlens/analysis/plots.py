@@ -1,4 +1,4 @@
-"""Heatmaps and share curves from labelled DataArrays (interop spec §6.2), plus a terminal heatmap for the CLI.
+"""Heatmaps and share curves from labelled DataArrays (docs/concepts.md#results), plus a terminal heatmap for the CLI.
 
 Plot functions take DataArrays, draw on a given Axes (or a new one), and return the Axes. They never call
 `plt.show()` and never select a backend: the CLI calls `matplotlib.use("Agg")`, notebooks stay interactive.

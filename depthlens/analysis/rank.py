@@ -1,4 +1,4 @@
-"""Effective rank of residual-mixing products for multi-stream designs (HC, mHC; spec diagnostics §4).
+"""Effective rank of residual-mixing products for multi-stream designs (HC, mHC; docs/concepts.md#effective-rank).
 
 Convention (column action, later factor on the left), as the HC/mHC routers record it in
 `readouts['sub{j}.res_map']` (B, T, n, n):
@@ -93,7 +93,8 @@ def product_tokens(H: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict
 
 
 def structural_zero_grad(H: torch.Tensor, constrained: bool = True) -> np.ndarray:
-    """(K,) bool: maps whose entries cannot receive gradient, whatever the data (spec §8 "Correction").
+    """(K,) bool: maps whose entries cannot receive gradient, whatever the data (docs/concepts.md#effective-rank,
+    `interior`).
 
     Only a design whose maps are *constrained* to be stochastic (mHC's Sinkhorn projection) qualifies: any
     parameter change keeps the sums at 1, so the gradient vanishes up to the Sinkhorn residual. HC's maps
@@ -147,7 +148,8 @@ def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int
 
 def effective_rank_dataset(model, data: EvalData, *, widths: Sequence[int] | None = None,
                            batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
-    """Effective rank of the residual-mixing products of a multi-stream model over `data` (spec §4)."""
+    """Effective rank of the residual-mixing products of a multi-stream model over `data`
+    (docs/concepts.md#effective-rank)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("effective rank reads model.readouts(tokens) (sub{j}.res_map); this model has none")
     L = model.n_layer

@@ -1,6 +1,7 @@
 """Model configuration: one validated dataclass for the backbone and every residual design.
 
-Every field says why it exists. Options that the specs mark [inferred] or [DepthBench-unknown] are named
+Every field says why it exists. Options the study left open ([inferred] or [DepthBench-unknown],
+docs/concepts.md#inferences) are named
 fields with the documented default, and they travel with every checkpoint and every result.
 """
 

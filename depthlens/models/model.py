@@ -59,7 +59,7 @@ class Block(nn.Module):
                 keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
         """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
 
-        Returns the new state and the layer's update u_l (spec diagnostics §0).
+        Returns the new state and the layer's update u_l (docs/concepts.md#notation).
         """
         body = body or self
         router = router or self
