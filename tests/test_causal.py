@@ -15,9 +15,6 @@ from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import RunContext
 from helpers import debug_model
 
-torch.set_num_threads(1)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # a linear residual "model" implementing the LayeredLM protocol: h_{l+1} = h_l + keep · A_l h_l, no norm
 
@@ -91,9 +88,7 @@ def preln():
     return _model("preln", 4)
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=3, seq_len=24, seed=1, bos_id=96)
+EVAL = (3, 24, 1)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")

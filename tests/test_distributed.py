@@ -17,8 +17,6 @@ from depthlens.analysis.evaldata import random_eval_data
 from depthlens.analysis.permutation import permutation_scores
 from helpers import debug_model
 
-torch.set_num_threads(1)
-
 
 def _runs(fail_rank: int | None = None, inside: bool = False) -> dict:
     model = debug_model("preln", 4)

@@ -27,8 +27,6 @@ from typer.testing import CliRunner
 
 from depthlens.cli import app
 
-torch.set_num_threads(1)
-
 ROOT = Path(__file__).resolve().parents[1]
 # preln: every diagnostic but rank/attnres; hc: rank; full_attnres: attnres (and a second dataset shape)
 CKPTS = [str(ROOT / "checkpoints" / n) for n in ("preln_l4", "hc_l4", "full_attnres_l4")]

@@ -10,8 +10,6 @@ from einops import rearrange
 from depthlens.models import ModelConfig, build_model
 from depthlens.models.residual.base import state_cat, state_repeat
 
-torch.set_num_threads(1)
-
 DESIGNS = ["hc", "mhc"]
 V = 97
 

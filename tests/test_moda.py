@@ -14,8 +14,6 @@ from depthlens.models.residual.base import state_cat, state_repeat
 from depthlens.models.residual.moda import depth_attention
 from depthlens.models.summary import summarize
 
-torch.set_num_threads(1)
-
 L, B, T = 5, 2, 9
 
 

@@ -24,7 +24,6 @@ from depthlens.analysis.permutation import permutation_scores
 from depthlens.report.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table
 from helpers import debug_model
 
-torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "smollm2"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 import xarray as xr
 
 from depthlens.analysis import api
@@ -24,8 +23,6 @@ from depthlens.io.checkpoint import save
 from depthlens.models.config import ModelConfig
 from depthlens.models.model import build_model
 
-torch.set_num_threads(1)
-
 
 def _matrix_ds(M: np.ndarray, name: str = "causal_score") -> xr.Dataset:
     L = M.shape[-1]
@@ -33,9 +30,7 @@ def _matrix_ds(M: np.ndarray, name: str = "causal_score") -> xr.Dataset:
                       attrs={"n_layer": L})
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=6, seq_len=16, seed=5, bos_id=96)
+EVAL = (6, 16, 5)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +142,6 @@ def test_shard_shares_recount_each_shard_independently():
     import numpy as np
 
     from depthlens.analysis.causal import causal_scores
-    from depthlens.analysis.evaldata import random_eval_data
     from depthlens.analysis.stats import share_above
     from depthlens.analysis.sweep import shard_shares
     from helpers import debug_model
