@@ -140,6 +140,7 @@ def _hook_scores(hf, tokens: torch.Tensor, layers: list[int], norm: str) -> np.n
     return C
 
 
+@pytest.mark.slow
 @needs_wheel
 def test_smollm2_loads_through_gguf(smollm2):
     m = smollm2.model

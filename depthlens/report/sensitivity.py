@@ -25,9 +25,10 @@ from depthlens.analysis.sweep import PERM_DEFINITIONS, definition
 C_THETA, P_THETA = CAUSAL.theta, PERM_ABS.theta  # the registry's defaults, which are also the paper's θ
 C_KEY, P_KEY = f"share_gt_{C_THETA:g}", f"share_gt_{P_THETA:g}"  # record keys of the headline shares
 
-# DepthBench claims (docs/calibration.md#the-papers-reference-values): L = 32, late = last ¾ of the layers
+# DepthBench claims (docs/calibration.md#the-papers-reference-values; the note below is data of the committed
+# reports/smollm2 summary, so it changes only when that report is regenerated): L = 32, late = last ¾ of the layers
 PAPER_REFERENCE = {
-    "note": "DepthBench (arXiv 2609.32534, not retrieved): L = 32, late = last 3/4 of layers; "
+    "note": "DepthBench (arXiv 2609.32534, not retrieved; spec diagnostics): L = 32, late = last 3/4 of layers; "
             "its causal-score and permutation definitions are not known exactly",
     "causal_theta": C_THETA, "permutation_theta": P_THETA,
     "designs": {"Pre-LN": {"causal": 0.01, "permutation": 0.08},
