@@ -5,10 +5,12 @@
 Tiny Pre-LN models (d = 64, T = 128, a few sequences, one CPU thread). For each L:
   causal       depthlens `causal_scores(variants=("current",), layers="late")` (C, O[s], ΔL_skip)
                vs (a) naive: one full forward per skipped layer (+ the clean one), updates via `on_layer`:
-                   over all s as Csordás' loop is written (1 + L passes, spec §7's "naive" column), and over
+                   over all s as Csordás' loop is written (1 + L passes, the naive count in docs/performance.md), and
+                   over
                    the late s only (1 + |Λ| passes)
                vs (b) nnsight: `NNsight(model)`, one trace per late s, skip = patch blocks[s].hook_resid_post with
-                   the merged input (spec §0: h_{s+1} := h_s on [1, T)), updates from hook_resid_pre/post
+                   the merged input (docs/concepts.md#notation: h_{s+1} := h_s on [1, T)), updates from
+                   hook_resid_pre/post
   permutation  depthlens `permutation_scores(pairs="late")` vs (a) naive full forward per pair with `order`
                vs (b) nnsight: one trace per pair, `model.forward(order=...)` under the tracer
 Results must agree (max abs diff reported). Peak memory = peak bytes of live torch tensors allocated during
@@ -24,8 +26,9 @@ import platform
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

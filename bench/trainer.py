@@ -162,7 +162,7 @@ def main() -> int:
                 times[key] = []
             except ValueError as e:  # a design not implemented in this build
                 designs[key[0]][f"L{key[1]}"] = {"error": str(e)}
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for key in times:
                 times[key] += plain_loop(cfgs[key], batches, args.design_steps + 2)[2:]
         for L, d in shapes:

@@ -163,7 +163,7 @@ def build(cls: type, data: Any, where: Any = "", *, prefix: str = "", usage_fiel
 
 def validate(model: Any, data: Any, where: Any = "", *, usage: bool = False) -> Any:
     """`model.model_validate(data)` (a pydantic model or a TypeAdapter-able type) as one SchemaError line."""
-    from pydantic import BaseModel, TypeAdapter, ValidationError
+    from pydantic import BaseModel, ValidationError
 
     try:
         if isinstance(model, type) and issubclass(model, BaseModel):

@@ -24,14 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parents[1]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from depthlens.report.sensitivity import (PAPER_REFERENCE, causal_definition_table,  # noqa: E402
-                                          permutation_definition_table)
+from depthlens.report.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table  # noqa: E402
 
 STAGES = ("angular", "causal_update", "causal_resid", "permutation")
 OPTIONAL = ("reference",)  # issue 10's reference table: 8 x 128 tokens, norm=update, late s, current and future

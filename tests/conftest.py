@@ -1,4 +1,5 @@
-"""Shared test set-up: one torch thread (a busy second core slows 2-thread runs 9x), offline hubs."""
+"""Shared test set-up: one torch thread (a busy second core slows 2-thread runs 9x), offline hubs, and the
+shared fixtures."""
 
 from __future__ import annotations
 
@@ -11,6 +12,26 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # tests/test_progress.py and tests/test_feedback.py turn progress back on
 os.environ.setdefault("DEPTHLENS_PROGRESS", "off")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# At import, so that models built while modules are collected run on one thread too; the fixture below puts
+# it back if a test changes it. Test modules do not set it themselves (subprocess workers still do).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def data(request):
+    """Random eval tokens over a 97-token vocabulary with BOS 96, one set per test module. The module sizes
+    it with `EVAL = (n_seq, seq_len, seed)` (default (3, 16, 0))."""
+    from depthlens.analysis.evaldata import random_eval_data
+
+    n_seq, seq_len, seed = getattr(request.module, "EVAL", (3, 16, 0))
+    return random_eval_data(97, n_seq=n_seq, seq_len=seq_len, seed=seed, bos_id=96)

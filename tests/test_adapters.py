@@ -44,7 +44,7 @@ def _tokenizer(directory, bos: bool) -> None:
     from transformers import PreTrainedTokenizerFast
 
     if bos:
-        words = ["<s>", "</s>", "<unk>"] + "the a cat dog sat on mat".split()
+        words = ["<s>", "</s>", "<unk>"] + ["the", "a", "cat", "dog", "sat", "on", "mat"]
         tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
         tk.pre_tokenizer = pre_tokenizers.Whitespace()
         tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
@@ -227,7 +227,8 @@ def test_angular_distance_equals_hook_capture(loaded, fam):
     toks = _tokens(4, b=3, t=10)
     ds = api.angular(w, EvalData.from_tokens(toks), positions="last")
     states, hidden = _captured_states(w, toks)  # (L+1, B, T, d)
-    # HF hidden_states are h_0..h_{L-1} then norm(h_L): the last entry is after the final norm (spec §0)
+    # HF hidden_states are h_0..h_{L-1} then norm(h_L): the last entry is after the final norm
+    # (docs/concepts.md#notation)
     torch.testing.assert_close(torch.stack(hidden[:4]), states[:4])
     final_norm = w.hf.get_submodule(w.spec.final_norm)
     torch.testing.assert_close(hidden[4], final_norm(states[4]))

@@ -1,4 +1,4 @@
-"""Angular distance D_n(ℓ) through the model path (spec diagnostics §1)."""
+"""Angular distance D_n(ℓ) through the model path (docs/concepts.md#angular-distance)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,17 @@ import pytest
 import torch
 
 from depthlens.analysis.angular import angular_distances
-from depthlens.analysis.evaldata import EvalData, random_eval_data
+from depthlens.analysis.evaldata import EvalData
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
 from helpers import debug_model
-
-torch.set_num_threads(1)
 
 
 def _model(arch: str = "preln", n_layer: int = 4, seed: int = 0):
     return debug_model(arch, n_layer=n_layer, seed=seed)
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=3, seq_len=16, seed=2, bos_id=96)
+EVAL = (3, 16, 2)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 def _arccos_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Full and Block AttnRes (spec architectures.md §9, diagnostics.md §0/§3/§5)."""
+"""Full and Block AttnRes (docs/designs.md#attnres, docs/concepts.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from depthlens.models import ModelConfig, build_model
 from depthlens.models.residual.attnres import AttnResOperator
 from depthlens.models.residual.base import state_cat, state_repeat
 from depthlens.models.summary import summarize
-
-torch.set_num_threads(1)
 
 ARCHS = ["full_attnres", "block_attnres"]
 STARTS = [0, 2, 5]  # irregular Block AttnRes boundaries for L = 6: blocks of 2, 3, 1 layers

@@ -519,6 +519,7 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_write(tmp_path, which):
 def test_gguf_seq_len_is_refused_before_the_load(tmp_path, monkeypatch):
     """--seq-len beyond the context a GGUF header declares: refused from the header, the weights never read."""
     import transformers
+
     from gguf_tiny import tiny_llama, write_tiny_gguf
 
     path = write_tiny_gguf(tiny_llama(n_layer=1), tmp_path / "t.gguf", tokenizer=False)  # context 128

@@ -1,4 +1,4 @@
-"""Causal score C(s, t) (spec diagnostics §2): structure, closed forms and independent re-implementations."""
+"""Causal score C(s, t) (docs/concepts.md#causal-score): structure, closed forms and independent re-implementations."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ from depthlens.analysis.causal import causal_scores, future_cut_table, future_cu
 from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
-from helpers import debug_model
 from depthlens.models.residual.base import RunContext
-
-torch.set_num_threads(1)
-
+from helpers import debug_model
 
 # ---------------------------------------------------------------------------------------------------------------
 # a linear residual "model" implementing the LayeredLM protocol: h_{l+1} = h_l + keep · A_l h_l, no norm
@@ -91,9 +88,7 @@ def preln():
     return _model("preln", 4)
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=3, seq_len=24, seed=1, bos_id=96)
+EVAL = (3, 24, 1)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +215,7 @@ def test_engine_equals_naive_loop(preln, data, variant):
     d = causal_scores(preln, data, variants=(variant,), n_cuts=1, outputs=True, batch_size=5, seq_batch=2)
     if variant == "current":
         intervene, measure = slice(1, T), slice(1, T)
-    else:  # one cut per sequence, drawn per sequence from one seeded stream (spec §2.1)
+    else:  # one cut per sequence, drawn per sequence from one seeded stream (docs/concepts.md#causal-score)
         c = torch.from_numpy(future_cut_table(T, data.n_seq, 1))  # (N, 1)
         pos = torch.arange(T)
         intervene, measure = (pos >= 1) & (pos < c), pos >= c
@@ -399,8 +394,8 @@ def test_all_designs_structure(arch, data):
     # prefix reuse + staircase batching == one full forward per skip, for every design
     T = data.seq_len
     ref = _naive(m, data.tokens, [1, 2], slice(1, T), slice(1, T))
-    for s, (row, o, dl) in ref.items():
-        for t, (mx, mean, pooled) in row.items():
+    for s, (row, o, _dl) in ref.items():
+        for t, (mx, _mean, _pooled) in row.items():
             np.testing.assert_allclose(cur[s, t], mx, rtol=2e-5, atol=1e-6)
         assert d.output_effect.sel(variant="current").values[s] == pytest.approx(o, rel=1e-4, abs=1e-7)
 

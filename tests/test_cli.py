@@ -174,6 +174,7 @@ def _broken(tmp_path, zoo, how):
     return p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["missing", "empty", "corrupt", "truncated", "mismatch", "unknown_design", "nan"])
 @pytest.mark.parametrize("cmd", sorted(COMMANDS))
 def test_bad_checkpoint(zoo, tmp_path, monkeypatch, cmd, how):
@@ -217,6 +218,7 @@ def test_sequence_longer_than_model_max(zoo, tmp_path, cmd):
     assert not (tmp_path / "o.nc").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["angular", "causal", "permute"])
 def test_existing_and_unwritable_outputs(zoo, tmp_path, cmd):
     existing = tmp_path / "exists.nc"

@@ -17,8 +17,6 @@ from depthlens.analysis.evaldata import random_eval_data
 from depthlens.analysis.permutation import permutation_scores
 from helpers import debug_model
 
-torch.set_num_threads(1)
-
 
 def _runs(fail_rank: int | None = None, inside: bool = False) -> dict:
     model = debug_model("preln", 4)
@@ -69,6 +67,7 @@ def single() -> dict:
     return _runs()
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path, single):
     mp.spawn(_worker, args=(2, _port(), str(tmp_path), None), nprocs=2, join=True)
     for name, ref in single.items():
@@ -86,6 +85,7 @@ def test_failing_rank_fails_the_run_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_rank_failing_inside_the_engine_fails_every_rank_with_its_line(tmp_path):
     """Rank 1's model breaks mid-run: rank 0 does not wait in the merge; it raises RankFailed naming rank 1 and
     its error (the line the CLI prints), and rank 1 raises its own error."""

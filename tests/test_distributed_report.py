@@ -27,8 +27,6 @@ from typer.testing import CliRunner
 
 from depthlens.cli import app
 
-torch.set_num_threads(1)
-
 ROOT = Path(__file__).resolve().parents[1]
 # preln: every diagnostic but rank/attnres; hc: rank; full_attnres: attnres (and a second dataset shape)
 CKPTS = [str(ROOT / "checkpoints" / n) for n in ("preln_l4", "hc_l4", "full_attnres_l4")]
@@ -63,6 +61,7 @@ def _masked(text: str) -> str:
     return re.sub(r"\d+(\.\d+)? s\b", "# s", "\n".join(l for l in text.splitlines() if "timings:" not in l))
 
 
+@pytest.mark.slow
 def test_two_ranks_write_the_report_one_process_writes(text, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     r = CliRunner().invoke(app, ["report", *CKPTS, "--out", str(one), "--data", str(text), *FAST])
@@ -104,6 +103,7 @@ def test_two_ranks_write_the_report_one_process_writes(text, tmp_path):
             assert _masked((one / f).read_text()) == _masked((two / f).read_text()), f
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_run_with_one_line_and_no_directory(text, tmp_path):
     broken = tmp_path / "broken"  # smaller than preln_l4: rank 0 takes preln_l4, rank 1 this one
     broken.mkdir()
@@ -151,6 +151,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_diagnostic_on_one_rank_stops_every_rank(text, tmp_path):
     out = tmp_path / "rep"
     mp.spawn(_compute_fails_on_rank_1, args=(2, _port(), (CKPTS[:2], str(out), str(text), str(tmp_path))),

@@ -20,8 +20,6 @@ from depthlens.analysis.evaldata import EvalData
 from depthlens.analysis.metrics import late_pairs
 from depthlens.analysis.permutation import permutation_scores
 
-torch.set_num_threads(1)
-
 
 def close(a, b) -> bool:
     return abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(b)))

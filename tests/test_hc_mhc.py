@@ -10,8 +10,6 @@ from einops import rearrange
 from depthlens.models import ModelConfig, build_model
 from depthlens.models.residual.base import SublayerCall, state_cat, state_repeat
 
-torch.set_num_threads(1)
-
 DESIGNS = ["hc", "mhc"]
 V = 97
 
@@ -254,7 +252,7 @@ def test_mhc_matches_numpy_eq7_9(dtype, t_max, tol):
 @pytest.mark.parametrize("arch", DESIGNS)
 @torch.no_grad()
 def test_update_is_layer_write(arch):
-    """u_l = X_{l+1} - R_{2l+1} R_{2l} X_l (diagnostics §0), recorded res maps in column convention."""
+    """u_l = X_{l+1} - R_{2l+1} R_{2l} X_l (docs/concepts.md#notation), recorded res maps in column convention."""
     model = make(arch)
     randomize_routers(model)
     tok = tokens()
@@ -388,7 +386,7 @@ def test_stream_hooks(arch):
 def test_nnsight_invokes_do_not_leak_across_rows():
     nnsight = pytest.importorskip("nnsight")
 
-    class BatchedNNsight(nnsight.NNsight):  # interop.md §2.2: batching invokes on a tensor-input model
+    class BatchedNNsight(nnsight.NNsight):  # batching invokes on a tensor-input model
         def _batch_size(self, *inputs, **kw):
             return inputs[0].shape[0] if inputs else 0
 

@@ -106,7 +106,7 @@ def test_to_tokens_uses_the_models_tokenizer(models):
 
 
 def test_transformer_bridge_is_analysed_through_the_adapter():
-    """A TransformerBridge built offline from an HF config (interop §1.6 b), wrapped by the adapter."""
+    """A TransformerBridge built offline from an HF config, wrapped by the adapter."""
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
     from depthlens.adapters import from_bridge

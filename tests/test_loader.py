@@ -11,13 +11,13 @@ import time
 import numpy as np
 import pytest
 import torch
-from gguf_tiny import byte_vocab, tiny_llama, write_tiny_gguf
 from typer.testing import CliRunner
 
 import depthlens
 from depthlens.adapters.load import open_model, opened_of
 from depthlens.errors import CheckpointError
 from depthlens.models import ModelConfig, build_model
+from gguf_tiny import byte_vocab, tiny_llama, write_tiny_gguf
 
 FAST = ["--n-seq", "2", "--seq-len", "16", "--n-boot", "0"]
 

@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 
 from depthlens.analysis import metrics as M
 
-torch.set_num_threads(1)
-
 
 def _np_angle(x, y):
     """Reference: arccos of the float64 cosine, divided by π (PruneMe's formula)."""

@@ -1,4 +1,4 @@
-"""MoDA, pre-norm variant (spec architectures.md §10, diagnostics.md §0/§3)."""
+"""MoDA, pre-norm variant (docs/designs.md#moda, docs/concepts.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from depthlens.models.backbone import apply_rope
 from depthlens.models.residual.base import state_cat, state_repeat
 from depthlens.models.residual.moda import depth_attention
 from depthlens.models.summary import summarize
-
-torch.set_num_threads(1)
 
 L, B, T = 5, 2, 9
 

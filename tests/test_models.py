@@ -28,7 +28,7 @@ def _randomize_gains(model, seed: int = 1) -> None:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
 
 
-# --- independent NumPy re-derivation of the single-stream designs (spec architectures §2-§6) ----------
+# --- independent NumPy re-derivation of the single-stream designs (docs/designs.md#single-stream) ----------
 
 def _np_rms(x, w, eps):
     return w * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
@@ -68,7 +68,7 @@ def _np_mlp(x, p, pre):
 
 
 def _np_forward(model, tokens):
-    """Logits of one sequence computed from the spec's equations, in float64 NumPy."""
+    """Logits of one sequence computed from the designs' equations (docs/designs.md), in float64 NumPy."""
     cfg = model.config
     p = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     eps, L = cfg.norm_eps, cfg.n_layer
@@ -76,7 +76,7 @@ def _np_forward(model, tokens):
     for l in range(L):
         for kind, j in (("attn", 2 * l), ("mlp", 2 * l + 1)):
             pre = f"blocks.{l}.{kind}."
-            F = (lambda z: _np_attn(z, p, pre + "fn.", cfg)) if kind == "attn" else (lambda z: _np_mlp(z, p, pre + "fn."))
+            F = (lambda z: _np_attn(z, p, pre + "fn.", cfg)) if kind == "attn" else (lambda z: _np_mlp(z, p, pre + "fn."))  # noqa: B023
             gain = p[pre + "norm.weight"]
             if cfg.arch in ("preln", "lns", "sandwich"):
                 scale = 1 / math.sqrt(l + 1) if cfg.arch == "lns" else 1.0
@@ -140,7 +140,7 @@ def test_deepnorm_and_keel_constants(L):
     dn = ModelConfig.debug("deepnorm", n_layer=L).resolved()
     assert dn.deepnorm_alpha == pytest.approx((2 * L) ** 0.25)
     assert dn.deepnorm_beta == pytest.approx((8 * L) ** -0.25)
-    table = {16: (2.378, 0.297), 32: (2.828, 0.250), 70: (3.440, 0.206)}  # spec §6 table
+    table = {16: (2.378, 0.297), 32: (2.828, 0.250), 70: (3.440, 0.206)}  # DeepNorm's (α, β) at L = 16, 32, 70
     if L in table:
         assert dn.deepnorm_alpha == pytest.approx(table[L][0], abs=1e-3)
         assert dn.deepnorm_beta == pytest.approx(table[L][1], abs=1e-3)

@@ -31,6 +31,7 @@ def kernel_env(tmp_path, monkeypatch):
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiny", [False, True], ids=["zoo-checkpoint", "tiny-model"])
 def test_explore_notebook_executes(kernel_env, monkeypatch, tiny):
     import warnings

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import corpus, tiny  # noqa: F401  (corpus is a fixture)
 from typer.testing import CliRunner
 
 import depthlens
@@ -25,6 +24,7 @@ from depthlens.cli import app
 from depthlens.errors import DepthlensError
 from depthlens.io import atomic
 from depthlens.models import ModelConfig, build_model
+from test_trainer import corpus, tiny  # noqa: F401  (corpus is a fixture)
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]

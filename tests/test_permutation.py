@@ -1,29 +1,25 @@
-"""Permutation score P(i, j) (spec diagnostics §3)."""
+"""Permutation score P(i, j) (docs/concepts.md#permutation-score)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from test_causal import LinearLM
 
 from depthlens.analysis.causal import token_nll
-from depthlens.analysis.evaldata import EvalData, random_eval_data
+from depthlens.analysis.evaldata import EvalData
 from depthlens.analysis.permutation import permutation_scores, swapped_order
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
 from helpers import debug_model
-
-torch.set_num_threads(1)
+from test_causal import LinearLM
 
 
 def _model(arch: str = "preln", n_layer: int = 5, seed: int = 0):
     return debug_model(arch, n_layer=n_layer, seed=seed)
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=3, seq_len=16, seed=3, bos_id=96)
+EVAL = (3, 16, 3)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.adapters.placement import (PartSizes, Placement, auto_placement, contiguous_split, parse_device_map,
-                                          resolve_device_map)
+from depthlens.adapters.placement import (
+    PartSizes,
+    Placement,
+    auto_placement,
+    contiguous_split,
+    parse_device_map,
+    resolve_device_map,
+)
 from depthlens.errors import DepthlensError
 
 
@@ -200,7 +206,7 @@ def test_generic_blocks_placed_equals_unplaced_and_moves_each_blocks_inputs():
     seen: list[tuple[int, set]] = []
     for i, block in enumerate(g.layers):
         block.register_forward_pre_hook(
-            (lambda i: lambda m, a, k: seen.append((i, {t.device.type for t in (*a, *k.values(), *(
+            (lambda n: lambda m, a, k: seen.append((n, {t.device.type for t in (*a, *k.values(), *(
                 k.get("position_embeddings") or ())) if isinstance(t, torch.Tensor)})))(i), with_kwargs=True)
     ctx = g.context(8)
     h0 = g.embed(torch.randint(0, 101, (2, 8)), ctx)

@@ -1,4 +1,5 @@
-"""Effective rank of mixing products (spec §4), AttnRes self-weight / dead prefix (§5), depth mixing."""
+"""Effective rank of mixing products (docs/concepts.md#effective-rank), AttnRes self-weight / dead prefix, depth
+mixing."""
 
 from __future__ import annotations
 
@@ -7,22 +8,17 @@ import pytest
 import torch
 
 from depthlens.analysis.attnres import attnres_dataset, attnres_from_record, depth_mixing_dataset
-from depthlens.analysis.evaldata import random_eval_data
 from depthlens.analysis.rank import effective_rank_dataset, effective_rank_from_maps, res_maps, static_res_maps
 from depthlens.designs import SLUGS
 from depthlens.errors import DepthlensError
 from helpers import debug_model
-
-torch.set_num_threads(1)
 
 
 def _model(arch: str, n_layer: int = 2, **kw):
     return debug_model(arch, n_layer=n_layer, **kw, seed=0)
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=2, seq_len=12, seed=4, bos_id=96)
+EVAL = (2, 12, 4)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 def _entropy_rank(M: np.ndarray) -> float:

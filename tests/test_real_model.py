@@ -24,7 +24,6 @@ from depthlens.analysis.permutation import permutation_scores
 from depthlens.report.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table
 from helpers import debug_model
 
-torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "smollm2"
 
@@ -141,6 +140,7 @@ def _hook_scores(hf, tokens: torch.Tensor, layers: list[int], norm: str) -> np.n
     return C
 
 
+@pytest.mark.slow
 @needs_wheel
 def test_smollm2_loads_through_gguf(smollm2):
     m = smollm2.model

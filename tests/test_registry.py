@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import debug_model
 
 from depthlens.analysis import registry
 from depthlens.analysis.evaldata import EvalData
 from depthlens.designs import CAPABILITIES, DESIGNS, SLUGS, has_capability
 from depthlens.errors import DepthlensError
+from helpers import debug_model
 
 PKG = Path(__file__).parents[1] / "depthlens"
 
@@ -30,7 +30,7 @@ def test_names_and_aliases_resolve_to_one_declaration():
 
 
 def test_default_thresholds_and_units():
-    """The spec's headline thresholds (diagnostics §2, §3), typed independently here."""
+    """The headline thresholds (docs/concepts.md#causal-score, #permutation-score), typed independently here."""
     assert dict(registry.THRESHOLDS) == {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15,
                                          "perm_kl": 0.15}
     assert registry.score("perm_abs").unit == "nat" and registry.score("causal").unit == "1"
@@ -172,9 +172,9 @@ def test_register_adds_for_the_block_only():
     d = registry.Diagnostic("toy", "depthlens.analysis.angular:angular_distances", "toy", aliases=("toy2",))
     with registry.register(d):
         assert registry.get("toy2") is d and registry.names()[-1] == "toy"
-        with pytest.raises(DepthlensError, match="already registered"):
-            with registry.register(registry.Diagnostic("x", "m:f", "x", aliases=("toy",))):
-                pass
+        with pytest.raises(DepthlensError, match="already registered"), \
+                registry.register(registry.Diagnostic("x", "m:f", "x", aliases=("toy",))):
+            pass
     assert "toy" not in registry.aliases() and registry.names() == registry.NAMES
 
 

@@ -54,6 +54,7 @@ def _one_error_line(r) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_report_renders_nontrivial_pngs(report):
     import matplotlib.image as mpimg
 
@@ -135,6 +136,7 @@ def test_netcdf_datasets_read_back(report):
     assert manifest["eval_data"]["n_seq"] == 4 and manifest["eval_data"]["seq_len"] == 32
 
 
+@pytest.mark.slow
 def test_refuses_existing_out_then_overwrites(report, ckpts, text, tmp_path):
     out, _ = report
     before = (out / "summary.json").read_bytes()
@@ -255,8 +257,9 @@ def _parse_help(text: str) -> tuple[str, str, list[tuple[str, list[list[str]]]]]
 
 
 def cli_reference() -> str:
-    from depthlens.cli.app import app as _app
     import typer.main
+
+    from depthlens.cli.app import app as _app
 
     names = list(typer.main.get_command(_app).commands)
     order = [c for c in CLI_ORDER if c in names] + sorted(set(names) - set(CLI_ORDER))

@@ -1,6 +1,8 @@
-"""Shape planner vs the hand-derived numbers of training.md §2 and the overhead table of architectures.md §11.
+"""Shape planner vs the hand-derived numbers of docs/training.md#shapes and the overhead table of
+docs/designs.md#overhead.
 
-Expected values are the spec's (or closed forms written out here), never the planner's own output.
+Expected values are hand-derived (docs/training.md#shapes) or closed forms written out here, never the
+planner's own output.
 """
 
 import json
@@ -18,10 +20,10 @@ from depthlens.training.shapes import (
     train_flops_per_token,
 )
 
-V = 50257  # GPT-2 vocab, untied (training.md §2.2)
+V = 50257  # GPT-2 vocab, untied (docs/training.md#shapes)
 TARGET = 407e6
 
-# training.md §2.3: L -> (d continuous, d, heads, N_ne [M], N_total [M])
+# the paper's iso-parameter grid: L -> (d continuous, d, heads, N_ne [M], N_total [M])
 TABLE_2_3 = {
     12: (1368.0, 1344, 21, 260.1, 395.2),
     16: (1217.5, 1216, 19, 283.9, 406.2),
@@ -100,7 +102,7 @@ def test_prefill_flops_at_4096():
         a = prefill_flops(param_counts("preln", 16, 1216, V, ffn_multiple=mult), T)
         b = prefill_flops(param_counts("preln", 70, 640, V, ffn_multiple=mult), T)
         assert (round(a / 1e12, 2), round(b / 1e12, 2)) == (shallow, deep)
-    # causal attention term alone: 2·L·T²·d (0.653 T and 1.503 T in §2.4)
+    # causal attention term alone: 2·L·T²·d (0.653 T and 1.503 T at T = 4096)
     c = param_counts("preln", 16, 1216, V)
     assert prefill_flops(c, T) - 2 * c["non_embedding"] * T == 2 * 16 * T * T * 1216
     # with the LM head: 3.48 T; full attention: 3.63 T
@@ -117,7 +119,7 @@ def test_kv_cache_bf16_at_4096():
 
 
 def test_train_flops_per_token():
-    # training.md §1: 6N + 12·L·d·T at T=2048 -> 2.55 G (16×1216) and 3.36 G (70×640)
+    # docs/training.md#shapes: 6N + 12·L·d·T at T=2048 -> 2.55 G (16×1216) and 3.36 G (70×640)
     a = train_flops_per_token(param_counts("preln", 16, 1216, V), 2048)
     b = train_flops_per_token(param_counts("preln", 70, 640, V), 2048)
     assert (round(a / 1e9, 2), round(b / 1e9, 2)) == (2.55, 3.36)

@@ -2,11 +2,8 @@
 
 import numpy as np
 import pytest
-import torch
 
 from depthlens.analysis import stats as S
-
-torch.set_num_threads(1)
 
 
 def test_share_is_strict_and_reads_upper_triangle_of_late_block():

@@ -1,23 +1,27 @@
-"""Threshold sweeps, crossings, ranking robustness, bootstrap and the convenience API (spec diagnostics §6)."""
+"""Threshold sweeps, crossings, ranking robustness, bootstrap and the convenience API (docs/concepts.md#thresholds)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 import xarray as xr
 
 from depthlens.analysis import api
 from depthlens.analysis.causal import causal_scores
 from depthlens.analysis.evaldata import random_eval_data
 from depthlens.analysis.permutation import permutation_scores
-from depthlens.analysis.sweep import (bootstrap_share, default_thresholds, eval_size_curve, headline,
-                                      resampled_matrix, robustness, share_curves)
+from depthlens.analysis.sweep import (
+    bootstrap_share,
+    default_thresholds,
+    eval_size_curve,
+    headline,
+    resampled_matrix,
+    robustness,
+    share_curves,
+)
 from depthlens.io.checkpoint import save
 from depthlens.models.config import ModelConfig
 from depthlens.models.model import build_model
-
-torch.set_num_threads(1)
 
 
 def _matrix_ds(M: np.ndarray, name: str = "causal_score") -> xr.Dataset:
@@ -26,9 +30,7 @@ def _matrix_ds(M: np.ndarray, name: str = "causal_score") -> xr.Dataset:
                       attrs={"n_layer": L})
 
 
-@pytest.fixture(scope="module")
-def data():
-    return random_eval_data(97, n_seq=6, seq_len=16, seed=5, bos_id=96)
+EVAL = (6, 16, 5)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,6 @@ def test_shard_shares_recount_each_shard_independently():
     import numpy as np
 
     from depthlens.analysis.causal import causal_scores
-    from depthlens.analysis.evaldata import random_eval_data
     from depthlens.analysis.stats import share_above
     from depthlens.analysis.sweep import shard_shares
     from helpers import debug_model

@@ -88,6 +88,7 @@ def test_requested_steps():
     assert T.requested_steps({"steps": 100}) is None
 
 
+@pytest.mark.slow
 def test_trainer_snapshots_at_requested_steps_only(corpus, tmp_path):
     cfg = train_run(corpus, tmp_path / "log2", steps=20, snapshot_every_log2=True)
     snaps = sorted((tmp_path / "log2" / "snapshots").iterdir())
@@ -105,6 +106,7 @@ def test_trainer_snapshots_at_requested_steps_only(corpus, tmp_path):
 
 # --- happy path: the last step is the final checkpoint's analysis -----------------------------------------
 
+@pytest.mark.slow
 def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     from depthlens.analysis import api
     from depthlens.analysis.sweep import headline
@@ -144,6 +146,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     assert not np.array_equal(ds["causal_score"].sel(run="preln_l4", step=2).values, got["causal_score"].values)
 
 
+@pytest.mark.slow
 def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
     from depthlens.analysis import api
 
@@ -175,6 +178,7 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
 
 # --- resume ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
     out = tmp_path / "t"
     args = ["track", runs["preln"], "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST]
@@ -201,6 +205,7 @@ def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
 
 # --- a list of checkpoints given in order ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_checkpoint_list_in_order(runs, corpus, tmp_path):
     src = runs["preln"] / "snapshots"
     ckpts = []
@@ -313,13 +318,13 @@ def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
         str(ds["requested_steps"].values[0])) == [*SNAP_STEPS, 16]
 
 
+@pytest.mark.slow
 def test_gguf_files_in_order(tmp_path, corpus):
     """A public model's revisions saved locally as GGUF files: the step comes from the file name, the last
     step equals a direct analysis of the last file, and a different architecture in the list is refused."""
-    from gguf_tiny import tiny_llama, write_tiny_gguf
-
     from depthlens.analysis import api
     from depthlens.analysis.sweep import headline
+    from gguf_tiny import tiny_llama, write_tiny_gguf
 
     revs = [write_tiny_gguf(tiny_llama(seed=s), tmp_path / f"tiny-step{100 * (s + 1)}.gguf") for s in range(2)]
     out = tmp_path / "g"

@@ -228,6 +228,7 @@ def test_kill_and_resume_is_bit_exact(corpus, tmp_path):
         train(tiny(corpus, b, steps=10, lr=1e-3))
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(corpus, tmp_path):
     """gloo on 2 CPU processes gives the 1-process run: DDP with MoDA (whose last-layer depth K/V get no
     gradient), and FSDP2 with accumulation on HC and mHC (whose 0-D gate scales FSDP2 cannot shard, so

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import REPO, _weights, corpus, log_losses, tiny  # noqa: F401  (corpus is a fixture)
 
 from depthlens.designs import SLUGS
 from depthlens.training.trainer import train
+from test_trainer import REPO, _weights, corpus, log_losses, tiny  # noqa: F401  (corpus is a fixture)
 
 torch.set_num_threads(1)
 

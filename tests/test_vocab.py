@@ -15,8 +15,6 @@ from depthlens.designs import SLUGS
 from depthlens.models.protocol import unembedding_of
 from helpers import debug_model
 
-torch.set_num_threads(1)
-
 
 def _case(R=37, d=16, V=1000, seed=0, bias=True):
     g = torch.Generator().manual_seed(seed)

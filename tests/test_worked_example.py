@@ -201,7 +201,7 @@ def test_track_series(registered, models, kind, tmp_path):
                           seq_len=16, n_boot=50)
     ds = T.track(series, opts, tmp_path / "parts")
     assert ds["update_align_share"].dims == ("run", "step") and ds.sizes["step"] == 2
-    for k, step in enumerate(ds["step"].values):
+    for step in ds["step"].values:
         A = ds["update_align"].sel(step=step).isel(run=0).values
         assert float(ds["update_align_share"].sel(step=step).isel(run=0)) == pytest.approx(late_share(A, 0.5))
     assert np.isfinite(ds["update_align_ci_low"].values).all()
@@ -214,6 +214,6 @@ def test_a_model_without_a_needed_capability_is_refused_in_one_line(registered, 
     entry = Diagnostic("needs_readouts", f"{MODULE}:update_alignment", "test", needs=("readouts",))
     with registry.register(entry), pytest.raises(DepthlensError, match="needs model capability readouts"):
         api.run("needs_readouts", models["hf"][0], torch.randint(1, 257, (2, 8)))
-    with pytest.raises(DepthlensError, match="already registered"):
-        with registry.register(Diagnostic("update_align", f"{MODULE}:update_alignment", "again")):
-            pass
+    with pytest.raises(DepthlensError, match="already registered"), \
+            registry.register(Diagnostic("update_align", f"{MODULE}:update_alignment", "again")):
+        pass

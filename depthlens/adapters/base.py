@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Mapping
+from functools import cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,7 @@ def resolve(root: nn.Module, path: str) -> nn.Module:
 
 # --- weight-key maps ------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+@cache
 def _pattern(template: str) -> re.Pattern[str]:
     return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)") + "$")
 

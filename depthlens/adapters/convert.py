@@ -5,7 +5,7 @@
 
 Both go through the explicit key map in `llama.py`; no other renaming happens anywhere.
 
-LNS (architectures.md §3) is exactly Pre-LN with the two norm gains of layer l (1-based) divided by
+LNS (docs/designs.md#single-stream) is exactly Pre-LN with the two norm gains of layer l (1-based) divided by
 sqrt(l): `N(h) * (1/sqrt(l)) == (gamma / sqrt(l)) * h / rms(h)`. Export folds the factor into
 `input_layernorm` and `post_attention_layernorm` of that layer; `import_llama(..., arch="lns")` unfolds it.
 The final norm is not scaled. Note the folded model moves the factor *with* the layer under a layer swap,

@@ -26,7 +26,8 @@ Provenance records `adapter_path = "generic-blocks"`. A model without exactly on
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -163,7 +164,7 @@ class GenericBlocksModel(HookedRootModule):
     @property
     def d_model(self) -> int:
         c = self.hf_config
-        return int(getattr(c, "hidden_size", None) or getattr(c, "n_embd", None) or getattr(c, "d_model"))
+        return int(getattr(c, "hidden_size", None) or getattr(c, "n_embd", None) or c.d_model)
 
     @property
     def vocab_size(self) -> int:
@@ -194,7 +195,7 @@ class GenericBlocksModel(HookedRootModule):
         layers = tuple(sum(p.numel() for p in b.parameters()) for b in self.layers)
         return PartSizes(embed=sum(p.numel() for p in self.hf.parameters()) - sum(layers), layers=layers, head=0)
 
-    def place(self, device_map: Any, devices: list[str] | None = None) -> "GenericBlocksModel":
+    def place(self, device_map: Any, devices: list[str] | None = None) -> GenericBlocksModel:
         """Each block on its device of `device_map`, the rest of the model (embedding, final norm, head) on the
         embedding's; a map that puts the head elsewhere is refused (the final norm is not known by name)."""
         from ..errors import DepthlensError
@@ -225,7 +226,7 @@ class GenericBlocksModel(HookedRootModule):
         return ctx.extras[key]
 
     # --- forward pieces ---------------------------------------------------------------------------------
-    def _swapped(self, probes: list[nn.Module]) -> "_Swap":
+    def _swapped(self, probes: list[nn.Module]) -> _Swap:
         return _Swap(self.layers, probes)
 
     def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -147,7 +148,7 @@ class HFLayeredModel(HookedRootModule):
                          layers=tuple(sum(p.numel() for p in layer.parameters()) for layer in self.layers),
                          head=count(self.spec.final_norm) + (0 if tied else count(self.spec.lm_head)), tied=tied)
 
-    def place(self, device_map: Any, devices: list[str] | None = None) -> "HFLayeredModel":
+    def place(self, device_map: Any, devices: list[str] | None = None) -> HFLayeredModel:
         """Move the embedding, each decoder layer and the head to the devices of `device_map` ("auto", a device
         name, a dict {"embed", "layers", "head"} or a Placement; see `depthlens.adapters.placement`)."""
         from .placement import resolve_device_map

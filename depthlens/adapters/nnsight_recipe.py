@@ -1,4 +1,5 @@
-"""Recipe: the causal score (diagnostics.md §2, `current` variant) written with nnsight, for users who live there.
+"""Recipe: the causal score (docs/concepts.md#causal-score, `current` variant) written with nnsight, for users who live
+there.
 
     C[s, t] = AGG_{b, tau in [1, T)}  ||u_t^(skip s)(b, tau) - u_t(b, tau)|| / max(||u_t(b, tau)||, eps)
 
@@ -24,14 +25,15 @@ The pattern, for one skipped layer s (one trace per intervention, L + 1 traces i
             ratios.append(reduce(post - pre, clean[t]))    # stream-reduce; never cache (L, B, T, d)
 
 Why not `tracer.invoke` batching: a plain `NNsight` refuses several invokes, and on multi-stream models
-that fold streams into the batch, per-invoke edits leak across rows (interop.md §2.2). depthlens' own
+that fold streams into the batch, per-invoke edits leak across rows (docs/foreign-models.md#nnsight). depthlens' own
 engine batches interventions along the batch itself; this recipe stays one trace per intervention.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce as _reduce
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -18,8 +18,9 @@ per visible CUDA device. An explicit map may put the head elsewhere (not with ti
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -196,9 +197,8 @@ def _check_present(name: str) -> None:
 @functools.cache
 def _map_schema() -> Any:
     """{"embed": dev, "layers": dev or [dev per layer], "head": dev}: device names only."""
-    from typing import Annotated
-
     import re
+    from typing import Annotated
 
     from pydantic import AfterValidator, BaseModel, ConfigDict
 

@@ -6,7 +6,7 @@ default, because the diagnostics exclude position 0 on the assumption that it is
 
 * LLaMA / Mistral tokenizers prepend `<s>`: `adds_bos=True`, `bos_id` is its id;
 * Qwen2/Qwen3 (and GPT-2) prepend nothing: `adds_bos=False`, `bos_id=None`, so position 0 is the first
-  real token (diagnostics.md §0).
+  real token (docs/concepts.md#eval-data).
 
 `encode` never adds special tokens (the depthlens corpus builder prepends `bos_id` itself when it is not
 None); `to_tokens` follows the tokenizer's own default, like TransformerLens.
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Angular distance between residual states (Gromov et al. 2024; spec diagnostics §1).
+"""Angular distance between residual states (Gromov et al. 2024; docs/concepts.md#angular-distance).
 
   D_n(ℓ) = E_{(b,τ)} d(h_ℓ[b,τ], h_{ℓ+n}[b,τ]),   d(x, y) = (2/π) atan2(‖x̂−ŷ‖, ‖x̂+ŷ‖)
 
@@ -68,7 +68,7 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
         if not hasattr(model, "hooks"):
             raise DepthlensError("repr='input' reads the hook point blocks.{l}.hook_attn_in and needs a "
                                  "HookedRootModule model (DepthModel)")
-        hooks = [(f"blocks.{l}.hook_attn_in", (lambda l: lambda x, hook: keep(l, x))(l)) for l in range(L)]
+        hooks = [(f"blocks.{l}.hook_attn_in", (lambda i: lambda x, hook: keep(i, x))(l)) for l in range(L)]
         with model.hooks(fwd_hooks=hooks):
             state = model.run_layers(state, ctx)
     else:
@@ -84,7 +84,7 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
 def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "last", repr: str = "view",
                       batch_size: int | None = None, checkpoint: Any = None,
                       progress: ProgressFn | None = None) -> xr.Dataset:
-    """Angular-distance matrix D[ℓ, n] and profile D_1(ℓ) over `data` (spec §1).
+    """Angular-distance matrix D[ℓ, n] and profile D_1(ℓ) over `data` (docs/concepts.md#angular-distance).
 
     Returns a Dataset with `angular_distance` (layer = state ℓ 0..L, block_size = n 0..L; NaN where ℓ+n > L),
     `profile` (layer) = D_1(ℓ), and `prune_start` (block_size) = argmin_ℓ D_n(ℓ) (Gromov's pruning start).

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import xarray as xr
 
 from depthlens.analysis import registry
 from depthlens.analysis.dataset import concat_checkpoints
-from depthlens.errors import UsageError
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
 from depthlens.analysis.evaldata import is_shards as _is_shards
 from depthlens.analysis.evaldata import tokenizer_for as _tokenizer_for
+from depthlens.errors import UsageError
 
 
 def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

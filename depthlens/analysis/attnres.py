@@ -1,5 +1,5 @@
 """AttnRes depth-softmax readouts (self-weight, dead prefix, consumption) and depth mixing for every design
-(spec diagnostics §5).
+(docs/concepts.md#attnres-dead-prefix).
 
 AttnRes routers record per sublayer j (readouts of one forward, `model.readouts(tokens)`):
     sub{j}.alpha             depth-softmax weights over sources (B, T, S) (or (S, B, T)); sums to 1 over S
@@ -16,7 +16,8 @@ Definitions (means over tokens τ ≥ 1, NaN-aware):
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +29,8 @@ from depthlens.analysis.evaldata import EvalData, default_batch_size, model_devi
 from depthlens.analysis.metrics import dead_prefix
 from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
-from depthlens.models.readouts import as_readouts, readout_key
 from depthlens.models.protocol import LayeredLM
+from depthlens.models.readouts import as_readouts, readout_key
 
 EPS_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
 FAMILIES = ("embedding", "current", "history")
@@ -125,7 +126,8 @@ def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Seque
 def attnres_dataset(model: LayeredLM, data: EvalData, *,
                     eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
                     checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
-    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data` (spec §5).
+    """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data`
+    (docs/concepts.md#attnres-dead-prefix).
 
     progress: called as (batches done, total) (`depthlens.analysis.progress`)."""
     if not hasattr(model, "readouts"):

@@ -1,18 +1,19 @@
 """Causal score: skip layer s, measure how much every later layer's update changes (Csordás et al. 2025;
-spec diagnostics §2).
+docs/concepts.md#causal-score).
 
     C(s, t) = AGG_{(b,τ) ∈ F}  ‖u_t^{do(skip s on I)}(b,τ) − u_t(b,τ)‖ / max(‖n_t(b,τ)‖, ε)
 
 u_t is the update that `run_layers` hands to `on_layer` (norm over `design.update_norm_dims()` trailing
-dims), the skip is the design's own `keep` mask (spec §0). The denominator n_t is a named option `norm`:
+dims), the skip is the design's own `keep` mask (docs/concepts.md#notation). The denominator n_t is a named option
+`norm`:
 `update` (default, Csordás' test_effect) n_t = u_t, the clean update itself; `resid` n_t = h_t, the clean
 residual state entering layer t (the design's residual view; all n streams, Frobenius, for HC/mHC), i.e. the
 change of what layer t writes relative to the stream it writes into. Variants: `current` I = F = [1, T);
 `future` I = [1, c), F = [c, T) for K cut positions c per sequence (Csordás: one random.Random(123) per run;
-each sequence, in eval order, reshuffles range(8, T−4, 8) and takes the first K = 4; spec §2.1).
+each sequence, in eval order, reshuffles range(8, T−4, 8) and takes the first K = 4; docs/concepts.md#causal-score).
 Aggregators max | mean | p95 | p99 | pooled come from one pass.
 
-How it is cheap (spec §2.3), per batch of b sequences:
+How it is cheap (docs/performance.md#what-the-engine-does), per batch of b sequences:
   1. the clean prefix (layers < min s) runs once;
   2. interventions ("arms" = (variant, s, cut)) run in chunks along the batch, as a staircase: the rows of
      arm s join when the chunk reaches layer s, copied from the clean state there, so blocks < s never
@@ -23,13 +24,15 @@ Memory: rows per forward ≤ batch_size, plus the clean updates u_t (t ≥ min s
 sequences.
 Companions from the same runs, when asked (`outputs=True`: they put the LM head on every arm): output effect
 O[s] = max ‖p' − p‖₂, layer-skip loss ΔL_skip(s) (nats). Always: the null-intervention noise floor (an arm
-that skips nothing, through the same batched path). The direct effect C_dir (spec §2.4) feeds each later layer its clean input minus the clean u_s.
+that skips nothing, through the same batched path). The direct effect C_dir (docs/concepts.md#causal-score) feeds each
+later layer its clean input minus the clean u_s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,8 +52,8 @@ from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, mode
 from depthlens.analysis.metrics import late_window, loss_log_probs, loss_logits
 from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
-from depthlens.models.residual.base import State, state_cat, state_repeat
 from depthlens.models.protocol import LayeredLM
+from depthlens.models.residual.base import State, state_cat, state_repeat
 
 VARIANTS = ("current", "future")
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
@@ -69,7 +72,7 @@ EPS = 1e-6
 
 
 def resolve_layers(L: int, layers: str | Sequence[int]) -> list[int]:
-    """'all' → 0..L−1, 'late' → ⌊L/4⌋..L−1 (spec §0), or an explicit list of layer indices."""
+    """'all' → 0..L−1, 'late' → ⌊L/4⌋..L−1 (docs/concepts.md#late-window), or an explicit list of layer indices."""
     if isinstance(layers, str):
         if layers == "all":
             return list(range(L))
@@ -101,7 +104,7 @@ def residual_sq(model, state: State) -> torch.Tensor:
 
 
 def skip_mode(model) -> str:
-    """How the design implements do(skip s) on I (spec §0), recorded with every result."""
+    """How the design implements do(skip s) on I (docs/concepts.md#notation), recorded with every result."""
     cfg = getattr(model, "config", None)
     slug = getattr(model.design, "slug", "?")
     if getattr(model.design, "multi_stream", False):
@@ -159,8 +162,9 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: st
     """Staircase over the chunk's arms (sorted by s): the rows of arm a join at layer a.s as a copy of the
     clean state before a.s, so layers below a.s never rerun for it.
 
-    With `trunk` (the clean state before layer `start`), the clean rows ride along as the first b rows (spec
-    §2.3: the clean branch plus one branch per skipped s) and fill `clean` on the way: the states later chunks
+    With `trunk` (the clean state before layer `start`), the clean rows ride along as the first b rows
+    (docs/performance.md#what-the-engine-does: the clean branch plus one branch per skipped s) and fill `clean` on the
+    way: the states later chunks
     spawn from, the clean updates u_p the ratios compare to, and the final state. Returns the arms' final
     state (None without arms) and the arms.
     """
@@ -188,7 +192,7 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: st
             clean.den_sq[p] = residual_sq(model, {k: v[:b] for k, v in state.items()})
         got: list[torch.Tensor] = []
         state = model.run_layers(state, ctx, p, p + 1, keep={p: keep} if keep is not None else None, unit=unit,
-                                 on_layer=lambda pos, s, u: got.append(u))
+                                 on_layer=lambda pos, s, u: got.append(u))  # noqa: B023 (runs in this step)
         if trunk is not None:
             clean.updates[p] = _flat_update(got[0][:b], ndims).clone()  # a copy, not a view of all rows
             if clean.norm == "update":
@@ -213,7 +217,8 @@ def _arm_chunks(arms: list[Arm], per_chunk: int) -> list[list[Arm]]:
 
 
 def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> State:
-    """state − u_s on `positions` (spec §2.4), for designs whose state is one tensor shaped like the update.
+    """state − u_s on `positions` (docs/concepts.md#causal-score), for designs whose state is one tensor shaped like
+    the update.
 
     u: the flattened update (b, T, D); positions: (b, T) bool.
     """
@@ -246,7 +251,7 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
                   direct: bool = False, null: bool = True, outputs: bool = False, measure: bool = True,
                   batch_size: int | None = None, seq_batch: int | None = None,
                   checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
-    """Causal-score matrices C(s, t) (spec §2.2), with O[s], ΔL_skip(s), the noise floor and C_dir.
+    """Causal-score matrices C(s, t) (docs/concepts.md#causal-score), with O[s], ΔL_skip(s), the noise floor and C_dir.
 
     layers: which s to skip ('all', 'late' or a list). norm: the ratio's denominator, 'update' (‖u_t‖, default)
     or 'resid' (‖h_t‖, the clean residual state entering layer t); see NORM_DEFINITIONS. batch_size: max rows in one forward (memory knob;
@@ -447,7 +452,7 @@ def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per
             parts = [_subtract_update(clean.states[t], clean.updates[a.s],
                                       a.intervene[seqs].to(clean.updates[a.s].device)) for a in chunk]
             got: list[torch.Tensor] = []
-            model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))
+            model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))  # noqa: B023 (runs in this step)
             U = _flat_update(got[0], ndims).view(len(chunk), b, -1, clean.updates[t].shape[-1])
             diff_sq = (U - clean.updates[t]).square().sum(-1)
             den_sq = clean.den_sq[t].to(diff_sq.device)
@@ -499,7 +504,7 @@ def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options)
         Cd = np.stack([np.stack([dstore[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
         for i in range(L):
             if i in S:
-                Cd[..., i, i] = 0.0  # spec §2.4: the direct effect has a zero diagonal
+                Cd[..., i, i] = 0.0  # the direct effect has a zero diagonal (docs/concepts.md#causal-score)
         dv["direct_score"] = (("variant", "aggregator", *LL), Cd, {
             "long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s", "units": "1"})
     if options["outputs"]:

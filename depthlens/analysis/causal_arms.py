@@ -9,8 +9,8 @@ the aggregators and the bootstrap need.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from depthlens.errors import DepthlensError
 
 
 def future_cut_table(T: int, n_seq: int, n_cuts: int = 4, seed: int = 123) -> np.ndarray:
-    """Csordás' cut positions per sequence (spec §2.1): one random.Random(seed) for the whole run; sequence n
+    """Csordás' cut positions per sequence (docs/concepts.md#causal-score): one random.Random(seed) for the whole run; sequence n
     (eval order) reshuffles range(8, T−4, 8) and keeps the first n_cuts. (n_seq, K) int64, K = min(n_cuts, #)."""
     base = list(range(8, T - 4, 8))
     if not base:

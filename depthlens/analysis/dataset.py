@@ -1,4 +1,4 @@
-"""xarray Dataset conventions, provenance and atomic netCDF I/O (interop spec §6.1).
+"""xarray Dataset conventions, provenance and atomic netCDF I/O (docs/concepts.md#results).
 
 Conventions:
 
@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def depthlens_version() -> str:
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -5,7 +5,7 @@
     data = EvalData.from_tokens(torch.randint(0, 97, (4, 32)))   # tests / foreign data
     for start, tokens in data.batches(8): ...                  # tokens (b, T) int64
 
-Packing (spec diagnostics §0, §9): documents are concatenated into one token stream, each document
+Packing (docs/concepts.md#eval-data): documents are concatenated into one token stream, each document
 preceded by the tokenizer's BOS (when it has one). Sequence k is `[BOS] + the next T-1 stream tokens`
 (a BOS that would directly follow the leading BOS is skipped), so every sequence starts with BOS and
 there is no padding. `n_seq` windows are then drawn with a seeded RNG (`numpy.random.default_rng(seed)`,
@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,13 +62,13 @@ class EvalData:
 
     @classmethod
     def from_tokens(cls, tokens, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens",
-                    **kw: Any) -> "EvalData":
+                    **kw: Any) -> EvalData:
         """Wrap an existing (N, T) id array (e.g. random tokens in tests, or another tool's eval set)."""
         return cls(torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens),
                    name=name, source=source, bos=bos, **kw)
 
     @classmethod
-    def from_dataset(cls, ds: Any) -> "EvalData":
+    def from_dataset(cls, ds: Any) -> EvalData:
         """The exact eval tokens a result was computed on (its `eval_tokens` variable), checked against the
         recorded `eval_data_sha256`, so an independent check can re-run on the same inputs."""
         if "eval_tokens" not in getattr(ds, "variables", {}):

@@ -1,12 +1,13 @@
-"""Pure math for the layer diagnostics (spec: /work/shared/specs/diagnostics.md). No model code here.
+"""Pure math for the layer diagnostics (definitions: docs/concepts.md). No model code here.
 
 Everything takes already-selected states/matrices and returns tensors or plain numbers:
 
-- §1 angular distance: `angular_distance`, `angular_distance_matrix`, `AngularAccumulator`
-- §2 causal-score ratios: `relative_change`, `pooled_relative_change` (aggregated by `causal._CellStore`)
-- §4 effective rank of mixing products: `effective_rank`, `amax_gain`, `mixing_products`, `window_profile`
-- §5 dead prefix: `dead_prefix`
-- §0 late window: `late_window`, `late_pairs`;  §6 ranking: `kendall_tau`
+- angular distance (#angular-distance): `angular_distance`, `angular_distance_matrix`, `AngularAccumulator`
+- causal-score ratios (#causal-score): `relative_change`, `pooled_relative_change` (aggregated by `causal._CellStore`)
+- effective rank of mixing products (#effective-rank): `effective_rank`, `amax_gain`, `mixing_products`,
+`window_profile`
+- dead prefix (#attnres-dead-prefix): `dead_prefix`
+- late window (#late-window): `late_window`, `late_pairs`;  ranking (#thresholds): `kendall_tau`
 
 Precision: angles and ratios are computed in float32 at least (float64 inputs stay float64) because bf16
 states lose the small angles/ratios we care about; SVDs and matrix products run in float64 because HC
@@ -38,7 +39,7 @@ def _as_float(*tensors) -> list[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# §1 angular distance
+# angular distance
 
 
 def _unit(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -121,7 +122,7 @@ def angular_distance_matrix(states: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# §2 causal-score ratios
+# causal-score ratios
 
 
 def loss_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -165,7 +166,7 @@ def pooled_relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# §4 effective rank of residual-mixing products
+# effective rank of residual-mixing products
 #
 # CONVENTION (column action, later matrix on the LEFT):
 #     x_{k+1} = H_k @ x_k            (x is a column vector of n stream coefficients)
@@ -215,7 +216,8 @@ def window_profile(H, widths: Sequence[int]) -> torch.Tensor:
     """Mean over start positions a = 0..K−w of erank(P_{a→a+w}), for each width w.
 
     H: [..., K, n, n]. Returns float64 [..., len(widths)], still per token (leading dims) so callers can take
-    the mean (the spec's headline: mean of per-token eranks, NOT erank of the mean product), median or IQR.
+    the mean (the headline, docs/concepts.md#effective-rank: mean of per-token eranks, NOT erank of the mean product),
+    median or IQR.
     Widths larger than K give NaN.
     """
     H = torch.as_tensor(H).to(torch.float64)
@@ -237,7 +239,7 @@ def window_profile(H, widths: Sequence[int]) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# §5 dead prefix, §0 late window, §6 ranking
+# dead prefix, late window, ranking
 
 
 def dead_prefix(self_weight_per_layer, eps: float = 0.05, nan_policy: str = "raise") -> int:
@@ -280,7 +282,8 @@ _START_RULES = {"quarter": 4, "half": 2}
 def late_window(L: int, start_rule: str | int = "quarter") -> int:
     """First layer of the late window Λ = {start, ..., L−1}.
 
-    start_rule: "quarter" → ⌊L/4⌋ (default, spec §0), "half" → ⌊L/2⌋, "zero" → 0, or an explicit int.
+    start_rule: "quarter" → ⌊L/4⌋ (default, docs/concepts.md#late-window), "half" → ⌊L/2⌋, "zero" → 0, or an explicit
+    int.
     """
     if L < 1:
         raise ValueError(f"L must be >= 1, got {L}")

@@ -1,4 +1,4 @@
-"""Permutation score: swap layers i and j, measure the rise in LM loss (spec diagnostics §3).
+"""Permutation score: swap layers i and j, measure the rise in LM loss (docs/concepts.md#permutation-score).
 
     P_abs(i, j) = L(π_ij) − L(id)   (nats)      P_rel = P_abs / L(id)
     P_KL(i, j)  = mean over tokens of KL(p_id ‖ p_π_ij)
@@ -17,7 +17,8 @@ paired standard errors and bootstrap CIs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,12 +28,12 @@ from depthlens.analysis.dataset import make_dataset
 from depthlens.analysis.distributed import agree, merge, shard, world
 from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.analysis.metrics import late_pairs, late_window
-from depthlens.analysis.stats import paired_se
 from depthlens.analysis.progress import Count, ProgressFn
+from depthlens.analysis.stats import paired_se
 from depthlens.analysis.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
-from depthlens.models.residual.base import State, state_cat, state_select
 from depthlens.models.protocol import LayeredLM
+from depthlens.models.residual.base import State, state_cat, state_select
 
 SWAPS = ("body", "all")
 TRUNK_CACHE_BYTES = 1 << 30  # clean states before each first-swapped layer i kept from the reference pass
@@ -98,7 +99,7 @@ def permutation_scores(model: LayeredLM, data: EvalData, *,
                        pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
                        batch_size: int | None = None, seq_batch: int | None = None, chunked_head: bool = True,
                        checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
-    """P_abs, P_rel, P_KL for the requested pairs (spec §3), symmetric [L, L] matrices with a zero diagonal.
+    """P_abs, P_rel, P_KL for the requested pairs (docs/concepts.md#permutation-score), symmetric [L, L] matrices with a zero diagonal.
 
     batch_size: max rows per forward (default: `default_rows`); seq_batch: sequences per clean pass.
     chunked_head: walk the LM head in vocabulary chunks when the model's head is one matmul (`vocab`); False
@@ -157,7 +158,7 @@ def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int
     if len(batches) >= n:
         return shard(batches, rank, n), by_i
     mine: dict[int, list[int]] = {}
-    for i, j in shard([(i, j) for i in sorted(by_i) for j in by_i[i]], rank, n):
+    for i, j in shard([(a, b) for a in sorted(by_i) for b in by_i[a]], rank, n):
         mine.setdefault(i, []).append(j)
     return batches, mine
 

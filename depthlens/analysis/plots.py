@@ -1,4 +1,4 @@
-"""Heatmaps and share curves from labelled DataArrays (interop spec §6.2), plus a terminal heatmap for the CLI.
+"""Heatmaps and share curves from labelled DataArrays (docs/concepts.md#results), plus a terminal heatmap for the CLI.
 
 Plot functions take DataArrays, draw on a given Axes (or a new one), and return the Axes. They never call
 `plt.show()` and never select a backend: the CLI calls `matplotlib.use("Agg")`, notebooks stay interactive.
@@ -208,9 +208,8 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
 
     The format follows the path suffix (.png, .pdf, .svg). Unwritable targets raise DepthlensError.
     """
-    import matplotlib.pyplot as plt
-
     import matplotlib
+    import matplotlib.pyplot as plt
 
     fig = getattr(fig, "figure", fig)  # accept an Axes too
     path = Path(path)

@@ -7,7 +7,7 @@ observes: it never changes what is computed or in which order.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 ProgressFn = Callable[[int, int], None]  # (units done, units in total)
 

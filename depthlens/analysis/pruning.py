@@ -74,7 +74,7 @@ class _Pruner:
             toks = toks.to(self.device)
             ctx = model.context(toks.shape[1], device=toks.device)
             states = [model.embed(toks, ctx)]
-            model.run_layers(states[0], ctx, on_layer=lambda p, s, u: states.append(s))
+            model.run_layers(states[0], ctx, on_layer=lambda p, s, u, states=states: states.append(s))
             self.batches.append((toks, ctx, states))
         self.n_tokens = data.n_seq * (data.seq_len - 1)
         self.forward_layers = 0  # layers run, for the cost record

@@ -1,4 +1,4 @@
-"""Effective rank of residual-mixing products for multi-stream designs (HC, mHC; spec diagnostics §4).
+"""Effective rank of residual-mixing products for multi-stream designs (HC, mHC; docs/concepts.md#effective-rank).
 
 Convention (column action, later factor on the left), as the HC/mHC routers record it in
 `readouts['sub{j}.res_map']` (B, T, n, n):
@@ -20,7 +20,8 @@ alone (`static.sub{j}.res_map`, the bias-only part with α = 0) when the routers
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +33,8 @@ from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, m
 from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
-from depthlens.models.readouts import as_readouts
 from depthlens.models.protocol import LayeredLM
+from depthlens.models.readouts import as_readouts
 
 PRODUCTS = ("full", "late", "interior")
 STOCHASTIC_TOL = 1e-3  # |row/column sum − 1| that still counts as stochastic: 20 Sinkhorn steps leave ~3e-5 on columns
@@ -94,7 +95,8 @@ def product_tokens(H: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict
 
 
 def structural_zero_grad(H: torch.Tensor, constrained: bool = True) -> np.ndarray:
-    """(K,) bool: maps whose entries cannot receive gradient, whatever the data (spec §8 "Correction").
+    """(K,) bool: maps whose entries cannot receive gradient, whatever the data (docs/concepts.md#effective-rank,
+    `interior`).
 
     Only a design whose maps are *constrained* to be stochastic (mHC's Sinkhorn projection) qualifies: any
     parameter change keeps the sums at 1, so the gradient vanishes up to the Sinkhorn residual. HC's maps
@@ -149,7 +151,8 @@ def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int
 def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence[int] | None = None,
                            batch_size: int | None = None, checkpoint: Any = None,
                            progress: ProgressFn | None = None) -> xr.Dataset:
-    """Effective rank of the residual-mixing products of a multi-stream model over `data` (spec §4).
+    """Effective rank of the residual-mixing products of a multi-stream model over `data`
+    (docs/concepts.md#effective-rank).
 
     progress: called as (batches done, total) (`depthlens.analysis.progress`)."""
     if not hasattr(model, "readouts"):

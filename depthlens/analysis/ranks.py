@@ -10,9 +10,10 @@ exact, where a netCDF round trip would turn int/float attributes into numpy scal
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import DepthlensError
 from ..io.files import read_json

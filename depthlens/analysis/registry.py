@@ -17,10 +17,11 @@ Face and GGUF models are treated alike. Adding a diagnostic = one module + one e
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError

@@ -1,4 +1,5 @@
-"""Shares over the late window, threshold sweeps, crossings, ranking robustness and the bootstrap (spec §0, §6).
+"""Shares over the late window, threshold sweeps, crossings, ranking robustness and the bootstrap
+(docs/concepts.md#thresholds).
 
 Matrix convention for pair scores X[i, j] ([L, L]): row i is the earlier (skipped / first-swapped) layer,
 column j the later one, and the late pair set is P = {(i, j): start ≤ i < j ≤ L−1}, i.e. the strict upper
@@ -51,7 +52,7 @@ def share_curve(matrix, thetas, start: int | str = "quarter", nan_policy: str = 
 
 
 def share_above(matrix, theta: float, start: int | str = "quarter", nan_policy: str = "raise") -> float:
-    """S(θ) = (1/|P|) Σ_{(i,j)∈P} 1[X[i, j] > θ] with a strict ">" (spec §0)."""
+    """S(θ) = (1/|P|) Σ_{(i,j)∈P} 1[X[i, j] > θ] with a strict ">" (docs/concepts.md#late-window)."""
     return float(share_curve(matrix, [theta], start, nan_policy)[0])
 
 
@@ -88,7 +89,7 @@ class RankingRobustness(NamedTuple):
 def ranking_robustness(
     curves: Mapping[str, Sequence[float]], order: Sequence[str], headline_index: int | None = None
 ) -> RankingRobustness:
-    """How robust an architecture ordering is across the θ grid (spec §6.3).
+    """How robust an architecture ordering is across the θ grid (docs/concepts.md#thresholds).
 
     curves: name → S(θ) on a common grid. order: names expected in strictly increasing order of S,
     e.g. ["preln", "hc", "full_attnres"] means S_preln < S_hc < S_full_attnres.

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from depthlens.analysis import registry
 from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
@@ -240,9 +241,14 @@ def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, be
     """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
-    from depthlens.analysis.distributed import (agree, device_for_rank, gather_to_main, local_only,
-                                                long_wait_group, world)
-
+    from depthlens.analysis.distributed import (
+        agree,
+        device_for_rank,
+        gather_to_main,
+        local_only,
+        long_wait_group,
+        world,
+    )
     from depthlens.analysis.ranks import assign, attempt, pack, unpack
 
     group = long_wait_group()

@@ -11,7 +11,8 @@ with its bootstrap CI and shard mean/sd (report and track), and its score matrix
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import xarray as xr

@@ -1,4 +1,4 @@
-"""Threshold sweeps, variants, robustness and uncertainty of the late-window shares (spec diagnostics §6).
+"""Threshold sweeps, variants, robustness and uncertainty of the late-window shares (docs/concepts.md#thresholds).
 
     S_X(θ) = (1/|P|) Σ_{(i,j) ∈ P} 1[X(i, j) > θ],   P = {(i, j): a ≤ i < j ≤ L−1}, a = ⌊L/4⌋ by default
 
@@ -12,8 +12,8 @@ resample, including the max, from the per-sequence summaries the engines store (
 from __future__ import annotations
 
 import json
-
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -198,7 +198,7 @@ def bootstrap_share(ds: xr.Dataset, metric: str, threshold: float, *, aggregator
 
 def shard_shares(ds: xr.Dataset, metric: str, threshold: float, k: int = 5, *, aggregator: str = "max",
                  variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
-    """S(θ) on k disjoint, contiguous shards of the eval sequences (spec §6: report mean ± sd over shards).
+    """S(θ) on k disjoint, contiguous shards of the eval sequences (docs/concepts.md#thresholds: mean ± sd over shards).
 
     Each shard recomputes the full aggregation (the max included) from its own sequences only; the
     DataArray's attrs carry `mean` and `sd` (ddof=1).
@@ -222,7 +222,8 @@ def shard_shares(ds: xr.Dataset, metric: str, threshold: float, k: int = 5, *, a
 
 def eval_size_curve(ds: xr.Dataset, metric: str, threshold: float, sizes: Sequence[int] = (5, 10, 20, 40), *,
                     aggregator: str = "max", variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
-    """S(θ) computed on the first N sequences, for each N ≤ the eval size (spec §6.7: max grows with N)."""
+    """S(θ) computed on the first N sequences, for each N ≤ the eval size (docs/concepts.md#thresholds: max grows with
+    N)."""
     N = ds.sizes["sequence"]
     sizes = [s for s in sizes if s <= N] or [N]
     vals = []
@@ -259,7 +260,7 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
     else:
         note = "no bootstrap CI for this metric/aggregator (not decomposable per sequence)"
     shards = None
-    if can_boot and ds.sizes["sequence"] >= 5:  # spec §6: k = 5 disjoint eval shards, mean ± sd
+    if can_boot and ds.sizes["sequence"] >= 5:  # docs/concepts.md#thresholds: k = 5 disjoint eval shards, mean ± sd
         shards = shard_shares(ds, metric, threshold, 5, aggregator=aggregator, variant=variant, start=a)
     pairs = late_pairs(L, a)
     n_valid = int((~np.isnan(m.values[pairs[:, 0], pairs[:, 1]])).sum())

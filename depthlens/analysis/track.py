@@ -30,10 +30,11 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -550,7 +551,6 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
           progress: Progress = _noop) -> xr.Dataset:
     """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
     from depthlens.analysis.dataset import depthlens_version, make_dataset
-
     from depthlens.io.atomic import claim_dir
 
     cache = claim_dir(cache, "track cache")  # a directory of ours (marker), so damaged parts may be replaced

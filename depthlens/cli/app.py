@@ -6,8 +6,9 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import typer
 from typer import _click

@@ -16,9 +16,31 @@ from typing import Annotated, Any
 import typer
 
 from ..analysis import registry
-from .analyze import (BatchOpt, BootOpt, CkptArg, DataOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, JsonOpt, NSeqOpt,
-                      OutOpt, OverwriteOpt, SeedOpt, SeqLenOpt, ThreadsOpt, TokensOpt, _common, _fmt_share, busy, emit,
-                      eval_data, open_model, resolve_out, write)
+from .analyze import (
+    BatchOpt,
+    BootOpt,
+    CkptArg,
+    DataOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    NSeqOpt,
+    OutOpt,
+    OverwriteOpt,
+    SeedOpt,
+    SeqLenOpt,
+    ThreadsOpt,
+    TokensOpt,
+    _common,
+    _fmt_share,
+    busy,
+    emit,
+    eval_data,
+    open_model,
+    resolve_out,
+    write,
+)
 from .app import OneLineErrors, domain_errors, fail
 
 

@@ -35,9 +35,8 @@ def evaluate(
     from ..analysis.api import _tokenizer_for
     from ..analysis.evaldata import load_eval_data, model_device
     from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, perplexity, teacher_forced_nll
-    from ..errors import DepthlensError
     from ..data.tokenizers import get_tokenizer
-
+    from ..errors import DepthlensError
     from .feedback import bar, spinner
     from .validate import input_path
 

@@ -16,7 +16,8 @@ import contextlib
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 QUIET = False  # --quiet of the running command (set by app.domain_errors)
 _LIVE: list[Any] = []  # the rich display of the outermost bar; nested work (loading inside sweep) adds a row to it
@@ -85,8 +86,14 @@ class Progress:
         if self.mode == "bar":
             self._outer = not _LIVE
             if self._outer:
-                from rich.progress import (BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn,
-                                           TimeElapsedColumn, TimeRemainingColumn)
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    SpinnerColumn,
+                    TextColumn,
+                    TimeElapsedColumn,
+                    TimeRemainingColumn,
+                )
                 from rich.progress import Progress as RichProgress
 
                 live = RichProgress(SpinnerColumn(), TextColumn("[bold]{task.fields[what]}[/]"), BarColumn(),

@@ -19,7 +19,6 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> N
 
     from ..adapters.load import open_model
     from ..models.readouts import parse_readout_key
-
     from .feedback import spinner
 
     with spinner(f"loading {Path(ckpt).name}") as p:  # a GGUF takes about a minute

@@ -18,7 +18,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Design, shape and parameter counts (total, non-embedding, overhead vs Pre-LN) of a checkpoint."""
     from ..adapters.load import describe, open_model
-
     from .feedback import spinner
 
     with spinner(f"loading {Path(ckpt).name}") as p:

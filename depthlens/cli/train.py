@@ -24,7 +24,7 @@ def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or 
 
     Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.cli train RECIPE run=NAME ...`.
     """
-    from ..errors import DataError, DepthlensError
+    from ..errors import DataError
     from ..io.files import regular_file
     from ..training.config import RunConfig, read_recipe, recipe_runs
     from ..training.trainer import run_recipe, split_run_name

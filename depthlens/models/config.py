@@ -1,6 +1,7 @@
 """Model configuration: one validated dataclass for the backbone and every residual design.
 
-Every field says why it exists. Options that the specs mark [inferred] or [DepthBench-unknown] are named
+Every field says why it exists. Options the study left open ([inferred] or [DepthBench-unknown],
+docs/concepts.md#inferences) are named
 fields with the documented default, and they travel with every checkpoint and every result.
 """
 
@@ -16,7 +17,6 @@ from annotated_types import Ge, Gt, Lt
 
 from ..designs import SLUGS
 from ..schema import OneOf, build, check_dataclass, require
-
 
 MHC_INITS = ("identity", "zero")
 MODA_DEPTH_ROPE = ("unrotated", "rotate_ffn", "prerope_keys")
@@ -125,7 +125,7 @@ class ModelConfig:
             return list(range(0, self.n_layer, self.attnres_block_size))
         return kimi_block_starts(self.n_layer, self.attnres_n_blocks)
 
-    def resolved(self) -> "ModelConfig":
+    def resolved(self) -> ModelConfig:
         """A copy with every data-dependent default made explicit (what gets saved and recorded)."""
         c = dataclasses.replace(self)
         if c.d_ff is None:
@@ -150,12 +150,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: Any = "", *, prefix: str = "",
-                  usage_fields: Any = ()) -> "ModelConfig":
+                  usage_fields: Any = ()) -> ModelConfig:
         """From parsed JSON, through the schema layer: SchemaError (one line naming `where` and the field)."""
         return build(cls, d, where, prefix=prefix, usage_fields=usage_fields)
 
     @classmethod
-    def debug(cls, arch: str = "preln", **kw: Any) -> "ModelConfig":
+    def debug(cls, arch: str = "preln", **kw: Any) -> ModelConfig:
         """A tiny config (torchtitan's "debugmodel") so every path runs on a CPU in tests."""
         base: dict[str, Any] = dict(arch=arch, d_model=32, n_layer=4, n_head=4, vocab_size=97, max_seq_len=64)
         base.update(kw)

@@ -14,7 +14,8 @@ the layers in any order (`swap="body"` keeps routing parameters in place, `swap=
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,7 +65,7 @@ class Block(nn.Module):
                 keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
         """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
 
-        Returns the new state and the layer's update u_l (spec diagnostics §0).
+        Returns the new state and the layer's update u_l (docs/concepts.md#notation).
         """
         body = body or self
         router = router or self

@@ -11,8 +11,9 @@ backend (the CLI uses Agg); nothing here calls `plt.show()`.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import xarray as xr

@@ -1,6 +1,6 @@
 """Which of DepthBench's qualitative orderings does a zoo reproduce? (report section)
 
-DepthBench (spec diagnostics.md, header table; architectures.md §0) makes a handful of *ordinal* claims at
+DepthBench makes a handful of *ordinal* claims at
 its deep end (L = 32, ~400M parameters). Absolute shares do not transfer to a 230K-parameter CPU zoo,
 but orderings can be checked. Each claim compares two designs at one depth on one headline score:
 
@@ -15,8 +15,9 @@ point estimates and marked "point estimate" so nobody mistakes them for a resolv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

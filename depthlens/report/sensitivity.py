@@ -3,7 +3,7 @@
     rows = causal_definition_table({"update": ds_u, "resid": ds_r})     # variant × aggregator × norm
     rows = permutation_definition_table(ds_perm)                         # abs / rel / kl
 
-A headline share S_X(θ) = |{(i, j) late: X(i, j) > θ}| / |late pairs| (spec diagnostics §0) depends on the
+A headline share S_X(θ) = |{(i, j) late: X(i, j) > θ}| / |late pairs| (docs/concepts.md#late-window) depends on the
 definition of X as much as on the model: the causal score's variant (`current` / `future`), its aggregator
 over tokens (max / mean / p95 / p99 / pooled) and its denominator (`update` / `resid`), and the permutation
 score's normalisation. These tables put every reading side by side, next to the paper's reference values.
@@ -11,7 +11,8 @@ score's normalisation. These tables put every reading side by side, next to the 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -24,7 +25,8 @@ from depthlens.analysis.sweep import PERM_DEFINITIONS, definition
 C_THETA, P_THETA = CAUSAL.theta, PERM_ABS.theta  # the registry's defaults, which are also the paper's θ
 C_KEY, P_KEY = f"share_gt_{C_THETA:g}", f"share_gt_{P_THETA:g}"  # record keys of the headline shares
 
-# DepthBench claims (spec diagnostics, table at the top): L = 32, late = last ¾ of the layers
+# DepthBench claims (docs/calibration.md#the-papers-reference-values; the note below is data of the committed
+# reports/smollm2 summary, so it changes only when that report is regenerated): L = 32, late = last ¾ of the layers
 PAPER_REFERENCE = {
     "note": "DepthBench (arXiv 2609.32534, not retrieved; spec diagnostics): L = 32, late = last 3/4 of layers; "
             "its causal-score and permutation definitions are not known exactly",
@@ -246,7 +248,7 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
            "it ran on was starved of CPU); `scripts/real-model-report.sh --resume` computes them. Their rows "
            "below read 'not computed'.", ""] if s.get("missing_stages") else []),
         *([f"Note: {s['note']}.", ""] if s.get("note") else []),
-        "This is a small eval set (the spec asks for ≥ 256 × 1024 tokens for permutation scores); max "
+        "This is a small eval set (permutation scores want ≥ 256 × 1024 tokens); max "
         "aggregators grow with it, so treat the numbers as this eval set's, not the model's.", "",
         "## Headlines (toolkit defaults)", "",
         f"* **Causal** ({hc['definition']}): share of late pairs with C > {C_THETA:g} = "
@@ -338,7 +340,7 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
                   "model and eval set, not recomputed here.", ""]
     lines += [
         "## The paper's reference values", "",
-        "DepthBench (spec `diagnostics.md`; the paper itself could not be retrieved) reports, at L = 32 with the "
+        "DepthBench (the paper itself could not be retrieved) reports, at L = 32 with the "
         "last ¾ of the layers as the late window:", "",
         f"| design | share of late pairs with causal score > {C_THETA:g} | share with permutation score > {P_THETA:g} |",
         "|---|---|---|"]
@@ -394,7 +396,7 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         "uses\" on an absolute scale, and a mismatch with the paper on *this* model is not evidence about the "
         "paper's definition: the paper measured its own L = 32 models on its own data, and SmolLM2 (L = "
         f"{s['n_layer']}, trained far longer, on other data) need not behave like them. The eval sets here are "
-        "small (the spec asks for ≥ 256 × 1024 tokens for permutation scores), so max-aggregated shares would "
+        "small (permutation scores want ≥ 256 × 1024 tokens), so max-aggregated shares would "
         "rise and permutation shares tighten on a larger one.", "",
         "## Which definition is the default, and why it stays", "",
         "The spec pins the *form* of the causal score to Csordás et al.'s `test_effect` (read in their code: "

@@ -19,8 +19,9 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from depthlens.analysis import registry
 from depthlens.errors import DepthlensError

@@ -15,9 +15,10 @@ import dataclasses
 import functools
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Sequence
+from typing import Annotated, Any
 
 from annotated_types import Ge, Gt, Interval, Le, Lt, MinLen
 
@@ -158,7 +159,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: Any = "", *, usage_fields: Any = ()) -> "RunConfig":
+    def from_dict(cls, d: Mapping[str, Any], where: Any = "", *, usage_fields: Any = ()) -> RunConfig:
         """From parsed JSON (a recipe's run), through the schema layer: SchemaError naming `where` and the field;
         a field in `usage_fields` (a `key=value` override) makes it a usage error."""
         return build(cls, copy.deepcopy(dict(d)) if isinstance(d, Mapping) else d, where, usage_fields=usage_fields)

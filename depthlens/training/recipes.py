@@ -11,7 +11,7 @@
   seq 2048, 2^19-token batches, 20 tokens/param) x a per-design peak-LR sweep; launched with torchrun.
 
 Widths come from the shape planner (depthlens.training.shapes) per design, including the design's own
-parameter overhead; at CPU scale the residual left by rounding d is absorbed in d_ff (training.md §2.3),
+parameter overhead; at CPU scale the residual left by rounding d is absorbed in d_ff (docs/training.md#shapes),
 so every zoo model lands within a few percent of the target. The recipes record the planned counts; the
 trainer records the achieved ones in each checkpoint's train.json.
 """
@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..designs import SLUGS, checkpoint_name
 from ..io.atomic import atomic_write_text
@@ -48,7 +49,7 @@ ZOO_DATA = ".cache/depthlens/corpus-bytes-8M"  # derived, git-ignored; scripts/t
 
 # --- the paper grid ---------------------------------------------------------------------------------
 PAPER_DEPTHS = (16, 20, 24, 32, 40, 56, 70)  # spans the paper's 16x1216 .. 70x640 endpoints
-PAPER_TARGET = 407_000_000  # lands exactly on 16x1216 and 70x640 for Pre-LN (training.md §2.3)
+PAPER_TARGET = 407_000_000  # lands exactly on 16x1216 and 70x640 for Pre-LN (docs/training.md#shapes)
 PAPER_LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2)  # per-design sweep: x2 steps around the usual 3e-3 at 400M
 PAPER_SEQ = 2048
 PAPER_BATCH = 256  # sequences: 2^19 tokens per step (build-nanogpt's FineWeb-Edu batch)

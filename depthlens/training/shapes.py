@@ -1,13 +1,13 @@
 """Shape math for the LLaMA-like DepthBench models: parameter counts, iso-parameter width solver, FLOPs, KV cache.
 
-Conventions (specs: training.md §2, architectures.md §11), no biases anywhere:
+Conventions (docs/training.md#shapes, docs/designs.md#overhead), no biases anywhere:
 
 * attention per layer: Wq, Wo = 2·d² plus Wk, Wv = 2·d·(H_kv·d_h); MHA gives 4·d².
 * SwiGLU MLP per layer (gate, up, down): 3·d·d_ff, with d_ff = 8/3·d *exactly* by default (so 8·d²),
   or 8/3·d rounded up to `ffn_multiple`, or an explicit `d_ff`.
 * norms: 2·d per layer (two RMSNorm gains) + d for the final norm.
 * embeddings: V·d input table, + V·d unembedding unless tied.
-* per-design extra parameters vs Pre-LN from architectures.md §11 (`design_overhead`).
+* per-design extra parameters vs Pre-LN from docs/designs.md#overhead (`design_overhead`).
 
 Counts are exact Python ints. The solver works on a continuous width, then rounds to a multiple.
 This module is pure Python (no torch) so the CLI and planning scripts import it instantly.
@@ -23,9 +23,9 @@ from typing import Any
 
 from depthlens.designs import check_design
 
-# Depths of the iso-parameter table in training.md §2.3 (the paper's sweep spans 16..70).
+# Depths of the iso-parameter table of the paper's grid (docs/training.md#shapes) (the paper's sweep spans 16..70).
 DEFAULT_DEPTHS: tuple[int, ...] = (12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 70)
-GPT2_VOCAB = 50257  # GPT-2 BPE ids; the vocab that makes both paper endpoints ~400M (training.md §2.2)
+GPT2_VOCAB = 50257  # GPT-2 BPE ids; the vocab that makes both paper endpoints ~400M (docs/training.md#shapes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ GPT2_VOCAB = 50257  # GPT-2 BPE ids; the vocab that makes both paper endpoints ~
 
 def design_overhead(design: str, n_layer: int, d_model: float, *, kv_dim: float | None = None,
                     hc_streams: int = 4) -> float:
-    """Extra parameters of `design` over Pre-LN (architectures.md §11), for L layers of width d.
+    """Extra parameters of `design` over Pre-LN (docs/designs.md#overhead), for L layers of width d.
 
     `kv_dim` = H_kv·d_h (defaults to d, i.e. MHA); `hc_streams` = n for HC/mHC. Works on float widths
     too (the continuous solver uses it); `param_counts` passes ints and gets an int back.
@@ -45,7 +45,7 @@ def design_overhead(design: str, n_layer: int, d_model: float, *, kv_dim: float 
         "preln": 0,
         "lns": 0,  # fixed 1/sqrt(l) constants only
         "sandwich": 2 * L * d,  # post-norm gains on both sublayers
-        "deepnorm": 0,  # fixed alpha/beta; the spec's "±d final norm" is not counted
+        "deepnorm": 0,  # fixed alpha/beta; a "±d final norm" is not counted
         "keel": (2 * L - 1) * d,  # outer-norm gains
         "hc": 2 * L * (d * (n + 3) + n * n + 2 * n + 2),  # = 2L·(7d+26) for n=4
         "mhc": 2 * L * (n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3),  # = 2L·(96d+27) for n=4
@@ -138,7 +138,7 @@ def train_flops_per_token(counts: dict[str, Any], seq_len: int) -> float:
     """Training FLOPs per token: 6·(N_ne + V·d) + 12·L·(H·d_h)·T.
 
     Matmul params include the LM head whether tied or not; causal masking is not discounted
-    (torchtitan / nanoGPT MFU convention, training.md §1.3).
+    (torchtitan / nanoGPT MFU convention, docs/training.md#shapes).
     """
     attn_width = counts["n_head"] * counts["head_dim"]
     return 6.0 * (counts["non_embedding"] + counts["lm_head"]) + 12.0 * counts["n_layer"] * attn_width * seq_len
@@ -146,7 +146,7 @@ def train_flops_per_token(counts: dict[str, Any], seq_len: int) -> float:
 
 def prefill_flops(counts: dict[str, Any], seq_len: int, *, causal: bool = True, lm_head: bool = False) -> float:
     """Forward FLOPs for one sequence of T tokens: 2·N_ne·T + 2·L·T²·(H·d_h) causal (4·… if full),
-    plus 2·V·d·T if the LM head runs on every position (training.md §2.1, §2.4)."""
+    plus 2·V·d·T if the LM head runs on every position (docs/training.md#shapes)."""
     T = seq_len
     attn_width = counts["n_head"] * counts["head_dim"]
     flops = 2.0 * counts["non_embedding"] * T + (2.0 if causal else 4.0) * counts["n_layer"] * T * T * attn_width
@@ -283,9 +283,9 @@ def plan(target: float, depths: Sequence[int] | None = None, aspect_ratios: Sequ
          **shape_kw: Any) -> list[ShapeRow]:
     """Iso-parameter sweep at `target` total params, one row per depth or per target aspect ratio.
 
-    * `depths`: solve d for each L (default: the training.md §2.3 depths).
+    * `depths`: solve d for each L (default: the depths of the paper's grid).
     * `aspect_ratios`: for each AR*, scan L in 1..`max_layers` (width solved per L) and keep the row
-      minimising |N/N* − 1| + `ar_weight`·|log(AR/AR*)| (training.md §2.3, "search (L, d) jointly").
+      minimising |N/N* − 1| + `ar_weight`·|log(AR/AR*)| (docs/training.md#shapes, "search (L, d) jointly").
 
     `shape_kw` go to `param_counts` / the solver (d_ff, n_kv_head, head_dim, tie_embeddings, hc_streams,
     ffn_multiple). FLOPs/token use `seq_len`; prefill FLOPs and KV bytes use `prefill_len`.

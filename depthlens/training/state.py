@@ -101,7 +101,7 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     try:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             header = sf.metadata() or {}
-            tensors = {k: sf.get_tensor(k) for k in sf.keys()}
+            tensors = {k: sf.get_tensor(k) for k in sf.keys()}  # noqa: SIM118 (a safe_open handle, not a dict)
     except FileNotFoundError:
         raise StateError(f"{f}: missing (incomplete resume state)") from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:

@@ -27,9 +27,10 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,9 +42,22 @@ from ..errors import DepthlensError
 from ..io.atomic import atomic_write_text
 from ..models.model import build_model
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
-from .distributed import (DistInfo, all_reduce, barrier, broadcast_object, clip_grad_norm, full_model_state, full_state,
-                          grad_sync, init_distributed, load_full_state, shutdown, sync_replicated_grads, unused_parameters,
-                          wrap_model)
+from .distributed import (
+    DistInfo,
+    all_reduce,
+    barrier,
+    broadcast_object,
+    clip_grad_norm,
+    full_model_state,
+    full_state,
+    grad_sync,
+    init_distributed,
+    load_full_state,
+    shutdown,
+    sync_replicated_grads,
+    unused_parameters,
+    wrap_model,
+)
 from .provenance import code_version
 from .schedule import lr_at
 from .state import STATE_JSON, STATE_TENSORS, check_complete, has_state, read_meta, read_state, write_state  # noqa: F401

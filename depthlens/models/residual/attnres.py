@@ -1,4 +1,4 @@
-"""Attention Residuals (Kimi Team, arXiv 2603.15031): Full and Block AttnRes (spec architectures.md §9).
+"""Attention Residuals (Kimi Team, arXiv 2603.15031): Full and Block AttnRes (docs/designs.md#attnres).
 
 Both designs replace the additive residual with one depth-softmax per sublayer over a list of *sources*
 (raw, un-normalised tensors (B, T, d)):
@@ -16,7 +16,7 @@ in what the sources are, which is all this module specialises:
 * Block AttnRes: sources = completed blocks [b_0 = emb, b_1, ...] + the current partial sum (state
   "blocks", "partial"); boundaries `cfg.block_starts` are positional (follow the layer position `pos`).
 
-Skips (diagnostics §0): Full removes the skipped source from every later softmax on those tokens
+Skips (docs/concepts.md#notation): Full removes the skipped source from every later softmax on those tokens
 (`attnres_skip="mask"`, logit -inf) or zeroes its value and keeps logit 0 (`"zero_value"`); Block does not
 add the skipped write into the partial sum.
 """
@@ -37,7 +37,7 @@ from .base import Design, Router, RunContext, State, SublayerCall, apply_keep
 
 
 class AttnResOperator(nn.Module):
-    """AttnRes(w, gamma; V): one pseudo-query softmax over depth sources (spec §9.1).
+    """AttnRes(w, gamma; V): one pseudo-query softmax over depth sources (docs/designs.md#attnres).
 
     Parameters: `pseudo_query` w [d] (init 0, mandatory) and `key_norm.weight` gamma [d] (init 1). The key
     norm is weightless in the computation; gamma is folded into the query, score_i = (gamma*w) . rms(v_i).
@@ -72,7 +72,8 @@ class AttnResOperator(nn.Module):
 
     def put(self, ctx: RunContext, j: int | None, v: torch.Tensor, alpha: torch.Tensor, logits: torch.Tensor,
             labels: list[str], own: bool) -> None:
-        """Record the per-token readouts of sublayer j (None: the final operator), spec §9.3, diagnostics §5."""
+        """Record the per-token readouts of sublayer j (None: the final operator);
+        docs/concepts.md#attnres-dead-prefix."""
         at = {"sublayer": j, "final": j is None}
         ctx.put("alpha", alpha, **at)  # (B, T, S) fp32
         ctx.put("logits", logits, **at)  # (B, T, S) fp32, -inf on removed sources
@@ -95,7 +96,7 @@ class AttnResRouter(AttnResOperator, Router):
     only owns the operator's parameters, which stay at their position under `swap="body"`.
     """
 
-    def __init__(self, design: "_AttnResDesign"):
+    def __init__(self, design: _AttnResDesign):
         super().__init__(design.cfg.d_model, design.cfg.norm_eps)
         self.design = design  # plain attribute (a stateless strategy, not a module)
 
@@ -177,7 +178,7 @@ class _AttnResDesign(Design):
 
 
 class FullAttnRes(_AttnResDesign):
-    """x_j = AttnRes(w_j, gamma_j; [v_0 = emb, v_1..v_j]) over every earlier sublayer output (spec §9.2).
+    """x_j = AttnRes(w_j, gamma_j; [v_0 = emb, v_1..v_j]) over every earlier sublayer output (docs/designs.md#attnres).
 
     State: "v" (B, T, S, d) the raw sources so far (S = j+1 before sublayer j), "valid" (B, T, S) bool.
     The state is re-concatenated per sublayer, so autograd keeps O(L^2) source copies in training.
@@ -215,7 +216,7 @@ class FullAttnRes(_AttnResDesign):
 
 
 class BlockAttnRes(_AttnResDesign):
-    """Block AttnRes with Kimi K3 semantics (spec §9.3), boundaries `cfg.block_starts` in layers.
+    """Block AttnRes with Kimi K3 semantics (docs/designs.md#attnres), boundaries `cfg.block_starts` in layers.
 
         blocks = [], partial = h_0
         layer l:  x_attn = AttnRes(blocks + [partial]);  if l starts a block: blocks += [partial], partial = 0

@@ -12,14 +12,15 @@ stack interventions along the batch (`state_cat`), branch from a cached prefix (
 recompute blocks below the intervened layer.
 
 `keep` masks implement skips: `keep[b, t] = 0` drops a sublayer's write at (b, t). Designs interpret
-"drop the write" as the diagnostics spec §0 defines (e.g. HC keeps its stream mixing, AttnRes removes the
+"drop the write" as docs/concepts.md#notation defines (e.g. HC keeps its stream mixing, AttnRes removes the
 source from later depth softmaxes).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

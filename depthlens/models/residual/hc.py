@@ -1,4 +1,4 @@
-"""HC: Hyper-Connections (Zhu et al. 2024, arXiv 2409.19606; spec architectures.md §7).
+"""HC: Hyper-Connections (Zhu et al. 2024, arXiv 2409.19606; docs/designs.md#hc).
 
 n streams H (n x d per token). Each sublayer j has its own HC router (dynamic, tanh-gated: DHC):
 

@@ -1,4 +1,4 @@
-"""mHC: Manifold-Constrained Hyper-Connections (Xie et al. 2025, arXiv 2512.24880, Eq. 7-9; spec §8).
+"""mHC: Manifold-Constrained Hyper-Connections (Xie et al. 2025, arXiv 2512.24880, Eq. 7-9; docs/designs.md#hc).
 
 n streams x (n x d per token, row = stream). Each sublayer j has its own mHC router:
 
@@ -14,7 +14,7 @@ to 1 up to rounding, the columns up to the (recorded) Sinkhorn error.
 
 Parameters: phi [nd, n^2+2n], columns ordered [pre (n) | post (n) | res (n^2, row-major [dest, source])];
 bias [n^2+2n]; alpha_pre/alpha_post/alpha_res = mhc_gating_init (0.01). nd(n^2+2n) + (n^2+2n) + 3
-parameters per sublayer (96d + 27 for n=4). Two inits (`cfg.mhc_init`, spec §8 "Correction"):
+parameters per sublayer (96d + 27 for n=4). Two inits (`cfg.mhc_init`, docs/concepts.md#effective-rank):
 
 * "identity" (default): the MindFormers port (`hyper_connection.py`): b_res = 5(I - 1), so H_res = SK(exp b_res)
   starts near I (diagonal ~0.98); b_pre = -log(n-1) (-log 3 at n=4), so H_pre = 1/n; b_post = 0, H_post = 1;

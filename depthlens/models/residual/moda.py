@@ -1,4 +1,4 @@
-"""MoDA, Mixture-of-Depths Attention (Zhu et al., arXiv 2603.15619), pre-norm variant (spec §10).
+"""MoDA, Mixture-of-Depths Attention (Zhu et al., arXiv 2603.15619), pre-norm variant (docs/designs.md#moda).
 
 The residual stream is plain Pre-LN; what changes is attention. Each query head runs ONE softmax over the
 causal sequence keys of its layer AND the depth slots of the same token written by earlier layers:
@@ -9,7 +9,7 @@ causal sequence keys of its layer AND the depth slots of the same token written 
     o_t = sum_s a_s v_l(s) + sum_slot a_slot V_slot;    u = h + o W_o
     x~ = N_l2(u);  k^F_l = x~ W^K_F, v^F_l = x~ W^V_F;    h' = u + MLP(x~)
 
-GQA follows HF: query head h reads KV head h // G. Depth logits, `cfg.moda_depth_rope` (spec §10 gotchas):
+GQA follows HF: query head h reads KV head h // G. Depth logits, `cfg.moda_depth_rope` (docs/concepts.md#inferences):
 
 * "unrotated" (default): un-rotated q against un-rotated depth keys (attention k and k^F alike);
 * "rotate_ffn": rotated q against rotated keys, k^F rotated at its own position t (RoPE_t(q) . RoPE_t(k) =

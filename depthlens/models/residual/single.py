@@ -1,7 +1,7 @@
 """Single-stream designs: Pre-LN, LNS, Sandwich-LN (identity trunk) and DeepNorm, KEEL (post-norm trunk).
 
 All five carry one residual tensor h (B, T, d). They differ in where the norms sit and how skip and branch
-are scaled (spec architectures.md §2-§6). Every sublayer is written as
+are scaled (docs/designs.md#single-stream). Every sublayer is written as
 
     x_j = (a_j * x_{j-1} + F_j(.)) / r_j        (r_j = 1 without a trunk norm, gain gamma ignored)
 
@@ -58,7 +58,7 @@ class PostNormRouter(Router):
         h = state["h"]
         y = branch(h, prenorm=self.branch_prenorm)
         norm = self.trunk_norm if self.trunk_norm is not None else sub.norm
-        z = self.alpha * h.float() + y.float()  # fp32: alpha*x swamps F in bf16 (spec §4 gotchas)
+        z = self.alpha * h.float() + y.float()  # fp32: alpha*x swamps F in bf16 (docs/designs.md#single-stream)
         r = torch.sqrt(z.pow(2).mean(-1) + norm.eps)  # (B, T) the trunk RMS r_j
         out = norm(z).to(h.dtype)
         if keep is not None:

@@ -8,10 +8,10 @@ State: {"x": X (B, T, n, d)}, row s of X[b, t] is stream s. Both designs are, pe
     X_{j+1} = R_j X_j + W_j                   R_j: the residual map, COLUMN convention (row = destination)
 
 with per-token maps pre_j (n), post_j (n), R_j (n x n) that each design computes from X_j in fp32 (at least):
-HC: pre = A_m, post = B, R = A_r^T (spec architectures §7); mHC: pre = H^pre, post = H^post, R = H^res (§8).
+HC: pre = A_m, post = B, R = A_r^T ; mHC: pre = H^pre, post = H^post, R = H^res (docs/designs.md#hc).
 Expand: X_0 = [h_0; ...; h_0] (n copies). Collapse: h_L = c · X_{2L}, c = 1_n (sum) or 1_n / n (mean).
 
-Interventions (spec diagnostics §0):
+Interventions (docs/concepts.md#notation):
 * skip (keep = 0) in mode "mix" (default): X_{j+1} = R_j X_j on the skipped tokens (keep the mixing, drop W_j);
   mode "identity": X_{j+1} = X_j there.
 * the layer update u_l (the router `carry`, in stream space (B, T, n, d)) is
@@ -67,7 +67,7 @@ class StreamRouter(Router):
         new = mixed + w
         if keep is not None and self.skip_mode == "identity":
             new = torch.where(keep.bool()[..., None, None], new, xm)
-        # layer update: after attention u = W_attn; after MLP u = R_mlp u + W_mlp (diagnostics §0)
+        # layer update: after attention u = W_attn; after MLP u = R_mlp u + W_mlp (docs/concepts.md#notation)
         upd = w if carry is None else einsum(res, carry.to(res.dtype), "b t i k, b t k d -> b t i d") + w
         return {**state, "x": new.to(x.dtype)}, upd.to(x.dtype)
 
