@@ -181,7 +181,7 @@ def test_local_only_hides_the_world_from_the_engines(monkeypatch):
 
 
 def test_assignment_balances_estimated_cost():
-    from depthlens.report.ranks import assign, cost
+    from depthlens.analysis.ranks import assign, cost
 
     paths = [ROOT / "checkpoints" / n for n in ("preln_l4", "preln_l8", "preln_l16", "preln_l32", "hc_l16")]
     c = [cost(p) for p in paths]
@@ -219,7 +219,7 @@ def test_a_dataset_travels_exactly(text):
     """pack/unpack (the trip to rank 0) keeps every value, coordinate, encoding and attribute type; a netCDF
     round trip would turn int attributes into numpy integers."""
     from depthlens.report.build import Entry, ReportOptions, compute, load_entries, report_eval_data
-    from depthlens.report.ranks import pack, unpack
+    from depthlens.analysis.ranks import pack, unpack
 
     opts = ReportOptions(data=text, n_seq=2, seq_len=16, n_boot=0, metrics=("angular", "rank"))
     entries = load_entries(CKPTS[1:2])

@@ -171,7 +171,7 @@ def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[
 
 def study_eval_data(entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None):
     """One EvalData for all checkpoints: same tokenizer required; checked against every model.
-    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (report.ranks)."""
+    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (analysis.ranks)."""
     from depthlens.analysis.evaldata import load_eval_data
 
     toks, own = tokenizer_facts(entries, opts)
@@ -238,7 +238,7 @@ def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progr
 def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before: Callable[[], None] | None = None,
                    progress: Progress = _noop,
                    on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
-    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (report.ranks). Rank 0 returns
+    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (analysis.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
     from depthlens.analysis.distributed import (

@@ -38,7 +38,14 @@ The table (old module → new module; a file not in it stops the run with a list
 | analysis/dataset.py                   | io/dataset.py                       | result format: xarray conventions, netCDF  |
 | analysis/evaldata.py                  | runtime/evaldata.py                 | eval tokens, batch sizes, devices          |
 | analysis/distributed.py               | runtime/distributed.py              | torch.distributed helpers (torchrun)       |
-| report/ranks.py                       | runtime/ranks.py                    | checkpoints over torchrun ranks            |
+| analysis/ranks.py                     | runtime/ranks.py                    | checkpoints over torchrun ranks            |
+| analysis/progress.py                  | runtime/progress.py                 | progress callbacks of long work            |
+| analysis/causal_arms.py               | diagnostics/causal_arms.py          | engine support: the causal score's arms    |
+| analysis/pruning.py                   | diagnostics/pruning.py              | engine: layer-pruning curves               |
+| analysis/study.py                     | studies/study.py                    | models x diagnostics x one eval set        |
+| analysis/summaries.py                 | studies/summaries.py                | what a report row and a track series hold  |
+| report/write.py                       | studies/write.py                    | writing a report directory atomically      |
+| report/reproducible.py                | studies/reproducible.py             | byte-identical report files, timings apart |
 | analysis/plots.py                     | render/plots.py                     | heatmaps, share curves, terminal heatmap   |
 | report/figures.py                     | render/figures.py                   | report figures                             |
 | report/render.py                      | render/pages.py                     | index.html and README.md                   |
@@ -103,7 +110,14 @@ MOVES = {
     "analysis.dataset": "io.dataset",
     "analysis.evaldata": "runtime.evaldata",
     "analysis.distributed": "runtime.distributed",
-    "report.ranks": "runtime.ranks",
+    "analysis.ranks": "runtime.ranks",
+    "analysis.progress": "runtime.progress",
+    "analysis.causal_arms": "diagnostics.causal_arms",
+    "analysis.pruning": "diagnostics.pruning",
+    "analysis.study": "studies.study",
+    "analysis.summaries": "studies.summaries",
+    "report.write": "studies.write",
+    "report.reproducible": "studies.reproducible",
     "analysis.plots": "render.plots",
     "report.figures": "render.figures",
     "report.render": "render.pages",
