@@ -38,12 +38,12 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from depthlens.analysis.causal import causal_scores, token_nll  # noqa: E402
-from depthlens.analysis.evaldata import random_eval_data  # noqa: E402
-from depthlens.analysis.metrics import late_pairs, late_window  # noqa: E402
-from depthlens.analysis.permutation import permutation_scores, swapped_order  # noqa: E402
+from depthlens.diagnostics.causal import causal_scores, token_nll  # noqa: E402
+from depthlens.diagnostics.permutation import permutation_scores, swapped_order  # noqa: E402
 from depthlens.models.config import ModelConfig  # noqa: E402
 from depthlens.models.model import build_model  # noqa: E402
+from depthlens.runtime.evaldata import random_eval_data  # noqa: E402
+from depthlens.stats.metrics import late_pairs, late_window  # noqa: E402
 
 EPS = 1e-6
 

@@ -7,7 +7,7 @@ process (best of 5, interleaved):
   components   the plain forward split into layers and LM head; one layer per 4 sequences at 4..64 sequences
                per call (the CPU row rule in evaldata.cpu_tokens_per_batch); the loss of one swap arm through
                the whole-logits head (head + logsumexp + Σ p_ref (z_ref − z)) vs the vocabulary-chunked one
-               (analysis/vocab.py)
+               (diagnostics/vocab.py)
   profiles     torch.profiler (CPU) operator tables, sorted by self CPU time: the default causal run, and the
                permutation run on the late pairs with i in --pairs-i (all late pairs take ~8x longer; the
                operator mix is the same)
@@ -33,11 +33,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from diagnostics import machine  # noqa: E402
 from real_scale import load_models  # noqa: E402
 
-from depthlens.analysis.causal import causal_scores  # noqa: E402
-from depthlens.analysis.evaldata import EvalData  # noqa: E402
-from depthlens.analysis.metrics import late_pairs, loss_logits  # noqa: E402
-from depthlens.analysis.permutation import permutation_scores  # noqa: E402
-from depthlens.analysis.vocab import LossAgainstReference  # noqa: E402
+from depthlens.diagnostics.causal import causal_scores  # noqa: E402
+from depthlens.diagnostics.permutation import permutation_scores  # noqa: E402
+from depthlens.diagnostics.vocab import LossAgainstReference  # noqa: E402
+from depthlens.runtime.evaldata import EvalData  # noqa: E402
+from depthlens.stats.metrics import late_pairs, loss_logits  # noqa: E402
 
 
 def best_of(fns: dict[str, Callable[[], Any]], n: int) -> dict[str, float]:

@@ -48,10 +48,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnostics import machine, nnsight_skip_trace, peak_memory  # noqa: E402
 
-from depthlens.analysis.causal import causal_scores, token_nll  # noqa: E402
-from depthlens.analysis.evaldata import EvalData  # noqa: E402
-from depthlens.analysis.metrics import late_pairs, late_window  # noqa: E402
-from depthlens.analysis.permutation import permutation_scores, swapped_order  # noqa: E402
+from depthlens.diagnostics.causal import causal_scores, token_nll  # noqa: E402
+from depthlens.diagnostics.permutation import permutation_scores, swapped_order  # noqa: E402
+from depthlens.runtime.evaldata import EvalData  # noqa: E402
+from depthlens.stats.metrics import late_pairs, late_window  # noqa: E402
 
 EPS = 1e-6
 

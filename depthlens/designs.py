@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# What a design can do that a diagnostic may need (depthlens.analysis.registry: `Diagnostic.requires`).
+# What a design can do that a diagnostic may need (depthlens.diagnostics.registry: `Diagnostic.requires`).
 CAPABILITIES = {
     "multistream": "the state carries n streams [B, T, n, d] mixed by residual maps (readout res_map)",
     "depth_softmax": "each sublayer reads a softmax over earlier outputs (readouts alpha, self_weight)",

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parents[1]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from depthlens.report.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table  # noqa: E402
+from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table  # noqa: E402
 
 STAGES = ("angular", "causal_update", "causal_resid", "permutation")
 OPTIONAL = ("reference",)  # issue 10's reference table: 8 x 128 tokens, norm=update, late s, current and future
@@ -39,12 +39,12 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
     import torch
 
     from depthlens.adapters.load import open_model
-    from depthlens.analysis.angular import angular_distances
-    from depthlens.analysis.causal import causal_scores
-    from depthlens.analysis.dataset import write_netcdf
-    from depthlens.analysis.evaldata import load_eval_data
-    from depthlens.analysis.permutation import permutation_scores
     from depthlens.cli.feedback import Progress, spinner
+    from depthlens.diagnostics.angular import angular_distances
+    from depthlens.diagnostics.causal import causal_scores
+    from depthlens.diagnostics.permutation import permutation_scores
+    from depthlens.io.dataset import write_netcdf
+    from depthlens.runtime.evaldata import load_eval_data
 
     torch.set_num_threads(threads)
     data_dir = out / "data"
@@ -113,7 +113,7 @@ def summarise(out: Path, run: dict) -> dict:
     """Every number of the report, from the stage datasets present (missing stages are listed, not faked)."""
     import xarray as xr
 
-    from depthlens.analysis.sweep import headline
+    from depthlens.diagnostics.sweep import headline
 
     d = {name: xr.load_dataset(out / "data" / f"{name}.nc") for name in STAGES if (out / "data" / f"{name}.nc").exists()}
     causal = {n: d[f"causal_{n}"] for n in ("update", "resid") if f"causal_{n}" in d}
@@ -125,7 +125,7 @@ def summarise(out: Path, run: dict) -> dict:
     if perm is not None:
         heads["permutation"] = headline(perm, "perm_abs", 0.15, n_boot=200, seed=0)
     cu = causal.get("update")
-    from depthlens.analysis.metrics import late_window
+    from depthlens.stats.metrics import late_window
 
     a = late_window(L)
     return {**run, "late_window_start": a, "n_late_pairs": (L - a) * (L - a - 1) // 2, "headlines": heads,
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"rendering without stage(s) {', '.join(missing)} (listed as missing in the report)", flush=True)
     summary = summarise(a.out, run)
-    from depthlens.report.sensitivity import render_real_model_report
+    from depthlens.studies.sensitivity import render_real_model_report
 
     render_real_model_report(a.out, summary, calibration=a.calibration, report_name="reports/smollm2")
     print(f"wrote {a.out}/README.md, summary.json and figures", flush=True)

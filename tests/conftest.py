@@ -31,7 +31,7 @@ def _one_torch_thread():
 def data(request):
     """Random eval tokens over a 97-token vocabulary with BOS 96, one set per test module. The module sizes
     it with `EVAL = (n_seq, seq_len, seed)` (default (3, 16, 0))."""
-    from depthlens.analysis.evaldata import random_eval_data
+    from depthlens.runtime.evaldata import random_eval_data
 
     n_seq, seq_len, seed = getattr(request.module, "EVAL", (3, 16, 0))
     return random_eval_data(97, n_seq=n_seq, seq_len=seq_len, seed=seed, bos_id=96)

@@ -220,8 +220,8 @@ def _captured_states(w, toks):
 
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_angular_distance_equals_hook_capture(loaded, fam):
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     w = loaded[fam]
     toks = _tokens(4, b=3, t=10)
@@ -247,8 +247,8 @@ def test_every_diagnostic_runs_on_foreign_models(hf_dirs, fam):
     import numpy as np
 
     from depthlens.adapters import load_any
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     model, meta = load_any(hf_dirs[fam])
     data = EvalData.from_tokens(_tokens(5, b=2, t=16))
@@ -404,8 +404,8 @@ def test_import_refuses_models_depthlens_cannot_represent(hf_dirs, tmp_path):
 def test_eval_data_is_packed_with_the_models_own_tokenizer(hf_dirs, loaded, tmp_path):
     """What `depthlens causal <hf dir>` needs: the loader's tokenizer -> load_eval_data -> any diagnostic."""
     from depthlens.adapters import open_model
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import load_eval_data
+    from depthlens.runtime.evaldata import load_eval_data
+    from depthlens.studies import api
 
     text = tmp_path / "eval.txt"
     text.write_text(" ".join(["the cat sat on the mat a dog sat"] * 20))

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis.angular import angular_distances
-from depthlens.analysis.evaldata import EvalData
 from depthlens.designs import SLUGS
+from depthlens.diagnostics.angular import angular_distances
 from depthlens.errors import DepthlensError
+from depthlens.runtime.evaldata import EvalData
 from helpers import debug_model
 
 

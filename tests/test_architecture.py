@@ -18,7 +18,7 @@ from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "depthlens"
 LAYER = {"models": 0, "io": 1, "data": 1, "adapters": 2, "training": 2, "runtime": 3, "stats": 3, "diagnostics": 4,
-         "render": 5, "studies": 6, "analysis": 4, "report": 6, "cli": 7}
+         "render": 5, "studies": 6, "cli": 7}
 ROOT_MODULES = {"depthlens.designs", "depthlens.errors", "depthlens._version", "depthlens.schema"}
 
 
@@ -93,7 +93,7 @@ def test_the_checker_sees_edges_and_cycles():
     """The parser finds a known lazy edge, and the cycle finder flags a planted cycle."""
     edges = import_edges(_modules())
     assert ("depthlens.io.checkpoint", "depthlens._version") in edges  # a function-level import
-    assert ("depthlens.cli.analyze", "depthlens.analysis.registry") in edges  # `from .. import`
+    assert ("depthlens.cli.analyze", "depthlens.diagnostics.registry") in edges  # `from .. import`
     assert _cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
 
 

@@ -418,7 +418,7 @@ def _writers(tmp: Path):
     """(name, target, write(): one depthlens writer writing `target`) for the signal tests."""
     import xarray as xr
 
-    from depthlens.analysis.dataset import write_netcdf
+    from depthlens.io.dataset import write_netcdf
     from depthlens.training.state import write_state
 
     m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
@@ -543,14 +543,14 @@ def test_eval_loss_beyond_exp_range_is_reported(env, tmp_path):
     assert r.exit_code == 0, r.stderr
     loss = float(r.stdout.split("val loss ")[1].split()[0])
     assert loss > 709.79 and "exp(loss) overflows" in r.stdout
-    from depthlens.analysis.nll import perplexity
+    from depthlens.diagnostics.nll import perplexity
 
     assert perplexity(709.0) == pytest.approx(math.exp(709.0)) and perplexity(710.0) == math.inf
 
 
 def test_track_recipe_fifo_is_refused_by_name(env):
-    from depthlens.analysis.track import recipes_in
     from depthlens.errors import DepthlensError
+    from depthlens.studies.track import recipes_in
 
     with pytest.raises(DepthlensError, match="FIFO"):
         recipes_in(env["fifo"])

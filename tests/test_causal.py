@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis.causal import causal_scores, future_cut_table, future_cuts, token_nll
-from depthlens.analysis.evaldata import EvalData, random_eval_data
 from depthlens.designs import SLUGS
+from depthlens.diagnostics.causal import causal_scores, future_cut_table, future_cuts, token_nll
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import RunContext
+from depthlens.runtime.evaldata import EvalData, random_eval_data
 from helpers import debug_model
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import pytest
 import torch
 import xarray as xr
 
-from depthlens.analysis import metrics as M
-from depthlens.analysis import stats as S
-from depthlens.analysis.causal import AGGREGATORS, Arm, _CellStore
-from depthlens.analysis.sweep import resampled_matrix
+from depthlens.diagnostics.causal import AGGREGATORS, Arm, _CellStore
+from depthlens.diagnostics.sweep import resampled_matrix
+from depthlens.stats import metrics as M
+from depthlens.stats import shares as S
 
 L, CELL = 8, (2, 5)
 

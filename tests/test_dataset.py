@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depthlens.analysis import dataset as D
 from depthlens.errors import CheckpointError, DepthlensError
+from depthlens.io import dataset as D
 
 L = 4
 

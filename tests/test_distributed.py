@@ -12,9 +12,9 @@ import torch
 import torch.multiprocessing as mp
 import xarray as xr
 
-from depthlens.analysis.causal import causal_scores
-from depthlens.analysis.evaldata import random_eval_data
-from depthlens.analysis.permutation import permutation_scores
+from depthlens.diagnostics.causal import causal_scores
+from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.runtime.evaldata import random_eval_data
 from helpers import debug_model
 
 

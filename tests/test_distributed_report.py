@@ -125,8 +125,8 @@ def _compute_fails_on_rank_1(rank: int, world: int, port: int, args: tuple) -> N
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), DEPTHLENS_DIST_TIMEOUT_MIN="2")
     torch.set_num_threads(1)
-    from depthlens.analysis import registry
-    from depthlens.report.build import ReportOptions, build_report
+    from depthlens.diagnostics import registry
+    from depthlens.studies.report import ReportOptions, build_report
 
     real = registry.run
 
@@ -170,7 +170,7 @@ def test_errors_before_any_work_are_printed_by_rank_0_only(rank, printed, tmp_pa
 
 
 def test_local_only_hides_the_world_from_the_engines(monkeypatch):
-    from depthlens.analysis import distributed
+    from depthlens.runtime import distributed
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # no group is started: inside local_only world() never looks
     monkeypatch.setenv("RANK", "1")
@@ -181,7 +181,7 @@ def test_local_only_hides_the_world_from_the_engines(monkeypatch):
 
 
 def test_assignment_balances_estimated_cost():
-    from depthlens.analysis.ranks import assign, cost
+    from depthlens.runtime.ranks import assign, cost
 
     paths = [ROOT / "checkpoints" / n for n in ("preln_l4", "preln_l8", "preln_l16", "preln_l32", "hc_l16")]
     c = [cost(p) for p in paths]
@@ -203,7 +203,7 @@ def test_assignment_balances_estimated_cost():
 
 
 def test_device_cuda_means_one_gpu_per_rank(monkeypatch):
-    from depthlens.analysis.distributed import device_for_rank
+    from depthlens.runtime.distributed import device_for_rank
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "3")
@@ -218,8 +218,8 @@ def test_device_cuda_means_one_gpu_per_rank(monkeypatch):
 def test_a_dataset_travels_exactly(text):
     """pack/unpack (the trip to rank 0) keeps every value, coordinate, encoding and attribute type; a netCDF
     round trip would turn int attributes into numpy integers."""
-    from depthlens.report.build import Entry, ReportOptions, compute, load_entries, report_eval_data
-    from depthlens.analysis.ranks import pack, unpack
+    from depthlens.runtime.ranks import pack, unpack
+    from depthlens.studies.report import Entry, ReportOptions, compute, load_entries, report_eval_data
 
     opts = ReportOptions(data=text, n_seq=2, seq_len=16, n_boot=0, metrics=("angular", "rank"))
     entries = load_entries(CKPTS[1:2])

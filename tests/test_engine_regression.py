@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis.causal import causal_scores
-from depthlens.analysis.evaldata import EvalData
-from depthlens.analysis.metrics import late_pairs
-from depthlens.analysis.permutation import permutation_scores
+from depthlens.diagnostics.causal import causal_scores
+from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.runtime.evaldata import EvalData
+from depthlens.stats.metrics import late_pairs
 
 
 def close(a, b) -> bool:

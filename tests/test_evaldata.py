@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis import evaldata
-from depthlens.analysis.evaldata import EvalData, load_eval_data, pack_stream
 from depthlens.data.shards import write_shard
 from depthlens.errors import DataError
+from depthlens.runtime import evaldata
+from depthlens.runtime.evaldata import EvalData, load_eval_data, pack_stream
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
 BOS = 256  # ByteTokenizer
@@ -130,8 +130,8 @@ def test_weights_hash_is_cached_and_invalidated_by_edits():
     """The provenance hash of an in-memory model is reused while the weights are unchanged, never after an edit."""
     import hashlib
 
-    from depthlens.analysis.evaldata import _weights_sha256
     from depthlens.models import ModelConfig, build_model
+    from depthlens.runtime.evaldata import _weights_sha256
 
     m = build_model(ModelConfig.debug("preln"))
     first = _weights_sha256(m)

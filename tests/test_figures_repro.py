@@ -17,10 +17,9 @@ import xarray as xr
 from typer.testing import CliRunner
 
 import depthlens
-from depthlens.analysis import plots
-from depthlens.analysis.evaldata import EvalData
 from depthlens.models import ModelConfig, build_model
-from depthlens.report import figures
+from depthlens.render import figures, plots
+from depthlens.runtime.evaldata import EvalData
 
 torch.set_num_threads(1)
 L = 8
@@ -40,8 +39,8 @@ def _entry(slug: str, datasets: dict) -> SimpleNamespace:
 @pytest.fixture(scope="module")
 def results():
     """Real engine datasets of an HC model (its M mixes streams: signed weights) and a Pre-LN one."""
-    from depthlens.analysis.attnres import depth_mixing_dataset
-    from depthlens.analysis.causal import causal_scores
+    from depthlens.diagnostics.attnres import depth_mixing_dataset
+    from depthlens.diagnostics.causal import causal_scores
 
     data = EvalData.from_tokens(np.random.default_rng(0).integers(0, 256, size=(2, 16)))
     out = {}
@@ -151,7 +150,7 @@ def test_report_files_byte_identical_run_to_run(tmp_path, monkeypatch):
 
 
 def test_reproducible_strips_run_stamps(tmp_path, monkeypatch):
-    from depthlens.report.reproducible import reproducible
+    from depthlens.studies.reproducible import reproducible
 
     monkeypatch.chdir(tmp_path)
     ds = xr.Dataset({"x": (("checkpoint",), [1.0, 2.0])},

@@ -87,8 +87,8 @@ def test_generic_blocks_match_hf_forward_skip_and_swap(fam):
 def test_generic_path_equals_the_hand_mapped_llama_adapter():
     from depthlens.adapters.generic import GenericBlocksModel
     from depthlens.adapters.hf import HFLayeredModel
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     hf = _tiny("llama", num_key_value_heads=2, head_dim=8)
     hand, gen = HFLayeredModel(hf), GenericBlocksModel(hf)
@@ -113,8 +113,8 @@ def test_generic_path_equals_the_hand_mapped_llama_adapter():
 
 def test_generic_family_by_path_records_the_path(tmp_path):
     from depthlens.adapters.load import open_model
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     _tiny("gpt_neox").save_pretrained(str(tmp_path / "neox"), safe_serialization=True)
     op = open_model(tmp_path / "neox")

@@ -133,8 +133,8 @@ def test_export_refuses_designs_without_a_llama_equivalent(tmp_path):
 def test_diagnostics_on_hf_export_equal_native(tmp_path):
     """depthlens-on-HF-export == depthlens-on-native for a Pre-LN checkpoint, for every diagnostic."""
     from depthlens.adapters import export_llama, load_any
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     native = _native("preln", seed=3, n_kv_head=2)
     adapted, _ = load_any(export_llama(native, tmp_path / "hf"))

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import depthlens
-from depthlens.analysis import api
-from depthlens.analysis.evaldata import EvalData, load_eval_data
 from depthlens.data.shards import write_shard
 from depthlens.errors import DataError
 from depthlens.models import ModelConfig, build_model
+from depthlens.runtime.evaldata import EvalData, load_eval_data
+from depthlens.studies import api
 
 V = 1000  # > 257: a byte-tokenizer BOS (256) would be a real, wrong token here
 
@@ -118,7 +118,7 @@ def test_cli_data_shards_on_a_big_vocabulary(big_vocab, tmp_path):
 # --- stored eval ids -----------------------------------------------------------------------------------
 
 def test_every_result_stores_its_eval_ids_and_reruns_reproduce_it(tmp_path):
-    from depthlens.analysis.dataset import read_netcdf, write_netcdf
+    from depthlens.io.dataset import read_netcdf, write_netcdf
 
     model = build_model(ModelConfig.debug("preln", n_layer=4), seed=3).eval()
     data = EvalData.from_tokens(torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(1)))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis import evaldata
 from depthlens.data.shards import HEADER_BYTES, read_shard, read_shard_header, write_shard
 from depthlens.errors import DataError
+from depthlens.runtime import evaldata
 
 VOCAB = 300_000
 CHARS = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
@@ -61,8 +61,8 @@ def big_vocab_model(tmp_path_factory):
 
 
 def test_default_eval_data_of_a_300k_vocabulary(big_vocab_model, tmp_path, monkeypatch):
-    from depthlens.analysis import api
     from depthlens.data.corpus import build_corpus
+    from depthlens.studies import api
 
     torch.set_num_threads(1)
     monkeypatch.setenv("DEPTHLENS_CACHE", str(tmp_path / "cache"))

@@ -164,8 +164,8 @@ def test_nnsight_reads_and_edits_a_layer_output(models, name):
 def test_nnsight_recipe_equals_the_engine(models, name):
     from depthlens.adapters import HFLayeredModel
     from depthlens.adapters.nnsight_recipe import causal_matrix_nnsight, causal_matrix_reference
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     if name == "raw-hf-qwen3":  # nnsight on the HF model itself (layer .input/.output); engine via the adapter
         raw = _hf("qwen3", seed=5)

@@ -76,8 +76,8 @@ def test_gguf_header_sizes_checked_before_loading(tmp_path):
 
 
 def test_gguf_results_record_quantisation(sources):
-    from depthlens.analysis import api
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
 
     data = EvalData.from_tokens(torch.randint(3, 200, (2, 10), generator=torch.Generator().manual_seed(0)))
     ds = api.permutation(sources["gguf"], data, pairs="all")

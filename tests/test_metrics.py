@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from depthlens.analysis import metrics as M
+from depthlens.stats import metrics as M
 
 
 def _np_angle(x, y):

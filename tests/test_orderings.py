@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from depthlens.report.orderings import Claim, check, check_all, markdown
+from depthlens.stats.orderings import Claim, check, check_all, markdown
 
 
 def rec(design, L, share=None, lo=None, hi=None, val=None, erank=None):

@@ -283,7 +283,7 @@ def test_long_names_work_or_refuse_cleanly(ck, tmp_path, monkeypatch):
 
 
 def test_out_into_a_read_only_directory_is_refused_before_the_computation(ck, tmp_path, monkeypatch):
-    from depthlens.analysis import registry
+    from depthlens.diagnostics import registry
 
     if os.geteuid() == 0:
         ro = Path("/sys")  # root ignores permission bits; sysfs refuses new files even to root

@@ -89,8 +89,8 @@ def test_device_map_refusals_are_one_line():
 # --- plumbing: a placed model equals the unplaced one exactly --------------------------------------------------
 
 def test_placed_model_gives_the_unplaced_diagnostics_exactly():
-    from depthlens.analysis import registry
-    from depthlens.analysis.evaldata import random_eval_data
+    from depthlens.diagnostics import registry
+    from depthlens.runtime.evaldata import random_eval_data
 
     data = random_eval_data(101, n_seq=3, seq_len=16, seed=0, bos_id=1)
     ref, placed = _llama(), _llama()
@@ -188,8 +188,8 @@ def _neox():
 
 def test_generic_blocks_placed_equals_unplaced_and_moves_each_blocks_inputs():
     from depthlens.adapters.generic import GenericBlocksModel
-    from depthlens.analysis import registry
-    from depthlens.analysis.evaldata import random_eval_data
+    from depthlens.diagnostics import registry
+    from depthlens.runtime.evaldata import random_eval_data
 
     ref, placed = _neox(), _neox()
     assert isinstance(placed, GenericBlocksModel)

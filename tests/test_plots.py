@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depthlens.analysis import plots as P
+from depthlens.render import plots as P
 
 
 @pytest.fixture(autouse=True)

@@ -19,9 +19,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from depthlens.analysis import metrics as M
-from depthlens.analysis import registry
-from depthlens.analysis.evaldata import random_eval_data
+from depthlens.diagnostics import registry
+from depthlens.runtime.evaldata import random_eval_data
+from depthlens.stats import metrics as M
 from helpers import debug_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,8 +72,8 @@ def test_bf16_model_gives_finite_results_close_to_fp32(name, arch, opts, var, at
 
 
 def test_bf16_teacher_forced_nll_close_to_fp32():
-    from depthlens.analysis.nll import Item, teacher_forced_nll
     from depthlens.data.tokenizers import ByteTokenizer
+    from depthlens.diagnostics.nll import Item, teacher_forced_nll
 
     m = perturbed("preln")
 
@@ -109,7 +109,7 @@ def test_sum_of_many_small_squared_norms_accumulates_in_float64():
 
 def test_residual_norm_over_a_wide_model_is_float32():
     """‖h‖² per token over d = 8192 (a 70B-wide residual) from bf16 states: float32, within 1e-6 of float64."""
-    from depthlens.analysis.causal import residual_sq
+    from depthlens.diagnostics.causal import residual_sq
 
     h = torch.randn(2, 3, 8192, generator=torch.Generator().manual_seed(1)).bfloat16()
     m = debug_model("preln")
@@ -122,7 +122,7 @@ def test_residual_norm_over_a_wide_model_is_float32():
 def test_long_vocabulary_softmax_and_nll_are_float32():
     """NLL over a 50,257-token vocabulary from bf16 logits: causal's fused softmax and loss_log_probs (which the
     permutation score reads) match float64 log-softmax of the same logits to 1e-5 nats."""
-    from depthlens.analysis.causal import _probs_nll
+    from depthlens.diagnostics.causal import _probs_nll
 
     g = torch.Generator().manual_seed(2)
     V, T = 50_257, 6
@@ -195,7 +195,7 @@ def test_cli_dtype_bf16_runs_end_to_end(ckpt, tmp_path):
 
 
 def test_api_dtype_reaches_the_model_and_an_in_memory_model_is_not_silently_kept(ckpt):
-    import depthlens.analysis.api as dl
+    import depthlens.studies.api as dl
     from depthlens.errors import DepthlensError
 
     ds = dl.angular(ckpt, DATA_257, dtype=torch.bfloat16)
@@ -253,11 +253,11 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
 
 
 def test_report_and_track_take_dtype(ckpt):
-    """report/track --dtype: the models are loaded in it; track's cache key holds a non-default dtype (a bf16
+    """render/track --dtype: the models are loaded in it; track's cache key holds a non-default dtype (a bf16
     rerun never reuses fp32 results) and keeps fp32 keys as they were; an unknown name is a usage error."""
-    from depthlens.analysis import track as TR
     from depthlens.cli import app
-    from depthlens.report.build import ReportOptions, load_entries
+    from depthlens.studies import track as TR
+    from depthlens.studies.report import ReportOptions, load_entries
 
     (e,) = load_entries([ckpt], dtype="bf16")
     assert next(e.model.parameters()).dtype == torch.bfloat16

@@ -14,9 +14,9 @@ import xarray as xr
 from typer.testing import CliRunner
 
 import depthlens
-from depthlens.analysis.evaldata import EvalData
 from depthlens.cli import app, feedback
 from depthlens.models import ModelConfig, build_model
+from depthlens.runtime.evaldata import EvalData
 
 torch.set_num_threads(1)
 L, N, T = 4, 4, 16
@@ -45,20 +45,20 @@ def _same(a: xr.Dataset, b: xr.Dataset) -> None:
 
 # engine, design, options, expected total: units counted independently of the engine (2 batches of 2 sequences)
 CASES = [
-    ("depthlens.analysis.causal:causal_scores", "preln", {"variants": ("current",), "seq_batch": 2}, 2 * L),
-    ("depthlens.analysis.causal:causal_scores", "hc", {"variants": ("current", "future"), "layers": "late",
+    ("depthlens.diagnostics.causal:causal_scores", "preln", {"variants": ("current",), "seq_batch": 2}, 2 * L),
+    ("depthlens.diagnostics.causal:causal_scores", "hc", {"variants": ("current", "future"), "layers": "late",
                                                        "seq_batch": 2}, None),
-    ("depthlens.analysis.permutation:permutation_scores", "preln", {"pairs": "all", "seq_batch": 2}, 2 * L * (L - 1) // 2),
-    ("depthlens.analysis.angular:angular_distances", "preln", {"batch_size": 2}, 2),
-    ("depthlens.analysis.attnres:depth_mixing_dataset", "hc", {"batch_size": 2}, 2),
-    ("depthlens.analysis.rank:effective_rank_dataset", "hc", {"batch_size": 2}, 2),
-    ("depthlens.analysis.attnres:attnres_dataset", "full_attnres", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.permutation:permutation_scores", "preln", {"pairs": "all", "seq_batch": 2}, 2 * L * (L - 1) // 2),
+    ("depthlens.diagnostics.angular:angular_distances", "preln", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.attnres:depth_mixing_dataset", "hc", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.rank:effective_rank_dataset", "hc", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.attnres:attnres_dataset", "full_attnres", {"batch_size": 2}, 2),
 ]
 
 
 @pytest.mark.parametrize("engine,slug,opts,total", CASES, ids=[f"{c[0].split(':')[1]}-{c[1]}" for c in CASES])
 def test_engine_progress_counts_and_changes_nothing(engine, slug, opts, total):
-    from depthlens.analysis.registry import resolve
+    from depthlens.diagnostics.registry import resolve
 
     fn, model, data = resolve(engine), _model(slug), _data()
     calls: list[tuple[int, int]] = []

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthlens.analysis.evaldata import EvalData
-from depthlens.analysis.pruning import _Pruner, pruning_curves
+from depthlens.diagnostics.pruning import _Pruner, pruning_curves
 from depthlens.errors import DepthlensError
 from depthlens.models import ModelConfig, build_model
+from depthlens.runtime.evaldata import EvalData
 
 L = 6
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis.attnres import attnres_dataset, attnres_from_record, depth_mixing_dataset
-from depthlens.analysis.rank import effective_rank_dataset, effective_rank_from_maps, res_maps, static_res_maps
 from depthlens.designs import SLUGS
+from depthlens.diagnostics.attnres import attnres_dataset, attnres_from_record, depth_mixing_dataset
+from depthlens.diagnostics.rank import effective_rank_dataset, effective_rank_from_maps, res_maps, static_res_maps
 from depthlens.errors import DepthlensError
 from helpers import debug_model
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 import xarray as xr
 
-from depthlens.analysis.causal import causal_scores
-from depthlens.analysis.evaldata import random_eval_data
-from depthlens.analysis.permutation import permutation_scores
-from depthlens.report.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table
+from depthlens.diagnostics.causal import causal_scores
+from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.runtime.evaldata import random_eval_data
+from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table
 from helpers import debug_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_smollm2_loads_through_gguf(smollm2):
 @needs_wheel
 @pytest.mark.parametrize("norm", ["update", "resid"])
 def test_smollm2_causal_equals_hooks(smollm2, norm):
-    from depthlens.analysis.evaldata import EvalData
+    from depthlens.runtime.evaldata import EvalData
 
     m = smollm2.model
     toks = torch.tensor([smollm2.tokenizer.encode("Layers compute on what earlier layers computed, or not.")[:12]])

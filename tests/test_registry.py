@@ -1,4 +1,4 @@
-"""The diagnostic registry (depthlens.analysis.registry) and the design capability flags it reads."""
+"""The diagnostic registry (depthlens.diagnostics.registry) and the design capability flags it reads."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.analysis import registry
-from depthlens.analysis.evaldata import EvalData
 from depthlens.designs import CAPABILITIES, DESIGNS, SLUGS, has_capability
+from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
+from depthlens.runtime.evaldata import EvalData
 from helpers import debug_model
 
 PKG = Path(__file__).parents[1] / "depthlens"
@@ -59,13 +59,13 @@ def _thresholds_typed(path: Path) -> list[str]:
     return out
 
 
-QUOTED = {"depthlens/report/orderings.py"}  # DepthBench's claims in the paper's own words (its θ, not a default)
+QUOTED = {"depthlens/stats/orderings.py"}  # DepthBench's claims in the paper's own words (its θ, not a default)
 
 
 def test_default_thresholds_are_typed_once():
     hits = [h for p in sorted(PKG.rglob("*.py")) if str(p.relative_to(PKG.parent)) not in QUOTED
             for h in _thresholds_typed(p)]
-    assert hits and all(h.startswith("depthlens/analysis/registry.py:") for h in hits), hits
+    assert hits and all(h.startswith("depthlens/diagnostics/registry.py:") for h in hits), hits
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -93,7 +93,7 @@ def test_unknown_capability_is_refused():
 
 def test_run_dispatches_to_the_engine_with_the_options_as_given():
     """registry.run(name) is the engine call itself: same Dataset as calling the engine directly."""
-    from depthlens.analysis.angular import angular_distances
+    from depthlens.diagnostics.angular import angular_distances
 
     torch.manual_seed(0)
     model = debug_model("preln", n_layer=2)
@@ -169,7 +169,7 @@ def test_capabilities_are_what_a_model_offers():
 
 
 def test_register_adds_for_the_block_only():
-    d = registry.Diagnostic("toy", "depthlens.analysis.angular:angular_distances", "toy", aliases=("toy2",))
+    d = registry.Diagnostic("toy", "depthlens.diagnostics.angular:angular_distances", "toy", aliases=("toy2",))
     with registry.register(d):
         assert registry.get("toy2") is d and registry.names()[-1] == "toy"
         with pytest.raises(DepthlensError, match="already registered"), \
@@ -179,7 +179,7 @@ def test_register_adds_for_the_block_only():
 
 
 def test_api_compare_by_registry_name_equals_compare_by_function():
-    from depthlens.analysis import api
+    from depthlens.studies import api
 
     torch.manual_seed(0)
     models = [debug_model("preln", n_layer=4, seed=0), debug_model("hc", n_layer=4, seed=1)]

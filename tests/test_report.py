@@ -97,7 +97,7 @@ def test_summary_records(report):
     out, r = report
     recs = json.loads((out / "summary.json").read_text())
     assert json.loads(r.stdout) == recs
-    from depthlens.report.build import RECORD_KEYS
+    from depthlens.studies.report import RECORD_KEYS
 
     assert [x["design"] for x in recs] == list(DESIGNS)  # registry order
     for x in recs:
@@ -121,7 +121,7 @@ def test_summary_records(report):
 
 
 def test_netcdf_datasets_read_back(report):
-    from depthlens.analysis.dataset import read_netcdf
+    from depthlens.io.dataset import read_netcdf
 
     out, _ = report
     manifest = json.loads((out / "manifest.json").read_text())

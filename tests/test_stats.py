@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from depthlens.analysis import stats as S
+from depthlens.stats import shares as S
 
 
 def test_share_is_strict_and_reads_upper_triangle_of_late_block():

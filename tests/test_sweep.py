@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depthlens.analysis import api
-from depthlens.analysis.causal import causal_scores
-from depthlens.analysis.evaldata import random_eval_data
-from depthlens.analysis.permutation import permutation_scores
-from depthlens.analysis.sweep import (
+from depthlens.diagnostics.causal import causal_scores
+from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.sweep import (
     bootstrap_share,
     default_thresholds,
     eval_size_curve,
@@ -22,6 +20,8 @@ from depthlens.analysis.sweep import (
 from depthlens.io.checkpoint import save
 from depthlens.models.config import ModelConfig
 from depthlens.models.model import build_model
+from depthlens.runtime.evaldata import random_eval_data
+from depthlens.studies import api
 
 
 def _matrix_ds(M: np.ndarray, name: str = "causal_score") -> xr.Dataset:
@@ -141,9 +141,9 @@ def test_shard_shares_recount_each_shard_independently():
     """k disjoint shards: each share equals a recount from a causal run on that shard's sequences alone."""
     import numpy as np
 
-    from depthlens.analysis.causal import causal_scores
-    from depthlens.analysis.stats import share_above
-    from depthlens.analysis.sweep import shard_shares
+    from depthlens.diagnostics.causal import causal_scores
+    from depthlens.diagnostics.sweep import shard_shares
+    from depthlens.stats.shares import share_above
     from helpers import debug_model
 
     model = debug_model("preln", n_layer=4)

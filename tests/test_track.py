@@ -14,11 +14,11 @@ import xarray as xr
 from typer.testing import CliRunner
 
 import depthlens
-from depthlens.analysis import track as T
 from depthlens.cli import app
 from depthlens.data.shards import write_shard
 from depthlens.data.tokenizers import ByteTokenizer
 from depthlens.models import ModelConfig, build_model
+from depthlens.studies import track as T
 from depthlens.training.config import RunConfig
 
 TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
@@ -108,8 +108,8 @@ def test_trainer_snapshots_at_requested_steps_only(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
-    from depthlens.analysis import api
-    from depthlens.analysis.sweep import headline
+    from depthlens.diagnostics.sweep import headline
+    from depthlens.studies import api
 
     out = tmp_path / "track"
     r = invoke(["track", runs["preln"], "--metric", "causal,permutation,angular", "--out", out,
@@ -148,7 +148,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
 
 @pytest.mark.slow
 def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
-    from depthlens.analysis import api
+    from depthlens.studies import api
 
     out = tmp_path / "all"
     r = invoke(["track", runs["preln"], runs["hc"], runs["block_attnres"], "--metric", "causal,erank,attnres",
@@ -322,8 +322,8 @@ def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
 def test_gguf_files_in_order(tmp_path, corpus):
     """A public model's revisions saved locally as GGUF files: the step comes from the file name, the last
     step equals a direct analysis of the last file, and a different architecture in the list is refused."""
-    from depthlens.analysis import api
-    from depthlens.analysis.sweep import headline
+    from depthlens.diagnostics.sweep import headline
+    from depthlens.studies import api
     from gguf_tiny import tiny_llama, write_tiny_gguf
 
     revs = [write_tiny_gguf(tiny_llama(seed=s), tmp_path / f"tiny-step{100 * (s + 1)}.gguf") for s in range(2)]

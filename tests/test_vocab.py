@@ -1,4 +1,4 @@
-"""The vocabulary-chunked head (depthlens.analysis.vocab) against whole logits in float64, and the paths that
+"""The vocabulary-chunked head (depthlens.diagnostics.vocab) against whole logits in float64, and the paths that
 use it: the permutation score's loss and KL, the Unembedding split of every model's head, and the CPU row rule."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthlens.analysis import vocab
-from depthlens.analysis.evaldata import EvalData, cpu_tokens_per_batch, default_rows, random_eval_data
-from depthlens.analysis.permutation import permutation_scores
 from depthlens.designs import SLUGS
+from depthlens.diagnostics import vocab
+from depthlens.diagnostics.permutation import permutation_scores
 from depthlens.models.protocol import unembedding_of
+from depthlens.runtime.evaldata import EvalData, cpu_tokens_per_batch, default_rows, random_eval_data
 from helpers import debug_model
 
 
@@ -155,10 +155,10 @@ def test_cpu_rows_follow_the_cache_rule(monkeypatch):
     m = debug_model("preln", 4)
     data = EvalData.from_tokens(torch.zeros(2, 16, dtype=torch.long))
     per_token = sum(p.numel() for p in m.parameters()) / 4 / m.config.d_model
-    monkeypatch.setattr("depthlens.analysis.evaldata.last_level_cache_bytes", lambda default=0: 1 << 20)
+    monkeypatch.setattr("depthlens.runtime.evaldata.last_level_cache_bytes", lambda default=0: 1 << 20)
     want = int(min(4096, max(256, (1 << 20) / (4 * per_token))))
     assert cpu_tokens_per_batch(m) == want and default_rows(data, m) == want // 16
-    monkeypatch.setattr("depthlens.analysis.evaldata.last_level_cache_bytes", lambda default=0: 1 << 40)
+    monkeypatch.setattr("depthlens.runtime.evaldata.last_level_cache_bytes", lambda default=0: 1 << 40)
     assert default_rows(data, m) == 4096 // 16  # capped
     assert default_rows(data) == 4096 // 16 and default_rows(data, m, tokens_per_batch=64) == 4  # explicit wins
 

@@ -21,8 +21,8 @@ import xarray as xr
 from typer.testing import CliRunner
 
 import depthlens
-from depthlens.analysis import registry
-from depthlens.analysis.registry import Diagnostic
+from depthlens.diagnostics import registry
+from depthlens.diagnostics.registry import Diagnostic
 from depthlens.models import ModelConfig, build_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
@@ -49,7 +49,7 @@ def example(tmp_path_factory) -> Diagnostic:
     sys.path.insert(0, str(d))
     importlib.invalidate_caches()
     namespace: dict = {}
-    exec(entry_src.replace("depthlens.analysis.update_align", MODULE), namespace)  # noqa: S102  (our own doc)
+    exec(entry_src.replace("depthlens.diagnostics.update_align", MODULE), namespace)  # noqa: S102  (our own doc)
     entry = namespace["entry"]
     yield entry
     sys.path.remove(str(d))
@@ -139,7 +139,7 @@ UPDATES = {"native": native_updates, "hf": hf_updates}
 
 @pytest.mark.parametrize("kind", ["native", "hf"])
 def test_api_function_matches_an_independent_computation(registered, models, kind):
-    from depthlens.analysis import api
+    from depthlens.studies import api
 
     tokens = torch.randint(1, 257, (3, 12), generator=torch.Generator().manual_seed(0))
     for path in models[kind] + (models["deepnorm"] if kind == "native" else []):
@@ -170,7 +170,7 @@ def test_cli_command(registered, models, kind, tmp_path):
 
 @pytest.mark.parametrize("kind", ["native", "hf"])
 def test_report_column_with_intervals_sweep_and_figure(registered, models, kind, tmp_path):
-    from depthlens.report.build import ReportOptions, build_report
+    from depthlens.studies.report import ReportOptions, build_report
 
     out = tmp_path / "rep"
     opts = ReportOptions(data=models["eval"][0], n_seq=4, seq_len=16, n_boot=50, metrics=("update_align",))
@@ -194,7 +194,7 @@ def test_report_column_with_intervals_sweep_and_figure(registered, models, kind,
 
 @pytest.mark.parametrize("kind", ["native", "hf"])
 def test_track_series(registered, models, kind, tmp_path):
-    from depthlens.analysis import track as T
+    from depthlens.studies import track as T
 
     series = T.scan(models[kind])
     opts = T.TrackOptions(metrics=T.parse_metrics("update_align"), data=str(models["eval"][0]), n_seq=4,
@@ -208,8 +208,8 @@ def test_track_series(registered, models, kind, tmp_path):
 
 
 def test_a_model_without_a_needed_capability_is_refused_in_one_line(registered, models):
-    from depthlens.analysis import api
     from depthlens.errors import DepthlensError
+    from depthlens.studies import api
 
     entry = Diagnostic("needs_readouts", f"{MODULE}:update_alignment", "test", needs=("readouts",))
     with registry.register(entry), pytest.raises(DepthlensError, match="needs model capability readouts"):

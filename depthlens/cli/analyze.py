@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from ..analysis import registry  # stdlib-only: names, aliases and default thresholds for the help texts
+from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
 from .app import QuietOpt, app, domain_errors, fail, in_default_dir, print_table, rank0_errors
 
 # --- shared options ------------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
         torch.set_num_threads(c.threads)  # a busy second core slows a default 2-thread run many times
     check_choice(c.dtype, tuple(DTYPES), "--dtype")
     from ..adapters.load import declared_context
-    from ..analysis.api import load_model
+    from ..studies.api import load_model
     from .feedback import spinner
 
     ctx = declared_context(ckpt) if c.seq_len else None  # from the header: refused before a minute-long load
@@ -96,7 +96,7 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
 
 def eval_data(model: Any, ckpt: Path | None, c: Common) -> Any:
     """The API's eval data for these options (`api.eval_data_for`), with a note on stderr when it was capped."""
-    from ..analysis.api import eval_data_for
+    from ..studies.api import eval_data_for
     from .validate import note_capped
 
     ev = eval_data_for(model, c.data, ckpt, n_seq=c.n_seq, seq_len=c.seq_len, seed=c.seed, tokens=c.tokens)
@@ -135,8 +135,8 @@ def resolve_out(out: str | Path | None, ckpt: Path, metric: str, overwrite: bool
 def write(ds: Any, path: Path, overwrite: bool, command: str | None = None) -> None:
     """Write `ds` (rank 0 only). Its `command` attr is the command line as given (every option the user set),
     `command` only outside a CLI invocation."""
-    from ..analysis.dataset import write_netcdf
-    from ..analysis.distributed import is_main
+    from ..io.dataset import write_netcdf
+    from ..runtime.distributed import is_main
     from .app import invoked_command
 
     if not is_main():  # under torchrun only rank 0 writes the merged dataset
@@ -150,7 +150,7 @@ def write(ds: Any, path: Path, overwrite: bool, command: str | None = None) -> N
 
 
 def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: Any = None) -> None:
-    from ..analysis.distributed import is_main
+    from ..runtime.distributed import is_main
 
     if not is_main():  # under torchrun only rank 0 prints
         return
@@ -181,7 +181,7 @@ def _fmt_share(h: dict[str, Any]) -> str:
 
 
 def _matrix_view(da: Any, vmax: float | None = None) -> Any:
-    from ..analysis.plots import terminal_heatmap
+    from ..render.plots import terminal_heatmap
 
     m = da.values
     labels = [str(i) for i in range(m.shape[0])]
@@ -192,7 +192,7 @@ def _matrix_view(da: Any, vmax: float | None = None) -> Any:
 
 
 def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads=1, device_map=None) -> Common:
-    from ..analysis.distributed import device_for_rank
+    from ..runtime.distributed import device_for_rank
 
     # under torchrun `--device cuda` is cuda:LOCAL_RANK: one GPU per rank
     return Common(data, tokens, n_seq, seq_len, batch_size, seed, device_for_rank(device), dtype, threads, device_map)
@@ -200,7 +200,7 @@ def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threa
 
 def _study(c: Common, n_boot: int = 1000) -> Any:
     """These options as the API's one options object (`analysis.study.StudyOptions`)."""
-    from ..analysis.study import StudyOptions
+    from ..studies.study import StudyOptions
 
     return StudyOptions(data=c.data, n_seq=c.n_seq, seq_len=c.seq_len, seed=c.seed, device=c.device, dtype=c.dtype,
                         n_boot=n_boot, batch_size=c.batch_size, threads=c.threads or None, device_map=c.device_map,
@@ -262,7 +262,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_threshold(threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
-    from ..analysis.sweep import headline, score_matrix
+    from ..diagnostics.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
@@ -277,7 +277,7 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
              f"noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
              *_skip_loss_lines(ds),
              f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
-    from ..analysis.plots import upper_triangle
+    from ..render.plots import upper_triangle
 
     # t < s is undefined (stored as 0): "·" in the view, not the shade of "no effect"
     emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", agg, variant)), 1.0))
@@ -312,7 +312,7 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     check_threshold(threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
-    from ..analysis.sweep import headline, score_matrix
+    from ..diagnostics.sweep import headline, score_matrix
 
     model, ck = open_model(ckpt, c)
     with busy(f"permute {ckpt.name} (layer pairs)") as p:
@@ -384,7 +384,7 @@ def attnres(ckpt: CkptArg, eps: Annotated[float, typer.Option(help="Dead-prefix 
         fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "attnres", overwrite)
-    from ..analysis.attnres import EPS_GRID
+    from ..diagnostics.attnres import EPS_GRID
 
     model, ck = open_model(ckpt, c)
     grid = tuple(sorted(set(EPS_GRID) | {eps}))
@@ -456,7 +456,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
           threads: ThreadsOpt = 1, out: OutOpt = None, overwrite: OverwriteOpt = False, as_json: JsonOpt = False,
          quiet: QuietOpt = False) -> None:
     """Threshold-sensitivity sweep: share(θ) curves per checkpoint, crossing points, ranking robustness."""
-    from ..analysis.api import check_scores
+    from ..studies.api import check_scores
 
     check_scores([metric], "--metric")
     grid = parse_grid(thresholds) if thresholds else None
@@ -478,7 +478,7 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
     rank_order = [s.strip() for s in order.split(",")] if order else None
     if rank_order is not None and sorted(rank_order) != sorted(names):
         fail(f"--order must list each checkpoint name once ({', '.join(names)}); got {order!r}", 2)
-    from ..analysis import api
+    from ..studies import api
 
     with busy(f"sweep of {metric} over {len(ckpts)} checkpoint(s)"):
         res = api.sweep(ckpts, metric, grid, theta=headline_threshold, order=rank_order, opts=_study(c))
@@ -486,12 +486,12 @@ def sweep(ckpts: CkptsArg, metric: Annotated[str, typer.Option(help="causal | pe
                                             res["robustness"])
     write(ds, path, ow)
     if plot is not None:
-        from ..analysis.plots import save_figure
-        from ..analysis.plots import share_curves as draw
+        from ..render.plots import save_figure
+        from ..render.plots import share_curves as draw
 
         plot.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here
         save_figure(draw(headline_curves, headline=theta), plot)
-    from ..analysis.sweep import definition
+    from ..diagnostics.sweep import definition
 
     defn = definition(metric, variant=sel.get("variant"), aggregator=sel.get("aggregator"),
                       swap="body" if metric != "causal" else None)
@@ -534,7 +534,7 @@ def compare(ckpts: CkptsArg,
             threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, as_json: JsonOpt = False,
          quiet: QuietOpt = False) -> None:
     """Headline shares (with CIs) side by side for several checkpoints on identical eval data."""
-    from ..analysis import api
+    from ..studies import api
 
     wanted = api.check_scores(metrics)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..analysis import registry
+from ..diagnostics import registry
 from .analyze import (
     BatchOpt,
     BootOpt,
@@ -64,7 +64,7 @@ def generic_view(d: registry.Diagnostic, ds: Any, model: Any, n_boot: int, seed:
                             "n_layer": int(model.n_layer)}
     lines = [f"{d.name}: {d.summary}"]
     if d.headline:
-        from ..analysis.summaries import headline_of
+        from ..studies.summaries import headline_of
 
         h = headline_of(ds, d.headline.key, n_boot=n_boot, seed=seed)
         if h is not None:

@@ -32,11 +32,11 @@ def evaluate(
     import torch
 
     from ..adapters.load import open_model
-    from ..analysis.api import _tokenizer_for
-    from ..analysis.evaldata import load_eval_data, model_device
-    from ..analysis.nll import PRESETS, humaneval_items, jsonl_items, perplexity, teacher_forced_nll
     from ..data.tokenizers import get_tokenizer
+    from ..diagnostics.nll import PRESETS, humaneval_items, jsonl_items, perplexity, teacher_forced_nll
     from ..errors import DepthlensError
+    from ..runtime.evaldata import load_eval_data, model_device
+    from ..studies.api import _tokenizer_for
     from .feedback import bar, spinner
     from .validate import input_path
 
@@ -55,7 +55,7 @@ def evaluate(
         input_path(Path(file), f"--jsonl {name}")
         specs.append((name, file, pf, af))
 
-    from ..analysis.registry import DTYPES, load_dtype
+    from ..diagnostics.registry import DTYPES, load_dtype
     from .analyze import check_choice
 
     check_choice(dtype, tuple(DTYPES), "--dtype")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..analysis import registry  # stdlib-only: the diagnostics' names for the help text
+from ..diagnostics import registry  # stdlib-only: the diagnostics' names for the help text
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, rank0_errors
 
 
@@ -43,12 +43,12 @@ def report(
     matplotlib.use("Agg")
     from rich.console import Console
 
-    from ..report.build import ReportOptions, build_report, parse_metrics
+    from ..studies.report import ReportOptions, build_report, parse_metrics
     from .feedback import Progress
 
     if not ckpts:
         fail("give at least one checkpoint directory", 2)
-    from ..analysis.registry import DTYPES
+    from ..diagnostics.registry import DTYPES
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
@@ -69,7 +69,7 @@ def report(
         return
     from rich.table import Table
 
-    from ..report.render import table_head, table_rows
+    from ..render.pages import table_head, table_rows
 
     t = Table(title=f"{out} ({len(rep.entries)} checkpoints, {time.perf_counter() - t0:.0f} s)")
     for k, head in enumerate(table_head(terminal=True)):  # d and params are in summary.json and README.md

@@ -77,11 +77,11 @@ def track(
     matplotlib.use("Agg")
     import torch
 
-    from ..analysis.track import TrackOptions, parse_metrics, scan
+    from ..studies.track import TrackOptions, parse_metrics, scan
 
     if not runs:
         fail("give at least one run directory or checkpoint", 2)
-    from ..analysis.registry import DTYPES
+    from ..diagnostics.registry import DTYPES
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
@@ -109,9 +109,9 @@ def track(
 def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json: bool) -> None:
     from rich.console import Console
 
-    from ..analysis.track import eval_tokens
-    from ..analysis.track import track as run_track
     from ..io.atomic import atomic_write_text, claim_dir
+    from ..studies.track import eval_tokens
+    from ..studies.track import track as run_track
     from .feedback import Progress
 
     ev = eval_tokens(series, opts)
@@ -124,7 +124,7 @@ def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json:
     with Progress("track" + (f" {series[0].name}" if len(series) == 1 else ""), total * len(opts.metrics)) as bar:
         ds = run_track(series, opts, out / CACHE, ev, progress=bar.step)
     write_outputs(ds, out, invoked_command() or "depthlens track")  # every option given, as given
-    from ..report.track import track_rows
+    from ..render.track import track_rows
 
     rows = track_rows(ds)
     if as_json:
@@ -145,11 +145,11 @@ def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json:
 def write_outputs(ds, out: Path, command: str) -> None:
     """Dataset, figure and Markdown section, each written atomically; their hashes go into the directory's
     marker, so a rerun can tell a README the user edited (kept: refused) from the one it wrote (replaced)."""
-    from ..analysis.dataset import write_netcdf
-    from ..analysis.plots import save_figure
     from ..io.atomic import atomic_write_text, check_unedited, record_files
-    from ..report.reproducible import reproducible
-    from ..report.track import fig_track, track_markdown
+    from ..io.dataset import write_netcdf
+    from ..render.plots import save_figure
+    from ..render.track import fig_track, track_markdown
+    from ..studies.reproducible import reproducible
 
     check_unedited(out, OUT_FILES)  # again: the user may have edited one while we computed
     # no time stamp in the tracked file: a rerun on the same snapshots leaves track.nc byte-identical

@@ -1,6 +1,6 @@
 """The interface every analysed model exposes: native DepthModels and adapters for foreign checkpoints.
 
-The diagnostics engine (depthlens.analysis) only talks to this protocol, so a Hugging Face LLaMA/Qwen/GPT-2
+The diagnostics engines (depthlens.diagnostics) only talk to this protocol, so a Hugging Face LLaMA/Qwen/GPT-2
 model wrapped by an adapter gets every diagnostic for free.
 
     ctx   = m.context(T)                     # RoPE tables etc. for sequence length T
@@ -61,7 +61,7 @@ class Unembedding:
 
     A model offers it only when that identity is exact (no soft-capping or other logit transform after the
     projection), so the analysis can walk the vocabulary in chunks of `weight` rows instead of materialising
-    (rows, V) logits (depthlens.analysis.vocab).
+    (rows, V) logits (depthlens.diagnostics.vocab).
     """
 
     hidden: Callable[[State, RunContext], torch.Tensor]  # state -> (B, T, d): final norm applied

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import xarray as xr
 
-from depthlens.analysis import registry
+from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.jsonsafe import finite_or_none as _f
 
@@ -34,7 +34,7 @@ class SummaryOptions(Protocol):
 def headline_of(ds: xr.Dataset, key: str, *, theta: float | None = None, n_boot: int = 1000, seed: int = 0,
                 start: str = "quarter") -> dict[str, Any] | None:
     """`sweep.headline` of score `key`, None where the depth has no late pairs (fewer than 2 late layers)."""
-    from depthlens.analysis.sweep import headline
+    from depthlens.diagnostics.sweep import headline
 
     try:
         return headline(ds, key, theta, n_boot=n_boot, seed=seed, start=start)
@@ -178,7 +178,7 @@ def track_vars(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions
 
 def headline_track(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
     """The generic track variables: the headline share with its CI, and the headline score matrix."""
-    from depthlens.analysis.sweep import score_matrix
+    from depthlens.diagnostics.sweep import score_matrix
 
     s = d.headline
     assert s is not None
@@ -189,7 +189,7 @@ def headline_track(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOpt
 
 
 def causal_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    from depthlens.analysis.sweep import score_matrix
+    from depthlens.diagnostics.sweep import score_matrix
 
     h = _track_headline(ds, "causal", opts)
     out = share_vars("causal", h, f"causal score > {opts.causal_threshold}")

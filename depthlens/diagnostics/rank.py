@@ -27,14 +27,14 @@ import numpy as np
 import torch
 import xarray as xr
 
-from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
-from depthlens.analysis.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
-from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts
+from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.runtime.progress import Count, ProgressFn
+from depthlens.stats.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
 
 PRODUCTS = ("full", "late", "interior")
 STOCHASTIC_TOL = 1e-3  # |row/column sum − 1| that still counts as stochastic: 20 Sinkhorn steps leave ~3e-5 on columns
@@ -154,7 +154,7 @@ def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence
     """Effective rank of the residual-mixing products of a multi-stream model over `data`
     (docs/concepts.md#effective-rank).
 
-    progress: called as (batches done, total) (`depthlens.analysis.progress`)."""
+    progress: called as (batches done, total) (`depthlens.runtime.progress`)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("effective rank reads model.readouts(tokens) (sub{j}.res_map); this model has none")
     L = model.n_layer

@@ -24,16 +24,16 @@ import numpy as np
 import torch
 import xarray as xr
 
-from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.distributed import agree, merge, shard, world
-from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_pairs, late_window
-from depthlens.analysis.progress import Count, ProgressFn
-from depthlens.analysis.stats import paired_se
-from depthlens.analysis.vocab import LossAgainstReference, head_path
+from depthlens.diagnostics.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import State, state_cat, state_select
+from depthlens.runtime.distributed import agree, merge, shard, world
+from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
+from depthlens.runtime.progress import Count, ProgressFn
+from depthlens.stats.metrics import late_pairs, late_window
+from depthlens.stats.shares import paired_se
 
 SWAPS = ("body", "all")
 TRUNK_CACHE_BYTES = 1 << 30  # clean states before each first-swapped layer i kept from the reference pass
@@ -104,7 +104,7 @@ def permutation_scores(model: LayeredLM, data: EvalData, *,
     batch_size: max rows per forward (default: `default_rows`); seq_batch: sequences per clean pass.
     chunked_head: walk the LM head in vocabulary chunks when the model's head is one matmul (`vocab`); False
     forces whole (rows, V) logits (same numbers within float32 rounding; the reference path for tests).
-    progress: called as (pairs done, total) over (pair, batch) units (`depthlens.analysis.progress`).
+    progress: called as (pairs done, total) over (pair, batch) units (`depthlens.runtime.progress`).
     Returns a Dataset; pairs not computed are NaN.
     """
     if swap not in SWAPS:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from depthlens.analysis import registry
 from depthlens.designs import DESIGNS
-from depthlens.report import orderings
+from depthlens.diagnostics import registry
+from depthlens.stats import orderings
 
 NA = "—"
 

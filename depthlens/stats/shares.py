@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from depthlens.analysis.metrics import kendall_tau, late_pairs
+from depthlens.stats.metrics import kendall_tau, late_pairs
 
 
 def late_values(matrix, start: int | str = "quarter", nan_policy: str = "raise") -> np.ndarray:

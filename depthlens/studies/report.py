@@ -33,8 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from depthlens.analysis import registry
-from depthlens.analysis.study import (  # noqa: F401  (the study's pieces, as report.build named them)
+from depthlens.diagnostics import registry
+from depthlens.errors import DepthlensError
+from depthlens.io.atomic import atomic_write_text
+from depthlens.io.jsonsafe import finite_or_none as _f
+from depthlens.io.jsonsafe import jsonable
+from depthlens.io.provenance import command_line
+from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as report.build named them)
     DEFAULT_N_BOOT,
     DEFAULT_N_SEQ,
     DEFAULT_SEQ_LEN,
@@ -52,13 +57,8 @@ from depthlens.analysis.study import (  # noqa: F401  (the study's pieces, as re
     tasks,
     tokenizer_facts,
 )
-from depthlens.analysis.summaries import record_fields, record_keys
-from depthlens.errors import DepthlensError
-from depthlens.io.atomic import atomic_write_text
-from depthlens.io.jsonsafe import finite_or_none as _f
-from depthlens.io.jsonsafe import jsonable
-from depthlens.io.provenance import command_line
-from depthlens.report.write import check_out, manifest, merged_datasets, write_report  # noqa: F401
+from depthlens.studies.summaries import record_fields, record_keys
+from depthlens.studies.write import check_out, manifest, merged_datasets, write_report  # noqa: F401
 
 METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
 DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS
@@ -117,7 +117,7 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     (with per-checkpoint `design` and `n_layer` coordinates). None when no checkpoint has the metric."""
     import xarray as xr
 
-    from depthlens.analysis.sweep import default_thresholds, share_curves
+    from depthlens.diagnostics.sweep import default_thresholds, share_curves
 
     score = registry.get(metric).headline
     assert score is not None
@@ -153,8 +153,8 @@ def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
     by the mean of the curve (its integral over the grid, i.e. the mean score); the fraction of the θ grid
     on which that strict ordering holds (`sweep.robustness`), and Kendall τ-b between the shares at each θ
     and the reference ranks (mean and min over the grid; θ where every share ties are skipped)."""
-    from depthlens.analysis.metrics import kendall_tau
-    from depthlens.analysis.sweep import robustness
+    from depthlens.diagnostics.sweep import robustness
+    from depthlens.stats.metrics import kendall_tau
 
     out = []
     if sw is None:

@@ -11,7 +11,7 @@ the merged dataset is the one a single process builds. Only rank 0 writes files 
 
     torchrun --nproc_per_node 4 -m depthlens.cli report CKPTS... --out DIR   # whole checkpoints per rank
 
-`report` gives each rank whole checkpoints (depthlens.analysis.ranks) and runs the engines inside
+`report` gives each rank whole checkpoints (depthlens.runtime.ranks) and runs the engines inside
 `local_only()`, so they do not split their arms over the ranks a second time.
 
 Failure: a rank that raises exits non-zero; torchrun then stops the other ranks (they never reach the

@@ -98,7 +98,7 @@ class EvalData:
 
     @property
     def sha256(self) -> str:
-        from depthlens.analysis.dataset import data_sha256
+        from depthlens.io.dataset import data_sha256
 
         return data_sha256(self.tokens.numpy())
 
@@ -340,7 +340,7 @@ def random_eval_data(vocab_size: int, n_seq: int = 8, seq_len: int = 64, seed: i
 
 def _weights_sha256(model) -> str | None:
     """Hash of the state dict (names, dtypes, shapes, bytes) for models that have no checkpoint directory."""
-    from depthlens.analysis.dataset import data_sha256
+    from depthlens.io.dataset import data_sha256
 
     if not hasattr(model, "state_dict"):
         return None
@@ -362,7 +362,7 @@ def _weights_sha256(model) -> str | None:
 def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None = None) -> dict[str, Any]:
     """Provenance attrs: checkpoint path + SHA-256 (or a weights hash for in-memory and foreign models), config
     JSON, design, eval-data hash and size, seed, dtype, the design's skip modes (`dataset.provenance`)."""
-    from depthlens.analysis.dataset import provenance
+    from depthlens.io.dataset import provenance
 
     cfg = getattr(model, "config", None)
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else None

@@ -24,13 +24,13 @@ import torch
 import xarray as xr
 from einops import rearrange
 
-from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.evaldata import EvalData, default_batch_size, model_device, model_provenance
-from depthlens.analysis.metrics import dead_prefix
-from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts, readout_key
+from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.runtime.progress import Count, ProgressFn
+from depthlens.stats.metrics import dead_prefix
 
 EPS_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
 FAMILIES = ("embedding", "current", "history")
@@ -129,7 +129,7 @@ def attnres_dataset(model: LayeredLM, data: EvalData, *,
     """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data`
     (docs/concepts.md#attnres-dead-prefix).
 
-    progress: called as (batches done, total) (`depthlens.analysis.progress`)."""
+    progress: called as (batches done, total) (`depthlens.runtime.progress`)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("AttnRes diagnostics read model.readouts(tokens); this model has none")
     L = model.n_layer
@@ -182,7 +182,7 @@ def depth_mixing_dataset(model: LayeredLM, data: EvalData, *, batch_size: int | 
 
     Designs without a residual mix (MoDA) return None there: their `sub{j}.depth_mass` readouts are
     averaged instead (variable `depth_mass`), or the matrix is all NaN with a note.
-    progress: called as (batches done, total) (`depthlens.analysis.progress`).
+    progress: called as (batches done, total) (`depthlens.runtime.progress`).
     """
     L = model.n_layer
     n = 2 * L + 1

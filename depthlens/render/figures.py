@@ -1,5 +1,5 @@
 """Report figures: per-checkpoint heatmaps and profiles, cross-checkpoint share curves, depth summaries and
-overview grids. Built on `depthlens.analysis.plots` (heatmap, share_curves, save_figure); what plots.py
+overview grids. Built on `depthlens.render.plots` (heatmap, share_curves, save_figure); what plots.py
 lacks (bar/profile panels, grids, design colours) lives here.
 
 Every figure has a title, labelled axes (heatmaps: from the coordinates' `long_name`) and, for heatmaps, a
@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depthlens.analysis import plots, registry
-from depthlens.analysis.metrics import late_window
 from depthlens.designs import DESIGNS, SLUGS
+from depthlens.diagnostics import registry
+from depthlens.render import plots
+from depthlens.stats.metrics import late_window
 
 DPI = 100
 CAUSAL_VMAX = 1.5  # end of the causal θ grid: a larger maximum draws C on a log scale
@@ -89,7 +90,7 @@ def causal_scale(top: float) -> dict[str, Any]:
 
 def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
     """C(s, t) (current variant, max aggregator) for the skipped layers (rows) and measured layers (cols)."""
-    from depthlens.analysis.sweep import score_matrix
+    from depthlens.diagnostics.sweep import score_matrix
 
     da = score_matrix(ds, "causal", "max", "current")
     computed = [int(l) for l in da["layer"].values if _finite(da.sel(layer=l).values)]
@@ -332,7 +333,7 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
 
 def fig_overview(entries, metric: str) -> Any | None:
     """Grid of the causal (or permutation) heatmaps: rows = designs, columns = depths, one shared colour bar."""
-    from depthlens.analysis.sweep import score_matrix
+    from depthlens.diagnostics.sweep import score_matrix
 
     have = [e for e in entries if metric in e.datasets]
     if not have:

@@ -65,7 +65,7 @@ def _interval(records, design: str, L: int, score: str) -> tuple[float | None, f
 
 
 def check(claim: Claim, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One claim against the zoo's summary records (report/build.py `record`)."""
+    """One claim against the zoo's summary records (studies/report.py `record`)."""
     hi, hi_lo, hi_hi = _interval(records, claim.higher, claim.L, claim.score)
     lo, lo_lo, lo_hi = _interval(records, claim.lower, claim.L, claim.score)
     out = {"score": claim.score, "higher": claim.higher, "lower": claim.lower, "L": claim.L, "paper": claim.paper,

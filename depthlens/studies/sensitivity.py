@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depthlens.analysis.causal import AGGREGATORS, NORM_DEFINITIONS
-from depthlens.analysis.registry import CAUSAL, PERM_ABS
-from depthlens.analysis.stats import share_above
-from depthlens.analysis.sweep import PERM_DEFINITIONS, definition
+from depthlens.diagnostics.causal import AGGREGATORS, NORM_DEFINITIONS
+from depthlens.diagnostics.registry import CAUSAL, PERM_ABS
+from depthlens.diagnostics.sweep import PERM_DEFINITIONS, definition
+from depthlens.stats.shares import share_above
 
 C_THETA, P_THETA = CAUSAL.theta, PERM_ABS.theta  # the registry's defaults, which are also the paper's θ
 C_KEY, P_KEY = f"share_gt_{C_THETA:g}", f"share_gt_{P_THETA:g}"  # record keys of the headline shares
@@ -72,7 +72,7 @@ def permutation_definition_table(ds: xr.Dataset, thresholds: Sequence[float] = (
 
 
 def _late(m: np.ndarray, start: str | int) -> np.ndarray:
-    from depthlens.analysis.stats import late_values
+    from depthlens.stats.shares import late_values
 
     return late_values(m, start, nan_policy="omit")
 
@@ -85,8 +85,8 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     """Small PNGs (dpi 72) of every diagnostic; returns {key: file name}."""
     import matplotlib.pyplot as plt
 
-    from depthlens.analysis.plots import heatmap, save_figure, upper_triangle
-    from depthlens.report.figures import causal_scale
+    from depthlens.render.figures import causal_scale
+    from depthlens.render.plots import heatmap, save_figure, upper_triangle
 
     files: dict[str, str] = {}
     a = summary["late_window_start"]
@@ -159,8 +159,8 @@ def _definition_figures(d, rows, norms, a, save, design: str = "Pre-LN") -> None
     S(θ) sweeps."""
     import matplotlib.pyplot as plt
 
-    from depthlens.analysis.stats import share_curve
-    from depthlens.analysis.sweep import default_thresholds
+    from depthlens.diagnostics.sweep import default_thresholds
+    from depthlens.stats.shares import share_curve
 
     fig, ax = plt.subplots(figsize=(9, 4))
     labels = [f"{r['variant'][:3]}/{r['aggregator']}/{r['norm']}" for r in rows]

@@ -29,8 +29,8 @@ from depthlens.errors import DepthlensError
 if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
     import xarray as xr
 
-    from depthlens.analysis.evaldata import EvalData
     from depthlens.models.protocol import LayeredLM
+    from depthlens.runtime.evaldata import EvalData
 
 DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column and of `track`
 
@@ -146,7 +146,7 @@ def _frozen(**kw: Any) -> Mapping[str, Any]:
     return MappingProxyType(kw)
 
 
-_S = "depthlens.analysis.summaries:"  # the shipped diagnostics' record, track and view hooks
+_S = "depthlens.studies.summaries:"  # the shipped diagnostics' record, track and view hooks
 _LOG_NAT = Grid("log", 0.005, 2.0, n=41)
 CAUSAL = Score("causal", "causal_score", 0.45, "1", "C", Grid("linear", 0.0, 1.5, step=0.05),
                "the causal score", "causal C(s,t): skip s, relative change of the later update t",
@@ -155,44 +155,44 @@ PERM_ABS = Score("perm_abs", "perm_abs", 0.15, "nat", "P_abs", _LOG_NAT, "P_abs"
                  "permutation P_abs = L(swap i,j) - L(id), nats", seq_var="delta_loss_seq")
 
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
-    Diagnostic("causal", "depthlens.analysis.causal:causal_scores",
+    Diagnostic("causal", "depthlens.diagnostics.causal:causal_scores",
                "causal score C(s, t): skip layer s, how much do later updates change",
                scores=(CAUSAL, Score("direct", "direct_score", CAUSAL.theta, "1", "C_dir", CAUSAL.grid,
                                      "the direct causal score", "direct C_dir(s,t)",
                                      select=CAUSAL.select, bootstraps=False, optional=True)),
-               figure="depthlens.report.figures:fig_causal", title="Causal score C(s, t) (current, max)",
+               figure="depthlens.render.figures:fig_causal", title="Causal score C(s, t) (current, max)",
                record=_S + "causal_record", record_fields=("causal_noise_floor",), track=_S + "causal_track",
                report_opts=_frozen(variants=("current",), layers="all"), late_opts=_frozen(layers="late")),
-    Diagnostic("permutation", "depthlens.analysis.permutation:permutation_scores",
+    Diagnostic("permutation", "depthlens.diagnostics.permutation:permutation_scores",
                "permutation score P(i, j): swap layers i and j, how much does the loss rise",
                aliases=("permute", "perm"), prefix="perm",
                scores=(PERM_ABS, Score("perm_rel", "perm_rel", PERM_ABS.theta, "1", "P_rel",
                                        Grid("log", 0.005, 1.0, n=41), "P_rel", "permutation P_rel = P_abs / L(id)"),
                        Score("perm_kl", "perm_kl", PERM_ABS.theta, "nat", "P_KL", _LOG_NAT, "P_KL",
                              "permutation P_KL = mean KL(p_id || p_swap), nats", seq_var="kl_seq")),
-               figure="depthlens.report.figures:fig_permutation", title="Permutation score P_abs (late pairs)",
+               figure="depthlens.render.figures:fig_permutation", title="Permutation score P_abs (late pairs)",
                record=_S + "permutation_record", track=_S + "permutation_track",
                report_opts=_frozen(swap="body", pairs="late"), late_opts=_frozen(pairs="late")),
-    Diagnostic("rank", "depthlens.analysis.rank:effective_rank_dataset",
+    Diagnostic("rank", "depthlens.diagnostics.rank:effective_rank_dataset",
                "effective rank of residual-mixing products", aliases=("erank", "effective_rank"),
-               requires="multistream", needs=("readouts",), figure="depthlens.report.figures:fig_rank",
+               requires="multistream", needs=("readouts",), figure="depthlens.render.figures:fig_rank",
                title="Effective rank (window profile)", record=_S + "rank_record",
                record_fields=("erank_full", "erank_late", "n_streams"),
                columns=(Column("erank (full)", "erank", "erank_full", ".2f"),), track=_S + "rank_track",
                track_name="erank"),
-    Diagnostic("attnres", "depthlens.analysis.attnres:attnres_dataset",
+    Diagnostic("attnres", "depthlens.diagnostics.attnres:attnres_dataset",
                "AttnRes self-weight, dead prefix k*(ε), consumption", requires="depth_softmax", needs=("readouts",),
-               figure="depthlens.report.figures:fig_attnres", title="AttnRes self-weight and α",
+               figure="depthlens.render.figures:fig_attnres", title="AttnRes self-weight and α",
                record=_S + "attnres_record", record_fields=("dead_prefix",),
                columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),), track=_S + "attnres_track"),
-    Diagnostic("angular", "depthlens.analysis.angular:angular_distances",
+    Diagnostic("angular", "depthlens.diagnostics.angular:angular_distances",
                "angular distance d(h_l, h_l+n) between residual states",
-               figure="depthlens.report.figures:fig_angular", title="Angular distance d(h_ℓ, h_ℓ+n)",
+               figure="depthlens.render.figures:fig_angular", title="Angular distance d(h_ℓ, h_ℓ+n)",
                record=_S + "angular_record", record_fields=("angular_d1_mean",), track=_S + "angular_track",
                report_opts=_frozen(positions="all")),
-    Diagnostic("mixing", "depthlens.analysis.attnres:depth_mixing_dataset",
+    Diagnostic("mixing", "depthlens.diagnostics.attnres:depth_mixing_dataset",
                "depth-mixing matrix M[i → j] (any design)", aliases=("depth_mixing",),
-               figure="depthlens.report.figures:fig_mixing", title="Depth-mixing matrix M[i → j]"),
+               figure="depthlens.render.figures:fig_mixing", title="Depth-mixing matrix M[i → j]"),
 )
 
 _EXTRA: list[Diagnostic] = []  # added by `register` (tests, plug-ins), after the shipped ones

@@ -1,6 +1,6 @@
 """Convenience entry points: a checkpoint path (or a model) in, a labelled `xarray.Dataset` out.
 
-    import depthlens.analysis.api as dl
+    import depthlens.studies.api as dl
     ds = dl.causal("ckpt/preln_l32")                        # default eval data: held-out corpus split
     ds = dl.permutation(model, data, pairs="late", swap="body")
     ds = dl.run("permute", "ckpt/hc_l32")                    # any diagnostic by registry name or alias
@@ -22,12 +22,12 @@ from typing import Any
 import torch
 import xarray as xr
 
-from depthlens.analysis import registry
-from depthlens.analysis.dataset import concat_checkpoints
-from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
-from depthlens.analysis.evaldata import is_shards as _is_shards
-from depthlens.analysis.evaldata import tokenizer_for as _tokenizer_for
+from depthlens.diagnostics import registry
 from depthlens.errors import UsageError
+from depthlens.io.dataset import concat_checkpoints
+from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
+from depthlens.runtime.evaldata import is_shards as _is_shards
+from depthlens.runtime.evaldata import tokenizer_for as _tokenizer_for
 
 
 def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -50,8 +50,8 @@ def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype:
 def _check_in_memory(model: Any, device: str | torch.device, dtype: torch.dtype | None) -> None:
     """An in-memory model runs where and in what precision it is: a `dtype` (or a non-default `device`) it does
     not have is refused rather than silently ignored (the model is the caller's; it is never moved here)."""
-    from depthlens.analysis.evaldata import model_device
     from depthlens.errors import DepthlensError
+    from depthlens.runtime.evaldata import model_device
 
     params = list(model.parameters())[:1] if hasattr(model, "parameters") else []
     if dtype is not None and params and params[0].dtype != dtype:
@@ -194,8 +194,8 @@ def _late_study(checkpoints: Sequence[Any], keys: Sequence[str], opts: Any) -> A
     """A study of the diagnostics owning score `keys`, each restricted to its late-window headline."""
     import dataclasses
 
-    from depthlens.analysis.study import StudyOptions, run_study
     from depthlens.errors import DepthlensError
+    from depthlens.studies.study import StudyOptions, run_study
 
     owners = tuple(dict.fromkeys(registry.score_owner(k)[0].name for k in keys))
     opts = dataclasses.replace(opts or StudyOptions(), metrics=owners, late=True)
@@ -224,7 +224,7 @@ def headline_shares(checkpoints: Sequence[Any], keys: str | Sequence[str] = ("ca
     """Headline shares (with bootstrap CIs) of score `keys` for several checkpoints on identical eval data:
     [{checkpoint, design, n_layer, <key>: `sweep.headline` dict}] in the given order (one engine run per
     diagnostic, however many of its scores are asked for)."""
-    from depthlens.analysis.sweep import headline
+    from depthlens.diagnostics.sweep import headline
 
     keys = check_scores(keys)
     study = _late_study(checkpoints, keys, opts)
@@ -257,7 +257,7 @@ def sweep(checkpoints: Sequence[Any], key: str = "causal", thresholds: Sequence[
     Returns {"dataset": the curves stacked along `checkpoint`, "curves": the headline curves, "selection",
     "theta", "order", "robustness": xr.Dataset or None}. `order` (checkpoint names, low to high): without it
     no robustness is computed."""
-    from depthlens.analysis.sweep import robustness, share_curves
+    from depthlens.diagnostics.sweep import robustness, share_curves
 
     key = check_scores([key], "--metric")[0]
     study = _late_study(checkpoints, [key], opts)

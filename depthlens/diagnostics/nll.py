@@ -121,7 +121,7 @@ def perplexity(loss: float) -> float:
 
 
 def _device(model: Any) -> torch.device:
-    from .evaldata import model_device
+    from ..runtime.evaldata import model_device
 
     return model_device(model)
 

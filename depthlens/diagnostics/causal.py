@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from depthlens.analysis.causal_arms import (  # noqa: F401  (Arm, _CellStore, the cut tables: re-exported)
+from depthlens.diagnostics.causal_arms import (  # noqa: F401  (Arm, _CellStore, the cut tables: re-exported)
     Arm,
     _CellStore,
     _nanmax,
@@ -46,14 +46,14 @@ from depthlens.analysis.causal_arms import (  # noqa: F401  (Arm, _CellStore, th
     future_cuts,
     make_arms,
 )
-from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.distributed import agree, merge, shard, world
-from depthlens.analysis.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import late_window, loss_log_probs, loss_logits
-from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import State, state_cat, state_repeat
+from depthlens.runtime.distributed import agree, merge, shard, world
+from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
+from depthlens.runtime.progress import Count, ProgressFn
+from depthlens.stats.metrics import late_window, loss_log_probs, loss_logits
 
 VARIANTS = ("current", "future")
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
@@ -316,7 +316,7 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
 
 
 def _my_share(batches: list, arms: list[Arm], S: list[int]) -> tuple[list, list[Arm]]:
-    """This process's (sequence batches, arms) under torchrun (depthlens.analysis.distributed): the sequence
+    """This process's (sequence batches, arms) under torchrun (depthlens.runtime.distributed): the sequence
     batches split over ranks when there are enough of them, otherwise the skipped layers (round-robin). One
     process: everything."""
     rank, n = world()

@@ -23,7 +23,7 @@ identity. Clean states before the first removed layer are reused from one clean 
 layer l costs L - l layers, not L.
 
 Loss: mean next-token NLL (nats/token) over every position but the last, through the chunked LM head when
-the model offers one (`analysis/vocab.py`), so 152K- and 262K-id vocabularies never form (rows, V) logits.
+the model offers one (`diagnostics/vocab.py`), so 152K- and 262K-id vocabularies never form (rows, V) logits.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch.nn.functional as F
 import xarray as xr
 
 from ..errors import DepthlensError
+from ..io.dataset import make_dataset
 from ..models.protocol import unembedding_of
-from .dataset import make_dataset
-from .evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from ..runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "random")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from depthlens.analysis import registry
+from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import jsonable
@@ -73,7 +73,7 @@ def _group_key(ds) -> tuple:
 
 def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, list[str], Any]]:
     """[(file name, checkpoint names, Dataset)]: concatenated along `checkpoint` within equal-shape groups."""
-    from depthlens.analysis.dataset import concat_checkpoints
+    from depthlens.io.dataset import concat_checkpoints
 
     have = [e for e in entries if metric in e.datasets]
     groups: dict[tuple, list[Entry]] = {}
@@ -115,7 +115,7 @@ def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, li
 
 
 def manifest(rep: Report) -> dict[str, Any]:
-    from depthlens.analysis.dataset import depthlens_version
+    from depthlens.io.dataset import depthlens_version
 
     d = rep.data
     return jsonable({
@@ -136,9 +136,10 @@ def manifest(rep: Report) -> dict[str, Any]:
 
 def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
     """Write figures, datasets, summary.json, manifest.json, index.html and README.md into `out`, atomically."""
-    from depthlens.analysis.dataset import write_netcdf
+    from depthlens.io.dataset import write_netcdf
 
-    from . import figures, render
+    from ..render import figures
+    from ..render import pages as render
     from .reproducible import reproducible, timings
 
     out = check_out(out, overwrite)

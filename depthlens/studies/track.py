@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depthlens.analysis import registry
-from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
+from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
@@ -392,7 +392,7 @@ def engine_options(metric: str) -> dict[str, Any]:
 
 def weights_id(path: Path) -> str:
     """SHA-256 of what a checkpoint's results depend on: config + weights (a GGUF file: the file)."""
-    from depthlens.analysis.dataset import checkpoint_sha256, sha256_file
+    from depthlens.io.dataset import checkpoint_sha256, sha256_file
 
     if path.is_file():
         return sha256_file(path)
@@ -430,7 +430,7 @@ def _cached(path: Path, key: str) -> xr.Dataset | None:
 def summarise(ds: xr.Dataset, metric: str, opts: TrackOptions) -> dict[str, xr.DataArray]:
     """The per-step variables `track` keeps from one engine result (no `step` dim yet): the diagnostic's
     `track` hook, or its headline share (`analysis.summaries.track_vars`)."""
-    from depthlens.analysis.summaries import track_vars
+    from depthlens.studies.summaries import track_vars
 
     return track_vars(diagnostic(metric), ds, opts)
 
@@ -449,7 +449,7 @@ def _noop(_: str) -> None:
 def eval_tokens(series: Sequence[Series], opts: TrackOptions):
     """One EvalData for every snapshot of every series (same tokenizer required), built from the first
     snapshot; seq_len = min(128, the smallest max_seq_len) unless given."""
-    from depthlens.analysis.api import _tokenizer_for, eval_data_for, load_model
+    from depthlens.studies.api import _tokenizer_for, eval_data_for, load_model
 
     names = {}
     for s in series:  # the first snapshot of each series: its tokenizer as the loader found it
@@ -472,7 +472,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
             ) -> tuple[dict[str, xr.Dataset], str, int]:
     """Engine results of one snapshot (from the cache when its key matches), its design slug and L.
     Computes only what is missing; each result is written to the cache atomically as soon as it exists."""
-    from depthlens.analysis.dataset import write_netcdf
+    from depthlens.io.dataset import write_netcdf
 
     cache.mkdir(parents=True, exist_ok=True)
     wid = weights_id(snap.path)
@@ -495,7 +495,7 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
             for m in metrics:  # one progress step per metric, done or not, so counts match len(metrics) per snapshot
                 progress(f"{snap.path.name}: {m} (cached)")
             return out, slug, L
-    from depthlens.analysis.api import load_model
+    from depthlens.studies.api import load_model
 
     model, _ = load_model(snap.path, device=opts.device, dtype=registry.load_dtype(opts.dtype))
     slug, L = str(getattr(model.design, "slug", "?")), int(model.n_layer)
@@ -550,8 +550,8 @@ def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr
 def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike, ev=None,
           progress: Progress = _noop) -> xr.Dataset:
     """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
-    from depthlens.analysis.dataset import depthlens_version, make_dataset
     from depthlens.io.atomic import claim_dir
+    from depthlens.io.dataset import depthlens_version, make_dataset
 
     cache = claim_dir(cache, "track cache")  # a directory of ours (marker), so damaged parts may be replaced
     ev = ev if ev is not None else eval_tokens(series, opts)

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 import xarray as xr
 
-from depthlens.analysis.dataset import make_dataset
-from depthlens.analysis.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
-from depthlens.analysis.metrics import AngularAccumulator
-from depthlens.analysis.progress import Count, ProgressFn
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
+from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from depthlens.runtime.progress import Count, ProgressFn
+from depthlens.stats.metrics import AngularAccumulator
 
 POSITIONS = ("last", "all")
 REPRS = ("view", "flatten", "input", "running_sum")
@@ -88,7 +88,7 @@ def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "las
 
     Returns a Dataset with `angular_distance` (layer = state ℓ 0..L, block_size = n 0..L; NaN where ℓ+n > L),
     `profile` (layer) = D_1(ℓ), and `prune_start` (block_size) = argmin_ℓ D_n(ℓ) (Gromov's pruning start).
-    progress: called as (batches done, total) (`depthlens.analysis.progress`).
+    progress: called as (batches done, total) (`depthlens.runtime.progress`).
     """
     if repr not in REPRS:
         raise DepthlensError(f"repr must be one of {REPRS}, got {repr!r}")

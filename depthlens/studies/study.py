@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthlens.analysis import registry
-from depthlens.analysis.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
+from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 
 DEFAULT_N_BOOT = 1000
 Progress = Callable[[str], None]  # called once per finished step with a short description
@@ -163,7 +163,7 @@ def sort_key(e: Entry) -> tuple:
 
 def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[Any], list[tuple[str, int]]]:
     """Every checkpoint's tokenizer, and its (tokenizer name, max_seq_len): all the shared eval data depends on."""
-    from depthlens.analysis.evaldata import is_shards, tokenizer_for
+    from depthlens.runtime.evaldata import is_shards, tokenizer_for
 
     toks = [tokenizer_for(e.path, e.model, required=not is_shards(opts.data)) for e in entries]
     return toks, [(str(getattr(t, "name", t)), int(e.model.config.max_seq_len)) for t, e in zip(toks, entries)]
@@ -172,7 +172,7 @@ def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[
 def study_eval_data(entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None):
     """One EvalData for all checkpoints: same tokenizer required; checked against every model.
     facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (analysis.ranks)."""
-    from depthlens.analysis.evaldata import load_eval_data
+    from depthlens.runtime.evaldata import load_eval_data
 
     toks, own = tokenizer_facts(entries, opts)
     facts = own if facts is None else facts
@@ -241,7 +241,7 @@ def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, be
     """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (analysis.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
-    from depthlens.analysis.distributed import (
+    from depthlens.runtime.distributed import (
         agree,
         device_for_rank,
         gather_to_main,
@@ -249,7 +249,7 @@ def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, be
         long_wait_group,
         world,
     )
-    from depthlens.analysis.ranks import assign, attempt, pack, unpack
+    from depthlens.runtime.ranks import assign, attempt, pack, unpack
 
     group = long_wait_group()
     rank, n = world()
@@ -313,7 +313,7 @@ def run_study(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before:
     """Load every model, build the shared eval data, run every applicable diagnostic. `before` runs first (on
     rank 0 under torchrun; report checks its output location there), `on_loaded(n_steps)` once the models are
     validated. Under torchrun the ranks other than 0 return None."""
-    from depthlens.analysis.distributed import launched
+    from depthlens.runtime.distributed import launched
 
     if launched():
         spread = compute_spread(paths, opts, before=before, progress=progress, on_loaded=on_loaded)

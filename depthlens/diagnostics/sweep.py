@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depthlens.analysis import registry
-from depthlens.analysis.dataset import LAYER_DIMS
-from depthlens.analysis.metrics import late_pairs, late_window
-from depthlens.analysis.stats import bootstrap_ci, crossing_points, ranking_robustness, share_curve
+from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import LAYER_DIMS
+from depthlens.stats.metrics import late_pairs, late_window
+from depthlens.stats.shares import bootstrap_ci, crossing_points, ranking_robustness, share_curve
 
 METRICS = {k: registry.score(k).var for k in registry.SCORE_KEYS}  # shipped metric → dataset variable
 HEADLINE_THRESHOLD = registry.THRESHOLDS  # shipped metric → default headline θ (the registry's `Score.theta`)

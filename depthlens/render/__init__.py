@@ -1,0 +1,1 @@
+"""Figures, plots, terminal views and the HTML/Markdown pages of a report."""

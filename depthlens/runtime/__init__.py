@@ -1,0 +1,1 @@
+"""Where and how a run happens: eval data and devices, torch.distributed helpers, the torchrun spread."""

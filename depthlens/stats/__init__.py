@@ -1,0 +1,1 @@
+"""Pure numerics on arrays: diagnostic math, late-window shares and the bootstrap, ordinal claims."""

@@ -1,0 +1,1 @@
+"""Workflows over many models: the Python API, report building, track, definition sensitivity."""
