@@ -342,7 +342,8 @@ class GenericBlocksModel(HookedRootModule):
         with torch.no_grad():
             ctx = self.context(4, device=self._device())
             g = torch.Generator().manual_seed(0)
-            state = {"h": 3 * torch.randn(2, 4, self.d_model, generator=g).to(self._device(), lm_head.weight.dtype)}
+            h = 3 * torch.randn(2, 4, self.d_model, generator=g, device="cpu")  # seeded on the host, then moved
+            state = {"h": h.to(self._device(), lm_head.weight.dtype)}
             logits = self.head(state, ctx).float()
             direct = F.linear(self._head_input(state, ctx), lm_head.weight, lm_head.bias).float()
         if not torch.allclose(logits, direct, rtol=1e-4, atol=1e-4 * float(logits.abs().max())):

@@ -184,6 +184,7 @@ def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any, device_ma
 
     from ..io.weights import check_finite, check_float_dtypes, directory_header
     from .hf import check_model_type, load_hf, place_model
+    from .structure import structure_of
 
     check_model_type(raw, p)
     header = directory_header(p)
@@ -191,8 +192,9 @@ def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any, device_ma
     _check_hf_sizes(raw, header, p)
     model = load_hf(p, dtype=dtype or torch.float32, device=device if device_map is None else "cpu", config=raw)
     check_finite(model.hf.named_parameters(), p)  # on the host, before a device_map spreads the weights
+    structure = structure_of(model)  # one short forward, on the host, before a device_map spreads the weights
     model = place_model(model, device_map)
-    return _hf_opened(model, p, raw, source="hf", weights_format="safetensors")
+    return _hf_opened(model, p, raw, source="hf", weights_format="safetensors", structure=structure)
 
 
 def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
@@ -212,13 +214,10 @@ def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
             check_shape(names, key, (v, d), where / "config.json", "vocab_size x hidden_size")
 
 
-def _hf_opened(model: Any, p: Path, raw: dict[str, Any], *, source: str, weights_format: str,
+def _hf_opened(model: Any, p: Path, raw: dict[str, Any], *, source: str, weights_format: str, structure: Any,
                extra: dict[str, Any] | None = None) -> Opened:
-
-    from .structure import structure_of
-
+    """structure: the block's residual design (`structure.structure_of`), read before any device_map placement."""
     tok = model.tokenizer
-    structure = structure_of(model)
     meta = ModelMeta(kind=source, path=str(p), name=p.name, arch=model.design.slug, family=model.spec.family,
                      n_layer=model.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), config=raw)
     prov = {"model_source": source, "model_path": str(p.resolve()), "model_family": model.spec.family,
@@ -245,6 +244,7 @@ def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None,
 
     from ..io.weights import check_finite
     from .hf import _quiet_hf, place_model, wrap
+    from .structure import structure_of
 
     info = gguf_header(p)
     try:
@@ -263,11 +263,13 @@ def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None,
     hf.eval()
     check_finite(hf.named_parameters(), p)
     tok = _gguf_tokenizer(p)
-    model = place_model(wrap(hf, tok), device_map)
+    model = wrap(hf, tok)
+    structure = structure_of(model)  # before a device_map spreads the weights
+    model = place_model(model, device_map)
     raw = json.loads(hf.config.to_json_string(use_diff=False))
     extra = {"gguf_quantization": info["quantization"], "gguf_tensor_types": info["tensor_types"],
              "gguf_architecture": info["architecture"]}
-    return _hf_opened(model, p, raw, source="gguf", weights_format="gguf", extra=extra)
+    return _hf_opened(model, p, raw, source="gguf", weights_format="gguf", structure=structure, extra=extra)
 
 
 def gguf_header(p: Path) -> dict[str, Any]:
