@@ -54,6 +54,7 @@ DEAD_PREFIX_EPS = 0.05
 DEFAULT_N_SEQ = 32
 DEFAULT_SEQ_LEN = 128
 DEFAULT_N_BOOT = 1000
+UNTRAINED_METRICS = ("causal", "permutation", "rank", "attnres")  # those the table and the orderings read
 
 
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
@@ -86,7 +87,9 @@ class ReportOptions:
     perm_pairs: str = "late"
     batch_size: int | None = None
     threads: int | None = 1  # torch CPU threads while computing; None/0 = leave torch's setting
-
+    # diagnostics also run on the untrained model of each checkpoint's config and training seed (its step-0
+    # weights, `untrained_model`): the baseline a learned effect is measured against. () = none.
+    untrained: tuple[str, ...] = UNTRAINED_METRICS
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this report's choices."""
@@ -100,7 +103,7 @@ class ReportOptions:
                 "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
                 "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
                 "window_start": "quarter",
-                "dead_prefix_eps": DEAD_PREFIX_EPS}
+                "dead_prefix_eps": DEAD_PREFIX_EPS, "untrained": list(self.untrained)}
 
 
 @dataclass
@@ -116,9 +119,18 @@ class Entry:
     params: dict[str, Any]
     train: dict[str, Any]
     datasets: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset
+    untrained: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset of the step-0 model
     seconds: dict[str, float] = field(default_factory=dict)
     figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def seed(self) -> int | None:
+        """The training seed (train.json `seed`, else its recipe's); None when unknown."""
+        for v in (self.train.get("seed"), (self.train.get("recipe") or {}).get("seed")):
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return None
 
     @property
     def val_loss(self) -> float:
@@ -134,6 +146,7 @@ class Report:
     records: list[dict[str, Any]] = field(default_factory=list)
     sweeps: dict[str, Any] = field(default_factory=dict)  # report metric -> xr.Dataset (checkpoint, threshold)
     robustness: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)  # paired design differences (orderings)
     figures: dict[str, str] = field(default_factory=dict)  # cross-checkpoint figures: key -> relative path
     files: dict[str, list[str]] = field(default_factory=dict)  # netCDF file -> checkpoints it holds
     seconds: dict[str, float] = field(default_factory=dict)
@@ -303,20 +316,58 @@ def _compute(entries: Sequence[Entry], data, opts: ReportOptions, progress: Prog
                 e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
             e.seconds[m] = round(time.perf_counter() - t0, 3)
             progress(f"{e.name}: {m}")
+        for e in entries:
+            _compute_untrained(e, data, opts)
+
+
+def untrained_model(e: Entry):
+    """The model of `e`'s config as the trainer initialises it for `e`'s training seed (`build_model(config,
+    seed)`, exactly the trainer's step-0 weights), on `e`'s device and dtype; None when the seed or a
+    depthlens config is unknown."""
+    from depthlens.models.config import ModelConfig
+    from depthlens.models.model import build_model
+
+    cfg = getattr(e.model, "config", None)
+    if e.seed is None or not isinstance(cfg, ModelConfig):
+        return None
+    p = next(e.model.parameters())
+    return build_model(cfg, seed=e.seed).to(device=p.device, dtype=p.dtype).eval()
+
+
+def _compute_untrained(e: Entry, data, opts: ReportOptions) -> None:
+    import torch
+
+    todo = [m for m in opts.metrics if m in opts.untrained and registry.get(m).applies(e.slug)]
+    if not todo:
+        return
+    model = untrained_model(e)
+    if model is None:
+        e.notes.append("untrained baseline: not computed (no training seed in train.json)")
+        return
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for m in todo:
+            try:
+                e.untrained[m] = registry.run(m, model, data, checkpoint=e.path, **opts.engine_options(m))
+            except (DepthlensError, ValueError) as err:
+                e.notes.append(f"{m} (untrained): not computed ({str(err).splitlines()[0]})")
+    e.seconds["untrained"] = round(time.perf_counter() - t0, 3)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 5. summary, sweeps, robustness
 
 
+SHARE_FIELDS = ("share", "ci_low", "ci_high", "ci_method", "ci_unit", "share_full", "subsample_m", "eval_sizes",
+                "eval_size_tokens", "eval_size_shares", "still_rising", "shard_mean", "shard_sd", "n_pairs",
+                "definition", "share_untrained", "untrained_diff", "untrained_diff_low", "untrained_diff_high")
 RECORD_KEYS = (
-    "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
-    "val_loss", "eval_loss",
-    "causal_share", "causal_ci_low", "causal_ci_high", "causal_shard_mean", "causal_shard_sd", "causal_n_pairs",
-    "causal_noise_floor", "causal_definition",
-    "causal_theta_50", "causal_theta_10",
-    "perm_share", "perm_ci_low", "perm_ci_high", "perm_shard_mean", "perm_shard_sd", "perm_n_pairs", "perm_definition", "perm_theta_50", "perm_theta_10",
-    "erank_full", "erank_late", "n_streams", "dead_prefix", "angular_d1_mean", "path", "seconds",
+    "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding", "seed", "lr",
+    "val_loss", "eval_loss", "eval_loss_untrained",
+    *(f"causal_{k}" for k in SHARE_FIELDS), "causal_noise_floor", "causal_theta_50", "causal_theta_10",
+    *(f"perm_{k}" for k in SHARE_FIELDS), "perm_theta_50", "perm_theta_10",
+    "erank_full", "erank_late", "erank_full_untrained", "n_streams", "dead_prefix", "dead_prefix_untrained",
+    "angular_d1_mean", "path", "seconds",
 )
 
 
@@ -330,13 +381,68 @@ def _headline(ds, metric: str, opts: ReportOptions) -> dict[str, Any] | None:
 
 
 def _headline_fields(prefix: str, h: dict[str, Any]) -> dict[str, Any]:
-    """share, CI, shard mean/sd and pair count of one headline, under `<prefix>_*` record keys."""
-    keys = {"share": "share", "ci_low": "ci_low", "ci_high": "ci_high", "shard_mean": "shard_mean",
-            "shard_sd": "shard_sd"}
-    out = {f"{prefix}_{k}": _f(h.get(v)) for k, v in keys.items()}
-    out[f"{prefix}_n_pairs"] = h["n_pairs"]
-    out[f"{prefix}_definition"] = h.get("definition")
+    """The headline share with its interval (method and unit named), the share at all N sequences, the
+    eval-size curve and its still-rising flag, under `<prefix>_*` record keys."""
+    out = {f"{prefix}_{k}": _f(h.get(k)) for k in ("share", "ci_low", "ci_high", "share_full", "shard_mean",
+                                                   "shard_sd")}
+    for k in ("ci_method", "ci_unit", "subsample_m", "eval_sizes", "eval_size_tokens", "eval_size_shares",
+              "still_rising", "n_pairs", "definition"):
+        out[f"{prefix}_{k}"] = h.get(k)
     return out
+
+
+def share_parts(ds, metric: str, opts: ReportOptions):
+    """(Interval, replicates, jackknife?) of `metric`'s headline share in `ds` (`sweep.share_interval`, the
+    report's θ, window and resampling seed), or None when it has none. Two datasets on the same eval sequences
+    get replicates that pair: the same sequence left out (jackknife) or the same resamples (bootstrap)."""
+    from depthlens.analysis.sweep import HEADLINE_THRESHOLD, share_interval
+
+    try:
+        interval, reps, jack, _ = share_interval(ds, metric, HEADLINE_THRESHOLD[metric], start="quarter",
+                                                 n_boot=opts.n_boot, seed=opts.seed)
+    except (DepthlensError, ValueError, KeyError):
+        return None
+    return interval, reps, jack
+
+
+def paired_share_difference(a, b, metric: str, opts: ReportOptions):
+    """share(a) − share(b) with its paired interval over the eval sequences (None when either has none)."""
+    from depthlens.analysis.intervals import paired_difference
+
+    pa, pb = share_parts(a, metric, opts), share_parts(b, metric, opts)
+    if pa is None or pb is None or pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
+        return None
+    return paired_difference(pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2],
+                             method=pa[0].method.split("; ")[-1])
+
+
+def _untrained_fields(prefix: str, key: str, ds, base, opts: ReportOptions) -> dict[str, Any]:
+    """share on the untrained model, and trained − untrained with its interval paired over sequences."""
+    h = _headline(base, key, opts)
+    out = {f"{prefix}_share_untrained": _f(h.get("share")) if h else None}
+    d = paired_share_difference(ds, base, key, opts)
+    if d is not None:
+        out.update({f"{prefix}_untrained_diff": _f(d.estimate), f"{prefix}_untrained_diff_low": _f(d.low),
+                    f"{prefix}_untrained_diff_high": _f(d.high)})
+    return out
+
+
+def _eval_loss(ds) -> float | None:
+    if ds is not None and "clean_loss_seq" in ds and np.isfinite(ds["clean_loss_seq"].values).any():
+        return _f(np.nanmean(ds["clean_loss_seq"].values))
+    return None
+
+
+def _dead_prefix(ds) -> int | None:
+    if ds is None or "dead_prefix" not in ds:
+        return None
+    eps = np.asarray(ds["eps"].values, dtype=float)
+    k = int(np.argmin(np.abs(eps - DEAD_PREFIX_EPS)))
+    return int(ds["dead_prefix"].values[k]) if abs(eps[k] - DEAD_PREFIX_EPS) < 1e-9 else None
+
+
+def _erank(ds, product: str = "full") -> float | None:
+    return None if ds is None else _f(ds["erank"].sel(product=product, statistic="mean").values)
 
 
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
@@ -347,7 +453,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
     r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
              params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
-             seconds=round(sum(e.seconds.values()), 2))
+             seed=e.seed, lr=_f((e.train.get("recipe") or {}).get("lr")), seconds=round(sum(e.seconds.values()), 2))
     for d in registry.DIAGNOSTICS:  # the headline share of every diagnostic that has one, and its crossings
         ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
         h = _headline(ds, d.headline.key, opts) if ds is not None and d.headline else None
@@ -355,34 +461,84 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
             r.update(_headline_fields(d.prefix, h))
             if f"{d.prefix}_noise_floor" in r:
                 r[f"{d.prefix}_noise_floor"] = _f(h.get("noise_floor"))
+            base = e.untrained.get(d.name)
+            if base is not None:
+                r.update(_untrained_fields(d.prefix, d.headline.key, ds, base, opts))
         if sw is not None and e.name in sw["checkpoint"].values:
             cr = sw["crossing"].sel(checkpoint=e.name)
             r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
             r[f"{d.prefix}_theta_10"] = _f(cr.sel(q=0.1).values)
-    ds = e.datasets.get("causal")
-    if ds is not None and "clean_loss_seq" in ds:
-        r["eval_loss"] = _f(np.nanmean(ds["clean_loss_seq"].values)) if np.isfinite(
-            ds["clean_loss_seq"].values).any() else None
+    r["eval_loss"] = _eval_loss(e.datasets.get("causal"))
+    r["eval_loss_untrained"] = _eval_loss(e.untrained.get("causal"))
     ds = e.datasets.get("permutation")
     if ds is not None and r["eval_loss"] is None and "clean_loss" in ds:
         r["eval_loss"] = _f(ds["clean_loss"].values)
     ds = e.datasets.get("rank")
     if ds is not None:
-        r["erank_full"] = _f(ds["erank"].sel(product="full", statistic="mean").values)
-        r["erank_late"] = _f(ds["erank"].sel(product="late", statistic="mean").values)
+        r["erank_full"], r["erank_late"] = _erank(ds), _erank(ds, "late")
         if "n_streams" in ds.coords:
             r["n_streams"] = int(ds["n_streams"].values)
-    ds = e.datasets.get("attnres")
-    if ds is not None and "dead_prefix" in ds:
-        eps = np.asarray(ds["eps"].values, dtype=float)
-        k = int(np.argmin(np.abs(eps - DEAD_PREFIX_EPS)))
-        if abs(eps[k] - DEAD_PREFIX_EPS) < 1e-9:
-            r["dead_prefix"] = int(ds["dead_prefix"].values[k])
+    r["erank_full_untrained"] = _erank(e.untrained.get("rank"))
+    r["dead_prefix"] = _dead_prefix(e.datasets.get("attnres"))
+    r["dead_prefix_untrained"] = _dead_prefix(e.untrained.get("attnres"))
     ds = e.datasets.get("angular")
     if ds is not None and "profile" in ds:
         prof = np.asarray(ds["profile"].values, dtype=float)[: e.n_layer]
         r["angular_d1_mean"] = _f(np.nanmean(prof)) if np.isfinite(prof).any() else None
     return jsonable(r)
+
+
+def _loss_changes(by: dict, design: str, L: int, opts: ReportOptions) -> list[dict[str, Any]]:
+    """Per seed present at L and L/2: eval loss at L minus at L/2, paired over the same eval sequences."""
+    from depthlens.analysis.intervals import bootstrap_counts, mean_interval
+
+    out = []
+    for (d, depth, s), deep in by.items():
+        shallow = by.get((design, L // 2, s))
+        if d != design or depth != L or shallow is None:
+            continue
+        row: dict[str, Any] = {"score": "loss_change", "higher": design, "lower": None, "L": L, "seed": s}
+        for tag, a, b in (("", deep.datasets, shallow.datasets), ("untrained_", deep.untrained, shallow.untrained)):
+            if "causal" not in a or "causal" not in b:
+                continue
+            diff = a["causal"]["clean_loss_seq"].values - b["causal"]["clean_loss_seq"].values
+            if not np.isfinite(diff).all() or diff.size < 2:
+                continue
+            it, _ = mean_interval(diff, counts=bootstrap_counts(diff.size, max(opts.n_boot, 2), opts.seed))
+            row.update({f"{tag}diff": it.estimate, f"{tag}low": it.low, f"{tag}high": it.high,
+                        f"{tag}method": f"paired {it.method}", f"{tag}unit": it.unit})
+        out.append(jsonable(row))
+    return out
+
+
+def comparisons(entries: Sequence[Entry], opts: ReportOptions, claims: Sequence[Any] | None = None
+                ) -> list[dict[str, Any]]:
+    """For every ordering claim on a share (report.orderings.CLAIMS): per training seed present in both designs,
+    the paired difference higher − lower over the same eval sequences, trained and untrained. The orderings
+    pool them over seeds (one seed: this interval, which excludes training variance)."""
+    from depthlens.report.orderings import CLAIMS
+
+    by = {(e.slug, e.n_layer, e.seed): e for e in entries}
+    out = []
+    for c in CLAIMS if claims is None else claims:
+        if c.kind == "sign" and c.score == "loss_change":
+            out += _loss_changes(by, c.higher, c.L, opts)
+        if c.score not in ("causal", "perm"):
+            continue
+        metric, key = ("causal", "causal") if c.score == "causal" else ("permutation", "perm_abs")
+        seeds = sorted({s for (d, L, s) in by if d == c.higher and L == c.L} &
+                       {s for (d, L, s) in by if d == c.lower and L == c.L}, key=lambda s: (s is None, s))
+        for s in seeds:
+            hi, lo = by[(c.higher, c.L, s)], by[(c.lower, c.L, s)]
+            row: dict[str, Any] = {"score": c.score, "higher": c.higher, "lower": c.lower, "L": c.L, "seed": s}
+            for tag, ga, gb in (("", hi.datasets, lo.datasets), ("untrained_", hi.untrained, lo.untrained)):
+                a, b = ga.get(metric), gb.get(metric)
+                d = paired_share_difference(a, b, key, opts) if a is not None and b is not None else None
+                if d is not None:
+                    row.update({f"{tag}diff": d.estimate, f"{tag}low": d.low, f"{tag}high": d.high,
+                                f"{tag}method": d.method, f"{tag}unit": d.unit})
+            out.append(jsonable(row))
+    return out
 
 
 def sweeps_for(entries: Sequence[Entry], metric: str):
@@ -473,6 +629,7 @@ def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Pro
                 rep.robustness += robustness_for(sw, metric)
     for e in rep.entries:
         rep.records.append(record(e, opts, rep.sweeps))
+    rep.comparisons = comparisons(rep.entries, opts)
     progress("summary")
     return rep
 
@@ -542,6 +699,7 @@ def manifest(rep: Report) -> dict[str, Any]:
         "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
                          "seconds": e.seconds, "figures": e.figures, "notes": e.notes} for e in rep.entries],
         "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness, "seconds": rep.seconds,
+        "comparisons": rep.comparisons,
         "notes": rep.notes,
         "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
                       "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
