@@ -148,10 +148,19 @@ def _json(x: Any) -> str:
 
 
 def _fmt_share(h: dict[str, Any]) -> str:
-    ci = "" if math.isnan(h.get("ci_low", float("nan"))) else f"  [{100 * h['ci_low']:.1f}%, {100 * h['ci_high']:.1f}%] 95% CI"
+    """'70.0% [64.6%, 74.9%] 95% (method; unit) ...': the interval always qualifies the number before it."""
+    ci = ""
+    if not math.isnan(h.get("ci_low", float("nan"))):
+        ci = f" [{100 * h['ci_low']:.1f}%, {100 * h['ci_high']:.1f}%] 95% ({h.get('ci_method')}; resampling " \
+             f"{h.get('ci_unit')})"
+    full = ""
+    if h.get("subsample_m") is not None:
+        rising = "; still rising with the eval set" if h.get("still_rising") else ""
+        full = f"; at all {h['n_sequences']} sequences {100 * h['share_full']:.1f}% (max: no interval{rising})"
     shards = "" if h.get("shard_mean") is None else \
         f"; 5 disjoint eval shards: {100 * h['shard_mean']:.1f}% ± {100 * h['shard_sd']:.1f}%"
-    return f"{100 * h['share']:.1f}%{ci}  of {h['n_pairs']} late pairs (layers >= {h['window_start']}){shards}"
+    size = f"at m = {h['subsample_m']} sequences " if h.get("subsample_m") is not None else ""
+    return f"{size}{100 * h['share']:.1f}%{ci}  of {h['n_pairs']} late pairs (layers >= {h['window_start']}){full}{shards}"
 
 
 def _matrix_view(da: Any, vmax: float | None = None) -> Any:
@@ -567,7 +576,9 @@ def compare(ckpts: CkptsArg,
     from rich.table import Table
 
     defs = "; ".join(dict.fromkeys(r[m]["definition"] for r in rows for m in wanted))
-    t = Table(title="headline shares over the late window (95% bootstrap CI)", caption=defs)
+    methods = "; ".join(dict.fromkeys(f"{m}: {r[m]['ci_method']} over {r[m]['ci_unit']}" for r in rows for m in wanted
+                                      if r[m].get("ci_method")))
+    t = Table(title="headline shares over the late window (95% interval)", caption=f"{defs}\n{methods}")
     for col in ("checkpoint", "design", "L", *wanted):
         t.add_column(col)
     for r in rows:
@@ -575,6 +586,8 @@ def compare(ckpts: CkptsArg,
         for m in wanted:
             h = r[m]
             ci = "" if math.isnan(h["ci_low"]) else f" [{100 * h['ci_low']:.0f}, {100 * h['ci_high']:.0f}]"
-            cells.append(f"{100 * h['share']:.1f}%{ci} (> {h['threshold']})")
+            size = f" at m = {h['subsample_m']} seqs; all {h['n_sequences']}: {100 * h['share_full']:.1f}%" \
+                if h.get("subsample_m") is not None else ""
+            cells.append(f"{100 * h['share']:.1f}%{ci} (> {h['threshold']}){size}")
         t.add_row(r["checkpoint"], r["design"], str(r["n_layer"]), *cells)
     Console().print(t)
