@@ -42,3 +42,24 @@ def test_calibration_table_matches_the_report(smollm2):
             row = re.search(rf"^\| {variant} \| {agg} \| ([0-9.]+ %) \| ([0-9.]+ %) \|", text, re.M)
             assert row, (variant, agg)
             assert row.group(1) == _pct(by[(variant, agg, "update")]) and row.group(2) == _pct(by[(variant, agg, "resid")])
+
+
+def test_performance_causal_rows_and_like_for_like_ratio():
+    path = ROOT / "reports" / "bench" / "real_scale.json"
+    if not path.is_file():
+        pytest.skip("reports/bench/real_scale.json not generated")
+    res = {r["model"]: r for r in json.loads(path.read_text())["results"]}
+    text = (ROOT / "docs" / "performance.md").read_text()
+    eq = {m: {k: v["cpu"] for k, v in r["causal"]["full_pass_equivalents"].items()} for m, r in res.items()}
+    (other,) = [m for m in res if m != "smollm2"]
+    row = re.search(r"^\| `causal --outputs` \(\+ O\[s\], ΔL_skip\) \| ([0-9.]+) \| ([0-9.]+) \|", text, re.M)
+    assert row and (row.group(1), row.group(2)) == (f"{eq['smollm2']['outputs_depthlens']:.1f}",
+                                                    f"{eq[other]['outputs_depthlens']:.1f}")
+    row = re.search(r"^\| naive hook loop / nnsight loop \| ([0-9.]+) / ([0-9.]+) \| ([0-9.]+) / ([0-9.]+) \|", text, re.M)
+    assert row and row.groups() == tuple(f"{eq[m][k]:.1f}" for m in ("smollm2", other) for k in ("naive", "nnsight"))
+    s, o = eq["smollm2"], eq[other]
+    want = (f"on SmolLM2 {s['naive']:.1f} / {s['outputs_depthlens']:.1f} = {s['naive'] / s['outputs_depthlens']:.1f}× "
+            f"(on the 120M model {o['naive']:.1f} / {o['outputs_depthlens']:.1f}\n= "
+            f"{o['naive'] / o['outputs_depthlens']:.1f}×). Against the default run, which skips the companions, the "
+            f"ratio is {s['naive'] / s['depthlens']:.1f}×")
+    assert " ".join(want.split()) in " ".join(text.split()), want
