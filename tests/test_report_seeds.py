@@ -60,7 +60,8 @@ def test_untrained_baseline_is_the_trainers_step0_model(trained):
 @pytest.mark.slow
 def test_report_pools_seeds_and_checks_claims_at_init(trained, tmp_path):
     data, runs = trained
-    opts = B.ReportOptions(data=data / "eval.txt", n_seq=6, seq_len=32, n_boot=50, metrics=("causal", "permutation"))
+    opts = B.ReportOptions(data=data / "eval.txt", n_seq=6, seq_len=32, n_boot=50, metrics=("causal", "permutation"),
+                           untrained_perm_n_seq=3)
     rep = B.build_report([p / "checkpoint" for p in runs.values()], tmp_path / "rep", opts)
     recs = rep.records
     assert sorted((r["design"], r["seed"]) for r in recs) == sorted(runs)
@@ -70,7 +71,8 @@ def test_report_pools_seeds_and_checks_claims_at_init(trained, tmp_path):
             assert r[f"{key}_share_untrained"] is not None
             lo, d, hi = (r[f"{key}_untrained_diff{s}"] for s in ("_low", "", "_high"))
             assert lo <= d <= hi
-            assert d == pytest.approx(r[f"{key}_share"] - r[f"{key}_share_untrained"])
+        assert r["causal_untrained_n_seq"] == 6 and r["perm_untrained_n_seq"] == 3  # the permutation: a prefix
+        assert r["causal_untrained_diff"] == pytest.approx(r["causal_share"] - r["causal_share_untrained"])
         assert r["eval_loss_untrained"] > r["eval_loss"]  # 6 steps of training already lower the loss
     claim = Claim("order", "causal", "hc", "preln", 4, "test")
     rows = B.comparisons(rep.entries, opts, [claim])

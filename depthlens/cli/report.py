@@ -24,6 +24,8 @@ def report(
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
     metrics: Annotated[str, typer.Option(help="Comma-separated subset of causal,permutation,angular,mixing,rank,attnres.")] = "causal,permutation,angular,mixing,rank,attnres",
     n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
+    untrained: Annotated[str, typer.Option(help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres, or 'none'.")] = "causal,permutation,rank,attnres",
+    untrained_perm_n_seq: Annotated[int, typer.Option("--untrained-perm-n-seq", min=0, help="Eval sequences (a prefix) for the untrained permutation; 0 = all.")] = 8,
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")] = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout.")] = False,
@@ -52,7 +54,9 @@ def report(
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
     opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
-                         metrics=parse_metrics(metrics), n_boot=n_boot, threads=threads or None)
+                         metrics=parse_metrics(metrics), n_boot=n_boot, threads=threads or None,
+                         untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
+                         untrained_perm_n_seq=untrained_perm_n_seq or None)
     err = Console(stderr=True)
     t0 = time.perf_counter()
     main = is_main()  # under torchrun only rank 0 shows progress, prints and writes

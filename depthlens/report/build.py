@@ -90,6 +90,10 @@ class ReportOptions:
     # diagnostics also run on the untrained model of each checkpoint's config and training seed (its step-0
     # weights, `untrained_model`): the baseline a learned effect is measured against. () = none.
     untrained: tuple[str, ...] = UNTRAINED_METRICS
+    # the untrained permutation runs on the first `untrained_perm_n_seq` eval sequences only (None: all): at
+    # init every swap moves a near-uniform prediction by a hair, and the permutation engine is most of a
+    # report's cost; the trained − untrained difference pairs the same sequences
+    untrained_perm_n_seq: int | None = 8
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this report's choices."""
@@ -103,7 +107,8 @@ class ReportOptions:
                 "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
                 "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
                 "window_start": "quarter",
-                "dead_prefix_eps": DEAD_PREFIX_EPS, "untrained": list(self.untrained)}
+                "dead_prefix_eps": DEAD_PREFIX_EPS, "untrained": list(self.untrained),
+                "untrained_perm_n_seq": self.untrained_perm_n_seq}
 
 
 @dataclass
@@ -334,6 +339,16 @@ def untrained_model(e: Entry):
     return build_model(cfg, seed=e.seed).to(device=p.device, dtype=p.dtype).eval()
 
 
+def untrained_data(data, metric: str, opts: ReportOptions):
+    """The eval data an untrained diagnostic runs on: all of it, or a prefix for the permutation."""
+    import dataclasses
+
+    k = opts.untrained_perm_n_seq
+    if metric != "permutation" or not k or k >= data.n_seq:
+        return data
+    return dataclasses.replace(data, tokens=data.tokens[:k])
+
+
 def _compute_untrained(e: Entry, data, opts: ReportOptions) -> None:
     import torch
 
@@ -348,7 +363,8 @@ def _compute_untrained(e: Entry, data, opts: ReportOptions) -> None:
     with torch.no_grad():
         for m in todo:
             try:
-                e.untrained[m] = registry.run(m, model, data, checkpoint=e.path, **opts.engine_options(m))
+                e.untrained[m] = registry.run(m, model, untrained_data(data, m, opts), checkpoint=e.path,
+                                              **opts.engine_options(m))
             except (DepthlensError, ValueError) as err:
                 e.notes.append(f"{m} (untrained): not computed ({str(err).splitlines()[0]})")
     e.seconds["untrained"] = round(time.perf_counter() - t0, 3)
@@ -360,7 +376,7 @@ def _compute_untrained(e: Entry, data, opts: ReportOptions) -> None:
 
 SHARE_FIELDS = ("share", "ci_low", "ci_high", "ci_method", "ci_unit", "share_full", "subsample_m", "eval_sizes",
                 "eval_size_tokens", "eval_size_shares", "still_rising", "shard_mean", "shard_sd", "n_pairs",
-                "definition", "share_untrained", "untrained_diff", "untrained_diff_low", "untrained_diff_high")
+                "definition", "share_untrained", "untrained_n_seq", "untrained_diff", "untrained_diff_low", "untrained_diff_high")
 RECORD_KEYS = (
     "checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding", "seed", "lr",
     "val_loss", "eval_loss", "eval_loss_untrained",
@@ -406,9 +422,12 @@ def share_parts(ds, metric: str, opts: ReportOptions):
 
 
 def paired_share_difference(a, b, metric: str, opts: ReportOptions):
-    """share(a) − share(b) with its paired interval over the eval sequences (None when either has none)."""
+    """share(a) − share(b) with its paired interval over the eval sequences (None when either has none). When
+    one side ran on a prefix of the other's sequences (an untrained permutation), both use that prefix."""
     from depthlens.analysis.intervals import paired_difference
 
+    n = min(a.sizes.get("sequence", 0), b.sizes.get("sequence", 0))
+    a, b = (x.isel(sequence=slice(0, n)) if x.sizes.get("sequence", 0) > n else x for x in (a, b))
     pa, pb = share_parts(a, metric, opts), share_parts(b, metric, opts)
     if pa is None or pb is None or pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
         return None
@@ -419,7 +438,8 @@ def paired_share_difference(a, b, metric: str, opts: ReportOptions):
 def _untrained_fields(prefix: str, key: str, ds, base, opts: ReportOptions) -> dict[str, Any]:
     """share on the untrained model, and trained − untrained with its interval paired over sequences."""
     h = _headline(base, key, opts)
-    out = {f"{prefix}_share_untrained": _f(h.get("share")) if h else None}
+    out = {f"{prefix}_share_untrained": _f(h.get("share")) if h else None,
+           f"{prefix}_untrained_n_seq": int(base.sizes.get("sequence", 0)) or None}
     d = paired_share_difference(ds, base, key, opts)
     if d is not None:
         out.update({f"{prefix}_untrained_diff": _f(d.estimate), f"{prefix}_untrained_diff_low": _f(d.low),

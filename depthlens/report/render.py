@@ -32,7 +32,8 @@ INTERVAL_NOTE = (
     "still rising, it grew by more than 0.01 over the last doubling of the eval set). Permutation shares: "
     "normal interval with a bootstrap standard error over sequences. 'untrained': the same diagnostic on the "
     "model of the same config and training seed at initialisation (the trainer's step-0 weights); the "
-    "difference is paired over the same sequences. One row per checkpoint: these intervals exclude training "
+    "difference is paired over the same sequences (for the permutation, the first sequences of the eval set: "
+    "the untrained permutation runs on a prefix, since it is most of a report's cost). One row per checkpoint: these intervals exclude training "
     "variance (seeds are pooled in the claims below).")
 
 
@@ -49,7 +50,8 @@ def _untrained(r: dict[str, Any], key: str) -> str:
         return NA
     d = _ci(r.get(f"{key}_untrained_diff"), r.get(f"{key}_untrained_diff_low"), r.get(f"{key}_untrained_diff_high"),
             signed=True)
-    return f"{u:.2f}; {d}"
+    n, N = r.get(f"{key}_untrained_n_seq"), (r.get(f"{key}_eval_sizes") or [None])[-1]
+    return f"{u:.2f}; {d}" + (f" (first {n} seqs)" if n and N and n < N else "")
 
 
 def _full(r: dict[str, Any], key: str) -> str:
