@@ -63,3 +63,19 @@ def test_performance_causal_rows_and_like_for_like_ratio():
             f"{o['naive'] / o['outputs_depthlens']:.1f}×). Against the default run, which skips the companions, the "
             f"ratio is {s['naive'] / s['depthlens']:.1f}×")
     assert " ".join(want.split()) in " ".join(text.split()), want
+
+
+def test_generated_fragments_match_the_committed_data():
+    """docs/training.md's zoo table and docs/depth-over-training.md's cost line are generated from
+    checkpoints/*/train.json and reports/zoo/manifest.json (scripts/doc_numbers.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_numbers", ROOT / "scripts" / "doc_numbers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert "<!-- generated:zoo-losses -->" in (ROOT / "docs" / "training.md").read_text()
+    assert mod.stale(ROOT) == [], "stale generated numbers: run .venv/bin/python scripts/doc_numbers.py"
+    # the generator against the data it reads: one cell by hand
+    t = json.loads((ROOT / "checkpoints" / "hc_l32" / "train.json").read_text())
+    assert f"{t['final_val_loss']:.3f} ({round(t['params']['total'] / 1000)}K, LR {t['recipe']['lr']:g}" in \
+        mod.zoo_losses(ROOT)
