@@ -298,6 +298,29 @@ def share_interval(ds: xr.Dataset, metric: str, threshold: float, *, aggregator:
     return interval, reps, jack, extras
 
 
+def paired_share_difference(a: xr.Dataset, b: xr.Dataset, metric: str, threshold: float | None = None, *,
+                            start: str | int = "quarter", n_boot: int = 1000, seed: int = 0, level: float = 0.95):
+    """share(a) − share(b) (`share_interval`'s estimates) with its interval paired over the eval sequences the
+    two share: the same sequence left out (jackknife) or the same resamples (bootstrap). When one ran on a
+    prefix of the other's sequences, both use that prefix. None when either has no per-sequence interval."""
+    from depthlens.analysis.intervals import paired_difference
+
+    threshold = HEADLINE_THRESHOLD[metric] if threshold is None else float(threshold)
+    n = min(a.sizes.get("sequence", 0), b.sizes.get("sequence", 0))
+    if n < 2:
+        return None
+    a, b = (x.isel(sequence=slice(0, n)) if x.sizes["sequence"] > n else x for x in (a, b))
+    try:
+        pa, pb = (share_interval(x, metric, threshold, start=start, n_boot=n_boot, seed=seed, level=level)
+                  for x in (a, b))
+    except DepthlensError:
+        return None
+    if pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
+        return None
+    return paired_difference(pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2], level=level,
+                             method=pa[0].method.split("; ")[-1])
+
+
 def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = None, *, aggregator: str = "max",
              variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
              level: float = 0.95) -> dict[str, Any]:

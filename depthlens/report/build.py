@@ -407,32 +407,12 @@ def _headline_fields(prefix: str, h: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def share_parts(ds, metric: str, opts: ReportOptions):
-    """(Interval, replicates, jackknife?) of `metric`'s headline share in `ds` (`sweep.share_interval`, the
-    report's θ, window and resampling seed), or None when it has none. Two datasets on the same eval sequences
-    get replicates that pair: the same sequence left out (jackknife) or the same resamples (bootstrap)."""
-    from depthlens.analysis.sweep import HEADLINE_THRESHOLD, share_interval
-
-    try:
-        interval, reps, jack, _ = share_interval(ds, metric, HEADLINE_THRESHOLD[metric], start="quarter",
-                                                 n_boot=opts.n_boot, seed=opts.seed)
-    except (DepthlensError, ValueError, KeyError):
-        return None
-    return interval, reps, jack
-
-
 def paired_share_difference(a, b, metric: str, opts: ReportOptions):
-    """share(a) − share(b) with its paired interval over the eval sequences (None when either has none). When
-    one side ran on a prefix of the other's sequences (an untrained permutation), both use that prefix."""
-    from depthlens.analysis.intervals import paired_difference
+    """share(a) − share(b) with its paired interval over the eval sequences (`sweep.paired_share_difference`
+    with the report's θ, window and resampling seed); None when either has none."""
+    from depthlens.analysis.sweep import paired_share_difference as paired
 
-    n = min(a.sizes.get("sequence", 0), b.sizes.get("sequence", 0))
-    a, b = (x.isel(sequence=slice(0, n)) if x.sizes.get("sequence", 0) > n else x for x in (a, b))
-    pa, pb = share_parts(a, metric, opts), share_parts(b, metric, opts)
-    if pa is None or pb is None or pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
-        return None
-    return paired_difference(pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2],
-                             method=pa[0].method.split("; ")[-1])
+    return paired(a, b, metric, start="quarter", n_boot=opts.n_boot, seed=opts.seed)
 
 
 def _untrained_fields(prefix: str, key: str, ds, base, opts: ReportOptions) -> dict[str, Any]:

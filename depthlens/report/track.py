@@ -151,6 +151,16 @@ def curve_summary(x: np.ndarray, y: np.ndarray) -> str:
             f"last − first {100 * (y[-1] - y[0]):+.0f} pts")
 
 
+def _change(ds: xr.Dataset, prefix: str, run: str) -> str:
+    """The last snapshot minus the untrained step-0 one, with its paired interval (— without a step 0)."""
+    if f"{prefix}_change" not in ds:
+        return "—"
+    v, lo, hi = (float(ds[f"{prefix}_change{t}"].sel(run=run).values) for t in ("", "_low", "_high"))
+    if math.isnan(v):
+        return "—"
+    return f"{100 * v:+.0f} pts" + ("" if math.isnan(lo) else f" [{100 * lo:+.0f}, {100 * hi:+.0f}]")
+
+
 def track_rows(ds: xr.Dataset) -> list[list[str]]:
     out = []
     for run in (str(r) for r in ds["run"].values):
@@ -166,6 +176,7 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
                 y = np.asarray(ds[f"{prefix}_share"].sel(run=run).values, dtype=float)
                 row.append(f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; "
                            f"{curve_summary(x[have], y[have])}")
+                row.append(_change(ds, prefix, run))
         v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
         row.append(f"{_fmt(v[a])} → {_fmt(v[b])}")
         out.append(row)
@@ -179,6 +190,7 @@ def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: st
                           ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat")):
         if f"{prefix}_share" in ds:
             head.append(f"share {label} [95%], first → last; min, max (at tokens), last − first")
+            head.append(f"{label}: trained − untrained (step 0) [95%, paired over sequences]")
     head.append("val loss first → last")
     lines = [f"{heading} Depth over training", "",
              "Every diagnostic on every training snapshot, on the same eval tokens "
