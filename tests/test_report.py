@@ -141,6 +141,8 @@ def test_netcdf_datasets_read_back(report):
         assert [str(c) for c in ds["checkpoint"].values] == members
     causal = read_netcdf(out / "causal.nc")
     assert causal.sizes["checkpoint"] == 3 and "causal_score" in causal and causal.attrs["Conventions"] == "CF-1.11"
+    assert "jackknife" in causal.attrs["headline_interval_method"]  # every interval names its method and unit
+    assert causal.attrs["headline_interval_unit"] == "eval sequences" and causal.attrs["headline_subsample_m"] == 2
     assert files["rank.nc"] == ["hc_l4"] and files["attnres.nc"] == ["block_attnres_l4"]
     assert manifest["eval_data"]["n_seq"] == 4 and manifest["eval_data"]["seq_len"] == 32
 

@@ -321,6 +321,14 @@ def paired_share_difference(a: xr.Dataset, b: xr.Dataset, metric: str, threshold
                              method=pa[0].method.split("; ")[-1])
 
 
+def interval_attrs(h: dict[str, Any]) -> dict[str, Any]:
+    """What a headline's interval is, for the attrs of the dataset it was computed from."""
+    return {"headline_interval_method": str(h.get("ci_method") or "none"),
+            "headline_interval_unit": str(h.get("ci_unit") or "none"),
+            "headline_interval_level": float(h.get("level", 0.95)),
+            "headline_subsample_m": -1 if h.get("subsample_m") is None else int(h["subsample_m"])}
+
+
 def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = None, *, aggregator: str = "max",
              variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
              level: float = 0.95) -> dict[str, Any]:

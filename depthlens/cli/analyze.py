@@ -246,16 +246,17 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
-    from ..analysis.sweep import headline, score_matrix
+    from ..analysis.sweep import headline, interval_attrs, score_matrix
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
     with busy(f"causal scores of {ckpt} (skipping each layer)"):
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
                           norm=norm, direct=direct, outputs=outputs, checkpoint=ck, **_opts(c))
+    h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
+    ds.attrs.update(interval_attrs(h))
     write(ds, path, ow, _cmdline("causal", ckpt, f"--threshold {threshold} --variant {variant} --agg {agg} "
                                                  f"--norm {norm}" + (" --outputs" if outputs else "")))
-    h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
              f"share C > {threshold}: {_fmt_share(h)}",
@@ -297,15 +298,16 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     check_choice(window, ("quarter", "half", "zero"), "--window")
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
-    from ..analysis.sweep import headline, score_matrix
+    from ..analysis.sweep import headline, interval_attrs, score_matrix
 
     model, ck = open_model(ckpt, c)
     with busy(f"permutation scores of {ckpt} (swapping layer pairs)"):
         ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
                           **_opts(c))
-    write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
+    ds.attrs.update(interval_attrs(h))
+    write(ds, path, ow, _cmdline("permute", ckpt, f"--threshold {threshold}"))
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}",
              f"clean loss {h.get('clean_loss', float('nan')):.4f} nats; share P > {threshold}: {_fmt_share(h)}",

@@ -447,6 +447,7 @@ def _erank(ds, product: str = "full") -> float | None:
 
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
     """One table row (JSON-safe; NaN → None)."""
+    from depthlens.analysis.sweep import interval_attrs
     from depthlens.designs import DESIGNS
 
     r: dict[str, Any] = {k: None for k in RECORD_KEYS}
@@ -459,6 +460,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
         h = _headline(ds, d.headline.key, opts) if ds is not None and d.headline else None
         if h:
             r.update(_headline_fields(d.prefix, h))
+            ds.attrs.update(interval_attrs(h))  # the merged netCDF names the interval its record carries
             if f"{d.prefix}_noise_floor" in r:
                 r[f"{d.prefix}_noise_floor"] = _f(h.get("noise_floor"))
             base = e.untrained.get(d.name)
