@@ -358,7 +358,9 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
     else:
         extras.update({k: v for k, v in ex.items() if k != "share_full"})
         share, method, unit, n_units = interval.estimate, interval.method, interval.unit, interval.n_units
-        if np.isfinite(interval.low):
+        if n_boot <= 0:  # no interval asked for (the jackknife needs no resamples, but 0 means none)
+            method = unit = None
+        elif np.isfinite(interval.low):
             lo, hi = interval.low, interval.high
         if ex["subsample_m"] is not None:
             note = (f"max is an extreme-value statistic: the share with its interval is the size-fixed share at "
