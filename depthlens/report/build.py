@@ -38,7 +38,7 @@ from depthlens.analysis.study import (  # noqa: F401  (the study's pieces, as re
     DEFAULT_N_BOOT,
     DEFAULT_N_SEQ,
     DEFAULT_SEQ_LEN,
-    UNTRAINED_METRICS,  # noqa: F401
+    UNTRAINED_METRICS,
     Entry,
     Progress,
     StudyOptions,
@@ -52,6 +52,8 @@ from depthlens.analysis.study import (  # noqa: F401  (the study's pieces, as re
     study_eval_data,
     tasks,
     tokenizer_facts,
+    untrained_data,
+    untrained_model,
 )
 from depthlens.analysis.summaries import UNTRAINED_RECORD_FIELDS, headline_of, record_fields, record_keys
 from depthlens.errors import DepthlensError
