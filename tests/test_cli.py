@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
+import numpy as np
 import pytest
 import xarray as xr
 from typer.testing import CliRunner
@@ -51,9 +53,23 @@ def test_causal_json_headline_and_dataset(zoo, tmp_path):
     # the share printed is the share of late pairs of the stored matrix above 0.45 (independent recount)
     m = ds["causal_score"].sel(aggregator="max", variant="current").values
     late = [(i, j) for i in range(1, 4) for j in range(i + 1, 4)]
-    assert h["share"] == pytest.approx(sum(m[i, j] > 0.45 for i, j in late) / len(late))
-    assert h["ci_low"] <= h["share"] <= h["ci_high"]
+    assert h["share_full"] == pytest.approx(sum(m[i, j] > 0.45 for i, j in late) / len(late))
+    # the share with the interval: the size-fixed max share at m sequences, the mean over every m-subset
+    import itertools
+
+    seq_max = ds["seq_max"].sel(variant="current").values  # (layer, layer_other, sequence)
+    N, k = seq_max.shape[-1], h["subsample_m"]
+    subsets = list(itertools.combinations(range(N), k))
+    want = np.mean([np.mean([seq_max[i, j, list(sub)].max() > 0.45 for i, j in late]) for sub in subsets])
+    assert h["share"] == pytest.approx(want) and h["ci_low"] <= h["share"] <= h["ci_high"]
+    assert "jackknife" in h["ci_method"] and h["ci_unit"] == "eval sequences"
     ds.close()
+    # the printed line: the estimate inside its own interval, which names its method and unit
+    r = run(["causal", zoo["preln"], "--out", tmp_path / "c2.nc", "--n-boot", "50", *FAST])
+    text = " ".join(r.stdout.split())  # rich wraps long lines
+    line = text[text.index("share C > "):]
+    x, lo, hi = (float(v) for v in re.search(r"([0-9.]+)% \[([0-9.]+)%, ([0-9.]+)%\]", line).groups())
+    assert lo <= x <= hi and "jackknife" in line and "eval sequences" in line and f"m = {k} sequences" in line
 
 
 def test_causal_norm_resid_names_its_definition(zoo, tmp_path):

@@ -21,6 +21,7 @@ TEXT = ("It was the best of times, it was the worst of times, it was the age of 
 
 
 def _ckpt(root: Path, slug: str, L: int = 4, train: dict | None = None) -> Path:
+    train = None if train is None else {"seed": 0, **train}
     m = build_model(ModelConfig.debug(slug, n_layer=L, vocab_size=257, max_seq_len=64), seed=0)
     return depthlens.save(m, root / f"{slug}_l{L}", train=train)
 
@@ -105,8 +106,17 @@ def test_summary_records(report):
         assert x["n_layer"] == 4 and x["params_total"] > 0
         for key in ("causal", "perm"):
             s, lo, hi = x[f"{key}_share"], x[f"{key}_ci_low"], x[f"{key}_ci_high"]
-            assert 0 <= s <= 1 and 0 <= lo <= hi <= 1, x  # a percentile CI need not contain the estimate
+            assert 0 <= lo <= s <= hi <= 1, x  # every interval contains the estimate it qualifies
+            assert x[f"{key}_ci_method"] and x[f"{key}_ci_unit"] == "eval sequences"
             assert x[f"{key}_n_pairs"] == 3  # late window 1..3 at L = 4
+            assert x[f"{key}_eval_sizes"] == [1, 2, 4] and len(x[f"{key}_eval_size_shares"]) == 3
+            assert x[f"{key}_eval_size_shares"][-1] == x[f"{key}_share_full"]
+            if x["seed"] is None:  # hc has no train.json: no seed, no untrained baseline (a note says so)
+                assert x[f"{key}_share_untrained"] is None
+                continue
+            # the untrained model of the same config and seed: these checkpoints ARE untrained (seed 0)
+            assert x[f"{key}_share_untrained"] == pytest.approx(x[f"{key}_share"])
+            assert x[f"{key}_untrained_diff"] == pytest.approx(0, abs=1e-12)
     by = {x["design"]: x for x in recs}
     assert by["hc"]["val_loss"] is None and by["preln"]["val_loss"] == 5.0
     assert 1 <= by["hc"]["erank_full"] <= 4 and by["preln"]["erank_full"] is None
@@ -117,7 +127,7 @@ def test_summary_records(report):
     for r in rob:
         key = "causal" if r["metric"] == "causal" else "perm"
         for design, share in zip(r["order"], r["shares_at_headline"]):
-            assert share == pytest.approx(by[design][f"{key}_share"])
+            assert share == pytest.approx(by[design][f"{key}_share_full"])
 
 
 def test_netcdf_datasets_read_back(report):
@@ -132,6 +142,8 @@ def test_netcdf_datasets_read_back(report):
         assert [str(c) for c in ds["checkpoint"].values] == members
     causal = read_netcdf(out / "causal.nc")
     assert causal.sizes["checkpoint"] == 3 and "causal_score" in causal and causal.attrs["Conventions"] == "CF-1.11"
+    assert "jackknife" in causal.attrs["headline_interval_method"]  # every interval names its method and unit
+    assert causal.attrs["headline_interval_unit"] == "eval sequences" and causal.attrs["headline_subsample_m"] == 2
     assert files["rank.nc"] == ["hc_l4"] and files["attnres.nc"] == ["block_attnres_l4"]
     assert manifest["eval_data"]["n_seq"] == 4 and manifest["eval_data"]["seq_len"] == 32
 

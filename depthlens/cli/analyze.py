@@ -174,10 +174,19 @@ def _json(x: Any) -> str:
 
 
 def _fmt_share(h: dict[str, Any]) -> str:
-    ci = "" if math.isnan(h.get("ci_low", float("nan"))) else f"  [{100 * h['ci_low']:.1f}%, {100 * h['ci_high']:.1f}%] 95% CI"
+    """'70.0% [64.6%, 74.9%] 95% (method; unit) ...': the interval always qualifies the number before it."""
+    ci = ""
+    if not math.isnan(h.get("ci_low", float("nan"))):
+        ci = f" [{100 * h['ci_low']:.1f}%, {100 * h['ci_high']:.1f}%] 95% ({h.get('ci_method')}; resampling " \
+             f"{h.get('ci_unit')})"
+    full = ""
+    if h.get("subsample_m") is not None:
+        rising = "; still rising with the eval set" if h.get("still_rising") else ""
+        full = f"; at all {h['n_sequences']} sequences {100 * h['share_full']:.1f}% (max: no interval{rising})"
     shards = "" if h.get("shard_mean") is None else \
         f"; 5 disjoint eval shards: {100 * h['shard_mean']:.1f}% ± {100 * h['shard_sd']:.1f}%"
-    return f"{100 * h['share']:.1f}%{ci}  of {h['n_pairs']} late pairs (layers >= {h['window_start']}){shards}"
+    size = f"at m = {h['subsample_m']} sequences " if h.get("subsample_m") is not None else ""
+    return f"{size}{100 * h['share']:.1f}%{ci}  of {h['n_pairs']} late pairs (layers >= {h['window_start']}){full}{shards}"
 
 
 def _matrix_view(da: Any, vmax: float | None = None) -> Any:
@@ -199,7 +208,7 @@ def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threa
 
 
 def _study(c: Common, n_boot: int = 1000) -> Any:
-    """These options as the API's one options object (`analysis.study.StudyOptions`)."""
+    """These options as the API's one options object (`studies.study.StudyOptions`)."""
     from ..studies.study import StudyOptions
 
     return StudyOptions(data=c.data, n_seq=c.n_seq, seq_len=c.seq_len, seed=c.seed, device=c.device, dtype=c.dtype,
@@ -262,15 +271,16 @@ def causal(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headlin
     check_threshold(threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
-    from ..diagnostics.sweep import headline, score_matrix
+    from ..diagnostics.sweep import headline, interval_attrs, score_matrix
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
     with busy(f"causal {ckpt.name} (layer skips)") as p:
         ds = registry.run("causal", model, eval_data(model, ck, c), variants=variants, layers=layers, unit=unit,
                           norm=norm, direct=direct, outputs=outputs, checkpoint=ck, progress=p.engine(), **_opts(c))
-    write(ds, path, ow)
     h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
+    ds.attrs.update(interval_attrs(h))
+    write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
              f"share C > {threshold}: {_fmt_share(h)}",
@@ -312,15 +322,16 @@ def permute(ckpt: CkptArg, threshold: Annotated[float, typer.Option(help="Headli
     check_threshold(threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
-    from ..diagnostics.sweep import headline, score_matrix
+    from ..diagnostics.sweep import headline, interval_attrs, score_matrix
 
     model, ck = open_model(ckpt, c)
     with busy(f"permute {ckpt.name} (layer pairs)") as p:
         ds = registry.run("permutation", model, eval_data(model, ck, c), pairs=pairs, swap=swap, checkpoint=ck,
                           progress=p.engine(), **_opts(c))
-    write(ds, path, ow)
     metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
+    ds.attrs.update(interval_attrs(h))
+    write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}",
              f"clean loss {h.get('clean_loss', float('nan')):.4f} nats; share P > {threshold}: {_fmt_share(h)}",
@@ -546,7 +557,9 @@ def compare(ckpts: CkptsArg,
     from rich.table import Table
 
     defs = "; ".join(dict.fromkeys(r[m]["definition"] for r in rows for m in wanted))
-    t = Table(title="headline shares over the late window (95% bootstrap CI)", caption=defs)
+    methods = "; ".join(dict.fromkeys(f"{m}: {r[m]['ci_method']} over {r[m]['ci_unit']}" for r in rows for m in wanted
+                                      if r[m].get("ci_method")))
+    t = Table(title="headline shares over the late window (95% interval)", caption=f"{defs}\n{methods}")
     for col in ("checkpoint", "design", "L", *wanted):
         t.add_column(col)
     for r in rows:
@@ -554,6 +567,8 @@ def compare(ckpts: CkptsArg,
         for m in wanted:
             h = r[m]
             ci = "" if math.isnan(h["ci_low"]) else f" [{100 * h['ci_low']:.0f}, {100 * h['ci_high']:.0f}]"
-            cells.append(f"{100 * h['share']:.1f}%{ci} (> {h['threshold']})")
+            size = f" at m = {h['subsample_m']} seqs; all {h['n_sequences']}: {100 * h['share_full']:.1f}%" \
+                if h.get("subsample_m") is not None else ""
+            cells.append(f"{100 * h['share']:.1f}%{ci} (> {h['threshold']}){size}")
         t.add_row(r["checkpoint"], r["design"], str(r["n_layer"]), *cells)
     print_table(t)

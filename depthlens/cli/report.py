@@ -26,6 +26,8 @@ def report(
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
     metrics: Annotated[str | None, typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic).")] = None,
     n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
+    untrained: Annotated[str, typer.Option(help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres, or 'none'.")] = "causal,permutation,rank,attnres",
+    untrained_perm_n_seq: Annotated[int, typer.Option("--untrained-perm-n-seq", min=0, help="Eval sequences (a prefix) for the untrained permutation; 0 = all.")] = 8,
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")] = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout.")] = False,
@@ -56,7 +58,9 @@ def report(
         out.parent.mkdir(exist_ok=True)
     opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
                          device_map=device_map, metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot,
-                         threads=threads or None)
+                         threads=threads or None,
+                         untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
+                         untrained_perm_n_seq=untrained_perm_n_seq or None)
     t0 = time.perf_counter()
     with Progress("report") as bar:  # under torchrun only rank 0 shows progress (feedback.mode)
         bar.set_total(None, f"loading {len(ckpts)} checkpoint(s)")

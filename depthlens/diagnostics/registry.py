@@ -319,3 +319,7 @@ def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
         raise DepthlensError(f"{d.name} needs model capability {', '.join(lacking)}, which this model "
                              f"({type(model).__name__}) does not offer")
     return resolve(d.engine)(model, data, **opts)
+
+
+# record fields whose value on the untrained model (`<field>_untrained`) a report row also carries
+UNTRAINED_RECORD_FIELDS = ("eval_loss", "erank_full", "dead_prefix")

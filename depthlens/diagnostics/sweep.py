@@ -236,35 +236,154 @@ def eval_size_curve(ds: xr.Dataset, metric: str, threshold: float, sizes: Sequen
                         attrs={"long_name": f"share of late pairs with {metric} > {threshold}", "units": "1"})
 
 
+def pair_arrays(ds: xr.Dataset, metric: str, aggregator: str = "max", variant: str = "current",
+                start: str | int = "quarter") -> dict[str, Any] | None:
+    """Per-sequence arrays [P, N] of the late pairs (those with a finite score) that a share's interval is computed
+    from: {"kind": "max", "values": seq_max} or {"kind": "ratio", "num": ..., "den": ..., "theta_scale": ...};
+    None when the score is not decomposable per sequence (p95, p99, direct)."""
+    if "sequence" not in ds.dims or not registry.score(metric).bootstraps:
+        return None
+    m = score_matrix(ds, metric, aggregator if metric == "causal" else None, variant if metric == "causal" else None)
+    L = m.shape[0]
+    pairs = late_pairs(L, late_window(L, start) if isinstance(start, str) else int(start))
+    ok = np.isfinite(m.values[pairs[:, 0], pairs[:, 1]])
+    i, j = pairs[ok, 0], pairs[ok, 1]
+    if metric == "causal":
+        sel = {"variant": variant} if "variant" in ds["seq_max"].dims else {}
+        get = lambda name: np.nan_to_num(ds[name].sel(sel).values[i, j], nan=0.0)  # noqa: E731
+        if aggregator == "max":
+            return {"kind": "max", "values": ds["seq_max"].sel(sel).values[i, j]}
+        if aggregator == "mean":
+            return {"kind": "ratio", "num": get("seq_sum"), "den": get("seq_count"), "square": False}
+        if aggregator == "pooled":  # sqrt(Σ|Δ|² / Σ|u|²) > θ  ⇔  Σ|Δ|² / Σ|u|² > θ²
+            return {"kind": "ratio", "num": get("seq_sq_change"), "den": get("seq_sq_update"), "square": True}
+        return None
+    if metric in ("perm_abs", "perm_rel", "perm_kl"):
+        num = ds["kl_seq" if metric == "perm_kl" else "delta_loss_seq"].values[i, j]
+        den = np.broadcast_to(ds["clean_loss_seq"].values[None, :], num.shape) if metric == "perm_rel" else \
+            np.ones_like(num)
+        return {"kind": "ratio", "num": num, "den": den, "square": False}
+    seq_var = registry.score(metric).seq_var  # any other score: the sequence mean of its per-sequence matrices
+    if seq_var is None or seq_var not in ds:
+        return None
+    num = ds[seq_var].transpose(*LAYER_DIMS, "sequence").values[i, j]
+    return {"kind": "ratio", "num": num, "den": np.ones_like(num), "square": False}
+
+
+def share_interval(ds: xr.Dataset, metric: str, threshold: float, *, aggregator: str = "max",
+                   variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
+                   level: float = 0.95, subsample: int | None = None) -> tuple[Any, np.ndarray, bool, dict[str, Any]]:
+    """(Interval of the headline share, its replicates, whether they are jackknife replicates, extras).
+
+    max: the size-fixed share at m sequences (`intervals.max_share_interval`), jackknife replicates [N];
+    ratio shares: the share at all N sequences, bootstrap replicates [n_boot] (resamples drawn from `seed`,
+    so two datasets on the same sequences get the same resamples: a paired comparison).
+    extras: share_full (the ordinary share at all N sequences), subsample_m, eval-size curve and the
+    still-rising flag. Raises DepthlensError when the score has no per-sequence decomposition."""
+    from depthlens.stats import intervals as iv
+
+    arr = pair_arrays(ds, metric, aggregator, variant, start)
+    if arr is None:
+        raise DepthlensError(f"no per-sequence interval for {metric!r} with aggregator {aggregator!r}")
+    N = int(ds.sizes["sequence"])
+    sizes = iv.nested_sizes(N)
+    extras: dict[str, Any] = {"subsample_m": None, "eval_sizes": sizes}
+    if arr["kind"] == "max":
+        exceed = np.nan_to_num(arr["values"], nan=-np.inf) > threshold
+        interval, reps, m = iv.max_share_interval(exceed, subsample, level=level)
+        extras["subsample_m"] = m
+        curve = iv.prefix_max_shares(exceed, sizes)
+        jack = True
+    else:
+        th = threshold ** 2 if arr["square"] else threshold
+        counts = iv.bootstrap_counts(N, n_boot, seed) if n_boot > 0 else None
+        interval, reps = iv.ratio_share_interval(arr["num"], arr["den"], th, n_boot=n_boot, level=level,
+                                                 counts=counts)
+        curve = np.asarray(iv.ratio_share(arr["num"], arr["den"], th, iv.prefix_counts(N, sizes)))
+        jack = False
+    extras["share_full"] = float(curve[-1])
+    extras["eval_size_shares"] = [float(x) for x in curve]
+    extras["still_rising"] = iv.still_rising(sizes, curve)
+    return interval, reps, jack, extras
+
+
+def paired_share_difference(a: xr.Dataset, b: xr.Dataset, metric: str, threshold: float | None = None, *,
+                            start: str | int = "quarter", n_boot: int = 1000, seed: int = 0, level: float = 0.95):
+    """share(a) − share(b) (`share_interval`'s estimates) with its interval paired over the eval sequences the
+    two share: the same sequence left out (jackknife) or the same resamples (bootstrap). When one ran on a
+    prefix of the other's sequences, both use that prefix. None when either has no per-sequence interval."""
+    from depthlens.stats.intervals import paired_difference
+
+    threshold = registry.score(metric).theta if threshold is None else float(threshold)
+    n = min(a.sizes.get("sequence", 0), b.sizes.get("sequence", 0))
+    if n < 2:
+        return None
+    a, b = (x.isel(sequence=slice(0, n)) if x.sizes["sequence"] > n else x for x in (a, b))
+    try:
+        pa, pb = (share_interval(x, metric, threshold, start=start, n_boot=n_boot, seed=seed, level=level)
+                  for x in (a, b))
+    except DepthlensError:
+        return None
+    if pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
+        return None
+    return paired_difference(pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2], level=level,
+                             method=pa[0].method.split("; ")[-1])
+
+
+def interval_attrs(h: dict[str, Any]) -> dict[str, Any]:
+    """What a headline's interval is, for the attrs of the dataset it was computed from."""
+    return {"headline_interval_method": str(h.get("ci_method") or "none"),
+            "headline_interval_unit": str(h.get("ci_unit") or "none"),
+            "headline_interval_level": float(h.get("level", 0.95)),
+            "headline_subsample_m": -1 if h.get("subsample_m") is None else int(h["subsample_m"])}
+
+
 def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = None, *, aggregator: str = "max",
              variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
              level: float = 0.95) -> dict[str, Any]:
-    """The headline number for the CLI: share of late pairs above θ with a bootstrap CI over sequences."""
-    sc = registry.score(metric)
-    threshold = sc.theta if threshold is None else float(threshold)
+    """The headline number: share of late pairs above θ with an interval that qualifies it.
+
+    `share` is the estimate the interval is for: with the max aggregator the size-fixed share at m = ⌈N/2⌉
+    sequences (an extreme-value statistic has no valid bootstrap at all N), otherwise the share at all N
+    sequences. `share_full` is always the ordinary share at all N sequences (for max, the Csordás-exact
+    number; no interval). `ci_method` / `ci_unit` name how the interval was made and what was resampled.
+    """
+    threshold = registry.score(metric).theta if threshold is None else float(threshold)
     causal = metric in CAUSAL_SCORES
     m = score_matrix(ds, metric, aggregator if causal else None, variant if causal else None)
     if m.ndim != 2:
         raise DepthlensError(f"headline needs one matrix; select a checkpoint first (dims {m.dims})")
     L = m.shape[0]
     a = late_window(L, start)
-    share = float(share_curve(m.values, [threshold], a, nan_policy="omit")[0])
-    lo = hi = float("nan")
-    note = None
-    resamplable = causal or metric in PERM_DEFINITIONS or (sc.seq_var is not None and sc.seq_var in ds)
-    can_boot = "sequence" in ds.dims and n_boot > 0 and sc.bootstraps and resamplable and \
-        not (metric == "causal" and aggregator in ("p95", "p99"))
-    if can_boot:
-        lo, hi, _ = bootstrap_share(ds, metric, threshold, aggregator=aggregator, variant=variant, start=a,
-                                    n_boot=n_boot, seed=seed, level=level)
+    share_full = float(share_curve(m.values, [threshold], a, nan_policy="omit")[0])
+    share, lo, hi, method, unit, n_units, note = share_full, float("nan"), float("nan"), None, None, None, None
+    extras: dict[str, Any] = {"subsample_m": None, "eval_sizes": None, "eval_size_shares": None,
+                              "still_rising": None}
+    try:
+        interval, _, _, ex = share_interval(ds, metric, threshold, aggregator=aggregator, variant=variant, start=a,
+                                            n_boot=n_boot, seed=seed, level=level)
+    except DepthlensError:
+        note = "no interval for this metric/aggregator (not decomposable per sequence)"
     else:
-        note = "no bootstrap CI for this metric/aggregator (not decomposable per sequence)"
+        extras.update({k: v for k, v in ex.items() if k != "share_full"})
+        share, method, unit, n_units = interval.estimate, interval.method, interval.unit, interval.n_units
+        if n_boot <= 0:  # no interval asked for (the jackknife needs no resamples, but 0 means none)
+            method = unit = None
+        elif np.isfinite(interval.low):
+            lo, hi = interval.low, interval.high
+        if ex["subsample_m"] is not None:
+            note = (f"max is an extreme-value statistic: the share with its interval is the size-fixed share at "
+                    f"m = {ex['subsample_m']} of {n_units} sequences; at all {n_units}: {share_full:.3f} (no interval)")
+    can_shard = n_boot > 0 and method is not None  # decomposable per sequence: shards recompute the same way
     shards = None
-    if can_boot and ds.sizes["sequence"] >= 5:  # docs/concepts.md#thresholds: k = 5 disjoint eval shards, mean ± sd
+    if can_shard and ds.sizes["sequence"] >= 5:  # docs/concepts.md#thresholds: k = 5 disjoint eval shards, mean ± sd
         shards = shard_shares(ds, metric, threshold, 5, aggregator=aggregator, variant=variant, start=a)
     pairs = late_pairs(L, a)
     n_valid = int((~np.isnan(m.values[pairs[:, 0], pairs[:, 1]])).sum())
+    T = int(ds.attrs.get("eval_seq_len", 0) or 0)
     out = {"metric": metric, "threshold": threshold, "share": share, "ci_low": lo, "ci_high": hi,
+           "ci_method": method, "ci_unit": unit, "ci_n_units": n_units, "share_full": share_full, **extras,
+           "eval_size_tokens": [n * T for n in extras["eval_sizes"]] if extras["eval_sizes"] and T else None,
            "n_pairs": n_valid, "window_start": a, "window_rule": start, "aggregator": aggregator
            if causal else None, "variant": variant if causal else None,
            "n_boot": n_boot, "seed": seed, "level": level, "n_sequences": int(ds.sizes.get("sequence", 0)),

@@ -20,22 +20,72 @@ def metric_titles() -> dict[str, str]:
 
 def table_columns(terminal: bool = False) -> list[tuple[str, Any]]:
     """(heading, cell(record) -> str) of every diagnostic's table columns, in registry order: the headline share
-    with its 95% CI where it has one, then its own columns (NA for designs it does not apply to)."""
+    with its 95% interval where it has one (for a max-aggregated share also the ordinary share at all N
+    sequences), its untrained value and trained − untrained, then its own columns, each with its untrained value
+    where the report has one (NA for designs it does not apply to)."""
     cols: list[tuple[str, Any]] = []
     for d in registry.diagnostics():
         if d.headline:
             s = d.headline
             head = f"{s.symbol} > {s.theta:g} [CI]" if terminal else f"share {s.symbol} > {s.theta:g} [95% CI]"
             cols.append((head, lambda r, p=d.prefix: _share(r, p)))
+            if not terminal and s.select.get("aggregator") == "max":
+                cols.append((f"{s.symbol} > {s.theta:g} at all N seqs", lambda r, p=d.prefix: _full(r, p)))
+            if not terminal:
+                cols.append((f"{s.symbol} untrained; trained − untrained [95%]",
+                             lambda r, p=d.prefix: _untrained(r, p)))
         for c in d.columns:
-            cols.append((c.short if terminal else c.head,
-                         lambda r, d=d, c=c: _num(r.get(c.field), c.fmt) if d.applies(r["design"]) else NA))
+            init = not terminal and c.field in registry.UNTRAINED_RECORD_FIELDS
+            cols.append(((c.short if terminal else c.head) + ("; untrained" if init else ""),
+                         lambda r, d=d, c=c, init=init: (_with_init(r.get(c.field), r.get(f"{c.field}_untrained"),
+                                                                     c.fmt) if init else _num(r.get(c.field), c.fmt))
+                         if d.applies(r["design"]) else NA))
     return cols
 
 
 def table_head(terminal: bool = False) -> tuple[str, ...]:
-    base = ("design", "L", "val loss") if terminal else ("design", "L", "d", "params", "val loss")
+    base = ("design", "L", "val loss") if terminal else ("design", "L", "seed", "d", "params", "LR", "val loss")
     return (*base, *(h for h, _ in table_columns(terminal)))
+
+
+INTERVAL_NOTE = (
+    "Intervals are 95 %, each for the number it follows, with its method and unit of resampling in "
+    "`summary.json` (`*_ci_method`, `*_ci_unit`). The causal share uses the max aggregator, an extreme-value "
+    "statistic that grows with the eval set and has no valid bootstrap at all N sequences: the share with the "
+    "interval is the size-fixed share at m = ⌈N/2⌉ sequences (the mean over every m-subset; delete-one "
+    "jackknife over sequences, t interval); the next column is the ordinary share at all N (no interval; ↑: "
+    "still rising, it grew by more than 0.01 over the last doubling of the eval set). Permutation shares: "
+    "normal interval with a bootstrap standard error over sequences. 'untrained': the same diagnostic on the "
+    "model of the same config and training seed at initialisation (the trainer's step-0 weights); the "
+    "difference is paired over the same sequences (for the permutation, the first sequences of the eval set: "
+    "the untrained permutation runs on a prefix, since it is most of a report's cost). One row per checkpoint: these intervals exclude training "
+    "variance (seeds are pooled in the claims below).")
+
+
+def _ci(v: Any, lo: Any, hi: Any, fmt: str = ".2f", signed: bool = False) -> str:
+    if v is None:
+        return NA
+    f = ("+" if signed else "") + fmt
+    return format(v, f) + (f" [{format(lo, f)}, {format(hi, f)}]" if lo is not None and hi is not None else "")
+
+
+def _untrained(r: dict[str, Any], key: str) -> str:
+    u = r.get(f"{key}_share_untrained")
+    if u is None:
+        return NA
+    d = _ci(r.get(f"{key}_untrained_diff"), r.get(f"{key}_untrained_diff_low"), r.get(f"{key}_untrained_diff_high"),
+            signed=True)
+    n, N = r.get(f"{key}_untrained_n_seq"), (r.get(f"{key}_eval_sizes") or [None])[-1]
+    return f"{u:.2f}; {d}" + (f" (first {n} seqs)" if n and N and n < N else "")
+
+
+def _full(r: dict[str, Any], key: str) -> str:
+    v = r.get(f"{key}_share_full")
+    return NA if v is None else f"{v:.2f}" + (" ↑" if r.get(f"{key}_still_rising") else "")
+
+
+def _with_init(v: Any, u: Any, fmt: str) -> str:
+    return NA if v is None else format(v, fmt) + ("" if u is None else f"; {format(u, fmt)}")
 
 
 def _num(v: Any, fmt: str = ".3f", none: str = NA) -> str:
@@ -58,7 +108,8 @@ def table_rows(records: list[dict[str, Any]], terminal: bool = False) -> list[li
     for r in records:
         base = [r.get("design_name") or r["design"], str(r["n_layer"])]
         if not terminal:
-            base += [str(r["d_model"]), f"{r['params_total']:,}" if r.get("params_total") is not None else NA]
+            base += [NA if r.get("seed") is None else str(r["seed"]), str(r["d_model"]),
+                     f"{r['params_total']:,}" if r.get("params_total") is not None else NA, _num(r.get("lr"), "g")]
         rows.append([*base, _num(r.get("val_loss"), ".3f", "NaN"), *(cell(r) for _, cell in cols)])
     return rows
 
@@ -69,10 +120,91 @@ def crossing_rows(records: list[dict[str, Any]]) -> list[list[str]]:
              _num(r.get("causal_noise_floor"), ".2e")] for r in records]
 
 
+EVAL_SIZE_HEAD = ("checkpoint", "sequences (tokens)", "causal share C > {c:g} on each prefix",
+                  "permutation share P_abs > {p:g} on each prefix")
+
+
+def eval_size_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    """Shares on nested prefixes of the eval set (1/8, 1/4, 1/2, all of it); ↑ = still rising at the size used."""
+    out = []
+    for r in records:
+        sizes, toks = r.get("causal_eval_sizes") or r.get("perm_eval_sizes"), r.get("causal_eval_size_tokens") or \
+            r.get("perm_eval_size_tokens")
+        if not sizes:
+            continue
+        size = " / ".join(f"{n}" + (f" ({t})" if toks else "") for n, t in zip(sizes, toks or sizes))
+        cells = []
+        for key in ("causal", "perm"):
+            v = r.get(f"{key}_eval_size_shares")
+            cells.append(NA if not v else " / ".join(f"{x:.2f}" for x in v) + (" ↑" if r.get(f"{key}_still_rising")
+                                                                              else ""))
+        out.append([r["checkpoint"], size, *cells])
+    return out
+
+
+def lr_rows(sweep: dict[str, Any] | None, records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """(head, rows): the peak LR each design trained with per depth (train.json) and the sweep's choice.
+
+    Reads both sweep formats: {"chosen": {design: lr}} (one depth) and {"chosen": {design: {L: lr}},
+    "interior": {design: {L: bool}}}."""
+    sweep = sweep or {}
+    chosen, interior, losses = sweep.get("chosen", {}), sweep.get("interior", {}), sweep.get("val_loss", {})
+    depths = sorted({int(r["n_layer"]) for r in records})
+    head = ["design", *[f"LR used at L = {L}" for L in depths], "sweep: chosen LR per swept depth (grid; interior?)"]
+    out = []
+    for design in dict.fromkeys(r["design"] for r in records):
+        used = []
+        for L in depths:
+            lrs = sorted({r["lr"] for r in records if r["design"] == design and r["n_layer"] == L and r.get("lr")})
+            used.append(", ".join(f"{x:g}" for x in lrs) or NA)
+        c = chosen.get(design)
+        if isinstance(c, dict):
+            parts = []
+            for L, lr in sorted(c.items(), key=lambda kv: int(kv[0])):
+                grid = sorted(float(x) for x in (losses.get(design, {}).get(L) or {}))
+                flag = interior.get(design, {}).get(L)
+                parts.append(f"L = {L}: {float(lr):g} ({len(grid)} LRs {grid[0]:g}–{grid[-1]:g}; "
+                             f"{'interior' if flag else 'AT AN EDGE' if flag is not None else '?'})" if grid else
+                             f"L = {L}: {float(lr):g}")
+            swept = "; ".join(parts)
+        elif c is not None:
+            grid = sorted(float(x) for x in (losses.get(design) or {}))
+            at_edge = grid and float(c) in (grid[0], grid[-1])
+            swept = f"{float(c):g} (one depth; grid {', '.join(f'{g:g}' for g in grid)}" + \
+                ("; AT AN EDGE of the grid" if at_edge else "; interior") + ")"
+        else:
+            swept = NA
+        out.append([design, *used, swept])
+    return head, out
+
+
+def lr_sweep() -> dict[str, Any] | None:
+    """The committed LR sweep (depthlens/recipes/zoo_cpu_lr_sweep.json), None when absent."""
+    try:
+        from depthlens.training.recipes import zoo_lr_results
+
+        return zoo_lr_results() or None
+    except (OSError, ValueError, ImportError):
+        return None
+
+
+EVAL_SIZE_NOTE = ("The ordinary share (at all sequences of the prefix, max aggregator for the causal score) on nested "
+                  "prefixes of the one eval set: 1/8, 1/4, 1/2 and all of it. ↑: the share grew by more than 0.01 "
+                  "over the last doubling, so it is still rising at the size used and a larger eval set would "
+                  "give a larger number.")
+LR_NOTE = ("The peak learning rate each checkpoint trained with (train.json), and what the committed sweep "
+           "(depthlens/recipes/zoo_cpu_lr_sweep.json) chose per design and swept depth, with its grid; an optimum "
+           "at an edge of its grid is not a tuned learning rate.")
+
+
+def _eval_size_head() -> tuple[str, ...]:
+    return tuple(h.format(c=registry.CAUSAL.theta, p=registry.PERM_ABS.theta) for h in EVAL_SIZE_HEAD)
+
+
 CROSSING_HEAD = ("checkpoint", "causal θ₀.₅", "causal θ₀.₁", "P_abs θ₀.₅ [nat]", "P_abs θ₀.₁ [nat]",
                  "causal noise floor")
-ROBUST_HEAD = ("metric", "L", "ranking at the headline θ (lowest → highest share)", "grid fraction where it holds",
-               "Kendall τ vs ranking (mean / min)")
+ROBUST_HEAD = ("metric", "L", "ranking at the headline θ (lowest → highest share)",
+               "Kendall τ vs ranking over the θ grid (mean / min)")
 
 
 def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
@@ -83,7 +215,7 @@ def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
         order = f"{names[0]} ({vals[0]:.2f})" + "".join(
             f" {'<' if b > a else '≤'} {n} ({b:.2f})" for n, a, b in zip(names[1:], vals, vals[1:]))
         tau = f"{_num(r.get('kendall_tau_mean'), '.2f')} / {_num(r.get('kendall_tau_min'), '.2f')}"
-        out.append([r["metric"], str(r["n_layer"]), order, f"{r['fraction_holds']:.2f}", tau])
+        out.append([r["metric"], str(r["n_layer"]), order, tau])
     return out
 
 
@@ -92,7 +224,9 @@ def _eval_line(rep) -> str:
     return (f"{len(rep.entries)} checkpoints · eval data `{d.name}` ({d.n_seq} sequences × {d.seq_len} tokens, "
             f"seed {d.seed}, sha256 {d.sha256[:12]}…, the same tokens for every checkpoint) · causal: current "
             f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
-            f"swap · late window ⌊L/4⌋…L−1 · bootstrap {o.n_boot} resamples over sequences")
+            f"swap · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
+            f"⌈N/2⌉) and {o.n_boot} bootstrap resamples (permutation) · untrained baselines: "
+            f"{', '.join(o.untrained) or 'none'}")
 
 
 def _timing_line(rep) -> str:
@@ -146,19 +280,27 @@ def render_html(rep) -> str:
         '<nav><a href="#table">table</a><a href="#sweeps">threshold sweeps</a><a href="#robustness">robustness</a>'
         '<a href="#overview">overview</a><a href="#checkpoints">per checkpoint</a><a href="#files">files</a></nav>',
         '<h2 id="table">Design × depth</h2>',
-        "<p>Shares are over the late pairs (i &lt; j, both in ⌊L/4⌋…L−1), strict &gt;, with 95% percentile "
-        "bootstrap intervals over sequences (the max is recomputed inside every resample, so a causal CI can sit "
-        "below the full-sample estimate: a resample's max never exceeds it). Validation loss: "
-        "<code>train.json</code> <code>final_val_loss</code> (NaN when absent). erank: HC/mHC only; "
-        "k*(0.05): Full/Block AttnRes only.</p>",
+        "<p>Shares are over the late pairs (i &lt; j, both in ⌊L/4⌋…L−1), strict &gt;. "
+        f"{_h(INTERVAL_NOTE)} Validation loss: "
+        "<code>train.json</code> <code>final_val_loss</code> (NaN when absent); LR: the peak learning rate it "
+        "trained with. erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.</p>",
         _html_table(table_head(), main_rows),
     ]
+    if eval_size_rows(recs):
+        parts.append('<h2 id="evalsize">Share against eval-set size</h2>')
+        parts.append(f"<p>{_h(EVAL_SIZE_NOTE)}</p>")
+        parts.append(_html_table(_eval_size_head(), [[_h(c) for c in row] for row in eval_size_rows(recs)]))
+    lr_head, lr_body = lr_rows(lr_sweep(), recs)
+    parts.append('<h2 id="lr">Learning rates</h2>')
+    parts.append(f"<p>{_h(LR_NOTE)}</p>")
+    parts.append(_html_table(lr_head, [[_h(c) for c in row] for row in lr_body]))
     if "summary" in rep.figures:
         parts.append(f'<div class="grid">{_img(rep.figures["summary"], "headline numbers against depth")}</div>')
-    checked = orderings.check_all(rep.records)
-    parts.append('<h2 id="orderings">DepthBench\'s orderings at this scale</h2>')
+    checked = orderings.check_all(rep.records, rep.comparisons)
+    parts.append('<h2 id="orderings">DepthBench\'s claims at this scale</h2>')
     parts.append(f"<p>{_h(orderings.CAVEAT)}</p>")
-    parts.append(_html_table(orderings.HEAD, orderings.rows(checked)))
+    parts.append(_html_table(orderings.HEAD, [[_h(c) for c in row] for row in orderings.rows(checked)]))
+    parts.append(f"<p>{_h(orderings.summary_line(checked))}</p>")
     parts.append('<h2 id="sweeps">Threshold sweeps and crossing points</h2>')
     parts.append("<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
                  "is the headline θ. θ_q is where S falls to q (NaN/— when the grid never brackets it).</p>")
@@ -169,10 +311,9 @@ def render_html(rep) -> str:
     parts.append(_html_table(CROSSING_HEAD, [[_h(c) for c in row] for row in crossing_rows(recs)]))
     parts.append('<h2 id="robustness">Ranking robustness</h2>')
     if rep.robustness:
-        parts.append("<p>Designs of one depth ranked by their headline share (ties, shown as ≤, broken by the "
-                     "curve's integral = the mean score); the fraction of the θ grid on which this strict ordering "
-                     "holds, and Kendall τ-b between the shares at each θ and that ranking (θ where all shares tie "
-                     "skipped).</p>")
+        parts.append("<p>Designs of one depth ranked by their share at the headline θ (ties, shown as ≤, broken by "
+                     "the curve's integral = the mean score), and Kendall τ-b between the shares at each θ of the "
+                     "grid and that ranking (θ where all shares tie skipped).</p>")
         parts.append(_html_table(ROBUST_HEAD, [[_h(c) for c in row] for row in robustness_rows(rep.robustness)]))
     else:
         parts.append("<p>Needs at least two checkpoints of the same depth.</p>")
@@ -224,22 +365,27 @@ def render_markdown(rep) -> str:
     out = ["# depthlens report", "",
            "Does this residual design turn extra layers into extra computation? Open `index.html` for the full page.",
            "", _eval_line(rep) + ".", "", "## Design × depth", "",
-           "Shares over the late pairs (strict >), 95% bootstrap CI over sequences (the max is recomputed in every "
-           "resample, so a causal CI can sit below the full-sample estimate). Validation loss from "
-           "`train.json` (`final_val_loss`, NaN when absent). erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.",
+           "Shares over the late pairs (strict >). " + INTERVAL_NOTE + " Validation loss from "
+           "`train.json` (`final_val_loss`, NaN when absent); LR: the peak learning rate it trained with. erank: "
+           "HC/mHC only; k*(0.05): Full/Block AttnRes only.",
            "", _md_table(table_head(), table_rows(recs)), ""]
+    if eval_size_rows(recs):
+        out += ["## Share against eval-set size", "", EVAL_SIZE_NOTE, "",
+                _md_table(_eval_size_head(), eval_size_rows(recs)), ""]
+    lr_head, lr_body = lr_rows(lr_sweep(), recs)
+    out += ["## Learning rates", "", LR_NOTE, "", _md_table(lr_head, lr_body), ""]
     if "summary" in rep.figures:
         out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
-    out += [orderings.markdown(orderings.check_all(recs)), ""]
+    out += [orderings.markdown(orderings.check_all(recs, rep.comparisons)), ""]
     out += ["## Threshold sweeps and crossing points", ""]
     for k, p in rep.figures.items():
         if k.startswith("sweep_"):
             out += [f"![threshold sweep {k.removeprefix('sweep_')}]({p})", ""]
     out += [_md_table(CROSSING_HEAD, crossing_rows(recs)), "", "## Ranking robustness", ""]
     if rep.robustness:
-        out += ["Designs of one depth ranked by their headline share (ties, shown as ≤, broken by the mean score); "
-                "the fraction of the θ grid where that strict ordering holds, and Kendall τ-b between the shares at "
-                "each θ and that ranking (θ where all shares tie skipped).", "",
+        out += ["Designs of one depth ranked by their share at the headline θ (ties, shown as ≤, broken by the mean "
+                "score), and Kendall τ-b between the shares at each θ of the grid and that ranking (θ where all "
+                "shares tie skipped).", "",
                 _md_table(ROBUST_HEAD, robustness_rows(rep.robustness)), ""]
     else:
         out += ["Needs at least two checkpoints of the same depth.", ""]

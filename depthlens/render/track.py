@@ -137,14 +137,28 @@ def _share(ds: xr.Dataset, prefix: str, run: str, k: int) -> str:
     return f"{100 * s:.0f}%{ci}"
 
 
-def _first_reach(x: np.ndarray, y: np.ndarray, frac: float = 0.5) -> float:
-    """Smallest x at which y reaches `frac` of its final value (NaN if the final value is 0 or missing)."""
+def curve_summary(x: np.ndarray, y: np.ndarray) -> str:
+    """The shape of a share over training in one cell: its lowest and highest value with the training tokens
+    (or steps) where they occur, and the last minus the first (the change since initialisation when the
+    first snapshot is step 0). Replaces 'tokens to reach half the final share', which read 0 whenever the
+    share started high, dipped and recovered."""
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
-    if y.size == 0 or y[-1] <= 0:
-        return float("nan")
-    hit = np.flatnonzero(y >= frac * y[-1])
-    return float(x[hit[0]])
+    if y.size == 0:
+        return "—"
+    lo, hi = int(np.argmin(y)), int(np.argmax(y))
+    return (f"min {100 * y[lo]:.0f}% at {_fmt(x[lo], '.3g')}, max {100 * y[hi]:.0f}% at {_fmt(x[hi], '.3g')}, "
+            f"last − first {100 * (y[-1] - y[0]):+.0f} pts")
+
+
+def _change(ds: xr.Dataset, prefix: str, run: str) -> str:
+    """The last snapshot minus the untrained step-0 one, with its paired interval (— without a step 0)."""
+    if f"{prefix}_change" not in ds:
+        return "—"
+    v, lo, hi = (float(ds[f"{prefix}_change{t}"].sel(run=run).values) for t in ("", "_low", "_high"))
+    if math.isnan(v):
+        return "—"
+    return f"{100 * v:+.0f} pts" + ("" if math.isnan(lo) else f" [{100 * lo:+.0f}, {100 * hi:+.0f}]")
 
 
 def track_rows(ds: xr.Dataset) -> list[list[str]]:
@@ -160,8 +174,9 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
         for prefix in ("causal", "perm"):
             if f"{prefix}_share" in ds:
                 y = np.asarray(ds[f"{prefix}_share"].sel(run=run).values, dtype=float)
-                row.append(f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; half at "
-                           f"{_fmt(_first_reach(x[have], y[have]), '.3g')}")
+                row.append(f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; "
+                           f"{curve_summary(x[have], y[have])}")
+                row.append(_change(ds, prefix, run))
         v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
         row.append(f"{_fmt(v[a])} → {_fmt(v[b])}")
         out.append(row)
@@ -174,14 +189,19 @@ def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: st
     for prefix, label in (("causal", f"C > {ds.attrs['causal_threshold']:g}"),
                           ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat")):
         if f"{prefix}_share" in ds:
-            head.append(f"share {label} [95% CI], first → last; tokens to reach half the final share")
+            head.append(f"share {label} [95%], first → last; min, max (at tokens), last − first")
+            head.append(f"{label}: trained − untrained (step 0) [95%, paired over sequences]")
     head.append("val loss first → last")
     lines = [f"{heading} Depth over training", "",
              "Every diagnostic on every training snapshot, on the same eval tokens "
              f"({ds.attrs.get('eval_n_seq', '?')} sequences × {ds.attrs.get('eval_seq_len', '?')} tokens, "
              f"sha256 {str(ds.attrs.get('eval_data_sha256', ''))[:12]}). Shares are over the late window "
-             f"(layers ≥ ⌊L/4⌋) with a 95% bootstrap CI over eval sequences; the last snapshot equals a "
-             "`depthlens report` of the final checkpoint.", ""]
+             f"(layers ≥ ⌊L/4⌋) with a 95% interval over eval sequences (causal: the size-fixed share at ⌈N/2⌉ "
+             "sequences, delete-one jackknife; permutation: bootstrap). The first snapshot (step 0) is the "
+             "untrained model, so 'last − first' is the change training made. **Eval set:** these "
+             f"{ds.attrs.get('eval_n_seq', '?')} sequences are not the zoo report's (32 sequences): shares grow "
+             "with the eval set (max aggregator), so the numbers here are not comparable with the zoo "
+             "report's, only with each other.", ""]
     if figure:
         lines += [f"![depth over training]({figure})", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -50,8 +50,9 @@ def assign(paths: Sequence[str | os.PathLike], n: int) -> list[int]:
 
 def pack(entry: Any) -> dict[str, Any]:
     """A computed report Entry as plain data for the trip to rank 0 (its model stays on its rank)."""
-    d = {f.name: getattr(entry, f.name) for f in fields(entry) if f.name not in ("model", "datasets")}
-    d["datasets"] = {m: ds.to_dict(data="array", encoding=True) for m, ds in entry.datasets.items()}
+    d = {f.name: getattr(entry, f.name) for f in fields(entry) if f.name not in ("model", "datasets", "untrained")}
+    for name in ("datasets", "untrained"):
+        d[name] = {m: ds.to_dict(data="array", encoding=True) for m, ds in getattr(entry, name).items()}
     return d
 
 
@@ -59,7 +60,8 @@ def unpack(d: dict[str, Any]) -> dict[str, Any]:
     """`pack`'s output back as Entry keyword arguments (model None)."""
     import xarray as xr
 
-    return {**d, "model": None, "datasets": {m: xr.Dataset.from_dict(ds) for m, ds in d["datasets"].items()}}
+    return {**d, "model": None, **{name: {m: xr.Dataset.from_dict(ds) for m, ds in d.get(name, {}).items()}
+                                   for name in ("datasets", "untrained")}}
 
 
 def attempt(fn: Callable[[], Any]) -> tuple[BaseException | None, Any]:

@@ -4,7 +4,7 @@ Steps (`build_report`):
 
 1. `check_out`: refuse an existing output directory (unless overwrite) or an unwritable location, before
    any work is done.
-2.-4. a study (`analysis.study.run_study`): `load_entries` loads and validates every checkpoint (a bad one
+2.-4. a study (`studies.study.run_study`): `load_entries` loads and validates every checkpoint (a bad one
    raises CheckpointError; nothing is written); `study_eval_data` builds one EvalData shared by every
    checkpoint (the held-out split of the offline corpus or `--data`, `n_seq` x `seq_len` tokens, seq_len capped
    at the smallest `max_seq_len` of the set); `compute` runs the applicable diagnostics of the registry on each.
@@ -15,8 +15,8 @@ Steps (`build_report`):
    renamed into place at the end; on any failure nothing is left behind.
 
 Under torchrun (WORLD_SIZE > 1: `study.compute_spread`) steps 2-4 run on every rank for its own checkpoints
-(analysis.ranks assigns them by estimated cost); rank 0 gathers the computed entries and runs steps 5-6 exactly
-as one process does. After each step every rank `agree`s ok/error (analysis.distributed), so a failing rank stops
+(runtime.ranks assigns them by estimated cost); rank 0 gathers the computed entries and runs steps 5-6 exactly
+as one process does. After each step every rank `agree`s ok/error (runtime.distributed), so a failing rank stops
 the run on every rank with its one line and nothing is written.
 """
 
@@ -43,6 +43,7 @@ from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as rep
     DEFAULT_N_BOOT,
     DEFAULT_N_SEQ,
     DEFAULT_SEQ_LEN,
+    UNTRAINED_METRICS,
     Entry,
     Progress,
     StudyOptions,
@@ -56,8 +57,10 @@ from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as rep
     study_eval_data,
     tasks,
     tokenizer_facts,
+    untrained_data,
+    untrained_model,
 )
-from depthlens.studies.summaries import record_fields, record_keys
+from depthlens.studies.summaries import UNTRAINED_RECORD_FIELDS, headline_of, record_fields, record_keys
 from depthlens.studies.write import check_out, manifest, merged_datasets, write_report  # noqa: F401
 
 METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
@@ -74,6 +77,7 @@ class Report:
     records: list[dict[str, Any]] = field(default_factory=list)
     sweeps: dict[str, Any] = field(default_factory=dict)  # report metric -> xr.Dataset (checkpoint, threshold)
     robustness: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)  # paired design differences (orderings)
     figures: dict[str, str] = field(default_factory=dict)  # cross-checkpoint figures: key -> relative path
     files: dict[str, list[str]] = field(default_factory=dict)  # netCDF file -> checkpoints it holds
     seconds: dict[str, float] = field(default_factory=dict)
@@ -87,29 +91,111 @@ class Report:
 
 
 RECORD_BASE = ("checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
-               "val_loss", "eval_loss")
-RECORD_END = ("path",)
+               "seed", "lr", "val_loss", "eval_loss", "eval_loss_untrained")
+RECORD_END = ("erank_full_untrained", "dead_prefix_untrained", "path")
 RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
 
 def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, Any]:
     """One table row (JSON-safe; NaN → None): the checkpoint's facts, then every diagnostic's fields
-    (`analysis.summaries.record_fields`: its headline share and its own), then the share curves' crossings."""
+    (`studies.summaries.record_fields`: its headline share and its own), then the share curves' crossings."""
     from depthlens.designs import DESIGNS
 
     r: dict[str, Any] = {k: None for k in record_keys(RECORD_BASE, RECORD_END)}
     r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
              n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
-             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path))
+             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
+             seed=e.seed, lr=_f((e.train.get("recipe") or {}).get("lr")))
+    base_row: dict[str, Any] = {"n_layer": e.n_layer, "eval_loss": None}  # the untrained model's own row
     for d in registry.diagnostics():
-        ds, sw = e.datasets.get(d.name), sweeps.get(d.name)
+        ds, sw, base = e.datasets.get(d.name), sweeps.get(d.name), e.untrained.get(d.name)
         if ds is not None:
             r.update(record_fields(d, ds, r, opts))
+            if base is not None and d.headline:
+                r.update(untrained_fields(d, ds, base, opts))
+        if base is not None and d.record:
+            base_row.update(registry.resolve(d.record)(base, base_row))
         if sw is not None and e.name in sw["checkpoint"].values:
             cr = sw["crossing"].sel(checkpoint=e.name)
             r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
             r[f"{d.prefix}_theta_10"] = _f(cr.sel(q=0.1).values)
+    r.update({f"{k}_untrained": base_row.get(k) for k in UNTRAINED_RECORD_FIELDS})
     return jsonable(r)
+
+
+def paired_share_difference(a, b, metric: str, opts: ReportOptions):
+    """share(a) − share(b) with its paired interval over the eval sequences (`sweep.paired_share_difference`
+    with the report's θ, window and resampling seed); None when either has none."""
+    from depthlens.diagnostics.sweep import paired_share_difference as paired
+
+    return paired(a, b, metric, start="quarter", n_boot=opts.n_boot, seed=opts.seed)
+
+
+def untrained_fields(d: registry.Diagnostic, ds, base, opts: ReportOptions) -> dict[str, Any]:
+    """Diagnostic `d`'s headline share on the untrained model, and trained − untrained with its interval
+    paired over the sequences the two share, under `<prefix>_*` record keys."""
+    assert d.headline is not None
+    h = headline_of(base, d.headline.key, n_boot=opts.n_boot, seed=opts.seed)
+    out = {f"{d.prefix}_share_untrained": _f(h.get("share")) if h else None,
+           f"{d.prefix}_untrained_n_seq": int(base.sizes.get("sequence", 0)) or None}
+    diff = paired_share_difference(ds, base, d.headline.key, opts)
+    if diff is not None:
+        out.update({f"{d.prefix}_untrained_diff": _f(diff.estimate), f"{d.prefix}_untrained_diff_low": _f(diff.low),
+                    f"{d.prefix}_untrained_diff_high": _f(diff.high)})
+    return out
+
+
+def _loss_changes(by: dict, design: str, L: int, opts: ReportOptions) -> list[dict[str, Any]]:
+    """Per seed present at L and L/2: eval loss at L minus at L/2, paired over the same eval sequences."""
+    from depthlens.stats.intervals import bootstrap_counts, mean_interval
+
+    out = []
+    for (d, depth, s), deep in by.items():
+        shallow = by.get((design, L // 2, s))
+        if d != design or depth != L or shallow is None:
+            continue
+        row: dict[str, Any] = {"score": "loss_change", "higher": design, "lower": None, "L": L, "seed": s}
+        for tag, a, b in (("", deep.datasets, shallow.datasets), ("untrained_", deep.untrained, shallow.untrained)):
+            if "causal" not in a or "causal" not in b:
+                continue
+            diff = a["causal"]["clean_loss_seq"].values - b["causal"]["clean_loss_seq"].values
+            if not np.isfinite(diff).all() or diff.size < 2:
+                continue
+            it, _ = mean_interval(diff, counts=bootstrap_counts(diff.size, max(opts.n_boot, 2), opts.seed))
+            row.update({f"{tag}diff": it.estimate, f"{tag}low": it.low, f"{tag}high": it.high,
+                        f"{tag}method": f"paired {it.method}", f"{tag}unit": it.unit})
+        out.append(jsonable(row))
+    return out
+
+
+def comparisons(entries: Sequence[Entry], opts: ReportOptions, claims: Sequence[Any] | None = None
+                ) -> list[dict[str, Any]]:
+    """For every ordering claim on a share (report.orderings.CLAIMS): per training seed present in both designs,
+    the paired difference higher − lower over the same eval sequences, trained and untrained. The orderings
+    pool them over seeds (one seed: this interval, which excludes training variance)."""
+    from depthlens.stats.orderings import CLAIMS
+
+    by = {(e.slug, e.n_layer, e.seed): e for e in entries}
+    out = []
+    for c in CLAIMS if claims is None else claims:
+        if c.kind == "sign" and c.score == "loss_change":
+            out += _loss_changes(by, c.higher, c.L, opts)
+        if c.score not in ("causal", "perm"):
+            continue
+        metric, key = ("causal", "causal") if c.score == "causal" else ("permutation", "perm_abs")
+        seeds = sorted({s for (d, L, s) in by if d == c.higher and L == c.L} &
+                       {s for (d, L, s) in by if d == c.lower and L == c.L}, key=lambda s: (s is None, s))
+        for s in seeds:
+            hi, lo = by[(c.higher, c.L, s)], by[(c.lower, c.L, s)]
+            row: dict[str, Any] = {"score": c.score, "higher": c.higher, "lower": c.lower, "L": c.L, "seed": s}
+            for tag, ga, gb in (("", hi.datasets, lo.datasets), ("untrained_", hi.untrained, lo.untrained)):
+                a, b = ga.get(metric), gb.get(metric)
+                d = paired_share_difference(a, b, key, opts) if a is not None and b is not None else None
+                if d is not None:
+                    row.update({f"{tag}diff": d.estimate, f"{tag}low": d.low, f"{tag}high": d.high,
+                                f"{tag}method": d.method, f"{tag}unit": d.unit})
+            out.append(jsonable(row))
+    return out
 
 
 def sweeps_for(entries: Sequence[Entry], metric: str):
@@ -198,6 +284,7 @@ def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Pro
                 rep.robustness += robustness_for(sw, metric)
     for e in rep.entries:
         rep.records.append(record(e, opts, rep.sweeps))
+    rep.comparisons = comparisons(rep.entries, opts)
     progress("summary")
     return rep
 
@@ -208,7 +295,7 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
     """Load, compute, summarise and write a report. `on_loaded(n_steps)` runs once the checkpoints are
     validated (the CLI sizes its progress bar there).
 
-    Steps 1-4 are a study (`analysis.study.run_study`, with `check_out` first). Under torchrun (WORLD_SIZE > 1)
+    Steps 1-4 are a study (`studies.study.run_study`, with `check_out` first). Under torchrun (WORLD_SIZE > 1)
     every rank computes whole checkpoints of its own and rank 0 writes the report a single process writes; the
     other ranks return None."""
     opts = opts or ReportOptions()

@@ -252,8 +252,11 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
         "aggregators grow with it, so treat the numbers as this eval set's, not the model's.", "",
         "## Headlines (toolkit defaults)", "",
         f"* **Causal** ({hc['definition']}): share of late pairs with C > {C_THETA:g} = "
-        f"**{_pct(hc['share'])}** (95 % bootstrap CI {_pct(hc['ci_low'])} – "
-        f"{_pct(hc['ci_high'])}; noise floor {hc.get('noise_floor', float('nan')):.1e}).",
+        f"**{_pct(hc['share'])}**" + (f" at m = {hc['subsample_m']} of {hc.get('n_sequences')} sequences"
+                                       if hc.get("subsample_m") else "") +
+        f" (95 % interval {_pct(hc['ci_low'])} – {_pct(hc['ci_high'])}, {hc.get('ci_method') or 'no method recorded'}"
+        + (f"; at all sequences {_pct(hc['share_full'])}, no interval" if hc.get("share_full") is not None else "")
+        + f"; noise floor {hc.get('noise_floor', float('nan')):.1e}).",
         f"* **Permutation** ({hp['definition']}): share of late pairs with P_abs > {P_THETA:g} nats = "
         f"**{_pct(hp['share'])}** (CI {_pct(hp['ci_low'])} – {_pct(hp['ci_high'])}); clean loss "
         f"{_num(s.get('clean_loss'))} nats.",

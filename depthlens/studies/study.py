@@ -8,7 +8,7 @@ Face directories, GGUF files, `device_map` for HF/GGUF models over several GPUs)
 for every model: same tokenizer required, seq_len capped at the smallest max_seq_len), `compute` (every
 requested diagnostic that applies to each design, through `registry.run`; one that is undefined for a model is
 a note, not fatal). Under torchrun (`run_study` when WORLD_SIZE > 1: `compute_spread`) every rank loads and
-computes whole models of its own (`analysis.ranks` assigns them by estimated cost) and rank 0 gathers them;
+computes whole models of its own (`runtime.ranks` assigns them by estimated cost) and rank 0 gathers them;
 after each step every rank `agree`s ok/error, so a failing rank stops the run on every rank with its one line.
 """
 
@@ -26,6 +26,7 @@ from depthlens.errors import DepthlensError, UsageError
 from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 
 DEFAULT_N_BOOT = 1000
+UNTRAINED_METRICS = ("causal", "permutation", "rank", "attnres")  # those the report table and the orderings read
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
 
@@ -66,6 +67,13 @@ class StudyOptions:
     device_map: str | None = None  # HF/GGUF models over several GPUs: "auto" or a JSON map (replaces device)
     late: bool = False  # run each engine restricted to what its late-window headline needs (compare, sweep)
     tokens: int | None = None  # an eval token budget instead of n_seq: n_seq = tokens // seq_len
+    # diagnostics also run on the untrained model of each checkpoint's config and training seed (its step-0
+    # weights, `untrained_model`): the baseline a learned effect is measured against. () = none.
+    untrained: tuple[str, ...] = UNTRAINED_METRICS
+    # the untrained permutation runs on the first `untrained_perm_n_seq` eval sequences only (None: all): at
+    # init every swap moves a near-uniform prediction by a hair, and the permutation engine is most of a
+    # report's cost; the trained − untrained difference pairs the same sequences
+    untrained_perm_n_seq: int | None = 8
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this study's choices."""
@@ -82,7 +90,8 @@ class StudyOptions:
                 "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
                 "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
                 "window_start": "quarter",
-                "dead_prefix_eps": registry.DEAD_PREFIX_EPS,
+                "dead_prefix_eps": registry.DEAD_PREFIX_EPS, "untrained": list(self.untrained),
+                "untrained_perm_n_seq": self.untrained_perm_n_seq,
                 **({} if self.device_map is None else {"device_map": self.device_map}),
                 **({} if self.tokens is None else {"tokens": self.tokens})}
 
@@ -100,9 +109,18 @@ class Entry:
     params: dict[str, Any]
     train: dict[str, Any]
     datasets: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset
+    untrained: dict[str, Any] = field(default_factory=dict)  # metric -> xr.Dataset of the step-0 model
     seconds: dict[str, float] = field(default_factory=dict)
     figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def seed(self) -> int | None:
+        """The training seed (train.json `seed`, else its recipe's); None when unknown."""
+        for v in (self.train.get("seed"), (self.train.get("recipe") or {}).get("seed")):
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return None
 
     @property
     def val_loss(self) -> float:
@@ -171,7 +189,7 @@ def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[
 
 def study_eval_data(entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None):
     """One EvalData for all checkpoints: same tokenizer required; checked against every model.
-    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (analysis.ranks)."""
+    facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (runtime.ranks)."""
     from depthlens.runtime.evaldata import load_eval_data
 
     toks, own = tokenizer_facts(entries, opts)
@@ -229,6 +247,51 @@ def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progr
                 e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
             e.seconds[m] = round(time.perf_counter() - t0, 3)
             progress(f"{e.name}: {m}")
+        if not opts.late:  # compare and sweep read only the trained headline
+            for e in entries:
+                _compute_untrained(e, data, opts)
+
+
+def untrained_model(e: Entry):
+    """The model of `e`'s config as the trainer initialises it for `e`'s training seed (`build_model(config,
+    seed)`, exactly the trainer's step-0 weights), on `e`'s device and dtype; None when the seed or a
+    depthlens config is unknown."""
+    from depthlens.models.config import ModelConfig
+    from depthlens.models.model import build_model
+
+    cfg = getattr(e.model, "config", None)
+    if e.seed is None or not isinstance(cfg, ModelConfig):
+        return None
+    p = next(e.model.parameters())
+    return build_model(cfg, seed=e.seed).to(device=p.device, dtype=p.dtype).eval()
+
+
+def untrained_data(data, metric: str, opts: StudyOptions):
+    """The eval data an untrained diagnostic runs on: all of it, or a prefix for the permutation."""
+    import dataclasses
+
+    k = opts.untrained_perm_n_seq
+    if metric != "permutation" or not k or k >= data.n_seq:
+        return data
+    return dataclasses.replace(data, tokens=data.tokens[:k])
+
+
+def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
+    todo = [m for m in opts.metrics if m in opts.untrained and registry.get(m).applies(e.slug)]
+    if not todo:
+        return
+    model = untrained_model(e)
+    if model is None:
+        e.notes.append("untrained baseline: not computed (no training seed in train.json)")
+        return
+    t0 = time.perf_counter()
+    for m in todo:
+        try:
+            e.untrained[m] = registry.run(m, model, untrained_data(data, m, opts), checkpoint=e.path,
+                                          **opts.engine_options(m))
+        except (DepthlensError, ValueError) as err:
+            e.notes.append(f"{m} (untrained): not computed ({str(err).splitlines()[0]})")
+    e.seconds["untrained"] = round(time.perf_counter() - t0, 3)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,7 +301,7 @@ def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progr
 def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before: Callable[[], None] | None = None,
                    progress: Progress = _noop,
                    on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
-    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (analysis.ranks). Rank 0 returns
+    """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (runtime.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
     from depthlens.runtime.distributed import (

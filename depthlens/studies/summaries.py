@@ -21,7 +21,15 @@ from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.jsonsafe import finite_or_none as _f
 
+UNTRAINED_RECORD_FIELDS = registry.UNTRAINED_RECORD_FIELDS  # read off the untrained model's datasets too
+
 SHARE_FIELDS = ("share", "ci_low", "ci_high", "shard_mean", "shard_sd")  # of a headline, under `<prefix>_*`
+# what the interval is (method, unit of resampling, subsample size for max) and the eval-size curve
+INTERVAL_FIELDS = ("ci_method", "ci_unit", "share_full", "subsample_m", "eval_sizes", "eval_size_tokens",
+                   "eval_size_shares", "still_rising")
+# the same headline on the untrained model, and trained − untrained with its paired interval (report.build)
+UNTRAINED_FIELDS = ("share_untrained", "untrained_n_seq", "untrained_diff", "untrained_diff_low",
+                    "untrained_diff_high")
 
 
 class SummaryOptions(Protocol):
@@ -53,7 +61,7 @@ def record_keys(base: tuple[str, ...], end: tuple[str, ...],
     keys = list(base)
     for d in registry.diagnostics() if diagnostics is None else diagnostics:
         if d.headline:
-            keys += [f"{d.prefix}_{k}" for k in (*SHARE_FIELDS, "n_pairs")]
+            keys += [f"{d.prefix}_{k}" for k in (*SHARE_FIELDS, *INTERVAL_FIELDS, "n_pairs", *UNTRAINED_FIELDS)]
         keys += d.record_fields
         if d.headline:
             keys += [f"{d.prefix}_definition", f"{d.prefix}_theta_50", f"{d.prefix}_theta_10"]
@@ -64,6 +72,7 @@ def share_fields(d: registry.Diagnostic, h: Mapping[str, Any]) -> dict[str, Any]
     """share, CI, shard mean/sd, pair count and definition of one headline, under `<prefix>_*` record keys
     (plus `<prefix>_noise_floor` where the diagnostic declares that field)."""
     out = {f"{d.prefix}_{k}": _f(h.get(k)) for k in SHARE_FIELDS}
+    out.update({f"{d.prefix}_{k}": _f(h[k]) if isinstance(h.get(k), float) else h.get(k) for k in INTERVAL_FIELDS})
     out[f"{d.prefix}_n_pairs"] = h["n_pairs"]
     out[f"{d.prefix}_definition"] = h.get("definition")
     if f"{d.prefix}_noise_floor" in d.record_fields:
@@ -78,7 +87,10 @@ def record_fields(d: registry.Diagnostic, ds: xr.Dataset, row: Mapping[str, Any]
     if d.headline:
         h = headline_of(ds, d.headline.key, n_boot=opts.n_boot, seed=opts.seed)
         if h:
+            from depthlens.diagnostics.sweep import interval_attrs
+
             out.update(share_fields(d, h))
+            ds.attrs.update(interval_attrs(h))  # the merged netCDF names the interval its record carries
     if d.record:
         out.update(registry.resolve(d.record)(ds, {**row, **out}))
     return out

@@ -429,7 +429,7 @@ def _cached(path: Path, key: str) -> xr.Dataset | None:
 
 def summarise(ds: xr.Dataset, metric: str, opts: TrackOptions) -> dict[str, xr.DataArray]:
     """The per-step variables `track` keeps from one engine result (no `step` dim yet): the diagnostic's
-    `track` hook, or its headline share (`analysis.summaries.track_vars`)."""
+    `track` hook, or its headline share (`studies.summaries.track_vars`)."""
     from depthlens.studies.summaries import track_vars
 
     return track_vars(diagnostic(metric), ds, opts)
@@ -529,6 +529,33 @@ def _metric_opts(metric: str, opts: TrackOptions) -> dict[str, Any]:
     return {**engine_options(metric), "batch_size": None, **({} if opts.dtype == "fp32" else {"dtype": opts.dtype})}
 
 
+def change_from_init(first: Mapping[str, xr.Dataset], last: Mapping[str, xr.Dataset], opts: TrackOptions
+                     ) -> dict[str, xr.DataArray]:
+    """Last snapshot minus the step-0 (untrained) one for each headline share, with its 95 % interval paired
+    over the eval sequences (`sweep.paired_share_difference`): what training changed."""
+    from depthlens.diagnostics.sweep import paired_share_difference
+    from depthlens.studies.summaries import _scalar, track_theta
+
+    out = {}
+    for diag in registry.diagnostics():
+        metric, prefix = diag.name, diag.prefix
+        if diag.headline is None or metric not in first or metric not in last:
+            continue
+        key = diag.headline.key
+        try:
+            d = paired_share_difference(last[metric], first[metric], key, track_theta(opts, key), start=opts.window,
+                                        n_boot=opts.n_boot, seed=opts.seed)
+        except (DepthlensError, ValueError):
+            d = None
+        label = f"{prefix} share, last snapshot minus step 0 (untrained)"
+        out[f"{prefix}_change"] = _scalar(None if d is None else d.estimate, label)
+        out[f"{prefix}_change_low"] = _scalar(None if d is None else d.low, f"{label}: 95% interval low")
+        out[f"{prefix}_change_high"] = _scalar(None if d is None else d.high, f"{label}: 95% interval high")
+        if d is not None:
+            out[f"{prefix}_change"].attrs.update(interval_method=d.method, interval_unit=d.unit)
+    return out
+
+
 def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr.Dataset:
     """Stack one series' per-step summaries along `step` and add tokens / val_loss."""
     steps = [sn.step for sn in s.snapshots]
@@ -557,11 +584,13 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
     ev = ev if ev is not None else eval_tokens(series, opts)
     parts, designs, depths, notes = [], [], [], []
     for s in series:
-        rows, slugs = [], set()
-        for snap in s.snapshots:
+        rows, slugs, ends = [], set(), []
+        for k, snap in enumerate(s.snapshots):
             results, slug, L = analyse(snap, opts.metrics, ev, opts, cache / _safe(s.name), progress)
             slugs.add((slug, L))
             rows.append({k: v for m, ds in results.items() for k, v in summarise(ds, m, opts).items()})
+            if k in (0, len(s.snapshots) - 1):
+                ends.append(results)
         if len(slugs) > 1:
             raise _fail(f"{s.source}: mixed architectures in one series ({sorted(slugs)})")
         slug, L = slugs.pop()
@@ -572,7 +601,10 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
             var = f"{d.prefix}_share"
             if d.headline and any(not np.isfinite(float(r[var])) for r in rows if var in r):
                 notes.append(f"{s.name}: no {d.name} share at some steps (fewer than 2 layers in the late window)")
-        parts.append(series_dataset(s, rows).expand_dims(run=[s.name]))
+        part = series_dataset(s, rows)
+        if len(s.snapshots) > 1 and s.snapshots[0].step == 0:
+            part = part.assign(change_from_init(ends[0], ends[-1], opts))
+        parts.append(part.expand_dims(run=[s.name]))
         designs.append(slug)
         depths.append(L)
     merged = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="override")

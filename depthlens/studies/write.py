@@ -127,6 +127,7 @@ def manifest(rep: Report) -> dict[str, Any]:
         "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
                          "figures": e.figures, "notes": e.notes} for e in rep.entries],
         "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness,
+        "comparisons": rep.comparisons,
         "notes": rep.notes,
         "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
                       "`checkpoint` (one file per group; <metric>.nc when there is one group, else "

@@ -34,6 +34,7 @@ The table (old module → new module; a file not in it stops the run with a list
 | analysis/sweep.py                     | diagnostics/sweep.py                | reads the registry's scores (θ grids)      |
 | analysis/metrics.py                   | stats/metrics.py                    | pure torch math, no model code             |
 | analysis/stats.py                     | stats/shares.py                     | shares, crossings, robustness, bootstrap   |
+| analysis/intervals.py                 | stats/intervals.py                  | intervals valid for their statistic        |
 | report/orderings.py                   | stats/orderings.py                  | which ordinal claims hold (pure logic)     |
 | analysis/dataset.py                   | io/dataset.py                       | result format: xarray conventions, netCDF  |
 | analysis/evaldata.py                  | runtime/evaldata.py                 | eval tokens, batch sizes, devices          |
@@ -106,6 +107,7 @@ MOVES = {
     "analysis.sweep": "diagnostics.sweep",
     "analysis.metrics": "stats.metrics",
     "analysis.stats": "stats.shares",
+    "analysis.intervals": "stats.intervals",
     "report.orderings": "stats.orderings",
     "analysis.dataset": "io.dataset",
     "analysis.evaldata": "runtime.evaldata",

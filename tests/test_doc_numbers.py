@@ -1,0 +1,81 @@
+"""Numbers in README.md and docs/ that come from a committed report are checked against its data here, so a
+regenerated report cannot leave a stale number behind."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2 = ROOT / "reports" / "smollm2" / "summary.json"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not SMOLLM2.is_file():
+        pytest.skip("reports/smollm2 not generated")
+    return json.loads(SMOLLM2.read_text())
+
+
+def test_readme_smollm2_range(smollm2):
+    defs = smollm2["causal_definitions"]
+    default = next(d for d in defs if (d["norm"], d["variant"], d["aggregator"]) == ("update", "current", "max"))
+    others = [d["share_gt_0.45"] for d in defs if d is not default]
+    text = (ROOT / "README.md").read_text()
+    want = (f"scores {round(100 * default['share_gt_0.45'])} % late causal pairs above 0.45\nunder the default "
+            f"definition and {round(100 * min(others))}–{round(100 * max(others))} % under the other definitions")
+    assert want in text, want
+
+
+def test_calibration_table_matches_the_report(smollm2):
+    text = (ROOT / "docs" / "calibration.md").read_text()
+    by = {(d["variant"], d["aggregator"], d["norm"]): d["share_gt_0.45"] for d in smollm2["causal_definitions"]}
+    for variant in ("current", "future"):
+        for agg in ("max", "mean", "p95", "p99", "pooled"):
+            row = re.search(rf"^\| {variant} \| {agg} \| ([0-9.]+ %) \| ([0-9.]+ %) \|", text, re.M)
+            assert row, (variant, agg)
+            assert row.group(1) == _pct(by[(variant, agg, "update")]) and row.group(2) == _pct(by[(variant, agg, "resid")])
+
+
+def test_performance_causal_rows_and_like_for_like_ratio():
+    path = ROOT / "reports" / "bench" / "real_scale.json"
+    if not path.is_file():
+        pytest.skip("reports/bench/real_scale.json not generated")
+    res = {r["model"]: r for r in json.loads(path.read_text())["results"]}
+    text = (ROOT / "docs" / "performance.md").read_text()
+    eq = {m: {k: v["cpu"] for k, v in r["causal"]["full_pass_equivalents"].items()} for m, r in res.items()}
+    (other,) = [m for m in res if m != "smollm2"]
+    row = re.search(r"^\| `causal --outputs` \(\+ O\[s\], ΔL_skip\) \| ([0-9.]+) \| ([0-9.]+) \|", text, re.M)
+    assert row and (row.group(1), row.group(2)) == (f"{eq['smollm2']['outputs_depthlens']:.1f}",
+                                                    f"{eq[other]['outputs_depthlens']:.1f}")
+    row = re.search(r"^\| naive hook loop / nnsight loop \| ([0-9.]+) / ([0-9.]+) \| ([0-9.]+) / ([0-9.]+) \|", text, re.M)
+    assert row and row.groups() == tuple(f"{eq[m][k]:.1f}" for m in ("smollm2", other) for k in ("naive", "nnsight"))
+    s, o = eq["smollm2"], eq[other]
+    want = (f"on SmolLM2 {s['naive']:.1f} / {s['outputs_depthlens']:.1f} = {s['naive'] / s['outputs_depthlens']:.1f}× "
+            f"(on the 120M model {o['naive']:.1f} / {o['outputs_depthlens']:.1f}\n= "
+            f"{o['naive'] / o['outputs_depthlens']:.1f}×). Against the default run, which skips the companions, the "
+            f"ratio is {s['naive'] / s['depthlens']:.1f}×")
+    assert " ".join(want.split()) in " ".join(text.split()), want
+
+
+def test_generated_fragments_match_the_committed_data():
+    """docs/training.md's zoo table and docs/depth-over-training.md's cost line are generated from
+    checkpoints/*/train.json and reports/zoo/manifest.json (scripts/doc_numbers.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_numbers", ROOT / "scripts" / "doc_numbers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert "<!-- generated:zoo-losses -->" in (ROOT / "docs" / "training.md").read_text()
+    assert mod.stale(ROOT) == [], "stale generated numbers: run .venv/bin/python scripts/doc_numbers.py"
+    # the generator against the data it reads: one cell by hand
+    t = json.loads((ROOT / "checkpoints" / "hc_l32" / "train.json").read_text())
+    assert f"{t['final_val_loss']:.3f} ({round(t['params']['total'] / 1000)}K, LR {t['recipe']['lr']:g}" in \
+        mod.zoo_losses(ROOT)
