@@ -93,7 +93,7 @@ def peak_memory(fn: Callable[[], Any], *owners: Any) -> int:
     """Peak live tensor bytes allocated by fn(); storages of `owners` (modules, tensors) are not counted."""
     exclude = set()
     for o in owners:
-        for t in (o.state_dict().values() if hasattr(o, "state_dict") else [o]):
+        for t in o.state_dict().values() if hasattr(o, "state_dict") else [o]:
             exclude.add(t.untyped_storage().data_ptr())
     with torch.no_grad(), PeakTensorMemory(exclude) as m:
         fn()
@@ -111,8 +111,14 @@ def machine() -> dict[str, Any]:
         pass
     import nnsight
 
-    return {"cpu": cpu, "torch": torch.__version__, "nnsight": nnsight.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "nnsight": nnsight.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -170,7 +176,8 @@ def nnsight_skip_trace(nn_model, L: int, tokens: torch.Tensor, s: int | None) ->
             h_in = nn_model.blocks[t].hook_resid_pre.output
             if t == s:  # merge_io: positions [1, T) take the block input, position 0 keeps the output
                 nn_model.blocks[t].hook_resid_post.output = torch.where(
-                    pos >= 1, h_in, nn_model.blocks[t].hook_resid_post.output)
+                    pos >= 1, h_in, nn_model.blocks[t].hook_resid_post.output
+                )
             ups.append(nn_model.blocks[t].hook_resid_post.output - h_in)
         ups = nnsight.save(ups)
         logits = nn_model.output.save()
@@ -238,18 +245,22 @@ def _maxdiff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def bench_one(L: int, n_seq: int, T: int, repeats: int, with_nnsight: bool, d_model: int = 64) -> dict[str, Any]:
-    cfg = ModelConfig(arch="preln", n_layer=L, d_model=d_model, n_head=max(1, d_model // 16), vocab_size=257, max_seq_len=max(256, T))
+    cfg = ModelConfig(
+        arch="preln", n_layer=L, d_model=d_model, n_head=max(1, d_model // 16), vocab_size=257, max_seq_len=max(256, T)
+    )
     model = build_model(cfg, seed=0).eval()
     data = random_eval_data(257, n_seq=n_seq, seq_len=T, seed=0, bos_id=256)
     tokens, lw = data.tokens, late_window(L)
     rows = n_seq  # rows per forward = one plain forward over the eval set (the memory budget)
     fns: dict[str, Callable[[], Any]] = {
         "plain_forward": lambda: model(tokens),
-        "causal_depthlens": lambda: causal_scores(model, data, variants=("current",), layers="late", null=False,
-                                                  batch_size=rows),
+        "causal_depthlens": lambda: causal_scores(
+            model, data, variants=("current",), layers="late", null=False, batch_size=rows
+        ),
         # the same with 4 sequences per clean pass: fewer, fuller calls for a larger clean-state cache
-        "causal_depthlens_seq_batch4": lambda: causal_scores(model, data, variants=("current",), layers="late",
-                                                             null=False, batch_size=rows, seq_batch=4),
+        "causal_depthlens_seq_batch4": lambda: causal_scores(
+            model, data, variants=("current",), layers="late", null=False, batch_size=rows, seq_batch=4
+        ),
         "causal_naive_all_layers": lambda: naive_causal(model, tokens, range(L)),
         "causal_naive_late": lambda: naive_causal(model, tokens, range(lw, L)),
         "perm_depthlens": lambda: permutation_scores(model, data, pairs="late", batch_size=rows),
@@ -275,41 +286,64 @@ def bench_one(L: int, n_seq: int, T: int, repeats: int, with_nnsight: bool, d_mo
             d["dloss"] = _maxdiff(ds.skip_delta_loss.values[lw:], ref["dloss"][lw:])
         agree_c[ref_name] = d
     P = outs["perm_depthlens"].perm_abs.values
-    agree_p = {k: _maxdiff(P[lw:, lw:], outs[k][lw:, lw:])
-               for k in outs if k.startswith("perm_") and k != "perm_depthlens"}
+    agree_p = {
+        k: _maxdiff(P[lw:, lw:], outs[k][lw:, lw:]) for k in outs if k.startswith("perm_") and k != "perm_depthlens"
+    }
     # --- timing
     t = interleaved_times(fns, repeats)
     plain = t["plain_forward"]
-    causal = {"seconds": {k: v for k, v in t.items() if k.startswith("causal_")},
-              "speedup_vs_naive_all_layers": t["causal_naive_all_layers"] / t["causal_depthlens"],
-              "speedup_vs_naive_late": t["causal_naive_late"] / t["causal_depthlens"],
-              "seq_batch4": {f"speedup_vs_naive_{k}": t[f"causal_naive_{k}"] / t["causal_depthlens_seq_batch4"]
-                             for k in ("all_layers", "late")},
-              "full_pass_equivalents": {"depthlens_theory": 1 + sum(L - s for s in range(lw, L)) / L,
-                                        "depthlens_measured": t["causal_depthlens"] / plain,
-                                        "naive_all_layers (Csordas as written)": 1 + L, "naive_late": 1 + L - lw},
-              "max_abs_diff": agree_c,
-              "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk")}}
-    perm = {"seconds": {k: v for k, v in t.items() if k.startswith("perm_")},
-            "speedup_vs_naive": t["perm_naive"] / t["perm_depthlens"],
-            "full_pass_equivalents": {"depthlens_theory": 1 + sum(L - int(i) for i, _ in late_pairs(L)) / L,
-                                      "depthlens_measured": t["perm_depthlens"] / plain,
-                                      "naive": 1 + len(late_pairs(L))},
-            "max_abs_diff": agree_p,
-            "options": {k: outs["perm_depthlens"].attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk")}}
+    causal = {
+        "seconds": {k: v for k, v in t.items() if k.startswith("causal_")},
+        "speedup_vs_naive_all_layers": t["causal_naive_all_layers"] / t["causal_depthlens"],
+        "speedup_vs_naive_late": t["causal_naive_late"] / t["causal_depthlens"],
+        "seq_batch4": {
+            f"speedup_vs_naive_{k}": t[f"causal_naive_{k}"] / t["causal_depthlens_seq_batch4"]
+            for k in ("all_layers", "late")
+        },
+        "full_pass_equivalents": {
+            "depthlens_theory": 1 + sum(L - s for s in range(lw, L)) / L,
+            "depthlens_measured": t["causal_depthlens"] / plain,
+            "naive_all_layers (Csordas as written)": 1 + L,
+            "naive_late": 1 + L - lw,
+        },
+        "max_abs_diff": agree_c,
+        "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk")},
+    }
+    perm = {
+        "seconds": {k: v for k, v in t.items() if k.startswith("perm_")},
+        "speedup_vs_naive": t["perm_naive"] / t["perm_depthlens"],
+        "full_pass_equivalents": {
+            "depthlens_theory": 1 + sum(L - int(i) for i, _ in late_pairs(L)) / L,
+            "depthlens_measured": t["perm_depthlens"] / plain,
+            "naive": 1 + len(late_pairs(L)),
+        },
+        "max_abs_diff": agree_p,
+        "options": {k: outs["perm_depthlens"].attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk")},
+    }
     if with_nnsight:
         causal["speedup_vs_nnsight_late"] = t["causal_nnsight_late"] / t["causal_depthlens"]
         perm["speedup_vs_nnsight"] = t["perm_nnsight"] / t["perm_depthlens"]
     # --- memory (separate runs: the tracker slows every op)
     m_plain = peak_memory(fns["plain_forward"], model, tokens)
     causal["peak_vs_plain_forward"] = peak_memory(fns["causal_depthlens"], model, tokens) / m_plain
-    causal["seq_batch4"]["peak_vs_plain_forward"] = peak_memory(fns["causal_depthlens_seq_batch4"], model,
-                                                                tokens) / m_plain
+    causal["seq_batch4"]["peak_vs_plain_forward"] = (
+        peak_memory(fns["causal_depthlens_seq_batch4"], model, tokens) / m_plain
+    )
     causal["naive_late_peak_vs_plain_forward"] = peak_memory(fns["causal_naive_late"], model, tokens) / m_plain
     perm["peak_vs_plain_forward"] = peak_memory(fns["perm_depthlens"], model, tokens) / m_plain
-    return {"L": L, "d_model": d_model, "seq_len": T, "n_seq": n_seq, "late_window_start": lw, "n_late_layers": L - lw,
-            "n_late_pairs": int(len(late_pairs(L))), "plain_forward_s": plain, "plain_forward_peak_bytes": m_plain,
-            "causal": causal, "permutation": perm}
+    return {
+        "L": L,
+        "d_model": d_model,
+        "seq_len": T,
+        "n_seq": n_seq,
+        "late_window_start": lw,
+        "n_late_layers": L - lw,
+        "n_late_pairs": int(len(late_pairs(L))),
+        "plain_forward_s": plain,
+        "plain_forward_peak_bytes": m_plain,
+        "causal": causal,
+        "permutation": perm,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -324,22 +358,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    report = {"machine": machine(), "targets": {"causal_speedup_vs_naive_all_layers_L32": 3.0,
-                                                "permutation_speedup_vs_naive_L32": 1.8,
-                                                "peak_memory_vs_plain_forward": 2.0},
-              "memory_method": "peak live torch tensor bytes inside the call (TorchDispatchMode), params excluded",
-              "timing_method": f"best of {args.repeats} wall-clock runs, torch.set_num_threads(1)",
-              "results": []}
+    report = {
+        "machine": machine(),
+        "targets": {
+            "causal_speedup_vs_naive_all_layers_L32": 3.0,
+            "permutation_speedup_vs_naive_L32": 1.8,
+            "peak_memory_vs_plain_forward": 2.0,
+        },
+        "memory_method": "peak live torch tensor bytes inside the call (TorchDispatchMode), params excluded",
+        "timing_method": f"best of {args.repeats} wall-clock runs, torch.set_num_threads(1)",
+        "results": [],
+    }
     for L in args.layers:
         r = bench_one(L, args.n_seq, args.seq_len, args.repeats, not args.no_nnsight, args.d_model)
         report["results"].append(r)
         c, p = r["causal"], r["permutation"]
-        print(f"L={L:3d}  causal x{c['speedup_vs_naive_all_layers']:.2f} vs naive (all s), "
-              f"x{c['speedup_vs_naive_late']:.2f} vs naive (late s)"
-              + (f", x{c['speedup_vs_nnsight_late']:.2f} vs nnsight (late s)" if "speedup_vs_nnsight_late" in c else "")
-              + f", mem x{c['peak_vs_plain_forward']:.2f} | perm x{p['speedup_vs_naive']:.2f} vs naive"
-              + (f", x{p['speedup_vs_nnsight']:.2f} vs nnsight" if "speedup_vs_nnsight" in p else "")
-              + f", mem x{p['peak_vs_plain_forward']:.2f}", flush=True)
+        print(
+            f"L={L:3d}  causal x{c['speedup_vs_naive_all_layers']:.2f} vs naive (all s), "
+            f"x{c['speedup_vs_naive_late']:.2f} vs naive (late s)"
+            + (f", x{c['speedup_vs_nnsight_late']:.2f} vs nnsight (late s)" if "speedup_vs_nnsight_late" in c else "")
+            + f", mem x{c['peak_vs_plain_forward']:.2f} | perm x{p['speedup_vs_naive']:.2f} vs naive"
+            + (f", x{p['speedup_vs_nnsight']:.2f} vs nnsight" if "speedup_vs_nnsight" in p else "")
+            + f", mem x{p['peak_vs_plain_forward']:.2f}",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -50,20 +50,27 @@ def summarize(log: Path, record: dict) -> dict:
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
     dev = record.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = str(dev).startswith("cuda") and torch.cuda.is_available()
-    return {"tokens_per_s": statistics.median(r["tok_s"] for r in steady),
-            "mfu": statistics.median(mfus) if mfus else None,
-            "tokens_per_s_whole_run": record.get("tokens_per_s"),
-            "steps_logged": len(rows), "steps_skipped_as_warmup": skip,
-            "device": str(dev), "device_name": torch.cuda.get_device_name(0) if on_cuda else "cpu",
-            "torch": torch.__version__, "n_params": (record.get("params") or {}).get("total"), "steps": record.get("steps"),
-            "tokens": record.get("tokens"), "wall_time_s": record.get("wall_time_s"),
-            "method": "median of the per-step log.jsonl tok_s / mfu after the first 10% of steps (warm-up); "
-                      "synthetic uniform GPT-2 ids"}
+    return {
+        "tokens_per_s": statistics.median(r["tok_s"] for r in steady),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "tokens_per_s_whole_run": record.get("tokens_per_s"),
+        "steps_logged": len(rows),
+        "steps_skipped_as_warmup": skip,
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(0) if on_cuda else "cpu",
+        "torch": torch.__version__,
+        "n_params": (record.get("params") or {}).get("total"),
+        "steps": record.get("steps"),
+        "tokens": record.get("tokens"),
+        "wall_time_s": record.get("wall_time_s"),
+        "method": "median of the per-step log.jsonl tok_s / mfu after the first 10% of steps (warm-up); "
+        "synthetic uniform GPT-2 ids",
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True, help="scratch dir: data/, run/, ckpt/")
     ap.add_argument("--report", type=Path, required=True, help="JSON summary written here")
@@ -81,11 +88,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("overrides", nargs="*")
     p.add_argument("--run")
     t = p.parse_intermixed_args(rest)
-    forced = [f"data={data}", "tokenizer=gpt2", f"out={args.work / 'run'}", f"export={args.work / 'ckpt'}",
-              "log_every=1", "resume=false"]
+    forced = [
+        f"data={data}",
+        "tokenizer=gpt2",
+        f"out={args.work / 'run'}",
+        f"export={args.work / 'ckpt'}",
+        "log_every=1",
+        "resume=false",
+    ]
     record = run_recipe(t.recipe, [*t.overrides, *forced], run=t.run)
-    summary = {"recipe": t.recipe, "run": t.run, "overrides": [*t.overrides, *forced],
-               **summarize(args.work / "run" / LOG, record)}
+    summary = {
+        "recipe": t.recipe,
+        "run": t.run,
+        "overrides": [*t.overrides, *forced],
+        **summarize(args.work / "run" / LOG, record),
+    }
     args.report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.report, json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("tokens_per_s", "mfu", "device_name")}), flush=True)

@@ -86,17 +86,19 @@ def components(model, toks: torch.Tensor, repeats: int) -> dict[str, Any]:
     for n_rep in (1, 2, 4, 8, 16):
         rows = {k: v.repeat(n_rep, *([1] * (v.dim() - 1))) for k, v in emb.items()}
         reps[n_rep] = rows
-        fns[f"one_layer_x{n_rep}"] = (lambda r=rows: model.run_layers(r, ctx, 5, 6))
+        fns[f"one_layer_x{n_rep}"] = lambda r=rows: model.run_layers(r, ctx, 5, 6)
     t = best_of(fns, repeats)
     pf = t["plain_forward"]
     eq = {k: v / pf for k, v in t.items()}
     b = toks.shape[0]
     return {
         "plain_forward_s": pf,
-        "layers_share": eq["layers"], "head_share": eq["head"],
+        "layers_share": eq["layers"],
+        "head_share": eq["head"],
         "arm_loss": {"whole_logits": eq["arm_loss_whole_logits"], "vocab_chunked": eq["arm_loss_vocab_chunked"]},
-        "one_layer_per_batch_of_sequences": {f"{n * b} seqs/call ({n * b * T} tokens)": eq[f"one_layer_x{n}"] / n
-                                              for n in (1, 2, 4, 8, 16)},
+        "one_layer_per_batch_of_sequences": {
+            f"{n * b} seqs/call ({n * b * T} tokens)": eq[f"one_layer_x{n}"] / n for n in (1, 2, 4, 8, 16)
+        },
         "unit": "plain-forward equivalents (one layer: per batch of the bench's sequences)",
     }
 
@@ -135,17 +137,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     text = []
     runs = {}
     for name, fn, bound in (
-            ("causal (default: current variant, every s, noise floor)",
-             lambda: causal_scores(model, data, variants=("current",)), 1 + (L + 1) / 2),
-            (f"permutation ({len(pairs)} late pairs, i in {args.pairs_i})",
-             lambda: permutation_scores(model, data, pairs=pairs), 1 + sum(L - i for i, _ in pairs) / L)):
+        (
+            "causal (default: current variant, every s, noise floor)",
+            lambda: causal_scores(model, data, variants=("current",)),
+            1 + (L + 1) / 2,
+        ),
+        (
+            f"permutation ({len(pairs)} late pairs, i in {args.pairs_i})",
+            lambda: permutation_scores(model, data, pairs=pairs),
+            1 + sum(L - i for i, _ in pairs) / L,
+        ),
+    ):
         wall, table = profile_table(fn)
         runs[name] = {"wall_s_under_profiler": wall, "equivalents_under_profiler": wall / pf, "bound": bound}
-        text.append(f"== {name}: {wall:.1f} s under the profiler = {wall / pf:.1f} plain-forward equivalents "
-                    f"(layer-work bound {bound:.1f})\n{table}")
+        text.append(
+            f"== {name}: {wall:.1f} s under the profiler = {wall / pf:.1f} plain-forward equivalents "
+            f"(layer-work bound {bound:.1f})\n{table}"
+        )
         print(text[-1], flush=True)
-    out = {"machine": {**machine(), "threads": args.threads}, "model": "smollm2", "n_seq": args.n_seq,
-           "seq_len": args.seq_len, "components": comp, "profiled_runs": runs}
+    out = {
+        "machine": {**machine(), "threads": args.threads},
+        "model": "smollm2",
+        "n_seq": args.n_seq,
+        "seq_len": args.seq_len,
+        "components": comp,
+        "profiled_runs": runs,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
     args.out.with_suffix(".txt").write_text("\n\n".join(text) + "\n")

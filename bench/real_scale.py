@@ -80,8 +80,14 @@ def load_models(which: list[str], preln_layers: int, preln_width: int, device: s
         from depthlens.models.config import ModelConfig
         from depthlens.models.model import build_model
 
-        cfg = ModelConfig(arch="preln", n_layer=preln_layers, d_model=preln_width, n_head=preln_width // 64,
-                          vocab_size=257, max_seq_len=1024)
+        cfg = ModelConfig(
+            arch="preln",
+            n_layer=preln_layers,
+            d_model=preln_width,
+            n_head=preln_width // 64,
+            vocab_size=257,
+            max_seq_len=1024,
+        )
         models["preln"] = build_model(cfg, seed=0).eval().to(device)
     return models
 
@@ -104,6 +110,7 @@ class HookRun:
     def _pre(self, t):
         def hook(mod, args, out):
             self.h_in[t] = out
+
         return hook
 
     def _post(self, t):
@@ -112,6 +119,7 @@ class HookRun:
                 out = torch.cat([out[:, :1], self.h_in[t][:, 1:]], dim=1)
             self.ups[t] = out - self.h_in[t]
             return out
+
         return hook
 
     def __call__(self, tokens, skip=None):
@@ -136,7 +144,7 @@ def _causal_loop(run: Callable, tokens: torch.Tensor, L: int) -> dict[str, np.nd
     num, den = np.zeros((L, L)), np.zeros((L, L))
     O, dl = np.full((L, len(tokens)), np.nan), np.full((L, len(tokens)), np.nan)
     for b in range(len(tokens)):
-        x = tokens[b:b + 1]
+        x = tokens[b : b + 1]
         u0, z0 = run(x, None)
         u0 = {k: v.float() for k, v in u0.items()}
         p0, nll0 = z0.float().softmax(-1), token_nll(z0, x)
@@ -215,8 +223,9 @@ def _best(fn: Callable[[], Any], n: int) -> tuple[float, float]:
     return w, c
 
 
-def timed(fns: dict[str, Callable[[], Any]], repeats: dict[str, int], unit: str = "plain_forward",
-          bracket: int = 3) -> tuple[dict, dict, dict, dict]:
+def timed(
+    fns: dict[str, Callable[[], Any]], repeats: dict[str, int], unit: str = "plain_forward", bracket: int = 3
+) -> tuple[dict, dict, dict, dict]:
     """Best wall and process-CPU seconds per callable (interleaved rounds), each callable's last result, and the
     unit each one-shot callable is divided by: the mean of the best of `bracket` unit calls right before and right
     after it (a shared machine drifts by 10 % over minutes; a bracketing unit follows it, one best-of-all
@@ -249,8 +258,9 @@ def _maxdiff(a, b) -> float:
     return float(np.nanmax(np.abs(np.asarray(a, float) - np.asarray(b, float))))
 
 
-def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample: int, with_nnsight: bool,
-                with_memory: bool) -> dict[str, Any]:
+def bench_model(
+    name: str, model, n_seq: int, T: int, repeats: int, pair_sample: int, with_nnsight: bool, with_memory: bool
+) -> dict[str, Any]:
     L = model.n_layer
     vocab = int(model.config.vocab_size)
     g = torch.Generator().manual_seed(0)
@@ -267,8 +277,9 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
         "plain_forward": lambda: model(tokens),
         "head_only": lambda: model.head(final, ctx),  # the LM head's share of a plain forward (refined bound)
         "causal_depthlens": lambda: causal_scores(model, data, variants=("current",), layers="all"),
-        "causal_outputs_depthlens": lambda: causal_scores(model, data, variants=("current",), layers="all",
-                                                          outputs=True),
+        "causal_outputs_depthlens": lambda: causal_scores(
+            model, data, variants=("current",), layers="all", outputs=True
+        ),
         "causal_naive": lambda: naive_causal(model, tokens),
         "perm_depthlens": lambda: permutation_scores(model, data, pairs="late"),
         "perm_naive_sample": lambda: naive_permutation(model, tokens, sample),
@@ -294,12 +305,17 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
     agree_c = {"causal_outputs_depthlens": {"C": _maxdiff(C.values, dso.causal_score.sel(variant="current").values)}}
     for ref in [k for k in outs if k in ("causal_naive", "causal_nnsight")]:
         o = outs[ref]
-        agree_c[ref] = {**{a: _maxdiff(C.sel(aggregator=a).values, o[a]) for a in ("max", "mean", "pooled")},
-                        "O": _maxdiff(dso.output_effect.sel(variant="current").values, o["O"]),
-                        "dloss": _maxdiff(dso.skip_delta_loss.values, o["dloss"])}
+        agree_c[ref] = {
+            **{a: _maxdiff(C.sel(aggregator=a).values, o[a]) for a in ("max", "mean", "pooled")},
+            "O": _maxdiff(dso.output_effect.sel(variant="current").values, o["O"]),
+            "dloss": _maxdiff(dso.skip_delta_loss.values, o["dloss"]),
+        }
     sel = (np.array([i for i, _ in sample]), np.array([j for _, j in sample]))
-    agree_p = {k: _maxdiff(pd.perm_abs.values[sel], outs[k][sel]) for k in outs if k.startswith("perm_")
-               and k.endswith("_sample")}
+    agree_p = {
+        k: _maxdiff(pd.perm_abs.values[sel], outs[k][sel])
+        for k in outs
+        if k.startswith("perm_") and k.endswith("_sample")
+    }
 
     def eq(k: str) -> dict[str, float]:
         u = units.get(k, {"wall": wall["plain_forward"], "cpu": cpu["plain_forward"]})
@@ -309,37 +325,58 @@ def bench_model(name: str, model, n_seq: int, T: int, repeats: int, pair_sample:
     # `with_plain_head` adds one head per pair at its measured share of a plain forward. Not a floor: cache-sized
     # calls run layers, and the vocabulary-chunked head runs the head, faster than a plain forward does
     f_head = cpu["head_only"] / cpu["plain_forward"]
-    causal = {"full_pass_equivalents": {k.replace("causal_", ""): eq(k) for k in wall if k.startswith("causal_")},
-              "bound": 1 + (L + 1) / 2, "naive_passes": L + 1, "target": 20.0,
-              "default": "C(s, t), current variant, every s, with the noise floor; companions O[s] and ΔL_skip "
-                         "only with outputs=True (row outputs_depthlens)",
-              "seconds_wall": {k: wall[k] for k in wall if k.startswith("causal_")},
-              "max_abs_diff_vs_depthlens": agree_c,
-              "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs", "null")},
-              "options_outputs": {k: dso.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs")}}
-    perm = {"full_pass_equivalents": {k.replace("perm_", ""): eq(k) for k in wall
-                                      if k.startswith("perm_") and not k.endswith("_sample")},
-            "bound": 1 + sum(L - i for i, _ in pairs) / L, "naive_passes": 1 + len(pairs), "target": 150.0,
-            "head_share_of_forward": f_head,
-            "with_plain_head": 1 + sum((L - i) / L * (1 - f_head) + f_head for i, _ in pairs),
-            "seconds_wall": {k: wall[k] for k in wall if k.startswith("perm_")},
-            "baseline_pairs_timed": len(sample), "baseline_scaled_by": scale,
-            "max_abs_diff_vs_depthlens": agree_p,
-            "options": {k: pd.attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk", "head_path")}}
-    out = {"model": name, "n_layer": L, "d_model": int(getattr(model.config, "d_model", 0)), "vocab": vocab,
-           "n_params": sum(p.numel() for p in model.parameters()), "n_seq": n_seq, "seq_len": T,
-           "late_window_start": lw, "n_late_pairs": len(pairs),
-           "plain_forward_s": {"wall": wall["plain_forward"], "cpu": cpu["plain_forward"]},
-           "unit_per_run_s": units,
-           "causal": causal, "permutation": perm}
+    causal = {
+        "full_pass_equivalents": {k.replace("causal_", ""): eq(k) for k in wall if k.startswith("causal_")},
+        "bound": 1 + (L + 1) / 2,
+        "naive_passes": L + 1,
+        "target": 20.0,
+        "default": "C(s, t), current variant, every s, with the noise floor; companions O[s] and ΔL_skip "
+        "only with outputs=True (row outputs_depthlens)",
+        "seconds_wall": {k: wall[k] for k in wall if k.startswith("causal_")},
+        "max_abs_diff_vs_depthlens": agree_c,
+        "options": {k: ds.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs", "null")},
+        "options_outputs": {k: dso.attrs[k] for k in ("batch_size", "seq_batch", "arms_per_chunk", "outputs")},
+    }
+    perm = {
+        "full_pass_equivalents": {
+            k.replace("perm_", ""): eq(k) for k in wall if k.startswith("perm_") and not k.endswith("_sample")
+        },
+        "bound": 1 + sum(L - i for i, _ in pairs) / L,
+        "naive_passes": 1 + len(pairs),
+        "target": 150.0,
+        "head_share_of_forward": f_head,
+        "with_plain_head": 1 + sum((L - i) / L * (1 - f_head) + f_head for i, _ in pairs),
+        "seconds_wall": {k: wall[k] for k in wall if k.startswith("perm_")},
+        "baseline_pairs_timed": len(sample),
+        "baseline_scaled_by": scale,
+        "max_abs_diff_vs_depthlens": agree_p,
+        "options": {k: pd.attrs[k] for k in ("batch_size", "seq_batch", "pairs_per_chunk", "head_path")},
+    }
+    out = {
+        "model": name,
+        "n_layer": L,
+        "d_model": int(getattr(model.config, "d_model", 0)),
+        "vocab": vocab,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "n_seq": n_seq,
+        "seq_len": T,
+        "late_window_start": lw,
+        "n_late_pairs": len(pairs),
+        "plain_forward_s": {"wall": wall["plain_forward"], "cpu": cpu["plain_forward"]},
+        "unit_per_run_s": units,
+        "causal": causal,
+        "permutation": perm,
+    }
     if with_memory:
         m_plain = peak_memory(fns["plain_forward"], model, tokens)
         i0 = pairs[0][0]
         out["plain_forward_peak_bytes"] = m_plain
         causal["peak_vs_plain_forward"] = peak_memory(fns["causal_depthlens"], model, tokens) / m_plain
         causal["peak_vs_plain_forward_outputs"] = peak_memory(fns["causal_outputs_depthlens"], model, tokens) / m_plain
-        perm["peak_vs_plain_forward"] = peak_memory(
-            lambda: permutation_scores(model, data, pairs=[p for p in pairs if p[0] == i0]), model, tokens) / m_plain
+        perm["peak_vs_plain_forward"] = (
+            peak_memory(lambda: permutation_scores(model, data, pairs=[p for p in pairs if p[0] == i0]), model, tokens)
+            / m_plain
+        )
     return out
 
 
@@ -365,27 +402,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except OSError:
         load = None
     report: dict[str, Any] = {
-        "machine": {**machine(), "loadavg_at_start": load, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),
-                    "device": args.device, "device_name": (torch.cuda.get_device_name(args.device)
-                                                           if args.device.startswith("cuda") else "cpu")},
+        "machine": {
+            **machine(),
+            "loadavg_at_start": load,
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),
+            "device": args.device,
+            "device_name": (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"),
+        },
         "timing_method": "one run of each diagnostic, wall-clock and process CPU time, divided by the plain forward "
-                         "of the same batch: the mean of the best of 3 plain forwards right before and right after "
-                         "that run (unit_per_run_s)",
+        "of the same batch: the mean of the best of 3 plain forwards right before and right after "
+        "that run (unit_per_run_s)",
         "memory_method": "peak live torch tensor bytes inside the call (TorchDispatchMode), params excluded",
-        "results": []}
+        "results": [],
+    }
     for name, model in load_models(args.models, args.preln_layers, args.preln_width, args.device).items():
         print(f"{name}:", flush=True)
-        r = bench_model(name, model, args.n_seq, args.seq_len, args.repeats, args.pair_sample, not args.no_nnsight,
-                        not args.no_memory)
+        r = bench_model(
+            name,
+            model,
+            args.n_seq,
+            args.seq_len,
+            args.repeats,
+            args.pair_sample,
+            not args.no_nnsight,
+            not args.no_memory,
+        )
         report["results"].append(r)
         report["machine"]["loadavg_at_end"] = os.getloadavg() if load is not None else None
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")  # after each model: a slow machine keeps results
         c, p = r["causal"]["full_pass_equivalents"], r["permutation"]["full_pass_equivalents"]
-        print(f"{name}: causal {c['depthlens']['cpu']:.1f} cpu-equiv (bound {r['causal']['bound']:.1f}, naive "
-              f"{c['naive']['cpu']:.1f}; with O/ΔL {c['outputs_depthlens']['cpu']:.1f}) | perm "
-              f"{p['depthlens']['cpu']:.1f} (bound {r['permutation']['bound']:.1f}, with a plain head per pair "
-              f"{r['permutation']['with_plain_head']:.1f}, naive {p['naive']['cpu']:.1f})", flush=True)
+        print(
+            f"{name}: causal {c['depthlens']['cpu']:.1f} cpu-equiv (bound {r['causal']['bound']:.1f}, naive "
+            f"{c['naive']['cpu']:.1f}; with O/ΔL {c['outputs_depthlens']['cpu']:.1f}) | perm "
+            f"{p['depthlens']['cpu']:.1f} (bound {r['permutation']['bound']:.1f}, with a plain head per pair "
+            f"{r['permutation']['with_plain_head']:.1f}, naive {p['naive']['cpu']:.1f})",
+            flush=True,
+        )
     report["machine"]["loadavg_at_end"] = os.getloadavg() if load is not None else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

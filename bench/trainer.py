@@ -43,10 +43,26 @@ BATCH, SEQ = 16, 128
 
 
 def machine() -> dict:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "threads": torch.get_num_threads(), "loadavg_start": os.getloadavg()[0]}
+    cpu = (
+        next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "loadavg_start": os.getloadavg()[0],
+    }
 
 
 def make_data(directory: Path) -> Path:
@@ -94,8 +110,19 @@ def paired(data: Path, out: Path, batches: torch.Tensor, steps: int) -> tuple[li
     A trainer step is the time from the end of the previous callback to the start of this one: the whole
     loop body (data from shards, LR schedule, step, logging, save checks) counts."""
     plain = PlainLoop(ModelConfig(**SHAPE), batches)
-    cfg = RunConfig(model=SHAPE, data=str(data), seq_len=SEQ, global_batch=BATCH, steps=steps, lr=3e-3, warmup=2,
-                    out=str(out), final_eval_batches=1, resume=False, device="cpu")
+    cfg = RunConfig(
+        model=SHAPE,
+        data=str(data),
+        seq_len=SEQ,
+        global_batch=BATCH,
+        steps=steps,
+        lr=3e-3,
+        warmup=2,
+        out=str(out),
+        final_eval_batches=1,
+        resume=False,
+        device="cpu",
+    )
     t_plain, t_trainer, resumed = [], [], [None]
 
     def cb(step: int, rec: dict) -> None:
@@ -131,19 +158,29 @@ def main() -> int:
 
         ds = TokenDataset.from_dir(data)
         rng = np.random.default_rng(0)
-        batches = torch.from_numpy(ds.batch(rng.integers(0, ds.n_sequences(SEQ), 16 * BATCH), SEQ)).view(16, BATCH, SEQ + 1)
+        batches = torch.from_numpy(ds.batch(rng.integers(0, ds.n_sequences(SEQ), 16 * BATCH), SEQ)).view(
+            16, BATCH, SEQ + 1
+        )
         plain, trainer = [], []
         for r in range(args.rounds):
             p_, t_ = paired(data, tmp / f"run{r}", batches, args.steps + warm)
             plain += p_[warm:]
             trainer += t_[warm:]
-            print(f"round {r}: plain {statistics.median(p_) * 1e3:.1f} ms, trainer {statistics.median(t_) * 1e3:.1f} ms",
-                  flush=True)
+            print(
+                f"round {r}: plain {statistics.median(p_) * 1e3:.1f} ms, trainer {statistics.median(t_) * 1e3:.1f} ms",
+                flush=True,
+            )
         tok = BATCH * SEQ
         throughput = {
-            "shape": SHAPE, "batch": BATCH, "seq_len": SEQ, "steps_per_round": args.steps, "rounds": args.rounds,
-            "plain_step_ms_median": statistics.median(plain) * 1e3, "trainer_step_ms_median": statistics.median(trainer) * 1e3,
-            "plain_tok_s": tok / statistics.median(plain), "trainer_tok_s": tok / statistics.median(trainer),
+            "shape": SHAPE,
+            "batch": BATCH,
+            "seq_len": SEQ,
+            "steps_per_round": args.steps,
+            "rounds": args.rounds,
+            "plain_step_ms_median": statistics.median(plain) * 1e3,
+            "trainer_step_ms_median": statistics.median(trainer) * 1e3,
+            "plain_tok_s": tok / statistics.median(plain),
+            "trainer_tok_s": tok / statistics.median(trainer),
         }
         throughput["trainer_over_plain"] = throughput["trainer_tok_s"] / throughput["plain_tok_s"]
         throughput["meets_0.95"] = throughput["trainer_over_plain"] >= 0.95
@@ -152,8 +189,13 @@ def main() -> int:
         # design overheads: rounds cycle through the designs so a co-runner's burst hits them all alike;
         # the overhead uses each design's fastest step (the least-disturbed estimate of its own cost)
         shapes = ((8, 48), (16, 32))
-        cfgs = {(slug, L): ModelConfig(**{**SHAPE, "arch": slug, "n_layer": L, "d_model": d, "n_head": d // 16,
-                                          "d_ff": None}) for L, d in shapes for slug in SLUGS}
+        cfgs = {
+            (slug, L): ModelConfig(
+                **{**SHAPE, "arch": slug, "n_layer": L, "d_model": d, "n_head": d // 16, "d_ff": None}
+            )
+            for L, d in shapes
+            for slug in SLUGS
+        }
         times: dict[tuple[str, int], list[float]] = {}
         designs: dict[str, dict] = {slug: {} for slug in SLUGS}
         for key, cfg in cfgs.items():
@@ -172,12 +214,21 @@ def main() -> int:
                     continue
                 row = designs[slug][f"L{L}"]
                 t = times[(slug, L)]
-                row.update(step_ms_min=min(t) * 1e3, step_ms_median=statistics.median(t) * 1e3,
-                           overhead_vs_preln=min(t) / base - 1)
-                print(f"L={L} d={d} {slug:14s} {row['step_ms_min']:8.1f} ms  {row['overhead_vs_preln']:+.0%}", flush=True)
+                row.update(
+                    step_ms_min=min(t) * 1e3,
+                    step_ms_median=statistics.median(t) * 1e3,
+                    overhead_vs_preln=min(t) / base - 1,
+                )
+                print(
+                    f"L={L} d={d} {slug:14s} {row['step_ms_min']:8.1f} ms  {row['overhead_vs_preln']:+.0%}", flush=True
+                )
     info["loadavg_end"] = os.getloadavg()[0]
-    result = {"machine": info, "throughput": throughput, "designs": designs,
-              "note": "1 torch thread; shared 2-core box: loadavg shows co-runners, rounds alternate to share the noise"}
+    result = {
+        "machine": info,
+        "throughput": throughput,
+        "designs": designs,
+        "note": "1 torch thread; shared 2-core box: loadavg shows co-runners, rounds alternate to share the noise",
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

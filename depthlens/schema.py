@@ -22,7 +22,19 @@ from typing import Any, get_type_hints
 
 from .errors import SchemaError
 
-__all__ = ["LAX", "PATH_TEXT", "Check", "OneOf", "SchemaError", "build", "check_dataclass", "mirror", "one_line", "require", "validate"]
+__all__ = [
+    "LAX",
+    "PATH_TEXT",
+    "Check",
+    "OneOf",
+    "SchemaError",
+    "build",
+    "check_dataclass",
+    "mirror",
+    "one_line",
+    "require",
+    "validate",
+]
 
 
 class Check:
@@ -76,7 +88,7 @@ def _expected(err: dict[str, Any]) -> str:
         return "missing; expected a value (the field is required)"
     for prefix in ("Value error, ", "Input should be ", "Assertion failed, "):
         if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+            msg = msg[len(prefix) :]
     return "expected " + msg[:1].lower() + msg[1:]
 
 
@@ -120,8 +132,13 @@ def mirror(cls: type) -> Any:
     hints = get_type_hints(cls, include_extras=True)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        default = (Field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING
-                   else f.default if f.default is not dataclasses.MISSING else ...)
+        default = (
+            Field(default_factory=f.default_factory)
+            if f.default_factory is not dataclasses.MISSING
+            else f.default
+            if f.default is not dataclasses.MISSING
+            else ...
+        )
         fields[f.name] = (_pydantic_type(hints[f.name]), default)
     config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
     return create_model(f"{cls.__name__}Schema", __config__=config, **fields)
@@ -149,7 +166,9 @@ def build(cls: type, data: Any, where: Any = "", *, prefix: str = "", usage_fiel
 
     try:
         if not isinstance(data, dict):
-            raise SchemaError(f"expected an object of {cls.__name__} fields, got {type(data).__name__}", field=prefix or None)
+            raise SchemaError(
+                f"expected an object of {cls.__name__} fields, got {type(data).__name__}", field=prefix or None
+            )
         mirror(cls).model_validate(data)  # unknown keys and types, before the constructor sees them
         return cls(**data)
     except ValidationError as e:

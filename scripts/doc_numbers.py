@@ -28,9 +28,17 @@ def _train_records(root: Path) -> list[dict]:
         t = json.loads(p.read_text(encoding="utf-8"))
         model = (t.get("recipe") or {}).get("model") or {}
         if "arch" in model and "n_layer" in model:
-            out.append({"design": model["arch"], "L": int(model["n_layer"]), "seed": t.get("seed", 0),
-                        "loss": t.get("final_val_loss"), "params": (t.get("params") or {}).get("total"),
-                        "lr": (t.get("recipe") or {}).get("lr"), "minutes": (t.get("wall_time_s") or 0) / 60})
+            out.append(
+                {
+                    "design": model["arch"],
+                    "L": int(model["n_layer"]),
+                    "seed": t.get("seed", 0),
+                    "loss": t.get("final_val_loss"),
+                    "params": (t.get("params") or {}).get("total"),
+                    "lr": (t.get("recipe") or {}).get("lr"),
+                    "minutes": (t.get("wall_time_s") or 0) / 60,
+                }
+            )
     return out
 
 
@@ -66,11 +74,16 @@ def track_cost(root: Path) -> str:
     man = json.loads((root / "reports" / "zoo" / "manifest.json").read_text(encoding="utf-8"))
     sec = next(c["seconds"] for c in man["checkpoints"] if c["checkpoint"] == "hc_l32")
     n = man["eval_data"]
-    parts = [f"{m} {sec[k]:.1f} s" for m, k in (("causal", "causal"), ("permutation", "permutation"),
-                                                 ("erank", "rank"), ("angular", "angular")) if k in sec]
-    return (f"Measured in the committed zoo report (`reports/zoo/manifest.json`, one process, 1 thread) for the "
-            f"trained `hc_l32` on its {n['n_seq']} × {n['seq_len']} eval tokens: {', '.join(parts)} "
-            "(the late pairs of the permutation dominate).\n")
+    parts = [
+        f"{m} {sec[k]:.1f} s"
+        for m, k in (("causal", "causal"), ("permutation", "permutation"), ("erank", "rank"), ("angular", "angular"))
+        if k in sec
+    ]
+    return (
+        f"Measured in the committed zoo report (`reports/zoo/manifest.json`, one process, 1 thread) for the "
+        f"trained `hc_l32` on its {n['n_seq']} × {n['seq_len']} eval tokens: {', '.join(parts)} "
+        "(the late pairs of the permutation dominate).\n"
+    )
 
 
 GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses, "track-cost": track_cost}
@@ -78,6 +91,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses, "track
 
 def render(text: str, root: Path = ROOT) -> str:
     """`text` with every generated fragment replaced by its generator's output."""
+
     def sub(m: re.Match) -> str:
         gen = GENERATORS.get(m.group("name"))
         return m.group(0) if gen is None else m.group(1) + gen(root) + m.group(4)

@@ -34,8 +34,16 @@ STAGES = ("angular", "causal_update", "causal_resid", "permutation")
 OPTIONAL = ("reference",)  # issue 10's reference table: 8 x 128 tokens, norm=update, late s, current and future
 
 
-def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, resume: bool, threads: int,
-            stages: tuple[str, ...] = STAGES) -> dict:
+def compute(
+    model_path: Path,
+    out: Path,
+    n_seq: int,
+    seq_len: int,
+    seed: int,
+    resume: bool,
+    threads: int,
+    stages: tuple[str, ...] = STAGES,
+) -> dict:
     import torch
 
     from depthlens.adapters.load import open_model
@@ -53,8 +61,9 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
     with spinner(f"loading {model_path.name}") as p:  # a GGUF is dequantised tensor by tensor (~1 min)
         op = open_model(model_path, progress=p.engine())
     model = op.model
-    data = load_eval_data(None, op.tokenizer, n_seq=n_seq, seq_len=seq_len, seed=seed,
-                          max_seq_len=model.config.max_seq_len)
+    data = load_eval_data(
+        None, op.tokenizer, n_seq=n_seq, seq_len=seq_len, seed=seed, max_seq_len=model.config.max_seq_len
+    )
     seconds = {"load": round(time.time() - t0, 1)}
 
     def stage(name: str, fn) -> None:
@@ -83,18 +92,48 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
             first[0] = total
             progress(done, total)
 
-        cur = causal_scores(model, ev, variants=("current",), layers="all" if full else "late", norm=norm,
-                            outputs=full, progress=current if progress else None)
-        fut = causal_scores(model, ev, variants=("future",), layers="late", norm=norm, outputs=False,
-                            progress=(lambda d, t: progress(first[0] + d, first[0] + t)) if progress else None)
-        keep = [v for v in ("causal_score", "null_score", "seq_max", "seq_sum", "seq_count", "seq_sq_change",
-                            "seq_sq_update", "mean_downstream_effect") if v in cur and v in fut]
+        cur = causal_scores(
+            model,
+            ev,
+            variants=("current",),
+            layers="all" if full else "late",
+            norm=norm,
+            outputs=full,
+            progress=current if progress else None,
+        )
+        fut = causal_scores(
+            model,
+            ev,
+            variants=("future",),
+            layers="late",
+            norm=norm,
+            outputs=False,
+            progress=(lambda d, t: progress(first[0] + d, first[0] + t)) if progress else None,
+        )
+        keep = [
+            v
+            for v in (
+                "causal_score",
+                "null_score",
+                "seq_max",
+                "seq_sum",
+                "seq_count",
+                "seq_sq_change",
+                "seq_sq_update",
+                "mean_downstream_effect",
+            )
+            if v in cur and v in fut
+        ]
         both = xr.concat([cur[keep], fut[keep]], dim="variant", combine_attrs="override")
         for v in ("output_effect", "output_effect_seq", "skip_delta_loss", "skip_delta_loss_seq", "clean_loss_seq"):
             if v in cur:
                 both[v] = cur[v]
-        both.attrs.update(variants_json='["current", "future"]', layers_current_json=cur.attrs["layers_json"],
-                          layers_future_json=fut.attrs["layers_json"], cut_positions_json=fut.attrs["cut_positions_json"])
+        both.attrs.update(
+            variants_json='["current", "future"]',
+            layers_current_json=cur.attrs["layers_json"],
+            layers_future_json=fut.attrs["layers_json"],
+            cut_positions_json=fut.attrs["cut_positions_json"],
+        )
         return both
 
     stage("angular", lambda p: angular_distances(model, data, positions="all", checkpoint=model_path, progress=p))
@@ -104,9 +143,16 @@ def compute(model_path: Path, out: Path, n_seq: int, seq_len: int, seed: int, re
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
-    return {"seconds": seconds, "provenance": {k: v for k, v in op.provenance.items()},
-            "n_seq": data.n_seq, "seq_len": data.seq_len, "seed": seed, "threads": threads,
-            "n_layer": int(model.n_layer), "family": op.meta.family}
+    return {
+        "seconds": seconds,
+        "provenance": {k: v for k, v in op.provenance.items()},
+        "n_seq": data.n_seq,
+        "seq_len": data.seq_len,
+        "seed": seed,
+        "threads": threads,
+        "n_layer": int(model.n_layer),
+        "family": op.meta.family,
+    }
 
 
 def summarise(out: Path, run: dict) -> dict:
@@ -115,7 +161,9 @@ def summarise(out: Path, run: dict) -> dict:
 
     from depthlens.diagnostics.sweep import headline
 
-    d = {name: xr.load_dataset(out / "data" / f"{name}.nc") for name in STAGES if (out / "data" / f"{name}.nc").exists()}
+    d = {
+        name: xr.load_dataset(out / "data" / f"{name}.nc") for name in STAGES if (out / "data" / f"{name}.nc").exists()
+    }
     causal = {n: d[f"causal_{n}"] for n in ("update", "resid") if f"causal_{n}" in d}
     perm = d.get("permutation")
     L = int(run["n_layer"])
@@ -128,19 +176,28 @@ def summarise(out: Path, run: dict) -> dict:
     from depthlens.stats.metrics import late_window
 
     a = late_window(L)
-    return {**run, "late_window_start": a, "n_late_pairs": (L - a) * (L - a - 1) // 2, "headlines": heads,
-            "missing_stages": [x for x in STAGES if x not in d],
-            "causal_definitions": causal_definition_table(causal, thresholds=(0.45,)),
-            "permutation_definitions": permutation_definition_table(perm, thresholds=(0.15,)) if perm is not None
-            else [], "paper_reference": PAPER_REFERENCE,
-            "noise_floor": {n: {v: float(ds["null_score"].sel(variant=v)) for v in ds["variant"].values}
-                            for n, ds in causal.items() if "null_score" in ds},
-            "clean_loss": float(perm["clean_loss"]) if perm is not None else None,
-            "skip_delta_loss": [float(x) for x in cu["skip_delta_loss"].values] if cu is not None else None,
-            "output_effect": [float(x) for x in cu["output_effect"].sel(variant="current").values] if cu is not None
-            else None,
-            "angular_d1": [float(x) for x in d["angular"]["profile"].values[:L]] if "angular" in d else None,
-            "reference_8x128": _reference(out)}
+    return {
+        **run,
+        "late_window_start": a,
+        "n_late_pairs": (L - a) * (L - a - 1) // 2,
+        "headlines": heads,
+        "missing_stages": [x for x in STAGES if x not in d],
+        "causal_definitions": causal_definition_table(causal, thresholds=(0.45,)),
+        "permutation_definitions": permutation_definition_table(perm, thresholds=(0.15,)) if perm is not None else [],
+        "paper_reference": PAPER_REFERENCE,
+        "noise_floor": {
+            n: {v: float(ds["null_score"].sel(variant=v)) for v in ds["variant"].values}
+            for n, ds in causal.items()
+            if "null_score" in ds
+        },
+        "clean_loss": float(perm["clean_loss"]) if perm is not None else None,
+        "skip_delta_loss": [float(x) for x in cu["skip_delta_loss"].values] if cu is not None else None,
+        "output_effect": [float(x) for x in cu["output_effect"].sel(variant="current").values]
+        if cu is not None
+        else None,
+        "angular_d1": [float(x) for x in d["angular"]["profile"].values[:L]] if "angular" in d else None,
+        "reference_8x128": _reference(out),
+    }
 
 
 def _reference(out: Path) -> list[dict] | None:
@@ -162,12 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--calibration", type=Path, default=HERE / "docs" / "calibration.md",
-                    help="also write this calibration page (docs/calibration.md)")
+    ap.add_argument(
+        "--calibration",
+        type=Path,
+        default=HERE / "docs" / "calibration.md",
+        help="also write this calibration page (docs/calibration.md)",
+    )
     ap.add_argument("--resume", action="store_true", help="keep stages already written under <out>/data")
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help="comma list of stages to compute (run several processes on disjoint stages, then "
-                         "--render-only)")
+    ap.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="comma list of stages to compute (run several processes on disjoint stages, then --render-only)",
+    )
     ap.add_argument("--render-only", action="store_true", help="only rebuild summary, figures and README")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -178,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         t = time.time()
         stages = tuple(x.strip() for x in a.stages.split(",") if x.strip())
         if set(stages) - set(STAGES + OPTIONAL):
-            ap.error(f"--stages: unknown {sorted(set(stages) - set(STAGES + OPTIONAL))}; "
-                     f"choose from {', '.join(STAGES + OPTIONAL)}")
+            ap.error(
+                f"--stages: unknown {sorted(set(stages) - set(STAGES + OPTIONAL))}; "
+                f"choose from {', '.join(STAGES + OPTIONAL)}"
+            )
         run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages)
         if run_file.exists():  # keep the timings of stages computed by earlier (or parallel) runs
             run["seconds"] = {**json.loads(run_file.read_text()).get("seconds", {}), **run["seconds"]}

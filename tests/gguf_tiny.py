@@ -28,8 +28,9 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(hf: Any, path: str | Path, *, quant: str = "F32", tokenizer: bool = True,
-                    block_count: int | None = None) -> Path:
+def write_tiny_gguf(
+    hf: Any, path: str | Path, *, quant: str = "F32", tokenizer: bool = True, block_count: int | None = None
+) -> Path:
     """Write `hf` (a LlamaForCausalLM with vocab_size == len(byte_vocab())) as a GGUF file.
 
     quant: "F32" | "F16" | "Q8_0" (the 2-D weight matrices; norms stay F32, as llama.cpp does).
@@ -52,15 +53,22 @@ def write_tiny_gguf(hf: Any, path: str | Path, *, quant: str = "F32", tokenizer:
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
     w.add_vocab_size(c.vocab_size)
-    w.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-                     "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant])
+    w.add_file_type(
+        {
+            "F32": gguf.LlamaFileType.ALL_F32,
+            "F16": gguf.LlamaFileType.MOSTLY_F16,
+            "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        }[quant]
+    )
     if tokenizer:
         toks = byte_vocab()
         assert len(toks) == c.vocab_size, (len(toks), c.vocab_size)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
         w.add_token_list(toks)
-        w.add_token_types([gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(toks) - len(SPECIALS)))
+        w.add_token_types(
+            [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(toks) - len(SPECIALS))
+        )
         w.add_token_merges(MERGES)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
@@ -104,7 +112,17 @@ def tiny_llama(seed: int = 0, n_layer: int = 4, tie: bool = False) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(byte_vocab()), hidden_size=64, intermediate_size=128, num_hidden_layers=n_layer,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=tie)
+    cfg = LlamaConfig(
+        vocab_size=len(byte_vocab()),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=n_layer,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=tie,
+    )
     return LlamaForCausalLM(cfg).eval()

@@ -53,8 +53,12 @@ def _tokenizer(directory, bos: bool) -> None:
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        tk.train_from_iterator(["the cat sat on the mat", "a dog sat"] * 5, trainers.BpeTrainer(
-            vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tk.train_from_iterator(
+            ["the cat sat on the mat", "a dog sat"] * 5,
+            trainers.BpeTrainer(
+                vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            ),
+        )
         fast = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
     fast.save_pretrained(str(directory))
 
@@ -81,15 +85,18 @@ def loaded(hf_dirs):
 
 def _merge_hook(positions: slice):
     """HF forward hook: the layer's output := its input on `positions` (Csordas' merge_io)."""
+
     def hook(module, args, output):
         out = output[0] if isinstance(output, tuple) else output
         out = out.clone()
         out[:, positions] = args[0][:, positions]
         return (out, *output[1:]) if isinstance(output, tuple) else out
+
     return hook
 
 
 # --- protocol ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_protocol_reproduces_hf_logits(loaded, fam):
@@ -124,8 +131,7 @@ def test_unembedding_is_the_hf_head(loaded, fam):
         ctx = w.context(T)
         state = w.run_layers(w.embed(_tokens(), ctx), ctx)
         u = unembedding_of(w)
-        torch.testing.assert_close(F.linear(u.hidden(state, ctx), u.weight, u.bias), w.head(state, ctx), rtol=0,
-                                   atol=0)
+        torch.testing.assert_close(F.linear(u.hidden(state, ctx), u.weight, u.bias), w.head(state, ctx), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -137,9 +143,15 @@ def test_keep_mask_equals_an_hf_layer_hook_skip(loaded, fam):
     with torch.no_grad():
         ctx = w.context(T)
         ups, states = {}, {}
-        skipped = w.head(w.run_layers(w.embed(toks, ctx), ctx, keep={2: keep},
-                                      on_layer=lambda p, s, u: (ups.__setitem__(p, u), states.__setitem__(p, s["h"]))),
-                         ctx)
+        skipped = w.head(
+            w.run_layers(
+                w.embed(toks, ctx),
+                ctx,
+                keep={2: keep},
+                on_layer=lambda p, s, u: (ups.__setitem__(p, u), states.__setitem__(p, s["h"])),
+            ),
+            ctx,
+        )
         handle = w.layers[2].register_forward_hook(_merge_hook(slice(1, None)))
         try:
             ref = w.hf(toks).logits
@@ -207,8 +219,11 @@ def _captured_states(w, toks):
     """h_0..h_L captured with plain torch hooks on the HF decoder layers (h_L = last layer's output)."""
     states = []
     hs = [layer.register_forward_pre_hook(lambda m, args: states.append(args[0].detach())) for layer in w.layers]
-    hs.append(w.layers[-1].register_forward_hook(lambda m, args, out: states.append(
-        (out[0] if isinstance(out, tuple) else out).detach())))
+    hs.append(
+        w.layers[-1].register_forward_hook(
+            lambda m, args, out: states.append((out[0] if isinstance(out, tuple) else out).detach())
+        )
+    )
     try:
         with torch.no_grad():
             hidden = w.hf(toks, output_hidden_states=True).hidden_states
@@ -264,6 +279,7 @@ def test_every_diagnostic_runs_on_foreign_models(hf_dirs, fam):
 
 
 # --- loading, dispatch, errors ----------------------------------------------------------------------------
+
 
 def test_load_any_dispatches_on_config(tmp_path, hf_dirs):
     from depthlens.adapters import ModelMeta, load_any
@@ -328,10 +344,16 @@ def _corrupt_cases(tmp_path, good):
 def test_load_hf_errors_are_one_line(tmp_path, hf_dirs):
     from depthlens.adapters import load_any, load_hf
 
-    expect = {"missing": ("no such model directory", "no such checkpoint directory or GGUF file"),
-              "file": ("is a directory", "not a GGUF file"), "noconfig": "missing config.json",
-              "badjson": "not valid JSON", "family": "weights do not match", "noweights": "no weights|no \\*.safetensors",
-              "truncated": "cannot load HF model|lies outside the file", "missingtensor": "1 missing"}
+    expect = {
+        "missing": ("no such model directory", "no such checkpoint directory or GGUF file"),
+        "file": ("is a directory", "not a GGUF file"),
+        "noconfig": "missing config.json",
+        "badjson": "not valid JSON",
+        "family": "weights do not match",
+        "noweights": "no weights|no \\*.safetensors",
+        "truncated": "cannot load HF model|lies outside the file",
+        "missingtensor": "1 missing",
+    }
     for name, path in _corrupt_cases(tmp_path, hf_dirs["llama"]).items():
         for k, loader in enumerate((load_hf, load_any)):
             with pytest.raises(CheckpointError) as e:
@@ -342,6 +364,7 @@ def test_load_hf_errors_are_one_line(tmp_path, hf_dirs):
 
 
 # --- tokenizers ----------------------------------------------------------------------------------------
+
 
 def test_tokenizer_files_and_bos_convention(hf_dirs, loaded):
     from depthlens.adapters import load_any
@@ -366,6 +389,7 @@ def test_tokenizer_files_and_bos_convention(hf_dirs, loaded):
 
 # --- key maps and import guards -------------------------------------------------------------------------
 
+
 def test_key_maps_are_explicit_and_complete(loaded):
     from depthlens.adapters.base import invert, map_key, rename
     from depthlens.adapters.families import spec_for
@@ -382,8 +406,9 @@ def test_key_maps_are_explicit_and_complete(loaded):
         spec = spec_for(fam)
         assert not spec.importable
         extra = [k for k in loaded[fam].hf.state_dict() if map_key(k, spec.key_map) == (True, None)]
-        assert extra and set(loaded[fam].hf.state_dict()) == {k for k in loaded[fam].hf.state_dict()
-                                                               if map_key(k, spec.key_map)[0]}
+        assert extra and set(loaded[fam].hf.state_dict()) == {
+            k for k in loaded[fam].hf.state_dict() if map_key(k, spec.key_map)[0]
+        }
         with pytest.raises(CheckpointError, match="no depthlens counterpart"):
             rename(loaded[fam].hf.state_dict(), spec.key_map, what=fam)
     assert spec_for("gpt2").key_map == {} and not spec_for("gpt2").importable
@@ -419,6 +444,7 @@ def test_eval_data_is_packed_with_the_models_own_tokenizer(hf_dirs, loaded, tmp_
 
 # --- the CLI on a foreign checkpoint (issue: `depthlens causal path/to/hf_model --threshold 0.45`) ----------
 
+
 @pytest.mark.parametrize("fam", ["llama"])  # the qwen2 fixture tokenizer (280 ids) outgrows its 101-id model
 def test_cli_causal_on_hf_directory_with_its_tokenizer(hf_dirs, tmp_path, fam):
     import json
@@ -430,8 +456,26 @@ def test_cli_causal_on_hf_directory_with_its_tokenizer(hf_dirs, tmp_path, fam):
     text = tmp_path / "eval.txt"
     text.write_text(" ".join(f"w{i % 37}" for i in range(3000)))
     out = tmp_path / "c.nc"
-    r = CliRunner().invoke(app, ["causal", str(hf_dirs[fam]), "--threshold", "0.45", "--data", str(text),
-                                 "--n-seq", "2", "--seq-len", "16", "--n-boot", "20", "--json", "--out", str(out)])
+    r = CliRunner().invoke(
+        app,
+        [
+            "causal",
+            str(hf_dirs[fam]),
+            "--threshold",
+            "0.45",
+            "--data",
+            str(text),
+            "--n-seq",
+            "2",
+            "--seq-len",
+            "16",
+            "--n-boot",
+            "20",
+            "--json",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     h = json.loads(r.stdout)
     assert h["n_pairs"] == 3 and 0 <= h["share"] <= 1 and out.exists()
@@ -444,6 +488,19 @@ def test_cli_refuses_hf_model_without_tokenizer_on_text(hf_dirs, tmp_path):
 
     text = tmp_path / "eval.txt"
     text.write_text("some words " * 200)
-    r = CliRunner().invoke(app, ["angular", str(hf_dirs["mistral"]), "--data", str(text), "--n-seq", "2",
-                                 "--seq-len", "16", "--out", str(tmp_path / "a.nc")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "angular",
+            str(hf_dirs["mistral"]),
+            "--data",
+            str(text),
+            "--n-seq",
+            "2",
+            "--seq-len",
+            "16",
+            "--out",
+            str(tmp_path / "a.nc"),
+        ],
+    )
     assert r.exit_code == 1 and "no tokenizer" in r.stderr and not (tmp_path / "a.nc").exists()

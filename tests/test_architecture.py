@@ -17,8 +17,19 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "depthlens"
-LAYER = {"models": 0, "io": 1, "data": 1, "adapters": 2, "training": 2, "runtime": 3, "stats": 3, "diagnostics": 4,
-         "render": 5, "studies": 6, "cli": 7}
+LAYER = {
+    "models": 0,
+    "io": 1,
+    "data": 1,
+    "adapters": 2,
+    "training": 2,
+    "runtime": 3,
+    "stats": 3,
+    "diagnostics": 4,
+    "render": 5,
+    "studies": 6,
+    "cli": 7,
+}
 ROOT_MODULES = {"depthlens.designs", "depthlens.errors", "depthlens._version", "depthlens.schema"}
 
 
@@ -98,8 +109,11 @@ def test_the_checker_sees_edges_and_cycles():
 
 
 def test_no_import_from_a_lower_layer_up():
-    up = sorted(f"{a} -> {b}" for a, b in import_edges(_modules())
-                if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a))
+    up = sorted(
+        f"{a} -> {b}"
+        for a, b in import_edges(_modules())
+        if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)
+    )
     assert not up, "imports from a lower layer up to a higher one:\n" + "\n".join(up)
 
 

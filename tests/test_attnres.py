@@ -49,10 +49,18 @@ def branch_outputs(cache, L: int) -> list[torch.Tensor]:
 
 
 # --- configuration -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("L, sizes", [
-    (16, [2] * 8), (20, [3] * 6 + [2]), (24, [3] * 8), (28, [4] * 7), (32, [4] * 8), (42, [6] * 7),
-    (70, [9] * 7 + [7]),
-])
+@pytest.mark.parametrize(
+    "L, sizes",
+    [
+        (16, [2] * 8),
+        (20, [3] * 6 + [2]),
+        (24, [3] * 8),
+        (28, [4] * 7),
+        (32, [4] * 8),
+        (42, [6] * 7),
+        (70, [9] * 7 + [7]),
+    ],
+)
 def test_block_boundaries_follow_the_kimi_k3_table(L, sizes):
     starts = ModelConfig(arch="block_attnres", n_layer=L, d_model=64, n_head=4).block_starts
     assert [b - a for a, b in zip(starts, starts[1:] + [L])] == sizes
@@ -143,8 +151,18 @@ def test_trunk_matches_attn_res_package(arch):
     m = make(arch, n_head=4, n_kv_head=2, d_ff=96, attnres_block_starts=[0, 2, 4] if arch == "block_attnres" else None)
     randomize_queries(m)
     mode = attn_res.AttnResMode.BLOCK if arch == "block_attnres" else attn_res.AttnResMode.FULL
-    tc = attn_res.TransformerConfig(d_model=32, n_layers=2 * L, n_heads=4, n_kv_heads=2, vocab_size=97,
-                                    max_seq_len=64, ffn_mult=3.0, attn_res_mode=mode, n_blocks=L // S, eps=1e-6)
+    tc = attn_res.TransformerConfig(
+        d_model=32,
+        n_layers=2 * L,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=97,
+        max_seq_len=64,
+        ffn_mult=3.0,
+        attn_res_mode=mode,
+        n_blocks=L // S,
+        eps=1e-6,
+    )
     ref = attn_res.AttnResTransformer(tc).eval()
     assert tc.d_ff == m.config.d_ff and (mode is attn_res.AttnResMode.FULL or tc.block_size == 2 * S)
     with torch.no_grad():
@@ -156,8 +174,12 @@ def test_trunk_matches_attn_res_package(arch):
             layer.attn_res.pseudo_query.copy_(router.query())  # gamma folded into w
             f, g = sub.fn, layer.fn
             if i % 2 == 0:
-                pairs = [(g.w_q, _interleave_rows(f.q_proj.weight, 4)), (g.w_k, _interleave_rows(f.k_proj.weight, 2)),
-                         (g.w_v, f.v_proj.weight), (g.w_o, f.o_proj.weight)]
+                pairs = [
+                    (g.w_q, _interleave_rows(f.q_proj.weight, 4)),
+                    (g.w_k, _interleave_rows(f.k_proj.weight, 2)),
+                    (g.w_v, f.v_proj.weight),
+                    (g.w_o, f.o_proj.weight),
+                ]
             else:
                 pairs = [(g.w_gate, f.gate_proj.weight), (g.w_up, f.up_proj.weight), (g.w_down, f.down_proj.weight)]
             for lin, w in pairs:
@@ -181,10 +203,18 @@ def test_block_source_labels_and_self_weight_definition():
     m = make("block_attnres")
     randomize_queries(m)
     rec = m.readouts(tokens())
-    expect = {0: ["emb"], 1: ["emb", "partial"], 2: ["emb", "partial"], 3: ["emb", "partial"],
-              4: ["emb", "block_1"], 5: ["emb", "block_1", "partial"], 9: ["emb", "block_1", "partial"],
-              10: ["emb", "block_1", "block_2"], 11: ["emb", "block_1", "block_2", "partial"],
-              "final": ["emb", "block_1", "block_2", "partial"]}
+    expect = {
+        0: ["emb"],
+        1: ["emb", "partial"],
+        2: ["emb", "partial"],
+        3: ["emb", "partial"],
+        4: ["emb", "block_1"],
+        5: ["emb", "block_1", "partial"],
+        9: ["emb", "block_1", "partial"],
+        10: ["emb", "block_1", "block_2"],
+        11: ["emb", "block_1", "block_2", "partial"],
+        "final": ["emb", "block_1", "block_2", "partial"],
+    }
     for j, labels in expect.items():
         key = "final" if j == "final" else f"sub{j}"
         assert rec[f"{key}.source_labels"] == labels
@@ -280,8 +310,12 @@ def test_batched_interventions_equal_one_at_a_time(arch, skip):
     m, toks = variant(arch, skip), tokens()
     B, T = toks.shape
     ones = torch.ones(B, T)
-    plans = [{}, {2: skip_mask(B, T, [4])}, {3: skip_mask(B, T, slice(2, None))},
-             {2: skip_mask(B, T, [1, 5]), 5: skip_mask(B, T, [6])}]
+    plans = [
+        {},
+        {2: skip_mask(B, T, [4])},
+        {3: skip_mask(B, T, slice(2, None))},
+        {2: skip_mask(B, T, [1, 5]), 5: skip_mask(B, T, [6])},
+    ]
     ctx = m.context(T)
     prefix = m.run_layers(m.embed(toks, ctx), ctx, 0, 2)
     batched_keep = {l: torch.cat([p.get(l, ones) for p in plans]) for l in (2, 3, 5)}
@@ -291,8 +325,9 @@ def test_batched_interventions_equal_one_at_a_time(arch, skip):
     # state_cat of distinct prefixes (two token batches) also batches exactly
     toks2 = tokens(seed=1)
     p2 = m.run_layers(m.embed(toks2, ctx), ctx, 0, 2)
-    torch.testing.assert_close(run(m, toks, state_cat([prefix, p2]), 2),
-                               torch.cat([run(m, toks), run(m, toks2)]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        run(m, toks, state_cat([prefix, p2]), 2), torch.cat([run(m, toks), run(m, toks2)]), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -44,8 +44,11 @@ def env(tmp_path_factory) -> dict[str, Path]:
     (root / "foreign.png").write_text("not ours")
     (root / "foreign_dir").mkdir()
     (root / "foreign_dir" / "keep.txt").write_text("keep")
-    for name, edit in {"cfg_float_streams": {"hc_streams": 2.5}, "cfg_huge_depth": {"n_layer": 200000},
-                       "cfg_string_width": {"d_model": "64"}}.items():
+    for name, edit in {
+        "cfg_float_streams": {"hc_streams": 2.5},
+        "cfg_huge_depth": {"n_layer": 200000},
+        "cfg_string_width": {"d_model": "64"},
+    }.items():
         d = root / name
         d.mkdir()
         cfg = json.loads((e["hc"] / "config.json").read_text())
@@ -104,8 +107,13 @@ def _hostile_checkpoints(root: Path, e: dict[str, Path]) -> None:
         (root / f"raw_{name}.json").write_text(text)
 
 
-_BASE = {"model": {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab_size": 257, "max_seq_len": 32},
-         "seq_len": 32, "global_batch": 8, "steps": 5, "warmup": 1}
+_BASE = {
+    "model": {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab_size": 257, "max_seq_len": 32},
+    "seq_len": 32,
+    "global_batch": 8,
+    "steps": 5,
+    "warmup": 1,
+}
 # recipes that the old hand-written checks let through to a traceback (AttributeError, TypeError)
 RAW_RECIPES = {
     "runs_int": json.dumps({"base": _BASE, "runs": 3}),
@@ -125,9 +133,15 @@ RAW_RECIPES = {
 
 
 def _recipe(env: dict[str, Path], name: str, **over) -> Path:
-    base = dict(model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
-                data=str(env["root"] / "no_such_corpus"), seq_len=32, global_batch=8, steps=5, warmup=1,
-                out=str(env["root"] / f"run_{name}"))
+    base = dict(
+        model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
+        data=str(env["root"] / "no_such_corpus"),
+        seq_len=32,
+        global_batch=8,
+        steps=5,
+        warmup=1,
+        out=str(env["root"] / f"run_{name}"),
+    )
     for k, v in over.items():
         if k == "model":
             base["model"].update(v)
@@ -153,8 +167,12 @@ for cmd in ANALYSES:
         (f"{cmd}-data-missing", [cmd, ck, "--data", "{root}/nope.txt", *FAST], 1, "nope.txt"),
         (f"{cmd}-n-seq-zero", [cmd, ck, "--n-seq", "0", "--seq-len", "16"], 2, "--n-seq"),
         (f"{cmd}-seq-len-too-long", [cmd, ck, "--n-seq", "2", "--seq-len", "4096"], 1, "--seq-len"),
-        (f"{cmd}-out-foreign-overwrite", [cmd, ck, "--out", "{root}/foreign.nc", "--overwrite", *FAST], 1,
-         "not recognisably depthlens"),
+        (
+            f"{cmd}-out-foreign-overwrite",
+            [cmd, ck, "--out", "{root}/foreign.nc", "--overwrite", *FAST],
+            1,
+            "not recognisably depthlens",
+        ),
         (f"{cmd}-out-exists", [cmd, ck, "--out", "{root}/foreign.nc", *FAST], 1, "already exists"),
         (f"{cmd}-out-no-dir", [cmd, ck, "--out", "{root}/no/dir/x.nc", *FAST], 1, "does not exist"),
         (f"{cmd}-out-is-dir", [cmd, ck, "--out", "{root}/foreign_dir", *FAST], 1, "directory"),
@@ -162,19 +180,29 @@ for cmd in ANALYSES:
         (f"{cmd}-ckpt-missing", [cmd, "{root}/no_ckpt", *FAST], 1, "no_ckpt"),
     ]
 for cmd in ("causal", "permute"):
-    CASES += [(f"{cmd}-n-boot-huge", [cmd, "{preln}", "--n-boot", "1000000000", *FAST], 2, "--n-boot"),
-              (f"{cmd}-threshold-nan", [cmd, "{preln}", "--threshold", "nan", *FAST], 2, "--threshold")]
+    CASES += [
+        (f"{cmd}-n-boot-huge", [cmd, "{preln}", "--n-boot", "1000000000", *FAST], 2, "--n-boot"),
+        (f"{cmd}-threshold-nan", [cmd, "{preln}", "--threshold", "nan", *FAST], 2, "--threshold"),
+    ]
 CASES += [
     ("sweep-grid-huge", ["sweep", "{preln}", "--thresholds", "0:1e12:1", *FAST], 2, "points"),
     ("sweep-grid-10M", ["sweep", "{preln}", "--thresholds", "0:1:0.0000001", *FAST], 2, "points"),
     ("sweep-grid-bad", ["sweep", "{preln}", "--thresholds", "1:0:0.1", *FAST], 2, "--thresholds"),
     ("sweep-grid-empty", ["sweep", "{preln}", "--thresholds", ",", *FAST], 2, "--thresholds"),
     ("sweep-order-unknown", ["sweep", "{preln}", "{hc}", "--order", "x,y", *FAST], 2, "--order"),
-    ("sweep-plot-no-dir", ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/nodir/p.png", *FAST], 1,
-     "does not exist"),
+    (
+        "sweep-plot-no-dir",
+        ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/nodir/p.png", *FAST],
+        1,
+        "does not exist",
+    ),
     ("sweep-plot-suffix", ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/p.txt", *FAST], 2, "--plot"),
-    ("sweep-plot-foreign", ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/foreign.png",
-                            "--overwrite", *FAST], 1, "not recognisably"),
+    (
+        "sweep-plot-foreign",
+        ["sweep", "{preln}", "--out", "{root}/s.nc", "--plot", "{root}/foreign.png", "--overwrite", *FAST],
+        1,
+        "not recognisably",
+    ),
     ("sweep-metric-bogus", ["sweep", "{preln}", "--metric", "bogus", *FAST], 2, "--metric"),
     ("sweep-device-cuda", ["sweep", "{preln}", "--device", "cuda", *FAST], 1, "--device"),
     ("compare-metrics-empty", ["compare", "{preln}", "--metrics", ",", *FAST], 2, "--metrics"),
@@ -204,17 +232,31 @@ CASES += [
     ("shapes-aspect-zero", ["shapes", "--aspect-ratios", "0"], 2, "--aspect-ratios"),
     ("shapes-design-unknown", ["shapes", "--design", "nonesuch"], 2, "--design"),
     ("report-device-cuda", ["report", "{preln}", "--out", "{root}/rep", "--device", "cuda"], 1, "--device"),
-    ("report-out-foreign", ["report", "{preln}", "--out", "{root}/foreign_dir", "--overwrite"], 1, "not a depthlens report"),
+    (
+        "report-out-foreign",
+        ["report", "{preln}", "--out", "{root}/foreign_dir", "--overwrite"],
+        1,
+        "not a depthlens report",
+    ),
     ("report-n-boot-huge", ["report", "{preln}", "--out", "{root}/rep", "--n-boot", "1000000000"], 2, "--n-boot"),
     ("report-data-fifo", ["report", "{preln}", "--out", "{root}/rep", "--data", "{fifo}"], 2, "FIFO"),
-    ("report-seed-huge", ["report", "{preln}", "--out", "{root}/rep", "--seed", "99999999999999999999999"], 2, "--seed"),
+    (
+        "report-seed-huge",
+        ["report", "{preln}", "--out", "{root}/rep", "--seed", "99999999999999999999999"],
+        2,
+        "--seed",
+    ),
     ("track-device-cuda", ["track", "{root}", "--device", "cuda"], 1, "--device"),
     ("track-n-boot-huge", ["track", "{root}", "--n-boot", "1000000000"], 2, "--n-boot"),
     ("prepare-missing-input", ["prepare", "{root}/nope.txt", "--out", "{root}/shards"], 1, "nope.txt"),
     ("prepare-out-foreign", ["prepare", "{txt}", "--out", "{root}/foreign_dir", "--overwrite"], 1, "not recognisably"),
     ("prepare-out-exists", ["prepare", "{txt}", "--out", "{root}/foreign_dir"], 1, "already exists"),
-    ("prepare-tokenizer-unknown", ["prepare", "{txt}", "--out", "{root}/shards", "--tokenizer", "nonesuch"], 2,
-     "--tokenizer"),
+    (
+        "prepare-tokenizer-unknown",
+        ["prepare", "{txt}", "--out", "{root}/shards", "--tokenizer", "nonesuch"],
+        2,
+        "--tokenizer",
+    ),
     ("prepare-seed-negative", ["prepare", "{txt}", "--out", "{root}/shards", "--seed", "-1"], 2, "--seed"),
     ("train-recipe-missing", ["train", "{root}/no_recipe.json"], 1, "no_recipe.json"),
     ("train-recipe-not-json", ["train", "{txt}"], 1, "JSON"),
@@ -231,11 +273,23 @@ CASES += [
     ("train-data-keyless-manifest", ["train", "@recipe:keyless", "data={root}/keyless_manifest"], 1, "shards"),
     ("train-data-dev-zero", ["train", "@recipe:zero", "data=/dev/zero"], 1, "/dev/zero"),
     # --- issue 23: the schema layer, the file opener, the numerics of inputs -----------------------------------
-    *[(f"train-recipe-{n.replace('_', '-')}", ["train", f"{{root}}/raw_{n}.json"], 1, needle) for n, needle in [
-        ("runs_int", "'runs'"), ("runs_list", "'runs'"), ("base_list", "'base'"), ("lr_text", "'lr'"),
-        ("betas_scalar", "'betas'"), ("eps_text", "'eps'"), ("grad_clip_text", "'grad_clip'"),
-        ("min_lr_null", "'min_lr_factor'"), ("out_int", "'out'"), ("threads_huge", "'threads'"),
-        ("name_list", "'name'"), ("deep", "nested too deeply")]],
+    *[
+        (f"train-recipe-{n.replace('_', '-')}", ["train", f"{{root}}/raw_{n}.json"], 1, needle)
+        for n, needle in [
+            ("runs_int", "'runs'"),
+            ("runs_list", "'runs'"),
+            ("base_list", "'base'"),
+            ("lr_text", "'lr'"),
+            ("betas_scalar", "'betas'"),
+            ("eps_text", "'eps'"),
+            ("grad_clip_text", "'grad_clip'"),
+            ("min_lr_null", "'min_lr_factor'"),
+            ("out_int", "'out'"),
+            ("threads_huge", "'threads'"),
+            ("name_list", "'name'"),
+            ("deep", "nested too deeply"),
+        ]
+    ],
     ("train-grid-bad-run", ["train", "{root}/raw_run_bad_lr.json", "--run", "a"], 1, "'lr'"),
     ("train-list-runs-int", ["train", "{root}/raw_runs_int.json", "--list"], 1, "'runs'"),
     ("train-list-bad-run", ["train", "{root}/raw_run_bad_lr.json", "--list"], 1, "'lr'"),
@@ -267,8 +321,12 @@ CASES += [
     ("causal-device-map-cuda7", ["causal", "{preln}", "--device-map", "cuda:7", *FAST], 1, "cuda:7"),
     ("causal-device-map-fifo", ["causal", "{preln}", "--device-map", "{root}/map.json", *FAST], 1, "FIFO"),
     ("causal-device-map-missing", ["causal", "{preln}", "--device-map", "{root}/nomap.json", *FAST], 1, "nomap.json"),
-    ("causal-device-map-bad-field", ["causal", "{preln}", "--device-map", '{{"embed": true, "layers": "cpu", "head": "cpu"}}',
-                                     *FAST], 2, "'embed'"),
+    (
+        "causal-device-map-bad-field",
+        ["causal", "{preln}", "--device-map", '{{"embed": true, "layers": "cpu", "head": "cpu"}}', *FAST],
+        2,
+        "'embed'",
+    ),
     ("causal-device-map-name", ["causal", "{preln}", "--device-map", "gpu0", *FAST], 2, "--device-map"),
     ("prepare-dev-zero", ["prepare", "/dev/zero", "--out", "{root}/shards"], 1, "character device"),
     ("prepare-fifo", ["prepare", "{fifo}", "--out", "{root}/shards"], 1, "FIFO"),
@@ -284,12 +342,25 @@ CASES += [
 # unwritable directory is refused before the computation (more, with reruns and locks: test_owned_outputs.py)
 CASES += [
     ("train-out-user-dir", ["train", "@recipe:userdir", "out={root}/foreign_dir"], 1, "refusing to write into it"),
-    ("train-export-user-dir", ["train", "@recipe:userexport", "export={root}/foreign_dir"], 1,
-     "not recognisably depthlens output"),
+    (
+        "train-export-user-dir",
+        ["train", "@recipe:userexport", "export={root}/foreign_dir"],
+        1,
+        "not recognisably depthlens output",
+    ),
     ("train-export-foreign-checkpoint", ["train", "@recipe:theirs", "export={preln}"], 1, "not by this run"),
-    ("track-out-user-dir", ["track", "{preln}", "--out", "{root}/foreign_dir", *FAST], 1, "not a track output directory"),
-    ("sweep-out-plot-same", ["sweep", "{preln}", "-o", "{root}/same.png", "--plot", "{root}/same.png", *FAST], 1,
-     "name the same file"),
+    (
+        "track-out-user-dir",
+        ["track", "{preln}", "--out", "{root}/foreign_dir", *FAST],
+        1,
+        "not a track output directory",
+    ),
+    (
+        "sweep-out-plot-same",
+        ["sweep", "{preln}", "-o", "{root}/same.png", "--plot", "{root}/same.png", *FAST],
+        1,
+        "name the same file",
+    ),
     ("angular-out-slash-on-file", ["angular", "{preln}", "-o", "{root}/notes.txt/", *FAST], 1, "not a directory"),
     ("angular-out-name-too-long", ["angular", "{preln}", "-o", "{root}/" + "z" * 256, *FAST], 1, "256 bytes"),
     ("angular-out-read-only-dir", ["angular", "{preln}", "-o", "/sys/a.nc", *FAST], 1, "not writable"),
@@ -337,6 +408,7 @@ def test_bad_input(env, case, monkeypatch):
 
 # --- outputs: default names, recognition, strict JSON, announced caps -------------------------------
 
+
 def test_default_output_name_is_never_replaced_silently(env, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["angular", str(env["preln"]), *FAST]
@@ -351,7 +423,9 @@ def test_default_output_name_is_never_replaced_silently(env, tmp_path, monkeypat
 
 
 def test_json_is_strict_without_bootstrap(env, tmp_path):
-    r = CliRunner().invoke(app, ["causal", str(env["preln"]), "--n-boot", "0", "--json", "--out", str(tmp_path / "c.nc"), *FAST])
+    r = CliRunner().invoke(
+        app, ["causal", str(env["preln"]), "--n-boot", "0", "--json", "--out", str(tmp_path / "c.nc"), *FAST]
+    )
     assert r.exit_code == 0, r.stderr
 
     def refuse(name):
@@ -362,8 +436,22 @@ def test_json_is_strict_without_bootstrap(env, tmp_path):
 
 
 def test_n_seq_cap_is_announced(env, tmp_path):
-    r = CliRunner().invoke(app, ["angular", str(env["preln"]), "--data", str(env["txt"]), "--n-seq", "100000",
-                                 "--seq-len", "16", "--json", "--out", str(tmp_path / "a.nc")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "angular",
+            str(env["preln"]),
+            "--data",
+            str(env["txt"]),
+            "--n-seq",
+            "100000",
+            "--seq-len",
+            "16",
+            "--json",
+            "--out",
+            str(tmp_path / "a.nc"),
+        ],
+    )
     assert r.exit_code == 0, r.stderr
     assert "--n-seq 100000 capped to" in r.stderr
 
@@ -371,7 +459,9 @@ def test_n_seq_cap_is_announced(env, tmp_path):
 def test_files_follow_the_umask(env, tmp_path):
     old = os.umask(0o022)
     try:
-        ck = depthlens.save(build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0), tmp_path / "ck")
+        ck = depthlens.save(
+            build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0), tmp_path / "ck"
+        )
         r = CliRunner().invoke(app, ["angular", str(ck), "--out", str(tmp_path / "a.nc"), *FAST])
         assert r.exit_code == 0, r.stderr
     finally:
@@ -410,6 +500,7 @@ def test_crashed_swap_is_recovered_on_the_next_write(tmp_path):
 
 # --- signals during writes ----------------------------------------------------------------------------
 
+
 class Stop(Exception):
     pass
 
@@ -423,17 +514,21 @@ def _writers(tmp: Path):
 
     m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
     ds = xr.Dataset({"x": ("i", [1.0, 2.0])}, attrs={"source": "depthlens test"})
-    return [("checkpoint", tmp / "ck", lambda: depthlens.save(m, tmp / "ck", overwrite=True)),
-            ("netcdf", tmp / "x.nc", lambda: write_netcdf(ds, tmp / "x.nc", overwrite=True)),
-            ("resume state", tmp / "resume", lambda: write_state(tmp / "resume", {"rng/cpu": torch.zeros(2)}, {"step": 1})),
-            ("dataset", tmp / "shards", lambda: _dataset(tmp))]
+    return [
+        ("checkpoint", tmp / "ck", lambda: depthlens.save(m, tmp / "ck", overwrite=True)),
+        ("netcdf", tmp / "x.nc", lambda: write_netcdf(ds, tmp / "x.nc", overwrite=True)),
+        ("resume state", tmp / "resume", lambda: write_state(tmp / "resume", {"rng/cpu": torch.zeros(2)}, {"step": 1})),
+        ("dataset", tmp / "shards", lambda: _dataset(tmp)),
+    ]
 
 
 def _dataset(tmp: Path):
     from depthlens.data.corpus import prepare_files
     from depthlens.data.tokenizers import ByteTokenizer
 
-    (tmp / "in.txt").write_text("hello world\n" * 50 + "\n" + "second document\n" * 50) if not (tmp / "in.txt").exists() else None
+    (tmp / "in.txt").write_text("hello world\n" * 50 + "\n" + "second document\n" * 50) if not (
+        tmp / "in.txt"
+    ).exists() else None
     return prepare_files([tmp / "in.txt"], tmp / "shards", ByteTokenizer(), 0.0)
 
 
@@ -505,8 +600,13 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_write(tmp_path, which):
     is dead) and succeeds; nothing else is touched."""
     (tmp_path / "mine.txt").write_text("mine")
     code = KILL_CODE.format(tests=str(REPO / "tests"), tmp=str(tmp_path), which=which)
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert any(".tmp-" in p.name for p in tmp_path.iterdir()), "the kill left no temp: the test did not bite"
     name, target, write = next(w for w in _writers(tmp_path) if w[0] == which)
@@ -515,6 +615,7 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_write(tmp_path, which):
 
 
 # --- issue 23: inputs checked before the work they would waste -----------------------------------------------
+
 
 def test_gguf_seq_len_is_refused_before_the_load(tmp_path, monkeypatch):
     """--seq-len beyond the context a GGUF header declares: refused from the header, the weights never read."""
@@ -557,9 +658,13 @@ def test_track_recipe_fifo_is_refused_by_name(env):
 
 
 def test_bad_thread_env_is_dropped_before_openmp_starts(env):
-    r = subprocess.run([sys.executable, "-m", "depthlens.cli", "info", str(env["preln"]), "--json"],
-                       env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "abc"},
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "depthlens.cli", "info", str(env["preln"]), "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "abc"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == ["depthlens: note: OMP_NUM_THREADS='abc' is not a positive integer; ignored"]
     assert json.loads(r.stdout)["n_layer"] == 4

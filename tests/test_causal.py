@@ -54,8 +54,9 @@ class LinearLM(torch.nn.Module):
     def embed(self, tokens, ctx):
         return {"h": self.E[tokens]}
 
-    def run_layers(self, state, ctx, start=0, stop=None, *, keep=None, unit="block", order=None, swap="body",
-                   on_layer=None):
+    def run_layers(
+        self, state, ctx, start=0, stop=None, *, keep=None, unit="block", order=None, swap="body", on_layer=None
+    ):
         stop = self.n_layer if stop is None else stop
         h = state["h"]
         for p in range(start, stop):
@@ -223,8 +224,12 @@ def test_engine_equals_naive_loop(preln, data, variant):
     C = d.causal_score.sel(variant=variant)
     for s, (row, o, dl) in ref.items():
         for t, (mx, mean, pooled) in row.items():
-            np.testing.assert_allclose([C.sel(aggregator=a).values[s, t] for a in ("max", "mean", "pooled")],
-                                       [mx, mean, pooled], rtol=2e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                [C.sel(aggregator=a).values[s, t] for a in ("max", "mean", "pooled")],
+                [mx, mean, pooled],
+                rtol=2e-5,
+                atol=1e-6,
+            )
         assert d.output_effect.sel(variant=variant).values[s] == pytest.approx(o, rel=1e-4, abs=1e-7)
         if variant == "current":
             assert d.skip_delta_loss.values[s] == pytest.approx(dl, rel=1e-4, abs=1e-6)
@@ -265,6 +270,7 @@ def csordas_test_effect(model, tokens, positions, norm="update"):
     def forward(skip=None, cut=None):
         deltas, handles = {}, []
         for i, blk in enumerate(model.blocks):
+
             def hook(mod, args, kwargs, output, i=i):
                 h_in, (state, carry) = args[0]["h"], output
                 h_out = state["h"]
@@ -273,6 +279,7 @@ def csordas_test_effect(model, tokens, positions, norm="update"):
                 deltas[i] = (h_out - h_in).float()
                 inputs[i] = h_in.float()
                 return ({**state, "h": h_out}, carry)
+
             handles.append(blk.register_forward_hook(hook, with_kwargs=True))
         try:
             model(tokens)
@@ -305,7 +312,7 @@ def csordas_run(model, tokens, n_chunks=4, seed=123, norm="update"):
         rng.shuffle(positions)
         positions = positions[:n_chunks]
         cuts.append(positions)
-        Cn = csordas_test_effect(model, tokens[n:n + 1], positions, norm=norm)
+        Cn = csordas_test_effect(model, tokens[n : n + 1], positions, norm=norm)
         C = Cn if C is None else np.maximum(C, Cn)
     return C, cuts
 
@@ -314,12 +321,14 @@ def test_equals_csordas_test_effect(preln):
     data = random_eval_data(97, n_seq=4, seq_len=48, seed=1, bos_id=96)  # 4 cut positions to choose from
     d = causal_scores(preln, data, variants=("current", "future"), null=False, outputs=False)
     ours = d.causal_score.sel(aggregator="max")
-    np.testing.assert_allclose(ours.sel(variant="current").values, csordas_test_effect(preln, data.tokens, [None]),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ours.sel(variant="current").values, csordas_test_effect(preln, data.tokens, [None]), rtol=1e-5, atol=1e-6
+    )
     ref, cuts = csordas_run(preln, data.tokens, n_chunks=2)
     d2 = causal_scores(preln, data, variants=("future",), n_cuts=2, null=False, outputs=False)
-    np.testing.assert_allclose(d2.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        d2.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5, atol=1e-6
+    )
     assert d2.attrs["cut_positions_json"] == f'{{"future": {cuts}}}'.replace("'", '"')
     assert len({tuple(c) for c in cuts}) > 1  # sequences get different cuts (not one draw for all)
 
@@ -342,15 +351,17 @@ def test_resid_norm_equals_hooks(preln, data):
     d = causal_scores(preln, data, variants=("current",), norm="resid", null=False)
     assert d.attrs["norm"] == "resid" and "residual" in d.attrs["norm_definition"]
     ref = csordas_test_effect(preln, data.tokens, [None], norm="resid")
-    np.testing.assert_allclose(d.causal_score.sel(variant="current", aggregator="max").values, ref, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        d.causal_score.sel(variant="current", aggregator="max").values, ref, rtol=1e-5, atol=1e-6
+    )
     # the diagonal is then the relative contribution max |u_s| / |h_s| (Csordás analyze_norms), not 1
     _, cache = preln.run_with_cache(data.tokens)
     for s in range(4):
         h = cache[f"blocks.{s}.hook_resid_pre"][:, 1:]
         u = cache[f"blocks.{s}.hook_attn_out"][:, 1:] + cache[f"blocks.{s}.hook_mlp_out"][:, 1:]
         assert d.causal_score.sel(variant="current", aggregator="max").values[s, s] == pytest.approx(
-            float((u.norm(dim=-1) / h.norm(dim=-1)).max()), rel=1e-5)
+            float((u.norm(dim=-1) / h.norm(dim=-1)).max()), rel=1e-5
+        )
     # the pooled aggregator and the per-sequence sums use the same denominators as the engine
     upd = causal_scores(preln, data, variants=("current",), norm="update", null=False)
     assert upd.attrs["norm"] == "update"
@@ -369,10 +380,12 @@ def test_resid_norm_linear_closed_form():
     h1 = h0 + A0 @ h0
     C = d.causal_score.sel(variant="current")
     for agg in ("max", "mean", "pooled"):  # C(0, 1) = |A1 A0 h0| / |h1|;  C(0, 0) = |A0 h0| / |h0|
-        assert C.sel(aggregator=agg).values[0, 1] == pytest.approx(float(torch.linalg.norm(A1 @ A0 @ h0)
-                                                                         / torch.linalg.norm(h1)), rel=1e-6)
-        assert C.sel(aggregator=agg).values[0, 0] == pytest.approx(float(torch.linalg.norm(A0 @ h0)
-                                                                         / torch.linalg.norm(h0)), rel=1e-6)
+        assert C.sel(aggregator=agg).values[0, 1] == pytest.approx(
+            float(torch.linalg.norm(A1 @ A0 @ h0) / torch.linalg.norm(h1)), rel=1e-6
+        )
+        assert C.sel(aggregator=agg).values[0, 0] == pytest.approx(
+            float(torch.linalg.norm(A0 @ h0) / torch.linalg.norm(h0)), rel=1e-6
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -422,7 +435,7 @@ def test_unit_and_errors(preln, data):
 def test_mean_downstream_effect(ds):
     C = ds.causal_score.sel(variant="current", aggregator="max").values
     md = ds.mean_downstream_effect.sel(variant="current", aggregator="max").values
-    np.testing.assert_allclose(md[:3], [C[s, s + 1:].mean() for s in range(3)])
+    np.testing.assert_allclose(md[:3], [C[s, s + 1 :].mean() for s in range(3)])
     assert np.isnan(md[3])
 
 
@@ -432,8 +445,7 @@ def test_future_fewer_sequences_than_cuts(preln):
     d = causal_scores(preln, one, variants=("future",), n_cuts=4, null=False, outputs=False)
     ref, cuts = csordas_run(preln, one.tokens, n_chunks=4)
     assert len(cuts[0]) == 4
-    np.testing.assert_allclose(d.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(d.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_measure_nothing_is_refused(preln, data):

@@ -36,7 +36,10 @@ def _reference_stats(seq, new, old, keep):
     den = np.linalg.norm(old[idx], axis=1)
     r = (num / np.maximum(den, 1e-6)).astype(np.float32).astype(np.float64)
     return {
-        "max": r.max(), "mean": r.mean(), "p95": np.quantile(r, 0.95), "p99": np.quantile(r, 0.99),
+        "max": r.max(),
+        "mean": r.mean(),
+        "p95": np.quantile(r, 0.95),
+        "p99": np.quantile(r, 0.99),
         "pooled": np.sqrt((num**2).sum() / (den**2).sum()),
     }
 
@@ -65,12 +68,16 @@ def _store(seq, new, old, chunks=3) -> _CellStore:
 def _seq_dataset(store: _CellStore, layers=(CELL[0],), n_layer=L) -> xr.Dataset:
     """The per-sequence variables exactly as causal_scores writes them (without the variant dim)."""
     per = store.per_sequence()
-    keys = {"max": "seq_max", "sum": "seq_sum", "count": "seq_count", "num": "seq_sq_change",
-            "den": "seq_sq_update"}
-    return xr.Dataset({name: (("layer", "layer_other", "sequence"),
-                              store.to_matrix(per[k], list(layers), n_layer,
-                                              lower=0.0 if k in ("max", "sum", "num") else np.nan))
-                       for k, name in keys.items()})
+    keys = {"max": "seq_max", "sum": "seq_sum", "count": "seq_count", "num": "seq_sq_change", "den": "seq_sq_update"}
+    return xr.Dataset(
+        {
+            name: (
+                ("layer", "layer_other", "sequence"),
+                store.to_matrix(per[k], list(layers), n_layer, lower=0.0 if k in ("max", "sum", "num") else np.nan),
+            )
+            for k, name in keys.items()
+        }
+    )
 
 
 def test_cell_store_matches_numpy_and_streams():
@@ -107,8 +114,14 @@ def test_pooled_ratio_of_sums():
     """pooled = sqrt(Σ‖Δ‖² / Σ‖u‖²) over the cell's tokens: 8 / 2 → 2."""
     store = _CellStore([0], 2, 1, 1, 2)
     measure = torch.ones(1, 2, dtype=torch.bool)
-    store.add([Arm("current", 0, 0, ~measure, measure)], 1, slice(0, 1), np.array([[[1.0, 3.0]]]),
-              np.array([[[4.0, 4.0]]]), np.array([[1.0, 1.0]]))
+    store.add(
+        [Arm("current", 0, 0, ~measure, measure)],
+        1,
+        slice(0, 1),
+        np.array([[[1.0, 3.0]]]),
+        np.array([[[4.0, 4.0]]]),
+        np.array([[1.0, 1.0]]),
+    )
     assert store.aggregate()["pooled"][store.index[(0, 1)]] == pytest.approx(2.0)
 
 
@@ -132,5 +145,3 @@ def test_bootstrap_array_statistic_on_the_engine_summaries():
     cells = np.triu(np.ones((3, 3), bool), 1) & ~np.isnan(full)
     assert cells.sum() == 3
     assert np.all(high[cells] <= full[cells]) and np.all(low[cells] <= high[cells])
-
-

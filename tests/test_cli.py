@@ -41,6 +41,7 @@ def one_error_line(r, code):
 
 # --- happy paths ---------------------------------------------------------------------------------------
 
+
 def test_causal_json_headline_and_dataset(zoo, tmp_path):
     out = tmp_path / "c.nc"
     r = run(["causal", zoo["preln"], "--threshold", "0.45", "--json", "--out", out, "--n-boot", "50", *FAST])
@@ -67,15 +68,16 @@ def test_causal_json_headline_and_dataset(zoo, tmp_path):
     # the printed line: the estimate inside its own interval, which names its method and unit
     r = run(["causal", zoo["preln"], "--out", tmp_path / "c2.nc", "--n-boot", "50", *FAST])
     text = " ".join(r.stdout.split())  # rich wraps long lines
-    line = text[text.index("share C > "):]
+    line = text[text.index("share C > ") :]
     x, lo, hi = (float(v) for v in re.search(r"([0-9.]+)% \[([0-9.]+)%, ([0-9.]+)%\]", line).groups())
     assert lo <= x <= hi and "jackknife" in line and "eval sequences" in line and f"m = {k} sequences" in line
 
 
 def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     out = tmp_path / "r.nc"
-    r = run(["causal", zoo["preln"], "--norm", "resid", "--agg", "pooled", "--json", "--out", out, "--n-boot", "0",
-             *FAST])
+    r = run(
+        ["causal", zoo["preln"], "--norm", "resid", "--agg", "pooled", "--json", "--out", out, "--n-boot", "0", *FAST]
+    )
     assert r.exit_code == 0, r.output
     h = json.loads(r.stdout)
     assert (h["variant"], h["aggregator"], h["norm"]) == ("current", "pooled", "resid")
@@ -115,12 +117,15 @@ def test_causal_text_has_heatmap(zoo, tmp_path):
     assert "share C > 0.45" in r.stdout and "█" in r.stdout
 
 
-@pytest.mark.parametrize("cmd,arch,extra", [
-    ("angular", "block_attnres", ["--positions", "all"]),
-    ("permute", "preln", ["--threshold", "0.15", "--n-boot", "20"]),
-    ("rank", "hc", []),
-    ("attnres", "block_attnres", ["--eps", "0.05"]),
-])
+@pytest.mark.parametrize(
+    "cmd,arch,extra",
+    [
+        ("angular", "block_attnres", ["--positions", "all"]),
+        ("permute", "preln", ["--threshold", "0.15", "--n-boot", "20"]),
+        ("rank", "hc", []),
+        ("attnres", "block_attnres", ["--eps", "0.05"]),
+    ],
+)
 def test_other_commands_json(zoo, tmp_path, cmd, arch, extra):
     out = tmp_path / "x.nc"
     r = run([cmd, zoo[arch], "--json", "--out", out, *extra, *FAST])
@@ -130,8 +135,25 @@ def test_other_commands_json(zoo, tmp_path, cmd, arch, extra):
 
 def test_sweep_and_compare(zoo, tmp_path):
     out, png = tmp_path / "s.nc", tmp_path / "s.png"
-    r = run(["sweep", zoo["preln"], zoo["hc"], "--metric", "causal", "--thresholds", "0:1.5:0.05", "--out", out,
-             "--plot", png, "--order", "preln_l4,hc_l4", "--json", *FAST])
+    r = run(
+        [
+            "sweep",
+            zoo["preln"],
+            zoo["hc"],
+            "--metric",
+            "causal",
+            "--thresholds",
+            "0:1.5:0.05",
+            "--out",
+            out,
+            "--plot",
+            png,
+            "--order",
+            "preln_l4,hc_l4",
+            "--json",
+            *FAST,
+        ]
+    )
     assert r.exit_code == 0, r.output
     h = json.loads(r.stdout)
     assert 0 <= h["ranking_fraction"] <= 1 and png.stat().st_size > 5000
@@ -152,8 +174,15 @@ def test_rank_on_single_stream_is_a_domain_error(zoo, tmp_path):
 # --- the bad-input matrix ------------------------------------------------------------------------------
 
 COMMANDS = {
-    "info": [], "hooks": [], "angular": FAST, "causal": FAST, "permute": FAST, "attnres": FAST,
-    "eval": ["--n-seq", "2", "--seq-len", "16", "--no-humaneval"], "sweep": FAST, "compare": FAST,
+    "info": [],
+    "hooks": [],
+    "angular": FAST,
+    "causal": FAST,
+    "permute": FAST,
+    "attnres": FAST,
+    "eval": ["--n-seq", "2", "--seq-len", "16", "--no-humaneval"],
+    "sweep": FAST,
+    "compare": FAST,
 }
 
 
@@ -288,15 +317,39 @@ def test_help_is_fast_and_lists_commands():
     import time
 
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", "from depthlens.cli import app; app()", "--help"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "from depthlens.cli import app; app()", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0
-    for cmd in ("info", "hooks", "angular", "causal", "permute", "rank", "attnres", "sweep", "compare", "shapes",
-                "prepare", "eval"):
+    for cmd in (
+        "info",
+        "hooks",
+        "angular",
+        "causal",
+        "permute",
+        "rank",
+        "attnres",
+        "sweep",
+        "compare",
+        "shapes",
+        "prepare",
+        "eval",
+    ):
         assert cmd in out.stdout
-    mods = subprocess.run([sys.executable, "-c", "import sys; from depthlens.cli import app; "
-                           "print(int(any(m in sys.modules for m in ('torch', 'xarray', 'nnsight'))))"],
-                          capture_output=True, text=True, timeout=60)
+    mods = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from depthlens.cli import app; "
+            "print(int(any(m in sys.modules for m in ('torch', 'xarray', 'nnsight'))))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert mods.stdout.strip() == "0"  # heavy imports stay inside commands
     assert time.perf_counter() - t < 30
 
@@ -308,8 +361,9 @@ def test_eval_jsonl_presets_and_bad_mapping(zoo, tmp_path):
     f = tmp_path / "gsm8k.jsonl"
     rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "Name a colour.", "answer": "blue"}]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    r = run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"gsm8k={f}", "--n-seq", "2", "--seq-len", "16",
-             "--json"])
+    r = run(
+        ["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"gsm8k={f}", "--n-seq", "2", "--seq-len", "16", "--json"]
+    )
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)["domain"]["gsm8k"]
     model = depthlens.load(zoo["preln"]).model
@@ -323,5 +377,19 @@ def test_eval_jsonl_presets_and_bad_mapping(zoo, tmp_path):
         n += len(a)
     assert got["nll"] == pytest.approx(total / n, rel=1e-4) and got["n_items"] == 2
     one_error_line(run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"mine={f}"]), 2)  # no preset, no fields
-    one_error_line(run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"x={f}:prompt,answer",
-                        "--n-seq", "2", "--seq-len", "16"]), 1)  # fields absent in the file
+    one_error_line(
+        run(
+            [
+                "eval",
+                zoo["preln"],
+                "--no-humaneval",
+                "--jsonl",
+                f"x={f}:prompt,answer",
+                "--n-seq",
+                "2",
+                "--seq-len",
+                "16",
+            ]
+        ),
+        1,
+    )  # fields absent in the file

@@ -33,15 +33,23 @@ def run(args, **kw):
 def cli(*args, cwd, env=None, timeout=300):
     """The real `depthlens` process (what a shell runs), importing this checkout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "depthlens.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "depthlens.cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("ck")
-    return {a: depthlens.save(build_model(ModelConfig.debug(a, vocab_size=257, max_seq_len=32), seed=0), root / f"{a}_l4")
-            for a in ("preln", "hc")}
+    return {
+        a: depthlens.save(build_model(ModelConfig.debug(a, vocab_size=257, max_seq_len=32), seed=0), root / f"{a}_l4")
+        for a in ("preln", "hc")
+    }
 
 
 def test_short_help_version_and_completion():
@@ -54,8 +62,9 @@ def test_short_help_version_and_completion():
 
 
 def test_completion_completes_command_names(tmp_path):
-    r = cli(cwd=tmp_path, env={"_DEPTHLENS_COMPLETE": "complete_bash", "COMP_WORDS": "depthlens cau",
-                               "COMP_CWORD": "1"})
+    r = cli(
+        cwd=tmp_path, env={"_DEPTHLENS_COMPLETE": "complete_bash", "COMP_WORDS": "depthlens cau", "COMP_CWORD": "1"}
+    )
     assert r.returncode == 0 and r.stdout.split() == ["causal"], (r.stdout, r.stderr)
 
 
@@ -123,15 +132,31 @@ def test_sweep_ranking_only_against_a_given_order(tiny, tmp_path):
 
 # --- train from a fresh clone -----------------------------------------------------------------------------
 
+
 def _recipe(tmp_path: Path, corpus: bool) -> Path:
-    base = {"model": {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab_size": 257,
-                      "max_seq_len": 32},
-            "data": "cache/corpus", "tokenizer": "bytes", "seq_len": 32, "global_batch": 4, "steps": 3,
-            "lr": 3e-3, "warmup": 1, "eval_every": 0, "final_eval_batches": 1, "log_every": 1, "threads": 1}
+    base = {
+        "model": {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab_size": 257, "max_seq_len": 32},
+        "data": "cache/corpus",
+        "tokenizer": "bytes",
+        "seq_len": 32,
+        "global_batch": 4,
+        "steps": 3,
+        "lr": 3e-3,
+        "warmup": 1,
+        "eval_every": 0,
+        "final_eval_batches": 1,
+        "log_every": 1,
+        "threads": 1,
+    }
     recipe = {"base": base, "runs": {"tiny": {"out": "runs/tiny", "export": "ckpt/tiny"}}}
     if corpus:
-        recipe["corpus"] = {"source": "packages", "tokenizer": "bytes", "max_bytes": 30000, "val_fraction": 0.05,
-                            "seed": 0}
+        recipe["corpus"] = {
+            "source": "packages",
+            "tokenizer": "bytes",
+            "max_bytes": 30000,
+            "val_fraction": 0.05,
+            "seed": 0,
+        }
     path = tmp_path / "recipe.json"
     path.write_text(json.dumps(recipe))
     return path

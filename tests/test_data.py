@@ -57,8 +57,9 @@ def test_empty_shard(tmp_path):
     assert read_shard(write_shard(tmp_path / "e.bin", [])).size == 0
 
 
-@pytest.mark.parametrize("bad, dtype, match", [([65536], "uint16", "65535"), ([-1], None, ">= 0"),
-                                               ([2**32], None, "4294967295")])
+@pytest.mark.parametrize(
+    "bad, dtype, match", [([65536], "uint16", "65535"), ([-1], None, ">= 0"), ([2**32], None, "4294967295")]
+)
 def test_write_rejects_ids_outside_the_shard_width(tmp_path, bad, dtype, match):
     with pytest.raises(DataError, match=match):
         write_shard(tmp_path / "x.bin", [1, *bad], dtype)
@@ -67,7 +68,7 @@ def test_write_rejects_ids_outside_the_shard_width(tmp_path, bad, dtype, match):
 
 def _corrupt(path, offset, value):
     raw = bytearray(path.read_bytes())
-    raw[offset:offset + 4] = struct.pack("<i", value)
+    raw[offset : offset + 4] = struct.pack("<i", value)
     path.write_bytes(bytes(raw))
 
 
@@ -94,8 +95,10 @@ def test_read_errors(tmp_path):
 
 def test_dataset_windows_span_shards(tmp_path):
     stream = np.arange(1000) % 65536
-    paths = [write_shard(tmp_path / "train_000.bin", stream[:300]),
-             write_shard(tmp_path / "train_001.bin", stream[300:])]
+    paths = [
+        write_shard(tmp_path / "train_000.bin", stream[:300]),
+        write_shard(tmp_path / "train_001.bin", stream[300:]),
+    ]
     ds = TokenDataset(paths)
     T = 64
     assert ds.n_tokens == 1000 and ds.n_sequences(T) == (1000 - 1) // T
@@ -127,8 +130,11 @@ def test_batch_indices_independent_of_split():
         for world in (1, 2, 4):
             for accum in (1, 3):
                 m = B // (world * accum)
-                parts = [sample_indices(step * B + (r * accum + a) * m, step * B + (r * accum + a + 1) * m, seed, n)
-                         for r in range(world) for a in range(accum)]
+                parts = [
+                    sample_indices(step * B + (r * accum + a) * m, step * B + (r * accum + a + 1) * m, seed, n)
+                    for r in range(world)
+                    for a in range(accum)
+                ]
                 assert np.array_equal(np.concatenate(parts), ids)
     # a pure function of the global sample index: 3 steps of 8 == 1 step of 24
     three_steps = np.concatenate([batch_indices(s, 8, seed, n) for s in range(3)])
@@ -211,7 +217,7 @@ def _documents(shard_dir, split, bos):
     ds = TokenDataset.from_dir(shard_dir, split)
     ids = ds.tokens(0, ds.n_tokens)
     starts = np.flatnonzero(ids == bos)
-    return [ids[a + 1:b].tolist() for a, b in zip(starts, [*starts[1:], len(ids)], strict=True)], ids
+    return [ids[a + 1 : b].tolist() for a, b in zip(starts, [*starts[1:], len(ids)], strict=True)], ids
 
 
 def _packaged_bytes(name):
@@ -320,13 +326,16 @@ def test_prepare_parquet_without_pyarrow(tmp_path, monkeypatch):
         prepare_files([tmp_path / "d.parquet"], tmp_path / "out", ByteTokenizer())
 
 
-@pytest.mark.parametrize("name,content,message", [
-    ("empty.txt", b"", "empty"),
-    ("latin1.txt", "caf\u00e9".encode("latin-1"), "not valid UTF-8"),
-    ("bad.jsonl", b'{"text": "ok"}\n{oops\n', ":2: invalid JSON"),
-    ("nofield.jsonl", b'{"content": "x"}\n', "no string field 'text'"),
-    ("table.csv", b"a,b\n1,2\n", "unsupported file type"),
-])
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("empty.txt", b"", "empty"),
+        ("latin1.txt", "caf\u00e9".encode("latin-1"), "not valid UTF-8"),
+        ("bad.jsonl", b'{"text": "ok"}\n{oops\n', ":2: invalid JSON"),
+        ("nofield.jsonl", b'{"content": "x"}\n', "no string field 'text'"),
+        ("table.csv", b"a,b\n1,2\n", "unsupported file type"),
+    ],
+)
 def test_prepare_errors_name_the_file(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataError, match=message) as e:

@@ -24,8 +24,14 @@ def _ds(seed=0, **provenance):
             "causal_score": (D.LAYER_DIMS, rng.random((L, L)), {"long_name": "causal score", "units": "1"}),
             "erank": (("layer", "site"), rng.random((L, 2)), {"long_name": "erank", "units": "1", "ok": True}),
         },
-        {"layer": np.arange(L), "state": np.arange(L + 1), "block_size": np.arange(L + 1), "layer_other": np.arange(L),
-         "site": ["attn", "mlp"], "checkpoint": "hc_l4"},
+        {
+            "layer": np.arange(L),
+            "state": np.arange(L + 1),
+            "block_size": np.arange(L + 1),
+            "layer_other": np.arange(L),
+            "site": ["attn", "mlp"],
+            "checkpoint": "hc_l4",
+        },
         metric="causal",
         options={"variant": "current", "threshold": 0.45, "exclude_bos": True, "thetas": [0.1, 0.2], "skip": None},
         provenance={"design": "hc", "config": {"n_layer": L, "hc": {"n": 4}}, "seed": seed, **provenance},
@@ -132,9 +138,7 @@ def _fake_checkpoint(root, weights=b"\x00weights" * 1000, config=None):
 def test_checkpoint_sha256(tmp_path):
     root = _fake_checkpoint(tmp_path / "ckpt")
     w, c = (root / "model.safetensors").read_bytes(), (root / "config.json").read_bytes()
-    expected = hashlib.sha256(
-        b"model.safetensors\0%d\0" % len(w) + w + b"config.json\0%d\0" % len(c) + c
-    ).hexdigest()
+    expected = hashlib.sha256(b"model.safetensors\0%d\0" % len(w) + w + b"config.json\0%d\0" % len(c) + c).hexdigest()
     assert D.checkpoint_sha256(root) == expected
     assert D.sha256_file(root / "config.json") == hashlib.sha256(c).hexdigest()
     other = _fake_checkpoint(tmp_path / "ckpt2", weights=b"\x01weights" * 1000)

@@ -40,8 +40,14 @@ def _runs(fail_rank: int | None = None, inside: bool = False) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, out: str, fail_rank: int | None, inside: bool = False) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DEPTHLENS_DIST_TIMEOUT_MIN="2")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DEPTHLENS_DIST_TIMEOUT_MIN="2",
+    )
     torch.set_num_threads(1)
     if inside:  # every rank reports what it raised, so the test sees rank 0's error too
         try:

@@ -43,12 +43,25 @@ def text(tmp_path_factory) -> Path:
 
 def _torchrun(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node 2 -m depthlens.cli ARGS` with this tree first on the path."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "DEPTHLENS_DIST_TIMEOUT_MIN": "2"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "DEPTHLENS_DIST_TIMEOUT_MIN": "2",
+    }
     env.pop("WORLD_SIZE", None)
     env.pop("RANK", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "depthlens.cli", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "depthlens.cli",
+        *args,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -122,8 +135,14 @@ def test_a_failing_rank_fails_the_run_with_one_line_and_no_directory(text, tmp_p
 def _compute_fails_on_rank_1(rank: int, world: int, port: int, args: tuple) -> None:
     """A diagnostic raises on rank 1 only, after loading: rank 0 must learn it and stop, not wait."""
     ckpts, out, data, log = args
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DEPTHLENS_DIST_TIMEOUT_MIN="2")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DEPTHLENS_DIST_TIMEOUT_MIN="2",
+    )
     torch.set_num_threads(1)
     from depthlens.diagnostics import registry
     from depthlens.studies.report import ReportOptions, build_report
@@ -154,8 +173,12 @@ def _port() -> int:
 @pytest.mark.slow
 def test_an_exception_in_a_diagnostic_on_one_rank_stops_every_rank(text, tmp_path):
     out = tmp_path / "rep"
-    mp.spawn(_compute_fails_on_rank_1, args=(2, _port(), (CKPTS[:2], str(out), str(text), str(tmp_path))),
-             nprocs=2, join=True)
+    mp.spawn(
+        _compute_fails_on_rank_1,
+        args=(2, _port(), (CKPTS[:2], str(out), str(text), str(tmp_path))),
+        nprocs=2,
+        join=True,
+    )
     assert (tmp_path / "rank1.txt").read_text() == "RuntimeError: diagnostic failed on purpose"
     assert (tmp_path / "rank0.txt").read_text() == "RankFailed: rank 1: RuntimeError: diagnostic failed on purpose"
     assert not out.exists()

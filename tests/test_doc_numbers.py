@@ -29,8 +29,10 @@ def test_readme_smollm2_range(smollm2):
     default = next(d for d in defs if (d["norm"], d["variant"], d["aggregator"]) == ("update", "current", "max"))
     others = [d["share_gt_0.45"] for d in defs if d is not default]
     text = (ROOT / "README.md").read_text()
-    want = (f"scores {round(100 * default['share_gt_0.45'])} % late causal pairs above 0.45\nunder the default "
-            f"definition and {round(100 * min(others))}–{round(100 * max(others))} % under the other definitions")
+    want = (
+        f"scores {round(100 * default['share_gt_0.45'])} % late causal pairs above 0.45\nunder the default "
+        f"definition and {round(100 * min(others))}–{round(100 * max(others))} % under the other definitions"
+    )
     assert want in text, want
 
 
@@ -41,7 +43,9 @@ def test_calibration_table_matches_the_report(smollm2):
         for agg in ("max", "mean", "p95", "p99", "pooled"):
             row = re.search(rf"^\| {variant} \| {agg} \| ([0-9.]+ %) \| ([0-9.]+ %) \|", text, re.M)
             assert row, (variant, agg)
-            assert row.group(1) == _pct(by[(variant, agg, "update")]) and row.group(2) == _pct(by[(variant, agg, "resid")])
+            assert row.group(1) == _pct(by[(variant, agg, "update")]) and row.group(2) == _pct(
+                by[(variant, agg, "resid")]
+            )
 
 
 def test_performance_causal_rows_and_like_for_like_ratio():
@@ -53,15 +57,21 @@ def test_performance_causal_rows_and_like_for_like_ratio():
     eq = {m: {k: v["cpu"] for k, v in r["causal"]["full_pass_equivalents"].items()} for m, r in res.items()}
     (other,) = [m for m in res if m != "smollm2"]
     row = re.search(r"^\| `causal --outputs` \(\+ O\[s\], ΔL_skip\) \| ([0-9.]+) \| ([0-9.]+) \|", text, re.M)
-    assert row and (row.group(1), row.group(2)) == (f"{eq['smollm2']['outputs_depthlens']:.1f}",
-                                                    f"{eq[other]['outputs_depthlens']:.1f}")
-    row = re.search(r"^\| naive hook loop / nnsight loop \| ([0-9.]+) / ([0-9.]+) \| ([0-9.]+) / ([0-9.]+) \|", text, re.M)
+    assert row and (row.group(1), row.group(2)) == (
+        f"{eq['smollm2']['outputs_depthlens']:.1f}",
+        f"{eq[other]['outputs_depthlens']:.1f}",
+    )
+    row = re.search(
+        r"^\| naive hook loop / nnsight loop \| ([0-9.]+) / ([0-9.]+) \| ([0-9.]+) / ([0-9.]+) \|", text, re.M
+    )
     assert row and row.groups() == tuple(f"{eq[m][k]:.1f}" for m in ("smollm2", other) for k in ("naive", "nnsight"))
     s, o = eq["smollm2"], eq[other]
-    want = (f"on SmolLM2 {s['naive']:.1f} / {s['outputs_depthlens']:.1f} = {s['naive'] / s['outputs_depthlens']:.1f}× "
-            f"(on the 120M model {o['naive']:.1f} / {o['outputs_depthlens']:.1f}\n= "
-            f"{o['naive'] / o['outputs_depthlens']:.1f}×). Against the default run, which skips the companions, the "
-            f"ratio is {s['naive'] / s['depthlens']:.1f}×")
+    want = (
+        f"on SmolLM2 {s['naive']:.1f} / {s['outputs_depthlens']:.1f} = {s['naive'] / s['outputs_depthlens']:.1f}× "
+        f"(on the 120M model {o['naive']:.1f} / {o['outputs_depthlens']:.1f}\n= "
+        f"{o['naive'] / o['outputs_depthlens']:.1f}×). Against the default run, which skips the companions, the "
+        f"ratio is {s['naive'] / s['depthlens']:.1f}×"
+    )
     assert " ".join(want.split()) in " ".join(text.split()), want
 
 
@@ -77,5 +87,7 @@ def test_generated_fragments_match_the_committed_data():
     assert mod.stale(ROOT) == [], "stale generated numbers: run .venv/bin/python scripts/doc_numbers.py"
     # the generator against the data it reads: one cell by hand
     t = json.loads((ROOT / "checkpoints" / "hc_l32" / "train.json").read_text())
-    assert f"{t['final_val_loss']:.3f} ({round(t['params']['total'] / 1000)}K, LR {t['recipe']['lr']:g}" in \
-        mod.zoo_losses(ROOT)
+    assert (
+        f"{t['final_val_loss']:.3f} ({round(t['params']['total'] / 1000)}K, LR {t['recipe']['lr']:g}"
+        in mod.zoo_losses(ROOT)
+    )

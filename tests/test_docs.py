@@ -59,7 +59,7 @@ def doc_blocks(path: Path) -> list[Block]:
         prev = lines[i - 1] if i > 0 else ""
         reason = NOT_RUN.match(prev)
         if m.group(1) in ("python", "bash"):
-            out.append(Block(path, i + 1, m.group(1), "\n".join(lines[i + 1:end]) + "\n", reason and reason.group(1)))
+            out.append(Block(path, i + 1, m.group(1), "\n".join(lines[i + 1 : end]) + "\n", reason and reason.group(1)))
         i = end + 1
     return out
 
@@ -87,14 +87,19 @@ def test_not_run_blocks_still_parse(block):
 
 # --- the copy of the checkout the blocks run in ------------------------------------------------------------
 
+
 def _checkout_files() -> list[str]:
     """Tracked files plus untracked ones git would not ignore: what a clone of this state holds."""
-    r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                       capture_output=True)
+    r = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True
+    )
     if r.returncode != 0:  # not a git checkout (an unpacked archive): everything but the usual local state
         skip = {".git", ".venv", ".cache", "depthlens-out", "__pycache__", ".pytest_cache"}
-        return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
-                if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+        return [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+        ]
     return [f for f in r.stdout.decode().split("\0") if f and (ROOT / f).is_file()]
 
 
@@ -112,15 +117,28 @@ def _env(clone: Path) -> dict[str, str]:
     """What `source .venv/bin/activate` gives, with this copy's code imported first (PYTHONPATH beats the
     editable install's finder)."""
     venv_bin = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": sys.prefix,
-            "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "100"}
+    return {
+        **os.environ,
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VIRTUAL_ENV": sys.prefix,
+        "PYTHONPATH": str(clone),
+        "OMP_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "COLUMNS": "100",
+    }
 
 
-
-@pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(ROOT)),
-                                               marks=[pytest.mark.slow] * any(b.slow for b in BLOCKS if b.doc == p))
-                                  for p in PAGES])
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(
+            p, id=str(p.relative_to(ROOT)), marks=[pytest.mark.slow] * any(b.slow for b in BLOCKS if b.doc == p)
+        )
+        for p in PAGES
+    ],
+)
 def test_page_blocks_run(page, clone, monkeypatch):
     """The page's blocks in order, as a reader follows it: bash blocks in a shell each, python blocks in one session."""
     import matplotlib.pyplot as plt
@@ -135,10 +153,17 @@ def test_page_blocks_run(page, clone, monkeypatch):
     namespace: dict = {"__name__": "__main__"}
     for b in [b for b in BLOCKS if b.doc == page and not b.not_run]:
         if b.lang == "bash":
-            r = subprocess.run(["bash", "-c", "set -eo pipefail\n" + b.code], cwd=clone, env=env,
-                               capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
-            assert r.returncode == 0 and "Traceback" not in r.stderr, \
+            r = subprocess.run(
+                ["bash", "-c", "set -eo pipefail\n" + b.code],
+                cwd=clone,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+            )
+            assert r.returncode == 0 and "Traceback" not in r.stderr, (
                 f"{b.id} failed ({r.returncode}):\n{b.code}\n--- stderr:\n{r.stderr[-4000:]}"
+            )
             continue
         # from a file, as pasted into a script: tools that read their caller's source back (nnsight's trace) need it
         src = clone / ".doc-blocks" / f"{b.doc.stem}_{b.line}.py"

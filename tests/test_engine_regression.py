@@ -44,6 +44,7 @@ def _hf_run(hf, toks, skip: int | None = None, order: list[int] | None = None):
     layers = hf.model.layers
     ups, hooks = {}, []
     for pos, layer in enumerate(layers):
+
         def hook(mod, args, kwargs, out, pos=pos):
             h_in = args[0] if args else kwargs["hidden_states"]
             h_out = out[0] if isinstance(out, tuple) else out
@@ -51,6 +52,7 @@ def _hf_run(hf, toks, skip: int | None = None, order: list[int] | None = None):
                 h_out = torch.cat([h_out[:, :1], h_in[:, 1:]], dim=1)  # merge_io: [1, T) keeps its input
             ups[pos] = h_out - h_in
             return (h_out, *out[1:]) if isinstance(out, tuple) else h_out
+
         hooks.append(layer.register_forward_hook(hook, with_kwargs=True))
     saved = list(layers)
     try:
@@ -75,8 +77,7 @@ def test_causal_matches_plain_hooks(setup, opts):
     hf, model, toks = setup
     L = model.n_layer
     with torch.no_grad():
-        ds = causal_scores(model, EvalData.from_tokens(toks), variants=("current",), layers="all", outputs=True,
-                           **opts)
+        ds = causal_scores(model, EvalData.from_tokens(toks), variants=("current",), layers="all", outputs=True, **opts)
         clean_u, clean_logits = _hf_run(hf, toks)
         p0, nll0 = clean_logits.softmax(-1), _nll(clean_logits, toks)
         C = ds.causal_score.sel(variant="current")

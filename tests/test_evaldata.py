@@ -82,12 +82,15 @@ def test_default_corpus_is_built_once_and_cached(tmp_path, monkeypatch):
     assert torch.equal(a.tokens, b.tokens) and a.name == "corpus-bytes/val"
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"", "empty"),
-    (b"   \n", "empty"),
-    (b"\xff\xfe bad bytes", "UTF-8"),
-    (b"tiny", "too few for one sequence"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"", "empty"),
+        (b"   \n", "empty"),
+        (b"\xff\xfe bad bytes", "UTF-8"),
+        (b"tiny", "too few for one sequence"),
+    ],
+)
 def test_text_errors(tmp_path, content, match):
     p = tmp_path / "bad.txt"
     p.write_bytes(content)
@@ -137,9 +140,15 @@ def test_weights_hash_is_cached_and_invalidated_by_edits():
     first = _weights_sha256(m)
     assert _weights_sha256(m) == first
     # independent recomputation of the same digest from the raw state dict
-    inner = b"".join(k.encode() + hashlib.sha256(f"{v.dtype}{tuple(v.shape)}".encode()
-                                                 + v.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                                                 ).hexdigest().encode() for k, v in sorted(m.state_dict().items()))
+    inner = b"".join(
+        k.encode()
+        + hashlib.sha256(
+            f"{v.dtype}{tuple(v.shape)}".encode() + v.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
+        .hexdigest()
+        .encode()
+        for k, v in sorted(m.state_dict().items())
+    )
     assert first == hashlib.sha256(inner).hexdigest()
     with torch.no_grad():
         m.blocks[0].attn.fn.q_proj.weight[0, 0] += 1.0

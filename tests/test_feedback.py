@@ -22,7 +22,6 @@ def progress_on(monkeypatch):
     monkeypatch.delenv("DEPTHLENS_PROGRESS", raising=False)  # conftest turns it off for every other test
 
 
-
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory):
     root = tmp_path_factory.mktemp("fb")
@@ -37,9 +36,20 @@ def _recipe(tmp_path):
     write_shard(data / "train_000.bin", np.concatenate([doc] * 20))
     write_shard(data / "val_000.bin", np.concatenate([doc] * 4))
     r = tmp_path / "r.json"
-    r.write_text(json.dumps(dict(model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
-                                 data=str(data), seq_len=32, global_batch=4, steps=3, warmup=1, out=str(tmp_path / "run"),
-                                 final_eval_batches=1)))
+    r.write_text(
+        json.dumps(
+            dict(
+                model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
+                data=str(data),
+                seq_len=32,
+                global_batch=4,
+                steps=3,
+                warmup=1,
+                out=str(tmp_path / "run"),
+                final_eval_batches=1,
+            )
+        )
+    )
     return r
 
 
@@ -48,17 +58,24 @@ def test_progress_bar_on_a_terminal_lines_otherwise_quiet_silences(ck, tmp_path,
     monkeypatch.setattr(feedback, "stderr_is_tty", lambda: tty)
     monkeypatch.setattr(feedback, "PLAIN_AFTER_S", 0.0)  # the tiny model loads and trains in well under 2 s
     notes = ck.parent / "notes.txt"
-    cases = {"info": (["info", str(ck)], "loading", f"loading {ck.name}: "),
-             "eval": (["eval", str(ck), "--data", str(notes), "--n-seq", "4", "--seq-len", "16", "--no-humaneval"],
-                      "eval", "[1/1] eval "),
-             "train": (["train", str(_recipe(tmp_path))], "train", "[3/3] train ")}
+    cases = {
+        "info": (["info", str(ck)], "loading", f"loading {ck.name}: "),
+        "eval": (
+            ["eval", str(ck), "--data", str(notes), "--n-seq", "4", "--seq-len", "16", "--no-humaneval"],
+            "eval",
+            "[1/1] eval ",
+        ),
+        "train": (["train", str(_recipe(tmp_path))], "train", "[3/3] train "),
+    }
     for name, (args, word, line) in cases.items():
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 0, (name, r.stderr)
         assert word in r.stderr, (name, r.stderr)
         if not tty:  # a log gets plain lines: the count and the step's seconds
-            assert any(x.startswith(line) and re.search(r" [\d.]+ s( · |$)", x) for x in r.stderr.splitlines()), \
-                (name, r.stderr)
+            assert any(x.startswith(line) and re.search(r" [\d.]+ s( · |$)", x) for x in r.stderr.splitlines()), (
+                name,
+                r.stderr,
+            )
         if name != "train":
             r = CliRunner().invoke(app, [*args, "--json"])
             assert r.exit_code == 0, (name, r.stderr)

@@ -47,7 +47,10 @@ def results():
     for slug in ("hc", "preln"):
         m = build_model(ModelConfig.debug(slug, n_layer=L, vocab_size=257, max_seq_len=32), seed=0)
         with torch.no_grad():
-            out[slug] = {"causal": causal_scores(m, data, variants=("current",)), "mixing": depth_mixing_dataset(m, data)}
+            out[slug] = {
+                "causal": causal_scores(m, data, variants=("current",)),
+                "mixing": depth_mixing_dataset(m, data),
+            }
     return out
 
 
@@ -57,7 +60,10 @@ def _image(ax) -> np.ma.MaskedArray:
 
 def test_coordinates_name_the_axes(results):
     ds = results["preln"]["causal"]
-    assert ds["layer"].attrs["long_name"] == "skipped layer s" and ds["layer_other"].attrs["long_name"] == "measured layer t"
+    assert (
+        ds["layer"].attrs["long_name"] == "skipped layer s"
+        and ds["layer_other"].attrs["long_name"] == "measured layer t"
+    )
     assert ds["causal_score"].dims[-2:] == ("layer", "layer_other")  # dim names unchanged: stored datasets compare
     fig = figures.fig_causal(ds, _entry("preln", {}))
     ax = fig.axes[0]
@@ -77,7 +83,9 @@ def test_undefined_lower_triangle_is_blank_not_zero(results):
     img = _image(fig.axes[0])
     shown = np.ma.getmaskarray(img).reshape(L, L)
     assert shown[np.tril_indices(L, -1)].all() and not shown[np.triu_indices(L)].any()  # ... drawn blank
-    da = plots.upper_triangle(xr.DataArray(np.ones((3, 4)), dims=("a", "b"), coords={"a": [1, 2, 3], "b": [0, 1, 2, 3]}))
+    da = plots.upper_triangle(
+        xr.DataArray(np.ones((3, 4)), dims=("a", "b"), coords={"a": [1, 2, 3], "b": [0, 1, 2, 3]})
+    )
     np.testing.assert_array_equal(np.isnan(da.values), np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], bool))
     import matplotlib.pyplot as plt
 
@@ -135,8 +143,24 @@ def test_report_files_byte_identical_run_to_run(tmp_path, monkeypatch):
     text = tmp_path / "eval.txt"
     text.write_text("Reproducible reports need identical bytes for identical inputs. " * 40)
     out, first = tmp_path / "rep", tmp_path / "first"
-    args = ["report", str(ck), "--out", str(out), "--data", str(text), "--n-seq", "2", "--seq-len", "16",
-            "--n-boot", "5", "--metrics", "causal,mixing", "--overwrite", "--quiet"]
+    args = [
+        "report",
+        str(ck),
+        "--out",
+        str(out),
+        "--data",
+        str(text),
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "16",
+        "--n-boot",
+        "5",
+        "--metrics",
+        "causal,mixing",
+        "--overwrite",
+        "--quiet",
+    ]
     for k in range(2):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 0, r.stderr
@@ -154,13 +178,19 @@ def test_reproducible_strips_run_stamps(tmp_path, monkeypatch):
     from depthlens.studies.reproducible import reproducible
 
     monkeypatch.chdir(tmp_path)
-    ds = xr.Dataset({"x": (("checkpoint",), [1.0, 2.0])},
-                    coords={"checkpoint": ["a", "b"],
-                            "history": ("checkpoint", ["2026-12-01T16:20:55+00:00 depthlens report a b",
-                                                       "2026-12-01T16:20:58+00:00 depthlens report a b"]),
-                            "created": ("checkpoint", ["2026-12-01T16:20:55+00:00", "2026-12-01T16:20:58+00:00"]),
-                            "checkpoint_path": ("checkpoint", [str(tmp_path / "ck" / "a"), "/elsewhere/b"])},
-                    attrs={"created": "2026-12-01T16:20:55+00:00", "source": "depthlens"})
+    ds = xr.Dataset(
+        {"x": (("checkpoint",), [1.0, 2.0])},
+        coords={
+            "checkpoint": ["a", "b"],
+            "history": (
+                "checkpoint",
+                ["2026-12-01T16:20:55+00:00 depthlens report a b", "2026-12-01T16:20:58+00:00 depthlens report a b"],
+            ),
+            "created": ("checkpoint", ["2026-12-01T16:20:55+00:00", "2026-12-01T16:20:58+00:00"]),
+            "checkpoint_path": ("checkpoint", [str(tmp_path / "ck" / "a"), "/elsewhere/b"]),
+        },
+        attrs={"created": "2026-12-01T16:20:55+00:00", "source": "depthlens"},
+    )
     out = reproducible(ds)
     assert "created" not in out.coords and "created" not in out.attrs and "history" not in out.coords
     assert out.attrs["history"] == "depthlens report a b" and out.attrs["source"] == "depthlens"

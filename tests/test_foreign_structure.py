@@ -8,14 +8,17 @@ import torch
 from depthlens.adapters.structure import classify
 
 
-@pytest.mark.parametrize("order, slug, name", [
-    (["norm", "attn", "norm", "mlp"], "preln", "Pre-LN"),
-    (["norm", "attn", "norm", "norm", "mlp", "norm"], "sandwich", "Sandwich-LN"),
-    (["attn", "norm", "mlp", "norm"], "other", "other (Post-LN: a norm after each sublayer, none before)"),
-    (["norm", "attn", "mlp"], "other", "other (norm attn mlp)"),  # parallel-style block: one shared norm
-    (["norm", "attn", "norm", "mlp", "mlp"], "preln", "Pre-LN"),  # an MLP of two children (fc1, fc2)
-    (["norm", "norm"], "other", "other (norm norm)"),
-])
+@pytest.mark.parametrize(
+    "order, slug, name",
+    [
+        (["norm", "attn", "norm", "mlp"], "preln", "Pre-LN"),
+        (["norm", "attn", "norm", "norm", "mlp", "norm"], "sandwich", "Sandwich-LN"),
+        (["attn", "norm", "mlp", "norm"], "other", "other (Post-LN: a norm after each sublayer, none before)"),
+        (["norm", "attn", "mlp"], "other", "other (norm attn mlp)"),  # parallel-style block: one shared norm
+        (["norm", "attn", "norm", "mlp", "mlp"], "preln", "Pre-LN"),  # an MLP of two children (fc1, fc2)
+        (["norm", "norm"], "other", "other (norm norm)"),
+    ],
+)
 def test_classify(order, slug, name):
     assert classify(order) == (slug, name)
 
@@ -30,8 +33,16 @@ def _tiny(family):
     import transformers as tf
 
     torch.manual_seed(0)
-    common = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, max_position_embeddings=32, head_dim=8)
+    common = dict(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        head_dim=8,
+    )
     if family == "llama":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     if family == "qwen2":
@@ -39,16 +50,30 @@ def _tiny(family):
     if family == "gemma3":
         return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**common, sliding_window=8, query_pre_attn_scalar=8))
     if family == "opt_postln":
-        return tf.OPTForCausalLM(tf.OPTConfig(vocab_size=64, hidden_size=16, ffn_dim=32, num_hidden_layers=2,
-                                              num_attention_heads=2, max_position_embeddings=32,
-                                              word_embed_proj_dim=16, do_layer_norm_before=False))
+        return tf.OPTForCausalLM(
+            tf.OPTConfig(
+                vocab_size=64,
+                hidden_size=16,
+                ffn_dim=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=32,
+                word_embed_proj_dim=16,
+                do_layer_norm_before=False,
+            )
+        )
     raise AssertionError(family)
 
 
-@pytest.mark.parametrize("family, design, label", [
-    ("llama", "preln", "Pre-LN"), ("qwen2", "preln", "Pre-LN"), ("gemma3", "sandwich", "Sandwich-LN"),
-    ("opt_postln", "other", "other (Post-LN"),
-])
+@pytest.mark.parametrize(
+    "family, design, label",
+    [
+        ("llama", "preln", "Pre-LN"),
+        ("qwen2", "preln", "Pre-LN"),
+        ("gemma3", "sandwich", "Sandwich-LN"),
+        ("opt_postln", "other", "other (Post-LN"),
+    ],
+)
 def test_design_read_from_the_block(tmp_path, family, design, label):
     from depthlens.adapters.load import describe, open_model
 

@@ -29,19 +29,56 @@ N_FAST = 2000  # the option grammars (key=value overrides, threshold grids)
 N_CONFIG = 1000  # configs, recipes, records, device maps (each example builds and validates whole objects)
 N_FILE = 600  # parsers that read a file per example (manifests, tokenizer configs, safetensors headers)
 N_GGUF = 300  # GGUF headers (the gguf package parses each one)
+
+
 def fuzz(n: int) -> settings:
     """n examples, no deadline (a loaded CI core), reproducible (derandomized: the same inputs every run)."""
-    return settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                    database=None)
+    return settings(
+        max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+    )
+
 
 # --- generic JSON ---------------------------------------------------------------------------------------------
 
-SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.integers(-3, 300)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.floats(-2, 2) | st.text(max_size=12)
-           | st.sampled_from(["preln", "hc", "wsd", "cosine", "fp32", "bf16", "cpu", "cuda", "auto", "sum", "mask",
-                             "identity", "zero", "1e-8", "abc", "", "bytes", "bpe", "gpt2", "../x", "a/b"]))
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=10)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.integers(-3, 300)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.floats(-2, 2)
+    | st.text(max_size=12)
+    | st.sampled_from(
+        [
+            "preln",
+            "hc",
+            "wsd",
+            "cosine",
+            "fp32",
+            "bf16",
+            "cpu",
+            "cuda",
+            "auto",
+            "sum",
+            "mask",
+            "identity",
+            "zero",
+            "1e-8",
+            "abc",
+            "",
+            "bytes",
+            "bpe",
+            "gpt2",
+            "../x",
+            "a/b",
+        ]
+    )
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
 
 
 def _fields(cls) -> list[str]:
@@ -66,11 +103,16 @@ def depthlens_error_or(fn, *args, **kwargs):
 
 # --- model configs ----------------------------------------------------------------------------------------------
 
+
 def _model_dicts():
     from depthlens.models.config import ModelConfig
 
-    near = (st.integers(-2, 70) | st.sampled_from(["preln", "hc", "mhc", "block_attnres", "moda", "keel"])
-            | st.lists(st.integers(-1, 9), max_size=5) | JSON)
+    near = (
+        st.integers(-2, 70)
+        | st.sampled_from(["preln", "hc", "mhc", "block_attnres", "moda", "keel"])
+        | st.lists(st.integers(-1, 9), max_size=5)
+        | JSON
+    )
     return field_dicts(ModelConfig, values=near)
 
 
@@ -83,8 +125,10 @@ def test_model_config_parser(d):
     if cfg is not None:  # a valid config round-trips and obeys the cross-field rules
         assert ModelConfig.from_dict(cfg.to_dict()) == cfg
         assert cfg.d_model % cfg.n_head == 0 and cfg.n_head % cfg.kv_heads == 0
-        assert all(isinstance(getattr(cfg, k), int) and not isinstance(getattr(cfg, k), bool)
-                   for k in ("d_model", "n_layer", "n_head", "vocab_size"))
+        assert all(
+            isinstance(getattr(cfg, k), int) and not isinstance(getattr(cfg, k), bool)
+            for k in ("d_model", "n_layer", "n_head", "vocab_size")
+        )
 
 
 # --- recipes (single and grid), overrides -------------------------------------------------------------------
@@ -95,15 +139,27 @@ VALID_MODEL = {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab
 def _run_dicts():
     from depthlens.training.config import RunConfig
 
-    near = (st.integers(-2, 40) | st.floats(-1, 2) | st.lists(st.floats(-0.5, 1.5), max_size=3)
-            | st.just(VALID_MODEL) | _model_dicts() | JSON)
+    near = (
+        st.integers(-2, 40)
+        | st.floats(-1, 2)
+        | st.lists(st.floats(-0.5, 1.5), max_size=3)
+        | st.just(VALID_MODEL)
+        | _model_dicts()
+        | JSON
+    )
     return field_dicts(RunConfig, values=near)
 
 
 @fuzz(N_CONFIG)
-@given(st.one_of(_run_dicts(), st.fixed_dictionaries({"base": _run_dicts() | JSON, "runs": JSON | st.dictionaries(
-    st.text(max_size=5), _run_dicts(), max_size=3)}), st.dictionaries(st.sampled_from(["description", "corpus", "base",
-                                                                                      "runs", "name"]), JSON)))
+@given(
+    st.one_of(
+        _run_dicts(),
+        st.fixed_dictionaries(
+            {"base": _run_dicts() | JSON, "runs": JSON | st.dictionaries(st.text(max_size=5), _run_dicts(), max_size=3)}
+        ),
+        st.dictionaries(st.sampled_from(["description", "corpus", "base", "runs", "name"]), JSON),
+    )
+)
 def test_recipe_parser(recipe):
     from depthlens.training.config import RunConfig, recipe_runs
 
@@ -118,12 +174,50 @@ def test_recipe_parser(recipe):
             assert 0 <= cfg.min_lr_factor <= 1 and cfg.lr > 0 and len(cfg.betas) == 2 and cfg.warmup <= cfg.steps
 
 
-OVERRIDE_KEYS = st.sampled_from(["lr", "steps", "betas", "model.n_layer", "model.arch", "model", "model.x.y", "eps",
-                                 "out", "", ".", "lr.x", "seed", "threads", "snapshots", "meta.note", "a..b"])
-OVERRIDE_VALUES = st.sampled_from(["1e-3", "abc", "[0.9,0.95]", "0.9", "true", "null", "-1", "1e400", "NaN",
-                                   "100000", "[" * 5000, "{}", '"x"', "", "=", "3"]) | st.text(max_size=10)
-OVERRIDES = st.lists(st.one_of(st.builds(lambda k, v: f"{k}={v}", OVERRIDE_KEYS, OVERRIDE_VALUES),
-                               st.text(max_size=12)), max_size=4)
+OVERRIDE_KEYS = st.sampled_from(
+    [
+        "lr",
+        "steps",
+        "betas",
+        "model.n_layer",
+        "model.arch",
+        "model",
+        "model.x.y",
+        "eps",
+        "out",
+        "",
+        ".",
+        "lr.x",
+        "seed",
+        "threads",
+        "snapshots",
+        "meta.note",
+        "a..b",
+    ]
+)
+OVERRIDE_VALUES = st.sampled_from(
+    [
+        "1e-3",
+        "abc",
+        "[0.9,0.95]",
+        "0.9",
+        "true",
+        "null",
+        "-1",
+        "1e400",
+        "NaN",
+        "100000",
+        "[" * 5000,
+        "{}",
+        '"x"',
+        "",
+        "=",
+        "3",
+    ]
+) | st.text(max_size=10)
+OVERRIDES = st.lists(
+    st.one_of(st.builds(lambda k, v: f"{k}={v}", OVERRIDE_KEYS, OVERRIDE_VALUES), st.text(max_size=12)), max_size=4
+)
 
 
 @fuzz(N_FAST)
@@ -149,10 +243,33 @@ def test_override_grammar(items):
 
 # --- threshold grids (sweep --thresholds) -------------------------------------------------------------------
 
-GRID_ATOMS = st.sampled_from(["0", "1", "-1", "0.05", "1e-320", "1e308", "1e-10", "inf", "nan", "1e12", "", "x",
-                              "5e-324", "-0", "1.5", "1e-300", "0.0000001", "1e400"])
-GRIDS = (st.builds(lambda a, b, c: f"{a}:{b}:{c}", GRID_ATOMS, GRID_ATOMS, GRID_ATOMS)
-         | st.lists(GRID_ATOMS, max_size=5).map(",".join) | st.text(alphabet="0123456789.:,e-+ inf", max_size=16))
+GRID_ATOMS = st.sampled_from(
+    [
+        "0",
+        "1",
+        "-1",
+        "0.05",
+        "1e-320",
+        "1e308",
+        "1e-10",
+        "inf",
+        "nan",
+        "1e12",
+        "",
+        "x",
+        "5e-324",
+        "-0",
+        "1.5",
+        "1e-300",
+        "0.0000001",
+        "1e400",
+    ]
+)
+GRIDS = (
+    st.builds(lambda a, b, c: f"{a}:{b}:{c}", GRID_ATOMS, GRID_ATOMS, GRID_ATOMS)
+    | st.lists(GRID_ATOMS, max_size=5).map(",".join)
+    | st.text(alphabet="0123456789.:,e-+ inf", max_size=16)
+)
 
 
 @fuzz(N_FAST)
@@ -174,9 +291,15 @@ def test_threshold_grid_grammar(text):
 
 # --- records, device maps ---------------------------------------------------------------------------------
 
+
 @fuzz(N_CONFIG)
-@given(st.dictionaries(st.sampled_from(["name", "steps", "tokens", "final_val_loss", "recipe", "step", "val_loss",
-                                        "run", "x"]), JSON, max_size=6))
+@given(
+    st.dictionaries(
+        st.sampled_from(["name", "steps", "tokens", "final_val_loss", "recipe", "step", "val_loss", "run", "x"]),
+        JSON,
+        max_size=6,
+    )
+)
 def test_train_and_snapshot_records(d):
     from depthlens.io.records import check_snapshot_record, check_train_record
 
@@ -189,10 +312,19 @@ DEVICE_ATOMS = st.sampled_from(["cpu", "cuda", "cuda:0", "cuda:7", "mps", "gpu",
 
 
 @fuzz(N_CONFIG)
-@given(st.one_of(DEVICE_ATOMS, st.text(max_size=12),
-                 st.dictionaries(st.sampled_from(["embed", "layers", "head", "x"]),
-                                 DEVICE_ATOMS | st.lists(DEVICE_ATOMS, max_size=3) | JSON, max_size=4).map(json.dumps),
-                 st.just("[" * 100000), st.just("{" * 100000)))
+@given(
+    st.one_of(
+        DEVICE_ATOMS,
+        st.text(max_size=12),
+        st.dictionaries(
+            st.sampled_from(["embed", "layers", "head", "x"]),
+            DEVICE_ATOMS | st.lists(DEVICE_ATOMS, max_size=3) | JSON,
+            max_size=4,
+        ).map(json.dumps),
+        st.just("[" * 100000),
+        st.just("{" * 100000),
+    )
+)
 def test_device_map_grammar(text):
     from depthlens.adapters.placement import parse_device_map
 
@@ -203,8 +335,11 @@ def test_device_map_grammar(text):
 
 # --- files: JSON bytes, manifests, tokenizer configs ---------------------------------------------------------
 
-JSON_BYTES = st.one_of(JSON.map(lambda v: json.dumps(v).encode()), st.binary(max_size=64),
-                       st.sampled_from([b"[" * 100000, b'{"a":' * 50000, b"\xff\xfe", b"NaN", b""]))
+JSON_BYTES = st.one_of(
+    JSON.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=64),
+    st.sampled_from([b"[" * 100000, b'{"a":' * 50000, b"\xff\xfe", b"NaN", b""]),
+)
 
 
 @pytest.fixture(scope="module")
@@ -227,12 +362,26 @@ def test_json_file_reader(scratch, data):
     depthlens_error_or(load_recipe, f)
 
 
-SHARD_ENTRY = st.dictionaries(st.sampled_from(["file", "n_tokens", "sha256"]),
-                              st.sampled_from(["val_000.bin", "../x.bin", "/etc/passwd", "", "a\\b"]) | JSON, max_size=3)
-MANIFESTS = st.one_of(JSON, st.fixed_dictionaries({"splits": st.dictionaries(
-    st.sampled_from(["train", "val", ""]), st.dictionaries(st.sampled_from(["shards", "n_tokens"]),
-                                                           st.lists(SHARD_ENTRY, max_size=3) | JSON, max_size=2),
-    max_size=2), "tokenizer": JSON | st.dictionaries(st.sampled_from(["name", "vocab_size", "bos_id"]), JSON)}))
+SHARD_ENTRY = st.dictionaries(
+    st.sampled_from(["file", "n_tokens", "sha256"]),
+    st.sampled_from(["val_000.bin", "../x.bin", "/etc/passwd", "", "a\\b"]) | JSON,
+    max_size=3,
+)
+MANIFESTS = st.one_of(
+    JSON,
+    st.fixed_dictionaries(
+        {
+            "splits": st.dictionaries(
+                st.sampled_from(["train", "val", ""]),
+                st.dictionaries(
+                    st.sampled_from(["shards", "n_tokens"]), st.lists(SHARD_ENTRY, max_size=3) | JSON, max_size=2
+                ),
+                max_size=2,
+            ),
+            "tokenizer": JSON | st.dictionaries(st.sampled_from(["name", "vocab_size", "bos_id"]), JSON),
+        }
+    ),
+)
 
 
 @fuzz(N_FILE)
@@ -251,8 +400,14 @@ def test_shard_manifest_parser(scratch, manifest):
 
 
 @fuzz(N_FILE)
-@given(st.one_of(JSON, st.dictionaries(st.sampled_from(["kind", "name", "file"]),
-                                       st.sampled_from(["bytes", "gpt2", "bpe"]) | JSON, max_size=3)))
+@given(
+    st.one_of(
+        JSON,
+        st.dictionaries(
+            st.sampled_from(["kind", "name", "file"]), st.sampled_from(["bytes", "gpt2", "bpe"]) | JSON, max_size=3
+        ),
+    )
+)
 def test_tokenizer_config_parser(scratch, config):
     from depthlens.data.tokenizers import load_tokenizer
 
@@ -266,11 +421,17 @@ def test_tokenizer_config_parser(scratch, config):
 
 # --- safetensors headers ---------------------------------------------------------------------------------
 
-ST_ENTRY = st.fixed_dictionaries({"dtype": st.sampled_from(["F32", "F16", "I64", "BF16", "F8_E4M3"]) | JSON,
-                                  "shape": st.lists(st.integers(-1, 5), max_size=3) | JSON,
-                                  "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3) | JSON})
-ST_HEADERS = st.one_of(st.dictionaries(st.text(max_size=6), ST_ENTRY | JSON, max_size=3).map(lambda h: json.dumps(h).encode()),
-                       st.binary(max_size=40))
+ST_ENTRY = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(["F32", "F16", "I64", "BF16", "F8_E4M3"]) | JSON,
+        "shape": st.lists(st.integers(-1, 5), max_size=3) | JSON,
+        "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3) | JSON,
+    }
+)
+ST_HEADERS = st.one_of(
+    st.dictionaries(st.text(max_size=6), ST_ENTRY | JSON, max_size=3).map(lambda h: json.dumps(h).encode()),
+    st.binary(max_size=40),
+)
 
 
 @fuzz(N_FILE)
@@ -288,6 +449,7 @@ def test_safetensors_header_parser(scratch, header, claimed_delta, payload):
 
 
 # --- GGUF headers ------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_gguf_bytes(tmp_path_factory) -> bytes:

@@ -16,8 +16,17 @@ T = 10
 def _tiny(model_type: str, seed: int = 0, **kw):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    base = dict(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    base = dict(
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     base.update(kw)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **base)).eval()

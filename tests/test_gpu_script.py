@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_script_dry_run(tmp_path):
     reports = tmp_path / "reports"
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--dry-run", "--reports", str(reports)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu.sh"), "--dry-run", "--reports", str(reports)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rs = json.loads((reports / "gpu_real_scale.json").read_text())
     (r,) = rs["results"]

@@ -62,9 +62,15 @@ def test_parameter_counts_and_names(arch):
     if arch == "hc":
         assert count == d * (n + 3) + n * n + 2 * n + 2 == 7 * d + 26
         shapes = {k: tuple(v.shape) for k, v in router.named_parameters()}
-        assert shapes == {"static_alpha": (n, n + 1), "static_beta": (n,), "norm.weight": (d,),
-                          "dynamic_alpha_fn": (d, n + 1), "dynamic_alpha_scale": (), "dynamic_beta_fn": (d,),
-                          "dynamic_beta_scale": ()}
+        assert shapes == {
+            "static_alpha": (n, n + 1),
+            "static_beta": (n,),
+            "norm.weight": (d,),
+            "dynamic_alpha_fn": (d, n + 1),
+            "dynamic_alpha_scale": (),
+            "dynamic_beta_fn": (d,),
+            "dynamic_beta_scale": (),
+        }
     else:
         assert count == n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3 == 96 * d + 27
         assert {k for k, _ in router.named_parameters()} == {"phi", "bias", "alpha_pre", "alpha_post", "alpha_res"}
@@ -151,8 +157,14 @@ def _peer(hcpkg, router, d: int, k: int):
     """lucidrains HyperConnections for sublayer k carrying `router`'s parameters (norm gamma = our gain - 1)."""
     peer = hcpkg.HyperConnections(4, dim=d, layer_index=k)
     with torch.no_grad():
-        for name in ("static_alpha", "dynamic_alpha_fn", "dynamic_alpha_scale", "static_beta", "dynamic_beta_fn",
-                     "dynamic_beta_scale"):
+        for name in (
+            "static_alpha",
+            "dynamic_alpha_fn",
+            "dynamic_alpha_scale",
+            "static_beta",
+            "dynamic_beta_fn",
+            "dynamic_beta_scale",
+        ):
             getattr(peer, name).copy_(getattr(router, name))
         peer.norm.gamma.copy_(router.norm.weight - 1.0)
     return peer
@@ -171,8 +183,10 @@ def test_hc_matches_lucidrains_hyper_connections():
             assert torch.equal(r.static_alpha, ref.static_alpha) and torch.equal(r.static_beta, ref.static_beta)
     randomize_routers(model)
     ctx = model.context(tok.shape[1])
-    peers = [[_peer(hcpkg, r, d, 2 * l + i) for i, r in enumerate((b.router_attn, b.router_mlp))]
-             for l, b in enumerate(model.blocks)]
+    peers = [
+        [_peer(hcpkg, r, d, 2 * l + i) for i, r in enumerate((b.router_attn, b.router_mlp))]
+        for l, b in enumerate(model.blocks)
+    ]
 
     # one sublayer on random streams
     X = torch.randn(2, tok.shape[1], n, d, generator=torch.Generator().manual_seed(3))
@@ -203,17 +217,18 @@ def _mhc_numpy(x, phi, bias, a_pre, a_post, a_res, eps, t_max):
     """Eq. 7-9 in NumPy (fp64). x (B, T, n, d). Returns H_pre, H_post, H_res (row = destination)."""
     B, T, n, d = x.shape
     flat = x.reshape(B, T, n * d)
-    xn = flat / np.sqrt((flat ** 2).mean(-1, keepdims=True) + eps)
+    xn = flat / np.sqrt((flat**2).mean(-1, keepdims=True) + eps)
     z = xn @ phi
     sig = lambda v: 1.0 / (1.0 + np.exp(-v))  # noqa: E731
     H_pre = sig(a_pre * z[..., :n] + bias[:n])
-    H_post = 2.0 * sig(a_post * z[..., n:2 * n] + bias[n:2 * n])
-    res = (a_res * z[..., 2 * n:] + bias[2 * n:]).reshape(B, T, n, n)
+    H_post = 2.0 * sig(a_post * z[..., n : 2 * n] + bias[n : 2 * n])
+    res = (a_res * z[..., 2 * n :] + bias[2 * n :]).reshape(B, T, n, n)
     return H_pre, H_post, _sk_numpy(res, t_max)
 
 
-@pytest.mark.parametrize("dtype,t_max,tol", [(torch.float64, 20, 1e-6), (torch.float64, 2, 1e-6),
-                                             (torch.float32, 20, 2e-5)])
+@pytest.mark.parametrize(
+    "dtype,t_max,tol", [(torch.float64, 20, 1e-6), (torch.float64, 2, 1e-6), (torch.float32, 20, 2e-5)]
+)
 @torch.no_grad()
 def test_mhc_matches_numpy_eq7_9(dtype, t_max, tol):
     # t_max = 2 stops far from convergence, so the column-then-row order is visible
@@ -233,8 +248,16 @@ def test_mhc_matches_numpy_eq7_9(dtype, t_max, tol):
     out, carry = blk.router_mlp({"x": X}, SublayerCall(branch, blk.mlp, j=3, pos=1, ctx=ctx))
     r = blk.router_mlp
     p = lambda t: t.detach().double().numpy()  # noqa: E731
-    H_pre, H_post, H_res = _mhc_numpy(p(X), p(r.phi), p(r.bias), float(r.alpha_pre), float(r.alpha_post),
-                                      float(r.alpha_res), model.config.norm_eps, model.config.mhc_sinkhorn_iters)
+    H_pre, H_post, H_res = _mhc_numpy(
+        p(X),
+        p(r.phi),
+        p(r.bias),
+        float(r.alpha_pre),
+        float(r.alpha_post),
+        float(r.alpha_res),
+        model.config.norm_eps,
+        model.config.mhc_sinkhorn_iters,
+    )
     assert np.abs(H_res - 0.25).max() > 0.05  # the maps are far from the init
     if t_max == 2:
         assert np.abs(H_res.sum(-2) - 1).max() > 1e-4  # unconverged: columns off, rows exact
@@ -276,8 +299,9 @@ def test_prefix_reuse_and_batched_interventions(arch):
     full = model.head(states[-1], ctx)
     torch.testing.assert_close(model(tok), full, atol=0, rtol=0)
     for k in range(1, L):  # prefix reuse: start from the cached state before layer k
-        torch.testing.assert_close(model.head(model.run_layers(states[k], ctx, start=k), ctx), full,
-                                   atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(
+            model.head(model.run_layers(states[k], ctx, start=k), ctx), full, atol=1e-6, rtol=1e-6
+        )
 
     # three interventions from the cached state before layer 1, stacked along the batch
     B, T = tok.shape
@@ -341,8 +365,9 @@ def test_swap_body_vs_all(arch):
     for blk in model.blocks[1:]:  # identical routers everywhere: the two swap modes agree
         blk.router_attn.load_state_dict(model.blocks[0].router_attn.state_dict())
         blk.router_mlp.load_state_dict(model.blocks[0].router_mlp.state_dict())
-    torch.testing.assert_close(model(tok, order=order, swap="body"), model(tok, order=order, swap="all"),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        model(tok, order=order, swap="body"), model(tok, order=order, swap="all"), atol=0, rtol=0
+    )
 
 
 # --- hooks and nnsight ------------------------------------------------------------------------------------
@@ -529,6 +554,6 @@ def test_rank_flags_structurally_zero_gradient_maps(init):
     logits = model(toks)
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), toks.roll(-1, 1).flatten()).backward()
     routers = [mod for mod in model.modules() if type(mod).__name__ == "MHCRouter"]
-    g = [float(r.bias.grad[2 * 4:].abs().max()) for r in routers]  # gradient of the b_res entries
+    g = [float(r.bias.grad[2 * 4 :].abs().max()) for r in routers]  # gradient of the b_res entries
     assert g[0] < 1e-6 * max(g[1:-1]) + 1e-9  # first map: exactly zero up to rounding
     assert g[-1] < 0.1 * max(g[1:-1])  # last map: zero up to the (small) Sinkhorn column residual

@@ -41,11 +41,22 @@ def _hf_twin(native):
     from depthlens.adapters.llama import LLAMA_KEYS
 
     c = native.config
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.ffn_dim, num_hidden_layers=c.n_layer,
-        num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads, max_position_embeddings=c.max_seq_len,
-        rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
-        bos_token_id=None, eos_token_id=None)).eval()
+    hf = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=c.vocab_size,
+            hidden_size=c.d_model,
+            intermediate_size=c.ffn_dim,
+            num_hidden_layers=c.n_layer,
+            num_attention_heads=c.n_head,
+            num_key_value_heads=c.kv_heads,
+            max_position_embeddings=c.max_seq_len,
+            rope_theta=c.rope_theta,
+            rms_norm_eps=c.norm_eps,
+            tie_word_embeddings=c.tie_embeddings,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+    ).eval()
     sd = dict(native.state_dict())
     if c.tie_embeddings:
         sd.pop("lm_head.weight")
@@ -75,7 +86,8 @@ def test_native_equals_hf_llama_logits_and_every_hidden_state(case):
     toks = _tokens(native.config.vocab_size)
     h_L = []
     handle = hf.model.layers[-1].register_forward_hook(
-        lambda m, a, out: h_L.append(out[0] if isinstance(out, tuple) else out))
+        lambda m, a, out: h_L.append(out[0] if isinstance(out, tuple) else out)
+    )
     try:
         with torch.no_grad():
             out = hf(toks, output_hidden_states=True)
@@ -141,8 +153,11 @@ def test_diagnostics_on_hf_export_equal_native(tmp_path):
     data = EvalData.from_tokens(_tokens(native.config.vocab_size, B=3, T=16, seed=2))
     runs = {
         "angular": (api.angular, {}, ["angular_distance"]),
-        "causal": (api.causal, dict(variants=("current", "future"), outputs=True),
-                   ["causal_score", "output_effect", "skip_delta_loss"]),
+        "causal": (
+            api.causal,
+            dict(variants=("current", "future"), outputs=True),
+            ["causal_score", "output_effect", "skip_delta_loss"],
+        ),
         "permutation": (api.permutation, dict(pairs="all"), None),
         "layer_skip_loss": (api.layer_skip_loss, {}, ["skip_delta_loss", "output_effect"]),
     }

@@ -103,8 +103,24 @@ def test_cli_data_shards_on_a_big_vocabulary(big_vocab, tmp_path):
 
     ckpt, shards, stream = big_vocab
     out = tmp_path / "c.nc"
-    r = CliRunner().invoke(app, ["causal", str(ckpt), "--data", str(shards), "--n-seq", "3", "--seq-len", "16",
-                                 "--n-boot", "0", "--out", str(out), "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "causal",
+            str(ckpt),
+            "--data",
+            str(shards),
+            "--n-seq",
+            "3",
+            "--seq-len",
+            "16",
+            "--n-boot",
+            "0",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     import xarray as xr
 
@@ -117,13 +133,17 @@ def test_cli_data_shards_on_a_big_vocabulary(big_vocab, tmp_path):
 
 # --- stored eval ids -----------------------------------------------------------------------------------
 
+
 def test_every_result_stores_its_eval_ids_and_reruns_reproduce_it(tmp_path):
     from depthlens.io.dataset import read_netcdf, write_netcdf
 
     model = build_model(ModelConfig.debug("preln", n_layer=4), seed=3).eval()
     data = EvalData.from_tokens(torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(1)))
-    results = {"causal": api.causal(model, data, variants=("current",)), "permutation": api.permutation(model, data, pairs="all"),
-               "angular": api.angular(model, data)}
+    results = {
+        "causal": api.causal(model, data, variants=("current",)),
+        "permutation": api.permutation(model, data, pairs="all"),
+        "angular": api.angular(model, data),
+    }
     for name, ds in results.items():
         write_netcdf(ds, tmp_path / f"{name}.nc")
         back = read_netcdf(tmp_path / f"{name}.nc")
@@ -147,7 +167,9 @@ def test_every_result_stores_its_eval_ids_and_reruns_reproduce_it(tmp_path):
 
 def test_tampered_eval_ids_are_detected(tmp_path):
     model = build_model(ModelConfig.debug("preln", n_layer=4), seed=3).eval()
-    ds = api.angular(model, EvalData.from_tokens(torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(0))))
+    ds = api.angular(
+        model, EvalData.from_tokens(torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(0)))
+    )
     ds["eval_tokens"].values[0, 1] += 1
     with pytest.raises(DataError, match="do not hash"):
         EvalData.from_dataset(ds)

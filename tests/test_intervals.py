@@ -34,8 +34,11 @@ def test_jackknife_replicates_and_se_by_brute_force():
     it, _, m = iv.max_share_interval(e, 4)
     se = np.sqrt(8 / 9 * np.sum((np.array(brute) - np.mean(brute)) ** 2))
     half = stats.t.ppf(0.975, 8) * se
-    assert m == 4 and it.low == pytest.approx(max(0, it.estimate - half)) and it.high == pytest.approx(
-        min(1, it.estimate + half))
+    assert (
+        m == 4
+        and it.low == pytest.approx(max(0, it.estimate - half))
+        and it.high == pytest.approx(min(1, it.estimate + half))
+    )
     assert it.low <= it.estimate <= it.high and it.unit == iv.SEQUENCES and "m = 4 of 9" in it.method
 
 
@@ -93,7 +96,7 @@ def test_coverage_of_the_max_share_interval():
     rng = np.random.default_rng(11)
     P, N, theta, sb, R = 120, 32, 0.45, 0.5, 300
     a = rng.normal(-1.5, 1.0, P)
-    p = stats.norm.sf((theta - a) / np.sqrt(sb ** 2 + 1.0))
+    p = stats.norm.sf((theta - a) / np.sqrt(sb**2 + 1.0))
     m = iv.default_subsample(N)
     truth = np.mean(1 - (1 - p) ** m)
     hits = 0
@@ -111,8 +114,10 @@ def test_coverage_of_the_paired_difference():
     P, N, theta, R = 100, 32, 0.45, 250
     a, b = rng.normal(-1.4, 1.0, P), rng.normal(-1.6, 1.0, P)
     m = iv.default_subsample(N)
-    scale = np.sqrt(0.5 ** 2 + 1.0)
-    truth = np.mean(1 - stats.norm.cdf((theta - a) / scale) ** m) - np.mean(1 - stats.norm.cdf((theta - b) / scale) ** m)
+    scale = np.sqrt(0.5**2 + 1.0)
+    truth = np.mean(1 - stats.norm.cdf((theta - a) / scale) ** m) - np.mean(
+        1 - stats.norm.cdf((theta - b) / scale) ** m
+    )
     hits = 0
     for _ in range(R):
         shared = rng.normal(0, 0.5, N)[None, :]

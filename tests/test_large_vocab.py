@@ -53,9 +53,18 @@ def big_vocab_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("bigvocab")
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="[BOS]", unk_token="[UNK]").save_pretrained(out)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=1)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
     return out
 
@@ -85,5 +94,9 @@ def test_default_eval_data_of_a_300k_vocabulary(big_vocab_model, tmp_path, monke
     assert data.tokens.max() > 65535 and data.tokens.max() < VOCAB
     assert all(t == 1 or VOCAB - len(CHARS) <= t < VOCAB for t in data.tokens.flatten().tolist())
     assert np.array_equal(ds["eval_tokens"].values, data.tokens.numpy())  # the run scored exactly these ids
-    assert ds.sizes["layer"] == 3 and np.isfinite(ds["causal_score"].sel(variant="current", aggregator="mean")
-                                                  .values[np.triu_indices(3, 1)]).all()
+    assert (
+        ds.sizes["layer"] == 3
+        and np.isfinite(
+            ds["causal_score"].sel(variant="current", aggregator="mean").values[np.triu_indices(3, 1)]
+        ).all()
+    )

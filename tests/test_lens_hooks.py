@@ -31,7 +31,7 @@ def _np(x: torch.Tensor) -> np.ndarray:
 
 
 def _rms(x: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -40,6 +40,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 # --- the forward stays bit-identical -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", SLUGS)
 def test_hooks_leave_the_forward_bit_identical(arch):
@@ -51,8 +52,10 @@ def test_hooks_leave_the_forward_bit_identical(arch):
         plain = m(toks)
         logits, cache = Lens(m).run_with_cache(toks)  # every hook point hooked, pattern and scale included
         seen = []
-        read = m.run_with_hooks(toks, fwd_hooks=[(lambda n: n.endswith(("hook_pattern", "hook_scale")),
-                                                  lambda x, hook: seen.append(hook.name))])
+        read = m.run_with_hooks(
+            toks,
+            fwd_hooks=[(lambda n: n.endswith(("hook_pattern", "hook_scale")), lambda x, hook: seen.append(hook.name))],
+        )
     assert torch.equal(logits, plain) and torch.equal(read, plain)
     assert "blocks.1.attn.hook_pattern" in seen and "ln_final.hook_scale" in seen
     assert "blocks.1.attn.hook_pattern" in cache and attached_hooks(m) == []
@@ -67,6 +70,7 @@ def test_hooks_leave_the_forward_bit_identical(arch):
 
 # --- names, shapes and values --------------------------------------------------------------------------------
 
+
 def test_hook_names_and_shapes_follow_transformer_lens():
     from transformer_lens.utilities import get_act_name
 
@@ -74,12 +78,23 @@ def test_hook_names_and_shapes_follow_transformer_lens():
     c = m.config
     H, Hkv, dh, f, d = c.n_head, c.kv_heads, c.head_dim, c.ffn_dim, c.d_model
     _, cache = m.run_with_cache(_tokens(c.vocab_size))
-    want = {("q", "attn"): (B, T, H, dh), ("k", "attn"): (B, T, Hkv, dh), ("v", "attn"): (B, T, Hkv, dh),
-            ("rot_q", "attn"): (B, T, H, dh), ("rot_k", "attn"): (B, T, Hkv, dh), ("z", "attn"): (B, T, H, dh),
-            ("pattern", "attn"): (B, H, T, T), ("attn_scores", "attn"): (B, H, T, T),
-            ("pre", "mlp"): (B, T, f), ("pre_linear", "mlp"): (B, T, f), ("post", "mlp"): (B, T, f),
-            ("normalized", "ln1"): (B, T, d), ("scale", "ln1"): (B, T, 1), ("normalized", "ln2"): (B, T, d),
-            ("scale", "ln2"): (B, T, 1)}
+    want = {
+        ("q", "attn"): (B, T, H, dh),
+        ("k", "attn"): (B, T, Hkv, dh),
+        ("v", "attn"): (B, T, Hkv, dh),
+        ("rot_q", "attn"): (B, T, H, dh),
+        ("rot_k", "attn"): (B, T, Hkv, dh),
+        ("z", "attn"): (B, T, H, dh),
+        ("pattern", "attn"): (B, H, T, T),
+        ("attn_scores", "attn"): (B, H, T, T),
+        ("pre", "mlp"): (B, T, f),
+        ("pre_linear", "mlp"): (B, T, f),
+        ("post", "mlp"): (B, T, f),
+        ("normalized", "ln1"): (B, T, d),
+        ("scale", "ln1"): (B, T, 1),
+        ("normalized", "ln2"): (B, T, d),
+        ("scale", "ln2"): (B, T, 1),
+    }
     for (name, kind), shape in want.items():
         key = get_act_name(name, 1, kind)
         assert tuple(cache[key].shape) == shape, key
@@ -98,7 +113,7 @@ def test_attention_mlp_and_norm_hooks_match_numpy():
     blk = m.blocks[1]
     att = blk.attn.fn
     x = _np(cache["blocks.1.hook_resid_pre"])
-    scale = np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    scale = np.sqrt((x**2).mean(-1, keepdims=True) + eps)
     np.testing.assert_allclose(_np(cache["blocks.1.ln1.hook_scale"]), scale, rtol=1e-6)
     np.testing.assert_allclose(_np(cache["blocks.1.ln1.hook_normalized"]), x / scale, atol=1e-6)
     xn = x / scale * _np(blk.attn.norm.weight)
@@ -109,8 +124,12 @@ def test_attention_mlp_and_norm_hooks_match_numpy():
     # RoPE (HF rotate-half layout) at position t with frequencies theta^(-2i/dh)
     inv = c.rope_theta ** (-np.arange(0, dh, 2) / dh)
     ang = np.arange(T)[:, None] * np.concatenate([inv, inv])[None]  # (T, dh)
-    rot = lambda a: a * np.cos(ang)[None, :, None] + np.concatenate([-a[..., dh // 2:], a[..., :dh // 2]], -1) \
-        * np.sin(ang)[None, :, None]  # noqa: E731
+    rot = (
+        lambda a: (  # noqa: E731
+            a * np.cos(ang)[None, :, None]
+            + np.concatenate([-a[..., dh // 2 :], a[..., : dh // 2]], -1) * np.sin(ang)[None, :, None]
+        )
+    )  # noqa: E731
     qr, kr = rot(q), rot(_np(cache["blocks.1.attn.hook_k"]))
     np.testing.assert_allclose(_np(cache["blocks.1.attn.hook_rot_q"]), qr, atol=1e-5)
     # the pattern: softmax(q k^T / sqrt(dh) + causal mask), query head h reading KV head h // G
@@ -123,8 +142,9 @@ def test_attention_mlp_and_norm_hooks_match_numpy():
     # pattern @ V reproduces hook_z (the fused kernel's output), and W_O of z is the branch output
     z = np.einsum("bhqk,bkhe->bqhe", _np(cache["blocks.1.attn.hook_pattern"]), np.repeat(v, G, axis=2))
     np.testing.assert_allclose(_np(cache["blocks.1.attn.hook_z"]), z, atol=1e-5)
-    np.testing.assert_allclose(_np(cache["blocks.1.hook_attn_out"]), z.reshape(B, T, H * dh) @ _np(att.o_proj.weight).T,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        _np(cache["blocks.1.hook_attn_out"]), z.reshape(B, T, H * dh) @ _np(att.o_proj.weight).T, atol=1e-5
+    )
     # SwiGLU: post = silu(pre) * pre_linear, out = post W_down
     mlp = blk.mlp.fn
     hn = _rms(_np(cache["blocks.1.hook_resid_mid"]), eps) * _np(blk.mlp.norm.weight)
@@ -157,8 +177,11 @@ def test_pattern_of_the_other_bodies(arch):
         assert depth[..., 1:].min() > 0  # layer 1 has depth slots, so the sequence rows do not sum to 1
     else:
         np.testing.assert_allclose(p, _softmax(_np(cache["blocks.1.attn.hook_attn_scores"])), atol=1e-6)
-        np.testing.assert_allclose(_np(cache["blocks.1.ln1.hook_normalized"]), _rms(_np(cache["blocks.1.hook_attn_in"]),
-                                                                                    m.config.norm_eps), atol=1e-6)
+        np.testing.assert_allclose(
+            _np(cache["blocks.1.ln1.hook_normalized"]),
+            _rms(_np(cache["blocks.1.hook_attn_in"]), m.config.norm_eps),
+            atol=1e-6,
+        )
 
 
 def test_hooks_follow_the_layer_position_under_a_swap():
@@ -176,6 +199,7 @@ def test_hooks_follow_the_layer_position_under_a_swap():
 
 # --- edits flow through --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ["preln", "hc", "moda"])
 def test_an_edited_pattern_is_what_the_layer_uses(arch):
     """Move head 1's attention at query 5 onto key 2 (in place, as TransformerLens' patch setters do); the same
@@ -191,8 +215,11 @@ def test_an_edited_pattern_is_what_the_layer_uses(arch):
             p[:, 1, 5, 2] = 1.0
 
         edited = m.run_with_hooks(toks, fwd_hooks=[("blocks.1.attn.hook_pattern", one_hot)])
-        seq = torch.einsum("bhk,bkhe->bhe", cache["blocks.1.attn.hook_pattern"][:, 1:2, 5],
-                           cache["blocks.1.attn.hook_v"][:, :, 1 // G: 1 // G + 1])  # this head's sequence part
+        seq = torch.einsum(
+            "bhk,bkhe->bhe",
+            cache["blocks.1.attn.hook_pattern"][:, 1:2, 5],
+            cache["blocks.1.attn.hook_v"][:, :, 1 // G : 1 // G + 1],
+        )  # this head's sequence part
         depth = cache["blocks.1.attn.hook_z"][:, 5, 1] - seq[:, 0]  # MoDA's depth slots (0 elsewhere)
 
         def by_hand(z, hook):
@@ -245,6 +272,7 @@ def test_an_edited_scale_divides_the_norm_input():
 
 # --- ActivationCache helpers ---------------------------------------------------------------------------------
 
+
 def test_activation_cache_helpers_on_a_pre_ln_model():
     from depthlens.adapters import Lens
 
@@ -270,9 +298,14 @@ def test_activation_cache_helpers_on_a_pre_ln_model():
     assert cache.stack_activation("post").shape == (L, B, T, c.ffn_dim)
 
 
-@pytest.mark.parametrize("arch, refused", [("hc", "ln1 normalises the branch input"),
-                                           ("full_attnres", "the final norm reads h_L"),
-                                           ("deepnorm", "ln1 normalises the branch input")])
+@pytest.mark.parametrize(
+    "arch, refused",
+    [
+        ("hc", "ln1 normalises the branch input"),
+        ("full_attnres", "the final norm reads h_L"),
+        ("deepnorm", "ln1 normalises the branch input"),
+    ],
+)
 def test_ln_scaled_stacks_refuse_where_the_norm_does_not_read_the_residual(arch, refused):
     from depthlens.adapters import Lens
 
@@ -291,6 +324,7 @@ def test_ln_scaled_stacks_refuse_where_the_norm_does_not_read_the_residual(arch,
 
 
 # --- transformer_lens.patching on a native checkpoint ---------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=["preln", "hc"])
 def saved(request, tmp_path_factory):
@@ -342,7 +376,7 @@ def test_patching_attention_heads_matches_hand_made_patches(saved):
     res = patching.get_act_patch_attn_head_out_by_pos(lens, corrupt, clean_cache, metric)
     assert res.shape == (c.n_layer, 5, c.n_head)
     dz = _np(clean_cache["z", layer][0, pos, head]) - _np(bad["z", layer][0, pos, head])
-    w_o = _np(m.blocks[layer].attn.fn.o_proj.weight)[:, head * dh:(head + 1) * dh]  # (d, dh)
+    w_o = _np(m.blocks[layer].attn.fn.o_proj.weight)[:, head * dh : (head + 1) * dh]  # (d, dh)
 
     def put_out(x, hook):
         x = x.clone()
@@ -357,6 +391,7 @@ def test_patching_attention_heads_matches_hand_made_patches(saved):
 
 
 # --- a checkpoint carries its tokenizer ----------------------------------------------------------------------
+
 
 def test_a_loaded_checkpoint_carries_its_tokenizer(tmp_path):
     import depthlens

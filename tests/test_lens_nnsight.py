@@ -30,8 +30,11 @@ def models():
     """Three model_likes with TransformerLens hook names: native Pre-LN, adapted LLaMA, adapted GPT-2."""
     from depthlens.adapters import HFLayeredModel
 
-    return {"depthlens": build_model(ModelConfig.debug("preln"), seed=1).eval(),
-            "hf-llama": HFLayeredModel(_hf("llama")), "hf-gpt2": HFLayeredModel(_hf("gpt2"))}
+    return {
+        "depthlens": build_model(ModelConfig.debug("preln"), seed=1).eval(),
+        "hf-llama": HFLayeredModel(_hf("llama")),
+        "hf-gpt2": HFLayeredModel(_hf("gpt2")),
+    }
 
 
 def _vocab(m) -> int:
@@ -39,6 +42,7 @@ def _vocab(m) -> int:
 
 
 # --- TransformerLens -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["depthlens", "hf-llama", "hf-gpt2"])
 def test_run_with_cache_gives_an_activation_cache(models, name):
@@ -135,6 +139,7 @@ def test_transformer_bridge_is_analysed_through_the_adapter():
 
 # --- nnsight -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["depthlens", "hf-llama"])
 def test_nnsight_reads_and_edits_a_layer_output(models, name):
     from nnsight import NNsight
@@ -181,5 +186,6 @@ def test_nnsight_recipe_equals_the_engine(models, name):
         np.testing.assert_allclose(C[iu], E[iu], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.diag(C), 1.0, atol=1e-6)
         assert np.all(np.tril(C, -1) == 0)
-    torch.testing.assert_close(causal_matrix_nnsight(subject, toks), causal_matrix_reference(engine_model, toks),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        causal_matrix_nnsight(subject, toks), causal_matrix_reference(engine_model, toks), rtol=1e-5, atol=1e-6
+    )

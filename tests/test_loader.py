@@ -32,14 +32,16 @@ def sources(tmp_path_factory):
     (root / "hf").mkdir()
     hf.save_pretrained(str(root / "hf"), safe_serialization=True)
     open_model(gguf_path).tokenizer.tok.save_pretrained(str(root / "hf"))
-    native = depthlens.save(build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=64), seed=0),
-                            root / "native_l4")
+    native = depthlens.save(
+        build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=64), seed=0), root / "native_l4"
+    )
     text = root / "eval.txt"
     text.write_text("the cat sat on the mat and then the dog sat on the cat. " * 40, encoding="utf-8")
     return {"native": native, "hf": root / "hf", "gguf": gguf_path, "text": text, "ref": hf}
 
 
 # --- GGUF ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("quant, tol", [("F32", 1e-5), ("F16", 2e-3), ("Q8_0", 5e-2)])
 def test_gguf_logits_match_the_source_model(tmp_path, quant, tol):
@@ -52,8 +54,12 @@ def test_gguf_logits_match_the_source_model(tmp_path, quant, tol):
     if quant != "F32":
         assert err > 0  # really dequantised, not a float copy
     p = op.provenance
-    assert (p["model_source"], p["weights_format"], p["gguf_quantization"], p["adapter_path"]) == \
-        ("gguf", "gguf", quant, "hand-mapped")
+    assert (p["model_source"], p["weights_format"], p["gguf_quantization"], p["adapter_path"]) == (
+        "gguf",
+        "gguf",
+        quant,
+        "hand-mapped",
+    )
     assert op.meta.kind == "gguf" and op.meta.family == "llama" and op.model.n_layer == 4
     assert opened_of(op.model) is op and depthlens.open is open_model
 
@@ -86,6 +92,7 @@ def test_gguf_results_record_quantisation(sources):
 
 
 # --- safety --------------------------------------------------------------------------------------------
+
 
 class _Boom:
     """Unpickling this would create the marker file: proof that nothing was unpickled."""
@@ -201,6 +208,7 @@ def test_remote_code_never_runs(tmp_path, sources):
 
 # --- the CLI on all three kinds ------------------------------------------------------------------------
 
+
 def _run(args):
     from depthlens.cli import app
 
@@ -233,8 +241,24 @@ def test_cli_causal_permute_report(sources, kind, tmp_path):
     with xr.open_dataset(tmp_path / "causal.nc") as ds:
         assert ds.attrs["model_source"] == {"native": "depthlens"}.get(kind, kind)
         assert ds.attrs["model_path"] == str(sources[kind].resolve())
-    r = _run(["report", sources[kind], "--out", tmp_path / "rep", "--data", sources["text"], "--n-seq", "2",
-              "--seq-len", "16", "--n-boot", "0", "--metrics", "causal,permutation"])
+    r = _run(
+        [
+            "report",
+            sources[kind],
+            "--out",
+            tmp_path / "rep",
+            "--data",
+            sources["text"],
+            "--n-seq",
+            "2",
+            "--seq-len",
+            "16",
+            "--n-boot",
+            "0",
+            "--metrics",
+            "causal,permutation",
+        ]
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "rep" / "summary.json").is_file()
 
@@ -243,7 +267,9 @@ def test_cli_hf_and_gguf_give_the_same_numbers(sources, tmp_path):
     """One LLaMA, two containers: the F32 GGUF and the HF directory must give identical results."""
     heads = {}
     for kind in ("hf", "gguf"):
-        r = _run(["causal", sources[kind], "--data", sources["text"], "--out", tmp_path / f"{kind}.nc", "--json", *FAST])
+        r = _run(
+            ["causal", sources[kind], "--data", sources["text"], "--out", tmp_path / f"{kind}.nc", "--json", *FAST]
+        )
         assert r.exit_code == 0, r.output
         heads[kind] = json.loads(r.stdout)
     import xarray as xr

@@ -180,7 +180,14 @@ def test_readouts_depth_masses_and_labels():
     rec = ctx.record
     assert m.design.depth_mixing(rec, 2 * L) is None and m.depth_mixing(toks) is None
     assert rec["sub0.slot_labels"] == [] and not rec["sub0.depth_mass"].any()
-    assert rec["sub6.slot_labels"] == ["attn_0", "mlp_0", "attn_1", "mlp_1", "attn_2", "mlp_2"]  # as AttnRes labels sources
+    assert rec["sub6.slot_labels"] == [
+        "attn_0",
+        "mlp_0",
+        "attn_1",
+        "mlp_1",
+        "attn_2",
+        "mlp_2",
+    ]  # as AttnRes labels sources
     for l in range(L):
         dm, sm, sink = rec[f"sub{2 * l}.depth_mass"], rec[f"sub{2 * l}.slot_mass"], rec[f"sub{2 * l}.sink_mass"]
         assert dm.shape == sink.shape == (B, T, 4) and sm.shape == (B, T, 4, 2 * l)
@@ -210,8 +217,9 @@ def test_prefix_reuse_and_batched_interventions():
     torch.testing.assert_close(batched, torch.cat([run(m, toks, keep=p) for p in plans]), rtol=1e-5, atol=1e-6)
     toks2 = tokens(1)
     p2 = m.run_layers(m.embed(toks2, ctx), ctx, 0, 2)
-    torch.testing.assert_close(run(m, toks, state_cat([prefix, p2]), 2), torch.cat([run(m, toks), run(m, toks2)]),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        run(m, toks, state_cat([prefix, p2]), 2), torch.cat([run(m, toks), run(m, toks2)]), rtol=1e-5, atol=1e-6
+    )
 
 
 @torch.no_grad()

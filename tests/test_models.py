@@ -30,8 +30,9 @@ def _randomize_gains(model, seed: int = 1) -> None:
 
 # --- independent NumPy re-derivation of the single-stream designs (docs/designs.md#single-stream) ----------
 
+
 def _np_rms(x, w, eps):
-    return w * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    return w * x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
 
 
 def _np_rope(x, theta):  # x: (T, H, dh), HF rotate_half
@@ -39,7 +40,7 @@ def _np_rope(x, theta):  # x: (T, H, dh), HF rotate_half
     inv = 1.0 / theta ** (np.arange(0, dh, 2) / dh)
     ang = np.outer(np.arange(T), inv)
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-    x1, x2 = x[..., : dh // 2], x[..., dh // 2:]
+    x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
     rot = np.concatenate([-x2, x1], -1)
     return x * cos[:, None] + rot * sin[:, None]
 
@@ -76,7 +77,11 @@ def _np_forward(model, tokens):
     for l in range(L):
         for kind, j in (("attn", 2 * l), ("mlp", 2 * l + 1)):
             pre = f"blocks.{l}.{kind}."
-            F = (lambda z: _np_attn(z, p, pre + "fn.", cfg)) if kind == "attn" else (lambda z: _np_mlp(z, p, pre + "fn."))  # noqa: B023
+            F = (
+                (lambda z: _np_attn(z, p, pre + "fn.", cfg))  # noqa: B023 (called in this iteration)
+                if kind == "attn"
+                else (lambda z: _np_mlp(z, p, pre + "fn."))  # noqa: B023
+            )
             gain = p[pre + "norm.weight"]
             if cfg.arch in ("preln", "lns", "sandwich"):
                 scale = 1 / math.sqrt(l + 1) if cfg.arch == "lns" else 1.0
@@ -115,8 +120,13 @@ def test_forward_shapes_and_counts(arch):
     model = build_model(cfg)
     toks = _tokens(cfg)
     assert model(toks).shape == (2, 12, cfg.vocab_size)
-    extra = {"preln": 0, "lns": 0, "deepnorm": 0, "sandwich": 2 * cfg.n_layer * cfg.d_model,
-             "keel": (2 * cfg.n_layer - 1) * cfg.d_model}[arch]
+    extra = {
+        "preln": 0,
+        "lns": 0,
+        "deepnorm": 0,
+        "sandwich": 2 * cfg.n_layer * cfg.d_model,
+        "keel": (2 * cfg.n_layer - 1) * cfg.d_model,
+    }[arch]
     from depthlens.models.summary import summarize
 
     assert summarize(model)["params_design_overhead"] == extra
@@ -171,7 +181,7 @@ def test_hand_computed_two_layer_identity_case():
             b.mlp.fn.down_proj.weight.zero_()
     toks = torch.tensor([[3, 1, 4]])
     e = m.embed_tokens.weight[toks[0]].detach().double()
-    want = (e / torch.sqrt((e ** 2).mean(-1, keepdim=True) + cfg.norm_eps)) @ m.lm_head.weight.detach().double().T
+    want = (e / torch.sqrt((e**2).mean(-1, keepdim=True) + cfg.norm_eps)) @ m.lm_head.weight.detach().double().T
     torch.testing.assert_close(m(toks)[0].double(), want, rtol=1e-5, atol=1e-6)
 
 
@@ -194,9 +204,15 @@ def test_sequence_longer_than_max_is_refused():
         m(torch.zeros(1, 9, dtype=torch.long))
 
 
-@pytest.mark.parametrize("kw,msg", [({"order": [0, 0, 2, 3]}, "permutation of range"),
-                                    ({"order": [0, 1, 2]}, "permutation of range"),
-                                    ({"unit": "ffn"}, "unit must be"), ({"swap": "some"}, "swap must be")])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"order": [0, 0, 2, 3]}, "permutation of range"),
+        ({"order": [0, 1, 2]}, "permutation of range"),
+        ({"unit": "ffn"}, "unit must be"),
+        ({"swap": "some"}, "swap must be"),
+    ],
+)
 def test_run_layers_refuses_bad_arguments(kw, msg):
     """One contract for DepthModel and the adapters (models.protocol.check_run_layers_args): a repeated
     layer in `order` used to run silently on the native model."""
@@ -208,6 +224,7 @@ def test_run_layers_refuses_bad_arguments(kw, msg):
 
 
 # --- hooks -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", SINGLE)
 def test_run_with_cache_has_every_resid_hook_and_leaves_none(arch):
@@ -263,6 +280,7 @@ def test_nnsight_reads_and_edits_layer_output():
 
 # --- interventions -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", SINGLE)
 def test_prefix_reuse_equals_full_run(arch):
     m = build_model(ModelConfig.debug(arch))
@@ -287,7 +305,7 @@ def test_batched_interventions_equal_one_at_a_time(arch):
         masks = []
         for s in (1, 2, 3):
             k = torch.ones(2, 12)
-            k[:, 1 + s:] = 0  # different token sets per intervention; position 0 never skipped
+            k[:, 1 + s :] = 0  # different token sets per intervention; position 0 never skipped
             masks.append((s, k))
         singles = [m.head(m.run_layers(s1, ctx, 1, keep={s: k}), ctx) for s, k in masks]
         # batched: three copies of the batch, each row-block with its own mask
@@ -295,11 +313,11 @@ def test_batched_interventions_equal_one_at_a_time(arch):
         keep = {}
         for i, (s, k) in enumerate(masks):
             full = torch.ones(6, 12)
-            full[2 * i: 2 * i + 2] = k
+            full[2 * i : 2 * i + 2] = k
             keep[s] = full
         batched = m.head(m.run_layers(big, ctx, 1, keep=keep), ctx)
     for i in range(3):
-        torch.testing.assert_close(batched[2 * i: 2 * i + 2], singles[i], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched[2 * i : 2 * i + 2], singles[i], rtol=1e-5, atol=1e-6)
     # state helpers: cat/select invert each other
     torch.testing.assert_close(state_select(state_cat([s1, s1]), slice(2, 4))["h"], s1["h"])
 
@@ -353,7 +371,7 @@ def test_depth_mixing_deepnorm_matches_recorded_rms_products():
     a = (2 * 2) ** 0.25
     r = [rec[f"sub{k}.rms"].double() for k in range(4)]
     # weight of the embedding in x_3 (the input of sublayer 3) = a^3 / (r0 r1 r2); of F_1 (source 2) = a / (r1 r2)
-    torch.testing.assert_close(M[..., 0, 3], a ** 3 / (r[0] * r[1] * r[2]))
+    torch.testing.assert_close(M[..., 0, 3], a**3 / (r[0] * r[1] * r[2]))
     torch.testing.assert_close(M[..., 2, 3], a / (r[1] * r[2]))
     # the recorded rms is the true trunk rms: x_1 = N(a h0 + F) has unit rms before the gain
     assert torch.all(M[..., 3, 2] == 0)

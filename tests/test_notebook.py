@@ -20,9 +20,15 @@ def kernel_env(tmp_path, monkeypatch):
     """
     spec = tmp_path / "jupyter" / "kernels" / KERNEL
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "depthlens test kernel", "language": "python"}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "depthlens test kernel",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
@@ -50,11 +56,18 @@ def test_explore_notebook_executes(kernel_env, monkeypatch, tiny):
     with warnings.catch_warnings():
         # jupyter_client/zmq emit event-loop and deprecation noise on some platforms; not ours to fix
         warnings.simplefilter("ignore")
-        NotebookClient(nb, kernel_name=KERNEL, timeout=1200, resources={"metadata": {"path": str(NOTEBOOK.parent)}},
-                       allow_errors=False).execute()
+        NotebookClient(
+            nb,
+            kernel_name=KERNEL,
+            timeout=1200,
+            resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+            allow_errors=False,
+        ).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     # a newcomer's first run shows no warnings (the TqdmWarning of a kernel without ipywidgets, deprecations...)
-    stderr = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    stderr = "".join(
+        o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"
+    )
     assert "Warning" not in stderr and "warn" not in stderr.lower(), stderr
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4  # heatmaps and share curves drawn

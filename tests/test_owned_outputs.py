@@ -69,6 +69,7 @@ def recipe(tmp_path: Path, corpus: Path, **over) -> Path:  # noqa: F811
 
 # --- the marker ----------------------------------------------------------------------------------------
 
+
 def test_every_written_directory_is_marked(corpus, tmp_path, ck):  # noqa: F811
     """A trainer's run directory, its export, resume state and snapshots, a checkpoint and a dataset carry the
     marker with their kind; a trainer's export and snapshots name the run that owns them."""
@@ -80,11 +81,27 @@ def test_every_written_directory_is_marked(corpus, tmp_path, ck):  # noqa: F811
     train(tiny(corpus, out, steps=3, snapshots=[0, 3], final_eval_batches=1, stop_after=2))
     train(tiny(corpus, out, steps=3, snapshots=[0, 3], final_eval_batches=1))
     run = {"run": str(out.resolve())}
-    kinds = {p: atomic.read_marker(p) for p in (out, out / "resume", out / "checkpoint", out / "snapshots/step_0000000",
-                                                 out / "snapshots/step_0000003", ck)}
-    assert {str(p.relative_to(tmp_path)) if p.is_relative_to(tmp_path) else "ck": m["kind"] for p, m in kinds.items()} \
-        == {"run": "run", "run/resume": "resume state", "run/checkpoint": "checkpoint",
-            "run/snapshots/step_0000000": "checkpoint", "run/snapshots/step_0000003": "checkpoint", "ck": "checkpoint"}
+    kinds = {
+        p: atomic.read_marker(p)
+        for p in (
+            out,
+            out / "resume",
+            out / "checkpoint",
+            out / "snapshots/step_0000000",
+            out / "snapshots/step_0000003",
+            ck,
+        )
+    }
+    assert {
+        str(p.relative_to(tmp_path)) if p.is_relative_to(tmp_path) else "ck": m["kind"] for p, m in kinds.items()
+    } == {
+        "run": "run",
+        "run/resume": "resume state",
+        "run/checkpoint": "checkpoint",
+        "run/snapshots/step_0000000": "checkpoint",
+        "run/snapshots/step_0000003": "checkpoint",
+        "ck": "checkpoint",
+    }
     assert kinds[out / "checkpoint"]["owner"] == run and kinds[out / "snapshots/step_0000003"]["owner"] == run
     assert kinds[out]["made_by"].startswith("depthlens ")
     (tmp_path / "in.txt").write_text("hello world\n" * 50)
@@ -111,6 +128,7 @@ def test_a_directory_without_the_marker_is_never_replaced(tmp_path):
 
 
 # --- trainer: run directory and export --------------------------------------------------------------------
+
 
 def test_train_into_a_user_directory_refuses_and_changes_nothing(corpus, tmp_path, user_dir):  # noqa: F811
     """`train out=<a user's directory>` rewrote its log.jsonl; now: one line, before any work."""
@@ -168,13 +186,18 @@ def test_a_second_trainer_on_one_run_directory_refuses_naming_the_first(corpus, 
     from depthlens.training.trainer import train
 
     out = tmp_path / "run"
-    code = (f"import time\nfrom depthlens.io.atomic import output_lock\n"
-            f"with output_lock({str(out)!r}, 'run directory'):\n    print('held', flush=True)\n    time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        f"import time\nfrom depthlens.io.atomic import output_lock\n"
+        f"with output_lock({str(out)!r}, 'run directory'):\n    print('held', flush=True)\n    time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(DepthlensError, match=rf"another depthlens is writing this run directory \(pid {holder.pid} "):
+        with pytest.raises(
+            DepthlensError, match=rf"another depthlens is writing this run directory \(pid {holder.pid} "
+        ):
             train(tiny(corpus, out, steps=2))
         assert not out.exists()
     finally:
@@ -206,6 +229,7 @@ def test_lock_files_are_removed_and_a_stale_lock_is_taken(tmp_path):
 
 # --- track ------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def run_with_snapshots(corpus, tmp_path_factory) -> Path:  # noqa: F811
     from depthlens.training.trainer import train
@@ -217,8 +241,11 @@ def run_with_snapshots(corpus, tmp_path_factory) -> Path:  # noqa: F811
 
 def test_track_into_a_user_directory_refuses(run_with_snapshots, user_dir):
     before = snapshot(user_dir)
-    line = one_line(CliRunner().invoke(app, ["track", str(run_with_snapshots), "--metric", "angular", "--out",
-                                             str(user_dir), *FAST]))
+    line = one_line(
+        CliRunner().invoke(
+            app, ["track", str(run_with_snapshots), "--metric", "angular", "--out", str(user_dir), *FAST]
+        )
+    )
     assert "not a track output directory" in line
     assert snapshot(user_dir) == before
 
@@ -247,10 +274,13 @@ def test_track_rerun_keeps_an_edited_readme_and_recomputes_a_damaged_part(run_wi
 
 # --- analysis commands: -o ------------------------------------------------------------------------------
 
+
 def test_trailing_slash_means_a_directory(ck, tmp_path):
     r = CliRunner().invoke(app, ["angular", str(ck), "-o", f"{tmp_path / 'newdir'}/", *FAST])
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "newdir").is_dir() and [p.name for p in (tmp_path / "newdir").iterdir()] == ["preln_l4.angular.nc"]
+    assert (tmp_path / "newdir").is_dir() and [p.name for p in (tmp_path / "newdir").iterdir()] == [
+        "preln_l4.angular.nc"
+    ]
     (tmp_path / "afile").write_text("x")
     line = one_line(CliRunner().invoke(app, ["angular", str(ck), "-o", f"{tmp_path / 'afile'}/", *FAST]))
     assert "is not a directory" in line and (tmp_path / "afile").read_text() == "x"
@@ -298,20 +328,32 @@ def test_out_into_a_read_only_directory_is_refused_before_the_computation(ck, tm
 
 
 def test_closed_stdout_is_an_error_not_a_lost_result(ck):
-    r = subprocess.run(f"{sys.executable} -m depthlens.cli angular {ck} --json -o /dev/null --overwrite "
-                       f"{' '.join(FAST)} >&-", shell=True, capture_output=False, stderr=subprocess.PIPE, text=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300, check=False)
+    r = subprocess.run(
+        f"{sys.executable} -m depthlens.cli angular {ck} --json -o /dev/null --overwrite {' '.join(FAST)} >&-",
+        shell=True,
+        capture_output=False,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 1 and r.stderr.count("depthlens: error:") == 1 and "stdout is closed" in r.stderr, r.stderr
 
 
 # --- atomic helpers --------------------------------------------------------------------------------------
 
+
 def test_temp_and_hidden_names_fit_the_name_limit(tmp_path):
     limit = atomic.name_max(tmp_path)
     for n in (1, 200, 243, 250, limit):
         p = tmp_path / ("n" * n)
-        names = [atomic.temp_name(p).name, atomic._hidden(p, "new").name, atomic._hidden(p, "old").name,
-                 *(q.name for q in atomic._lock_paths(p))]
+        names = [
+            atomic.temp_name(p).name,
+            atomic._hidden(p, "new").name,
+            atomic._hidden(p, "old").name,
+            *(q.name for q in atomic._lock_paths(p)),
+        ]
         assert all(len(x.encode()) <= limit for x in names), (n, [len(x) for x in names])
     a, b = tmp_path / ("n" * 250 + "a"), tmp_path / ("n" * 250 + "b")  # a shared prefix: still distinct
     assert atomic._hidden(a, "new") != atomic._hidden(b, "new")

@@ -38,6 +38,7 @@ def _llama(seed: int = 0, **kw):
 
 # --- "auto" -------------------------------------------------------------------------------------------------
 
+
 def test_auto_split_of_an_even_model_over_two_and_four_gpus():
     sizes = PartSizes(embed=10, layers=(5,) * 8, head=10)
     p = auto_placement(sizes, ["cuda:0", "cuda:1"])
@@ -53,8 +54,9 @@ def test_auto_split_of_an_even_model_over_two_and_four_gpus():
 
 def test_tied_head_must_share_the_embeddings_device():
     with pytest.raises(DepthlensError, match="tied"):
-        resolve_device_map({"embed": "cuda:0", "layers": ["cuda:0"] * 8, "head": "cuda:1"},
-                           PartSizes(10, (5,) * 8, 0, tied=True))
+        resolve_device_map(
+            {"embed": "cuda:0", "layers": ["cuda:0"] * 8, "head": "cuda:1"}, PartSizes(10, (5,) * 8, 0, tied=True)
+        )
     p = resolve_device_map({"embed": "cuda:0", "layers": ["cuda:0"] * 8, "head": "cuda:1"}, PartSizes(10, (5,) * 8, 10))
     assert p.head == torch.device("cuda:1") and p.devices == [torch.device("cuda:0"), torch.device("cuda:1")]
 
@@ -67,17 +69,21 @@ def test_contiguous_split_is_the_optimum_of_a_brute_force(seed):
         part = contiguous_split(w, k)
         assert part == sorted(part) and part[0] == 0  # contiguous runs, in model order
         got = max(sum(x for x, p in zip(w, part) if p == j) for j in set(part))
-        best = min(max(sum(w[a:b]) for a, b in zip((0, *cuts), (*cuts, len(w))))
-                   for cuts in itertools.combinations(range(1, len(w)), k - 1))
+        best = min(
+            max(sum(w[a:b]) for a, b in zip((0, *cuts), (*cuts, len(w))))
+            for cuts in itertools.combinations(range(1, len(w)), k - 1)
+        )
         assert got == best
 
 
 def test_device_map_refusals_are_one_line():
     sizes = PartSizes(1, (1, 1), 1)
-    for bad, msg in (({"embed": "cpu", "layers": ["cpu"]}, "field 'head'"),
-                     ({"embed": "cpu", "layers": ["cpu"] * 3, "head": "cpu"}, "one device per layer"),
-                     ({"embed": "gpu9", "layers": "cpu", "head": "cpu"}, "expected a device name"),
-                     (3.5, "must be")):
+    for bad, msg in (
+        ({"embed": "cpu", "layers": ["cpu"]}, "field 'head'"),
+        ({"embed": "cpu", "layers": ["cpu"] * 3, "head": "cpu"}, "one device per layer"),
+        ({"embed": "gpu9", "layers": "cpu", "head": "cpu"}, "expected a device name"),
+        (3.5, "must be"),
+    ):
         with pytest.raises(DepthlensError, match=msg):
             resolve_device_map(bad, sizes)
     with pytest.raises(DepthlensError, match="visible CUDA"):
@@ -88,6 +94,7 @@ def test_device_map_refusals_are_one_line():
 
 # --- plumbing: a placed model equals the unplaced one exactly --------------------------------------------------
 
+
 def test_placed_model_gives_the_unplaced_diagnostics_exactly():
     from depthlens.diagnostics import registry
     from depthlens.runtime.evaldata import random_eval_data
@@ -96,13 +103,17 @@ def test_placed_model_gives_the_unplaced_diagnostics_exactly():
     ref, placed = _llama(), _llama()
     placed.place({"embed": "cpu", "layers": ["cpu"] * 4, "head": "cpu"})
     assert placed.placement.as_dict()["layers"] == ["cpu"] * 4
-    for name, opts, var in (("causal", {"norm": "resid"}, "causal_score"), ("permutation", {"pairs": "all"}, "perm_kl"),
-                            ("angular", {}, "angular_distance")):
+    for name, opts, var in (
+        ("causal", {"norm": "resid"}, "causal_score"),
+        ("permutation", {"pairs": "all"}, "perm_kl"),
+        ("angular", {}, "angular_distance"),
+    ):
         a, b = registry.run(name, ref, data, **opts), registry.run(name, placed, data, **opts)
         np.testing.assert_array_equal(a[var].values, b[var].values)
 
 
 # --- the moves: a model split over cpu and meta ---------------------------------------------------------------
+
 
 def _spy(model):
     """Record, per decoder layer call, the devices of everything it receives."""
@@ -114,6 +125,7 @@ def _spy(model):
             pe = kwargs.get("position_embeddings")
             devs |= {t.device for t in (pe or ())}
             seen.append((i, devs))
+
         return hook
 
     for i, layer in enumerate(model.layers):
@@ -132,14 +144,23 @@ def test_split_model_moves_every_input_to_each_layers_device():
     assert ctx.cos.device == torch.device("cpu")  # the tables start at the embedding
     keep = {2: torch.ones(2, 8, dtype=torch.bool), 3: torch.zeros(2, 8, dtype=torch.bool)}  # host masks
     updates = {}
-    state = m.run_layers(m.embed(toks, ctx), ctx, keep=keep, order=[0, 1, 3, 2],
-                         on_layer=lambda p, s, u: updates.setdefault(p, (s["h"].device, u.device)))
+    state = m.run_layers(
+        m.embed(toks, ctx),
+        ctx,
+        keep=keep,
+        order=[0, 1, 3, 2],
+        on_layer=lambda p, s, u: updates.setdefault(p, (s["h"].device, u.device)),
+    )
     logits = m.head(state, ctx)
     assert logits.shape == (2, 8, 101) and logits.device == torch.device("meta")
     want = {0: "cpu", 1: "cpu", 3: "meta", 2: "meta"}  # layer 3 ran at position 2, layer 2 at position 3
     assert [(i, {d.type for d in devs}) for i, devs in seen] == [(i, {want[i]}) for i in (0, 1, 3, 2)]
-    assert {p: (a.type, b.type) for p, (a, b) in updates.items()} == {0: ("cpu", "cpu"), 1: ("cpu", "cpu"),
-                                                                     2: ("meta", "meta"), 3: ("meta", "meta")}
+    assert {p: (a.type, b.type) for p, (a, b) in updates.items()} == {
+        0: ("cpu", "cpu"),
+        1: ("cpu", "cpu"),
+        2: ("meta", "meta"),
+        3: ("meta", "meta"),
+    }
     assert ("rope", torch.device("meta")) in ctx.extras  # one copy of the tables per device, cached
 
 
@@ -166,13 +187,16 @@ def test_cli_device_map_is_refused_for_a_depthlens_checkpoint_and_auto_without_g
     from depthlens.models import ModelConfig, build_model
 
     ck = depthlens.save(build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32)), tmp_path / "m")
-    r = CliRunner().invoke(app, ["angular", str(ck), "--device-map", "auto", "--n-seq", "2", "--seq-len", "8",
-                                 "--out", str(tmp_path / "a.nc")])
+    r = CliRunner().invoke(
+        app,
+        ["angular", str(ck), "--device-map", "auto", "--n-seq", "2", "--seq-len", "8", "--out", str(tmp_path / "a.nc")],
+    )
     assert r.exit_code == 1 and "device_map applies to Hugging Face" in r.stderr and "Traceback" not in r.output
     assert not (tmp_path / "a.nc").exists()
 
 
 # --- the generic-blocks path (families without a hand-mapped adapter) ---------------------------------------
+
 
 def _neox():
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -180,9 +204,18 @@ def _neox():
     from depthlens.adapters.hf import wrap
 
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model("gpt_neox", vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                               num_attention_heads=4, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
-                               pad_token_id=0)
+    cfg = AutoConfig.for_model(
+        "gpt_neox",
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return wrap(AutoModelForCausalLM.from_config(cfg).eval())
 
 
@@ -195,10 +228,13 @@ def test_generic_blocks_placed_equals_unplaced_and_moves_each_blocks_inputs():
     assert isinstance(placed, GenericBlocksModel)
     placed.place({"embed": "cpu", "layers": "cpu", "head": "cpu"})
     data = random_eval_data(101, n_seq=2, seq_len=12, seed=0)
-    for name, opts, var in (("causal", {"variants": ("current",)}, "causal_score"),
-                            ("permutation", {"pairs": "all"}, "perm_abs")):
-        np.testing.assert_array_equal(registry.run(name, ref, data, **opts)[var].values,
-                                      registry.run(name, placed, data, **opts)[var].values)
+    for name, opts, var in (
+        ("causal", {"variants": ("current",)}, "causal_score"),
+        ("permutation", {"pairs": "all"}, "perm_abs"),
+    ):
+        np.testing.assert_array_equal(
+            registry.run(name, ref, data, **opts)[var].values, registry.run(name, placed, data, **opts)[var].values
+        )
     with pytest.raises(DepthlensError, match="head on the embedding"):
         _neox().place({"embed": "cpu", "layers": "cpu", "head": "meta"})
 
@@ -206,8 +242,22 @@ def test_generic_blocks_placed_equals_unplaced_and_moves_each_blocks_inputs():
     seen: list[tuple[int, set]] = []
     for i, block in enumerate(g.layers):
         block.register_forward_pre_hook(
-            (lambda n: lambda m, a, k: seen.append((n, {t.device.type for t in (*a, *k.values(), *(
-                k.get("position_embeddings") or ())) if isinstance(t, torch.Tensor)})))(i), with_kwargs=True)
+            (
+                lambda n: (
+                    lambda m, a, k: seen.append(
+                        (
+                            n,
+                            {
+                                t.device.type
+                                for t in (*a, *k.values(), *(k.get("position_embeddings") or ()))
+                                if isinstance(t, torch.Tensor)
+                            },
+                        )
+                    )
+                )
+            )(i),
+            with_kwargs=True,
+        )
     ctx = g.context(8)
     h0 = g.embed(torch.randint(0, 101, (2, 8)), ctx)
     seen.clear()  # the context probe and embed's stop at block 0 are not block calls

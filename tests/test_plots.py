@@ -18,8 +18,11 @@ def _matrix(n, seed=0):
     A = np.random.default_rng(seed).random((n, n))
     A[np.tril_indices(n)] = np.nan  # masked triangle
     return xr.DataArray(
-        A, dims=("layer", "layer_other"), coords={"layer": np.arange(n), "layer_other": np.arange(n), "checkpoint": "hc"},
-        name="causal_score", attrs={"long_name": "causal score", "units": "1"},
+        A,
+        dims=("layer", "layer_other"),
+        coords={"layer": np.arange(n), "layer_other": np.arange(n), "checkpoint": "hc"},
+        name="causal_score",
+        attrs={"long_name": "causal score", "units": "1"},
     )
 
 
@@ -50,9 +53,11 @@ def test_share_curves_renders_with_headline(tmp_path):
     thetas = np.linspace(0, 1.5, 31)
     curves = np.stack([np.exp(-4 * thetas), np.exp(-2 * thetas)])
     da = xr.DataArray(
-        curves, dims=("checkpoint", "threshold"),
+        curves,
+        dims=("checkpoint", "threshold"),
         coords={"checkpoint": ["preln_l8", "hc_l8"], "threshold": thetas},
-        name="share", attrs={"long_name": "share of late pairs with C > θ", "units": "1"},
+        name="share",
+        attrs={"long_name": "share of late pairs with C > θ", "units": "1"},
     )
     ax = P.share_curves(da.to_dataset(), headline=0.45)
     vertical = [ln for ln in ax.lines if np.allclose(ln.get_xdata(), 0.45)]

@@ -92,6 +92,7 @@ def test_bf16_teacher_forced_nll_close_to_fp32():
 
 # --- the accumulators: constructed cases where a bf16 reduction would be visibly wrong -------------------------
 
+
 def test_sum_of_many_small_squared_norms_accumulates_in_float64():
     """Pooled ratio over 200k tokens of small updates: a bf16 running sum stops growing once it is 2^8 times
     the addend (it would stall near 256·x and the ratio would be off by O(1))."""
@@ -102,8 +103,9 @@ def test_sum_of_many_small_squared_norms_accumulates_in_float64():
     o, n = old.double(), new.double()
     want = ((n - o).square().sum() / o.square().sum()).sqrt()
     assert got.dtype == torch.float64 and got.item() == pytest.approx(want.item(), rel=1e-12)
-    naive = (((n - o).square().bfloat16().sum(dtype=torch.bfloat16)) /
-             o.square().bfloat16().sum(dtype=torch.bfloat16)).sqrt()
+    naive = (
+        ((n - o).square().bfloat16().sum(dtype=torch.bfloat16)) / o.square().bfloat16().sum(dtype=torch.bfloat16)
+    ).sqrt()
     assert abs(naive.double().item() - want.item()) > 1e-3 * want.item()  # the case does separate the two
 
 
@@ -138,8 +140,9 @@ def test_long_vocabulary_softmax_and_nll_are_float32():
     torch.testing.assert_close(nll.double(), want, atol=1e-5, rtol=0)
     z0 = M.loss_logits(logits)
     assert z0.dtype == torch.float32
-    torch.testing.assert_close((z0.logsumexp(-1) - z0.gather(-1, toks[:, 2:, None])[..., 0]).double(), want,
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        (z0.logsumexp(-1) - z0.gather(-1, toks[:, 2:, None])[..., 0]).double(), want, atol=1e-5, rtol=0
+    )
     naive = -(torch.log_softmax(logits, -1)[:, 1:-1]).gather(-1, toks[:, 2:, None]).squeeze(-1)
     assert (naive.double() - want).abs().max() > 1e-3  # a bf16 softmax would be visibly off
 
@@ -166,6 +169,7 @@ def test_small_angles_and_svd_from_bf16_inputs():
 
 # --- the CLI and API dtype paths ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     import depthlens
@@ -181,8 +185,24 @@ def test_cli_dtype_bf16_runs_end_to_end(ckpt, tmp_path):
     heads = {}
     for dt in ("fp32", "bf16"):
         out = tmp_path / f"{dt}.nc"
-        r = CliRunner().invoke(app, ["permute", str(ckpt), "--dtype", dt, "--json", "--out", str(out), "--n-boot", "0",
-                                     "--n-seq", "2", "--seq-len", "16"])
+        r = CliRunner().invoke(
+            app,
+            [
+                "permute",
+                str(ckpt),
+                "--dtype",
+                dt,
+                "--json",
+                "--out",
+                str(out),
+                "--n-boot",
+                "0",
+                "--n-seq",
+                "2",
+                "--seq-len",
+                "16",
+            ],
+        )
         assert r.exit_code == 0, r.output
         heads[dt] = json.loads(r.stdout)
         import xarray as xr
@@ -229,26 +249,46 @@ def _unplaced_factory_calls(path: Path):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(fn):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
-                    and not any(k.arg == "device" for k in node.keywords)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in FACTORIES
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+                and not any(k.arg == "device" for k in node.keywords)
+            ):
                 yield fn.name, node.lineno, node.func.attr
 
 
 def test_no_unplaced_tensor_factories_in_the_engines_and_adapters():
-    engines = [p for d in ("analysis", "diagnostics", "stats", "runtime") for p in sorted((REPO / "depthlens" / d).glob("*.py"))]
+    engines = [
+        p
+        for d in ("analysis", "diagnostics", "stats", "runtime")
+        for p in sorted((REPO / "depthlens" / d).glob("*.py"))
+    ]
     assert any(p.name == "causal.py" for p in engines)  # the scan still sees the engines (wherever they live)
-    files = [*engines, REPO / "depthlens/adapters/hf.py",
-             REPO / "depthlens/adapters/generic.py", REPO / "depthlens/adapters/placement.py"]
-    bad = [(f.name, fn, line, what) for f in files if f.exists() for fn, line, what in _unplaced_factory_calls(f)
-           if (f.name, fn) not in HOST_ONLY]
+    files = [
+        *engines,
+        REPO / "depthlens/adapters/hf.py",
+        REPO / "depthlens/adapters/generic.py",
+        REPO / "depthlens/adapters/placement.py",
+    ]
+    bad = [
+        (f.name, fn, line, what)
+        for f in files
+        if f.exists()
+        for fn, line, what in _unplaced_factory_calls(f)
+        if (f.name, fn) not in HOST_ONLY
+    ]
     assert not bad, f"torch factories without device= (add device=, or a HOST_ONLY reason): {bad}"
 
 
 def test_the_scan_finds_what_it_looks_for(tmp_path):
     src = tmp_path / "x.py"
-    src.write_text("import torch\ndef f(h):\n    return h + torch.arange(3)\n"
-                   "def g(h):\n    return h + torch.arange(3, device=h.device)\n")
+    src.write_text(
+        "import torch\ndef f(h):\n    return h + torch.arange(3)\n"
+        "def g(h):\n    return h + torch.arange(3, device=h.device)\n"
+    )
     assert list(_unplaced_factory_calls(src)) == [("f", 3, "arange")]
 
 

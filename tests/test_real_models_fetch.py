@@ -25,10 +25,16 @@ def _wheels(tmp_path, chunks):
 
 
 def _model(chunks, digest=None):
-    return RealModel(name="fake", title="fake", wheels=tuple(f"fake-part{i}==1.0" for i in range(1, len(chunks) + 1)),
-                     members=tuple(f"fake_part{i}/data/model.gguf.part{i:02d}" for i in range(1, len(chunks) + 1)),
-                     sha256=digest or hashlib.sha256(b"".join(chunks)).hexdigest(), arch="llama", shape="-",
-                     licence="-")
+    return RealModel(
+        name="fake",
+        title="fake",
+        wheels=tuple(f"fake-part{i}==1.0" for i in range(1, len(chunks) + 1)),
+        members=tuple(f"fake_part{i}/data/model.gguf.part{i:02d}" for i in range(1, len(chunks) + 1)),
+        sha256=digest or hashlib.sha256(b"".join(chunks)).hexdigest(),
+        arch="llama",
+        shape="-",
+        licence="-",
+    )
 
 
 def test_assemble_joins_in_order_and_checks_the_hash(tmp_path):

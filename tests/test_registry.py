@@ -31,8 +31,13 @@ def test_names_and_aliases_resolve_to_one_declaration():
 
 def test_default_thresholds_and_units():
     """The headline thresholds (docs/concepts.md#causal-score, #permutation-score), typed independently here."""
-    assert dict(registry.THRESHOLDS) == {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15,
-                                         "perm_kl": 0.15}
+    assert dict(registry.THRESHOLDS) == {
+        "causal": 0.45,
+        "direct": 0.45,
+        "perm_abs": 0.15,
+        "perm_rel": 0.15,
+        "perm_kl": 0.15,
+    }
     assert registry.score("perm_abs").unit == "nat" and registry.score("causal").unit == "1"
     assert registry.SWEEPABLE == ("causal", "perm_abs", "perm_rel", "perm_kl")  # direct needs --direct
     assert registry.score_owner("perm_kl")[0].name == "permutation"
@@ -52,9 +57,14 @@ def _thresholds_typed(path: Path) -> list[str]:
     arith = {id(n) for b in ast.walk(tree) if isinstance(b, ast.BinOp) for n in (b.left, b.right)}
     out = []
     for n in ast.walk(tree):
-        if isinstance(n, ast.Constant) and id(n) not in arith and (
+        if (
+            isinstance(n, ast.Constant)
+            and id(n) not in arith
+            and (
                 (type(n.value) is float and n.value in (0.45, 0.15))
-                or (isinstance(n.value, str) and ("0.45" in n.value or "0.15" in n.value))):
+                or (isinstance(n.value, str) and ("0.45" in n.value or "0.15" in n.value))
+            )
+        ):
             out.append(f"{path.relative_to(PKG.parent)}:{n.lineno}")
     return out
 
@@ -63,8 +73,12 @@ QUOTED = {"depthlens/stats/orderings.py"}  # DepthBench's claims in the paper's 
 
 
 def test_default_thresholds_are_typed_once():
-    hits = [h for p in sorted(PKG.rglob("*.py")) if str(p.relative_to(PKG.parent)) not in QUOTED
-            for h in _thresholds_typed(p)]
+    hits = [
+        h
+        for p in sorted(PKG.rglob("*.py"))
+        if str(p.relative_to(PKG.parent)) not in QUOTED
+        for h in _thresholds_typed(p)
+    ]
     assert hits and all(h.startswith("depthlens/diagnostics/registry.py:") for h in hits), hits
 
 
@@ -105,6 +119,7 @@ def test_run_dispatches_to_the_engine_with_the_options_as_given():
 
 
 # --- readout keys (depthlens.models.readouts) ---------------------------------------------------------------
+
 
 def test_readout_key_round_trip_and_refusals():
     from depthlens.models.readouts import ReadoutKey, parse_readout_key, readout_key, sublayer_label
@@ -172,8 +187,10 @@ def test_register_adds_for_the_block_only():
     d = registry.Diagnostic("toy", "depthlens.diagnostics.angular:angular_distances", "toy", aliases=("toy2",))
     with registry.register(d):
         assert registry.get("toy2") is d and registry.names()[-1] == "toy"
-        with pytest.raises(DepthlensError, match="already registered"), \
-                registry.register(registry.Diagnostic("x", "m:f", "x", aliases=("toy",))):
+        with (
+            pytest.raises(DepthlensError, match="already registered"),
+            registry.register(registry.Diagnostic("x", "m:f", "x", aliases=("toy",))),
+        ):
             pass
     assert "toy" not in registry.aliases() and registry.names() == registry.NAMES
 

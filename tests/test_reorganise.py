@@ -29,7 +29,8 @@ FAKE = {
         "def lookup(n):\n"
         "    if n < 0:\n"
         "        raise DepthlensError(n)\n"
-        "    return stats.share(n) + rows() + seqs()\n"),
+        "    return stats.share(n) + rows() + seqs()\n"
+    ),
     "depthlens/analysis/evaldata.py": "def rows():\n    return 10\n\n\ndef seqs():\n    return 100\n",
     "depthlens/analysis/causal.py": "from .evaldata import rows\n\n\ndef run():\n    return rows()\n",
     "depthlens/analysis/plots.py": "def draw():\n    return 'drawn'\n",
@@ -42,7 +43,8 @@ FAKE = {
         "def build_report(n):\n"
         "    mod, fn = registry.ENGINE.split(':')\n"
         "    run = getattr(importlib.import_module(mod), fn)\n"
-        "    return page(registry.lookup(n) + sh(n) + run(), plots.draw())\n"),
+        "    return page(registry.lookup(n) + sh(n) + run(), plots.draw())\n"
+    ),
     "depthlens/report/render.py": "def page(x, y):\n    return f'{x}:{y}'\n",
     "depthlens/cli/__init__.py": "",
     "depthlens/cli/report.py": (
@@ -50,16 +52,30 @@ FAKE = {
         "    from depthlens.report import build_report\n"
         "    from depthlens.analysis import stats\n"
         "    import depthlens.analysis.api as _unused  # noqa: F401\n"
-        "    return build_report(n), stats.share(n)\n"),
+        "    return build_report(n), stats.share(n)\n"
+    ),
     "depthlens/analysis/api.py": '"""import depthlens.analysis.api as dl"""\n',
     "tests/test_architecture.py": 'LAYER = {"models": 0, "analysis": 4, "report": 6, "cli": 7}\n',
-    "docs/architecture.md": ("See `depthlens/analysis/causal.py` and report/build.py.\n\n```python\n"
-                             "from depthlens.analysis import plots, registry\n```\n"
-                             'A new engine: `depthlens/analysis/branch.py`, "depthlens.analysis.branch:run".\n'),
+    "docs/architecture.md": (
+        "See `depthlens/analysis/causal.py` and report/build.py.\n\n```python\n"
+        "from depthlens.analysis import plots, registry\n```\n"
+        'A new engine: `depthlens/analysis/branch.py`, "depthlens.analysis.branch:run".\n'
+    ),
 }
-NOTEBOOK = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": ["from depthlens.analysis import plots, stats\n", "plots.draw()"]}],
-            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": ["from depthlens.analysis import plots, stats\n", "plots.draw()"],
+        }
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 
 
 def _tree(root: Path) -> None:
@@ -71,13 +87,17 @@ def _tree(root: Path) -> None:
 
 
 def _run(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), str(root), "--no-git", *extra],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(root), "--no-git", *extra], capture_output=True, text=True, timeout=60
+    )
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text(encoding="utf-8") for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_text(encoding="utf-8")
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def test_moves_rewrite_imports_and_the_result_runs(tmp_path):
@@ -104,12 +124,19 @@ def test_moves_rewrite_imports_and_the_result_runs(tmp_path):
     assert "from depthlens.render import plots\nfrom depthlens.diagnostics import registry\n" in doc
     assert '`depthlens/diagnostics/branch.py`, "depthlens.diagnostics.branch:run"' in doc  # no module today
     nb = json.loads((tmp_path / "docs" / "explore.ipynb").read_text())
-    assert nb["cells"][0]["source"][:2] == ["from depthlens.render import plots\n",
-                                            "from depthlens.stats import shares as stats\n"]
+    assert nb["cells"][0]["source"][:2] == [
+        "from depthlens.render import plots\n",
+        "from depthlens.stats import shares as stats\n",
+    ]
     # the moved package imports and computes what it did before the move
-    out = subprocess.run([sys.executable, "-c", "from depthlens.cli.report import main; print(main(8))"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", "from depthlens.cli.report import main; print(main(8))"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "('126:drawn', 3)"  # lookup (3+10+100) + sh 3 + run 10; share(8) = 8//4 + 1
     # a second run finds nothing to do

@@ -16,8 +16,10 @@ from depthlens.models import ModelConfig, build_model
 
 DESIGNS = ("preln", "hc", "block_attnres")
 FAST = ["--n-seq", "4", "--seq-len", "32", "--n-boot", "20"]
-TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-        "foolishness; def f(x):\n    return x * 2 + 1\n") * 40
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness; def f(x):\n    return x * 2 + 1\n"
+) * 40
 
 
 def _ckpt(root: Path, slug: str, L: int = 4, train: dict | None = None) -> Path:
@@ -64,8 +66,15 @@ def test_report_renders_nontrivial_pngs(report):
         assert (out / name).is_file(), name
     pngs = sorted((out / "figures").glob("*.png"))
     expected = {f"{s}_l4_{m}" for s in DESIGNS for m in ("causal", "permutation", "angular", "mixing")}
-    expected |= {"hc_l4_rank", "block_attnres_l4_attnres", "sweep_causal", "sweep_permutation", "summary",
-                 "overview_causal", "overview_permutation"}
+    expected |= {
+        "hc_l4_rank",
+        "block_attnres_l4_attnres",
+        "sweep_causal",
+        "sweep_permutation",
+        "summary",
+        "overview_causal",
+        "overview_permutation",
+    }
     assert {p.stem for p in pngs} == expected
     for p in pngs:
         assert p.stat().st_size > 5_000, p.name
@@ -162,15 +171,46 @@ def test_refuses_existing_out_then_overwrites(report, ckpts, text, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     l8 = _ckpt(tmp_path, "preln", L=8)
-    r = CliRunner().invoke(app, ["report", str(ckpts[0]), str(l8), "--out", str(copy), "--data", str(text), *FAST,
-                                 "--metrics", "angular,mixing", "--overwrite"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "report",
+            str(ckpts[0]),
+            str(l8),
+            "--out",
+            str(copy),
+            "--data",
+            str(text),
+            *FAST,
+            "--metrics",
+            "angular,mixing",
+            "--overwrite",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in copy.glob("*.nc")) == ["angular_l4.nc", "angular_l8.nc", "mixing_l4.nc",
-                                                          "mixing_l8.nc"]
+    assert sorted(p.name for p in copy.glob("*.nc")) == [
+        "angular_l4.nc",
+        "angular_l8.nc",
+        "mixing_l4.nc",
+        "mixing_l8.nc",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "preln_l8"]  # no temp or old dirs left
     # a directory that is not a report is never replaced, even with --overwrite
-    r = CliRunner().invoke(app, ["report", str(ckpts[0]), "--out", str(tmp_path), "--data", str(text), *FAST,
-                                 "--metrics", "angular", "--overwrite"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "report",
+            str(ckpts[0]),
+            "--out",
+            str(tmp_path),
+            "--data",
+            str(text),
+            *FAST,
+            "--metrics",
+            "angular",
+            "--overwrite",
+        ],
+    )
     assert r.exit_code == 1
     assert "not a depthlens report" in _one_error_line(r)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "preln_l8"]
@@ -202,8 +242,23 @@ def test_usage_and_unwritable_errors(ckpts, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # docs/cli.md: generated from `depthlens <cmd> --help` (regenerate: `.venv/bin/python tests/test_report.py`)
 
-CLI_ORDER = ("info", "hooks", "angular", "causal", "permute", "rank", "attnres", "sweep", "report", "track",
-             "compare", "shapes", "prepare", "train", "eval")
+CLI_ORDER = (
+    "info",
+    "hooks",
+    "angular",
+    "causal",
+    "permute",
+    "rank",
+    "attnres",
+    "sweep",
+    "report",
+    "track",
+    "compare",
+    "shapes",
+    "prepare",
+    "train",
+    "eval",
+)
 CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_docs.py runs docs/cli.md)
     "info": "depthlens info checkpoints/hc_l16 --json",
     "hooks": "depthlens hooks checkpoints/preln_l4",
@@ -213,18 +268,18 @@ CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_doc
     "rank": "depthlens rank checkpoints/mhc_l16 --json",
     "attnres": "depthlens attnres checkpoints/block_attnres_l16 --eps 0.05",
     "sweep": "depthlens sweep checkpoints/preln_l8 checkpoints/hc_l8 checkpoints/mhc_l8 --metric causal \\\n"
-             "    --order preln_l8,mhc_l8,hc_l8 --plot depthlens-out/sweep.png",
+    "    --order preln_l8,mhc_l8,hc_l8 --plot depthlens-out/sweep.png",
     "report": "depthlens report checkpoints/*_l4/ --out depthlens-out/report_l4",
     "track": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 \\\n"
-             "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'     # a run with snapshots (2 min)\n"
-             "depthlens track .cache/depthlens/runs/docs/hc_l4 --n-seq 8 --out depthlens-out/track",
+    "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'     # a run with snapshots (2 min)\n"
+    "depthlens track .cache/depthlens/runs/docs/hc_l4 --n-seq 8 --out depthlens-out/track",
     "compare": "depthlens compare checkpoints/preln_l8 checkpoints/hc_l8 --metrics causal,perm_abs",
     "shapes": "depthlens shapes --target 407M --design hc",
     "prepare": "depthlens prepare --out data/offline --max-bytes 1000000           # the packaged offline corpus, capped\n"
-               "python -c 'import this' > data/zen.txt                               # or your .txt/.jsonl/.parquet files\n"
-               "depthlens prepare data/zen.txt --out data/zen --tokenizer bytes",
+    "python -c 'import this' > data/zen.txt                               # or your .txt/.jsonl/.parquet files\n"
+    "depthlens prepare data/zen.txt --out data/zen --tokenizer bytes",
     "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 \\\n"
-             "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'",
+    "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'",
     "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
 }
 
@@ -275,18 +330,24 @@ def cli_reference() -> str:
 
     names = list(typer.main.get_command(_app).commands)
     order = [c for c in CLI_ORDER if c in names] + sorted(set(names) - set(CLI_ORDER))
-    out = ["# CLI reference", "",
-           "Every command prints one line on stderr and exits 1 on a domain error (bad checkpoint, bad data, an "
-           "existing output without `--overwrite`), 2 on a usage error; never a traceback. `--json` prints "
-           "machine-readable output on stdout. Outputs are written atomically (temp file, then rename). Work that "
-           "runs longer than 2 s shows progress on stderr: a bar with a count and an ETA on a terminal, one line "
-           "per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it. Datasets "
-           "go to `depthlens-out/` (git-ignored) unless `--out` says otherwise, and record the command line as "
-           "given (`command` attribute). `-h` is `--help`; `depthlens --version` prints the version; "
-           "`depthlens --install-completion` installs shell completion (bash, zsh, fish, PowerShell).", "",
-           "<!-- generated from `depthlens <command> --help` by `.venv/bin/python tests/test_report.py`; "
-           "do not edit by hand -->", "",
-           " · ".join(f"[{c}](#depthlens-{c})" for c in order), ""]
+    out = [
+        "# CLI reference",
+        "",
+        "Every command prints one line on stderr and exits 1 on a domain error (bad checkpoint, bad data, an "
+        "existing output without `--overwrite`), 2 on a usage error; never a traceback. `--json` prints "
+        "machine-readable output on stdout. Outputs are written atomically (temp file, then rename). Work that "
+        "runs longer than 2 s shows progress on stderr: a bar with a count and an ETA on a terminal, one line "
+        "per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it. Datasets "
+        "go to `depthlens-out/` (git-ignored) unless `--out` says otherwise, and record the command line as "
+        "given (`command` attribute). `-h` is `--help`; `depthlens --version` prints the version; "
+        "`depthlens --install-completion` installs shell completion (bash, zsh, fish, PowerShell).",
+        "",
+        "<!-- generated from `depthlens <command> --help` by `.venv/bin/python tests/test_report.py`; "
+        "do not edit by hand -->",
+        "",
+        " · ".join(f"[{c}](#depthlens-{c})" for c in order),
+        "",
+    ]
     for cmd in order:
         usage, desc, panels = _parse_help(_cli_help(cmd))
         out += [f"## depthlens {cmd}", "", desc, "", "```text", usage, "```", ""]
@@ -312,8 +373,9 @@ def test_cli_reference_covers_every_command_and_option():
         for p in cmd.params:
             for opt in p.opts:
                 if opt.startswith("--") and opt != "--help":
-                    assert f"`{opt}" in section, \
+                    assert f"`{opt}" in section, (
                         f"docs/cli.md: {name} {opt} missing; run .venv/bin/python tests/test_report.py"
+                    )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ from depthlens.stats.orderings import Claim, check
 from depthlens.studies import report as B
 from depthlens.training.config import RunConfig
 
-TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
-        "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n")
+TEXT = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +36,25 @@ def trained(tmp_path_factory):
     for arch in ("preln", "hc"):
         for seed in (0, 1):
             out = root / f"{arch}_l4_s{seed}"
-            cfg = RunConfig.from_dict(dict(
-                model=dict(arch=arch, d_model=32, n_layer=4, n_head=2, vocab_size=257, max_seq_len=32),
-                data=str(d), seq_len=32, global_batch=4, steps=6, lr=3e-3, warmup=2, out=str(out),
-                export=str(out / "checkpoint"), final_eval_batches=1, snapshot_eval_batches=1, name=out.name,
-                threads=1, seed=seed, snapshots=[0]))
+            cfg = RunConfig.from_dict(
+                dict(
+                    model=dict(arch=arch, d_model=32, n_layer=4, n_head=2, vocab_size=257, max_seq_len=32),
+                    data=str(d),
+                    seq_len=32,
+                    global_batch=4,
+                    steps=6,
+                    lr=3e-3,
+                    warmup=2,
+                    out=str(out),
+                    export=str(out / "checkpoint"),
+                    final_eval_batches=1,
+                    snapshot_eval_batches=1,
+                    name=out.name,
+                    threads=1,
+                    seed=seed,
+                    snapshots=[0],
+                )
+            )
             train(cfg)
             runs[(arch, seed)] = out
     return d, runs
@@ -60,8 +76,14 @@ def test_untrained_baseline_is_the_trainers_step0_model(trained):
 @pytest.mark.slow
 def test_report_pools_seeds_and_checks_claims_at_init(trained, tmp_path):
     data, runs = trained
-    opts = B.ReportOptions(data=data / "eval.txt", n_seq=6, seq_len=32, n_boot=50, metrics=("causal", "permutation"),
-                           untrained_perm_n_seq=3)
+    opts = B.ReportOptions(
+        data=data / "eval.txt",
+        n_seq=6,
+        seq_len=32,
+        n_boot=50,
+        metrics=("causal", "permutation"),
+        untrained_perm_n_seq=3,
+    )
     rep = B.build_report([p / "checkpoint" for p in runs.values()], tmp_path / "rep", opts)
     recs = rep.records
     assert sorted((r["design"], r["seed"]) for r in recs) == sorted(runs)

@@ -64,22 +64,41 @@ CORRUPTIONS = {
     "flipped bit": (lambda s: _flip_bit(s / STATE_TENSORS), "checksum"),
     "truncated": (lambda s: (s / STATE_TENSORS).write_bytes((s / STATE_TENSORS).read_bytes()[:5000]), "unreadable"),
     "tensors file gone": (lambda s: (s / STATE_TENSORS).unlink(), "missing"),
-    "json not JSON": (lambda s: (s / STATE_JSON).write_text("{\"step\": 4,"), "not valid JSON"),
-    "wrong step in json": (lambda s: (s / STATE_JSON).write_text(
-        (s / STATE_JSON).read_text().replace('"step": 4', '"step": 7', 1)), "step"),
-    "tensor dropped from file": (lambda s: save_file(
-        {k: v for k, v in load_file(str(s / STATE_TENSORS)).items() if k != "model/blocks.0.attn.norm.weight"},
-        str(s / STATE_TENSORS), metadata={"format": "x"}), "does not belong"),
-    "model tensor missing (consistent manifest)": (lambda s: _rewrite(
-        s, lambda t, m: t.pop("model/blocks.1.mlp.fn.up_proj.weight")), "model tensors do not match"),
-    "optimizer entries missing (consistent manifest)": (lambda s: _rewrite(
-        s, lambda t, m: [t.pop(k) for k in list(t) if k.startswith("optim/blocks.0.")]), "optimizer"),
-    "optimizer moment missing (consistent manifest)": (lambda s: _rewrite(
-        s, lambda t, m: t.pop("optim/blocks.0.attn.norm.weight/exp_avg_sq")), "incomplete"),
-    "step disagrees with the optimizer (consistent manifest)": (lambda s: _rewrite(
-        s, lambda t, m: m.update(step=6)), "optimizer has taken 4 steps"),
-    "no manifest (old format)": (lambda s: (s / STATE_JSON).write_text(json.dumps(
-        {k: v for k, v in json.loads((s / STATE_JSON).read_text()).items() if k != "manifest"})), "manifest"),
+    "json not JSON": (lambda s: (s / STATE_JSON).write_text('{"step": 4,'), "not valid JSON"),
+    "wrong step in json": (
+        lambda s: (s / STATE_JSON).write_text((s / STATE_JSON).read_text().replace('"step": 4', '"step": 7', 1)),
+        "step",
+    ),
+    "tensor dropped from file": (
+        lambda s: save_file(
+            {k: v for k, v in load_file(str(s / STATE_TENSORS)).items() if k != "model/blocks.0.attn.norm.weight"},
+            str(s / STATE_TENSORS),
+            metadata={"format": "x"},
+        ),
+        "does not belong",
+    ),
+    "model tensor missing (consistent manifest)": (
+        lambda s: _rewrite(s, lambda t, m: t.pop("model/blocks.1.mlp.fn.up_proj.weight")),
+        "model tensors do not match",
+    ),
+    "optimizer entries missing (consistent manifest)": (
+        lambda s: _rewrite(s, lambda t, m: [t.pop(k) for k in list(t) if k.startswith("optim/blocks.0.")]),
+        "optimizer",
+    ),
+    "optimizer moment missing (consistent manifest)": (
+        lambda s: _rewrite(s, lambda t, m: t.pop("optim/blocks.0.attn.norm.weight/exp_avg_sq")),
+        "incomplete",
+    ),
+    "step disagrees with the optimizer (consistent manifest)": (
+        lambda s: _rewrite(s, lambda t, m: m.update(step=6)),
+        "optimizer has taken 4 steps",
+    ),
+    "no manifest (old format)": (
+        lambda s: (s / STATE_JSON).write_text(
+            json.dumps({k: v for k, v in json.loads((s / STATE_JSON).read_text()).items() if k != "manifest"})
+        ),
+        "manifest",
+    ),
 }
 
 
@@ -181,7 +200,7 @@ def test_sigterm_during_a_state_write_leaves_no_temp(tmp_path):
 import os, signal, torch
 from pathlib import Path
 from depthlens.training import state as S
-p = Path({str(tmp_path / 'resume')!r})
+p = Path({str(tmp_path / "resume")!r})
 S.write_state(p, {{"rng/cpu": torch.zeros(3)}}, {{"step": 0}})
 real = S.save_file if hasattr(S, "save_file") else None
 import safetensors.torch as st
@@ -193,8 +212,13 @@ def slow(tensors, path, metadata=None):
 st.save_file = slow
 S.write_state(p, {{"rng/cpu": torch.ones(3)}}, {{"step": 1}})
 """
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == -signal.SIGTERM, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resume"]
     assert json.loads((tmp_path / "resume" / STATE_JSON).read_text())["step"] == 0

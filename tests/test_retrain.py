@@ -26,11 +26,15 @@ def test_shipped_checkpoint_retrains_bit_for_bit(tmp_path):
     record = json.loads((shipped / "train.json").read_text(encoding="utf-8"))
     recipe = load_recipe(ZOO, run=NAME).to_dict()
     # the shipped checkpoint is what the committed recipe asks for ...
-    assert {k: v for k, v in record["recipe"].items() if k not in PATH_FIELDS} == \
-        {k: v for k, v in recipe.items() if k not in PATH_FIELDS}, "checkpoint and recipe disagree: retrain the zoo"
+    assert {k: v for k, v in record["recipe"].items() if k not in PATH_FIELDS} == {
+        k: v for k, v in recipe.items() if k not in PATH_FIELDS
+    }, "checkpoint and recipe disagree: retrain the zoo"
     data = prepare_zoo_data(read_recipe(ZOO), str(tmp_path / "data"))
-    cfg = load_recipe(ZOO, run=NAME, overrides={"out": str(tmp_path / "run"), "export": str(tmp_path / "ckpt"),
-                                                "data": str(data), "resume": False})
+    cfg = load_recipe(
+        ZOO,
+        run=NAME,
+        overrides={"out": str(tmp_path / "run"), "export": str(tmp_path / "ckpt"), "data": str(data), "resume": False},
+    )
     out = train(cfg)
     torch.set_num_threads(1)
     # ... and the code as it is now reproduces it exactly: same data, same weights, same loss

@@ -76,13 +76,16 @@ def test_default_plan_covers_spec_depths():
     assert {r.L: r.d for r in rows}[24] == 1024 and {r.L: r.d for r in rows}[48] == 768
 
 
-@pytest.mark.parametrize("ffn_multiple,vocab,tied,totals_m", [
-    (64, V, False, (407.4, 411.4)),
-    (256, V, False, (411.1, 420.0)),
-    (None, V, True, (345.1, 376.3)),
-    (None, 32000, False, (361.8, 385.1)),
-    (None, 49152, False, (403.5, 407.1)),
-])
+@pytest.mark.parametrize(
+    "ffn_multiple,vocab,tied,totals_m",
+    [
+        (64, V, False, (407.4, 411.4)),
+        (256, V, False, (411.1, 420.0)),
+        (None, V, True, (345.1, 376.3)),
+        (None, 32000, False, (361.8, 385.1)),
+        (None, 49152, False, (403.5, 407.1)),
+    ],
+)
 def test_spec_table_2_2_variants(ffn_multiple, vocab, tied, totals_m):
     for (L, d), want in zip([(16, 1216), (70, 640)], totals_m, strict=True):
         c = param_counts("preln", L, d, vocab, tie_embeddings=tied, ffn_multiple=ffn_multiple)
@@ -127,18 +130,21 @@ def test_train_flops_per_token():
     assert a == 6 * (c["non_embedding"] + V * 1216) + 12 * 16 * 1216 * 2048
 
 
-@pytest.mark.parametrize("design,overhead", [
-    ("preln", lambda L, d: 0),
-    ("lns", lambda L, d: 0),
-    ("deepnorm", lambda L, d: 0),
-    ("sandwich", lambda L, d: 2 * L * d),
-    ("keel", lambda L, d: (2 * L - 1) * d),
-    ("hc", lambda L, d: 2 * L * (7 * d + 26)),
-    ("mhc", lambda L, d: 2 * L * (96 * d + 27)),
-    ("full_attnres", lambda L, d: (4 * L + 2) * d),
-    ("block_attnres", lambda L, d: (4 * L + 2) * d),
-    ("moda", lambda L, d: 2 * L * d * d),
-])
+@pytest.mark.parametrize(
+    "design,overhead",
+    [
+        ("preln", lambda L, d: 0),
+        ("lns", lambda L, d: 0),
+        ("deepnorm", lambda L, d: 0),
+        ("sandwich", lambda L, d: 2 * L * d),
+        ("keel", lambda L, d: (2 * L - 1) * d),
+        ("hc", lambda L, d: 2 * L * (7 * d + 26)),
+        ("mhc", lambda L, d: 2 * L * (96 * d + 27)),
+        ("full_attnres", lambda L, d: (4 * L + 2) * d),
+        ("block_attnres", lambda L, d: (4 * L + 2) * d),
+        ("moda", lambda L, d: 2 * L * d * d),
+    ],
+)
 def test_design_overheads_match_architectures_table(design, overhead):
     L, d = 6, 256
     base = param_counts("preln", L, d, 4096)

@@ -26,8 +26,9 @@ from depthlens.studies import api
 
 def _matrix_ds(M: np.ndarray, name: str = "causal_score") -> xr.Dataset:
     L = M.shape[-1]
-    return xr.Dataset({name: (("layer", "layer_other"), M)}, coords={"layer": range(L), "layer_other": range(L)},
-                      attrs={"n_layer": L})
+    return xr.Dataset(
+        {name: (("layer", "layer_other"), M)}, coords={"layer": range(L), "layer_other": range(L)}, attrs={"n_layer": L}
+    )
 
 
 EVAL = (6, 16, 5)  # n_seq, seq_len, seed of the shared `data` fixture (conftest.py)
@@ -77,8 +78,11 @@ def test_window_start_and_aggregator_variants(causal_ds):
 
 def test_ranking_robustness_constructed():
     thetas = np.linspace(0, 1, 11)
-    curves = xr.DataArray(np.stack([0.5 * (1 - thetas), 0.8 * (1 - thetas), np.where(thetas < 0.5, 0.9, 0.1)]),
-                          dims=("checkpoint", "threshold"), coords={"checkpoint": ["a", "b", "c"], "threshold": thetas})
+    curves = xr.DataArray(
+        np.stack([0.5 * (1 - thetas), 0.8 * (1 - thetas), np.where(thetas < 0.5, 0.9, 0.1)]),
+        dims=("checkpoint", "threshold"),
+        coords={"checkpoint": ["a", "b", "c"], "threshold": thetas},
+    )
     r = robustness(curves, ["a", "b", "c"], headline_threshold=0.2)
     # a < b everywhere except θ = 1 (all zero); b < c only while c = 0.9 > b, i.e. θ < 0.5
     expected = (0.5 * (1 - thetas) < 0.8 * (1 - thetas)) & (0.8 * (1 - thetas) < np.where(thetas < 0.5, 0.9, 0.1))
@@ -92,11 +96,15 @@ def test_bootstrap_reproducible_and_consistent(causal_ds, perm_ds):
     N = causal_ds.sizes["sequence"]
     ones = np.ones(N)
     for agg in ("max", "mean", "pooled"):
-        np.testing.assert_allclose(resampled_matrix(causal_ds, "causal", ones, agg)[1:],
-                                   causal_ds.causal_score.sel(variant="current", aggregator=agg).values[1:], rtol=1e-6)
+        np.testing.assert_allclose(
+            resampled_matrix(causal_ds, "causal", ones, agg)[1:],
+            causal_ds.causal_score.sel(variant="current", aggregator=agg).values[1:],
+            rtol=1e-6,
+        )
     for metric in ("perm_abs", "perm_rel", "perm_kl"):
-        np.testing.assert_allclose(resampled_matrix(perm_ds, metric, ones), perm_ds[metric].values, rtol=1e-9,
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            resampled_matrix(perm_ds, metric, ones), perm_ds[metric].values, rtol=1e-9, atol=1e-12
+        )
     a = bootstrap_share(causal_ds, "causal", 0.9, n_boot=200, seed=7)
     b = bootstrap_share(causal_ds, "causal", 0.9, n_boot=200, seed=7)
     c = bootstrap_share(causal_ds, "causal", 0.9, n_boot=200, seed=8)
@@ -152,7 +160,10 @@ def test_shard_shares_recount_each_shard_independently():
     got = shard_shares(ds, "causal", 0.45, k=2)
     for shard, (a, b) in enumerate([(0, 2), (2, 4)]):
         sub = type(data).from_tokens(data.tokens[a:b], bos=True)
-        m = causal_scores(model, sub, variants=("current",), null=False)["causal_score"].sel(
-            variant="current", aggregator="max").values
+        m = (
+            causal_scores(model, sub, variants=("current",), null=False)["causal_score"]
+            .sel(variant="current", aggregator="max")
+            .values
+        )
         assert float(got[shard]) == share_above(m, 0.45, 1)
     assert got.attrs["sd"] == np.std(got.values, ddof=1)

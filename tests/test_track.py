@@ -21,8 +21,10 @@ from depthlens.models import ModelConfig, build_model
 from depthlens.studies import track as T
 from depthlens.training.config import RunConfig
 
-TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
-        "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n")
+TEXT = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
+)
 FAST = ["--n-seq", "4", "--seq-len", "16", "--n-boot", "40"]
 SNAP_STEPS = [2, 4, 8]
 
@@ -42,11 +44,23 @@ def train_run(corpus: Path, out: Path, arch: str = "preln", steps: int = 8, **sn
     """Train a tiny model `steps` steps with the trainer's analysis snapshots (default: at SNAP_STEPS)."""
     from depthlens.training.trainer import train
 
-    cfg = RunConfig.from_dict(dict(model=dict(arch=arch, d_model=32, n_layer=4, n_head=2, vocab_size=257,
-                                              max_seq_len=32), data=str(corpus), seq_len=32, global_batch=4,
-                                   steps=steps, lr=3e-3, warmup=2, out=str(out), final_eval_batches=1,
-                                   snapshot_eval_batches=1, name=out.name, threads=1,
-                                   **(snap or {"snapshots": SNAP_STEPS})))
+    cfg = RunConfig.from_dict(
+        dict(
+            model=dict(arch=arch, d_model=32, n_layer=4, n_head=2, vocab_size=257, max_seq_len=32),
+            data=str(corpus),
+            seq_len=32,
+            global_batch=4,
+            steps=steps,
+            lr=3e-3,
+            warmup=2,
+            out=str(out),
+            final_eval_batches=1,
+            snapshot_eval_batches=1,
+            name=out.name,
+            threads=1,
+            **(snap or {"snapshots": SNAP_STEPS}),
+        )
+    )
     train(cfg)
     return cfg
 
@@ -80,6 +94,7 @@ def copy_run(src: Path, dst: Path) -> Path:
 
 # --- the trainer's snapshots: the format `track` reads, at the requested steps only ---------------------
 
+
 def test_requested_steps():
     assert T.requested_steps({"steps": 100, "snapshot_every_log2": True}) == [0, 16, 32, 64, 100]
     assert T.requested_steps({"steps": 64, "snapshot_every_log2": True}) == [0, 16, 32, 64]
@@ -106,14 +121,27 @@ def test_trainer_snapshots_at_requested_steps_only(corpus, tmp_path):
 
 # --- happy path: the last step is the final checkpoint's analysis -----------------------------------------
 
+
 @pytest.mark.slow
 def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     from depthlens.diagnostics.sweep import headline
     from depthlens.studies import api
 
     out = tmp_path / "track"
-    r = invoke(["track", runs["preln"], "--metric", "causal,permutation,angular", "--out", out,
-                "--data", corpus / "eval.txt", *FAST, "--json"])
+    r = invoke(
+        [
+            "track",
+            runs["preln"],
+            "--metric",
+            "causal,permutation,angular",
+            "--out",
+            out,
+            "--data",
+            corpus / "eval.txt",
+            *FAST,
+            "--json",
+        ]
+    )
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert list(ds["step"].values) == SNAP_STEPS and ds["run"].values.tolist() == ["preln_l4"]
@@ -135,8 +163,9 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     got = ds.sel(run="preln_l4", step=SNAP_STEPS[-1])
     assert float(got["causal_share"]) == h["share"]
     assert float(got["causal_ci_low"]) == h["ci_low"] and float(got["causal_ci_high"]) == h["ci_high"]
-    np.testing.assert_array_equal(got["causal_score"].values,
-                                  direct["causal_score"].sel(aggregator="max", variant="current").values)
+    np.testing.assert_array_equal(
+        got["causal_score"].values, direct["causal_score"].sel(aggregator="max", variant="current").values
+    )
     perm = api.permutation(final, ev, pairs="late")
     np.testing.assert_array_equal(got["perm_abs"].values, perm["perm_abs"].values)
     assert float(got["perm_share"]) == headline(perm, "perm_abs", 0.15, n_boot=40, seed=0)["share"]
@@ -151,15 +180,30 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
     from depthlens.studies import api
 
     out = tmp_path / "all"
-    r = invoke(["track", runs["preln"], runs["hc"], runs["block_attnres"], "--metric", "causal,erank,attnres",
-                "--out", out, "--data", corpus / "eval.txt", *FAST])
+    r = invoke(
+        [
+            "track",
+            runs["preln"],
+            runs["hc"],
+            runs["block_attnres"],
+            "--metric",
+            "causal,erank,attnres",
+            "--out",
+            out,
+            "--data",
+            corpus / "eval.txt",
+            *FAST,
+        ]
+    )
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert ds["design"].values.tolist() == ["preln", "hc", "block_attnres"]
     assert list(ds["step"].values) == [0, 2, 4, 8]  # the union; a run lacks the others
     assert ds["snapshot"].sel(run="preln_l4", step=0).item() == "" and np.isnan(ds["tokens"].sel(run="hc_l4", step=0))
-    assert np.isnan(ds["causal_share"].sel(run="block_attnres_l4", step=2)) and \
-        ds["tokens"].sel(run="block_attnres_l4", step=0) == 0
+    assert (
+        np.isnan(ds["causal_share"].sel(run="block_attnres_l4", step=2))
+        and ds["tokens"].sel(run="block_attnres_l4", step=0) == 0
+    )
     assert np.isnan(ds["erank"].sel(run="preln_l4")).all() and np.isfinite(ds["erank"].sel(run="hc_l4", step=8)).all()
     parts = sorted(p.name for p in (out / "parts").rglob("*.nc"))
     assert len(parts) == 3 * 1 + 3 * 2 + 3 * 2  # preln: causal; hc: causal + erank; block_attnres: causal + attnres
@@ -177,6 +221,7 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
 
 
 # --- resume ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
@@ -205,6 +250,7 @@ def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
 
 # --- a list of checkpoints given in order ------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_checkpoint_list_in_order(runs, corpus, tmp_path):
     src = runs["preln"] / "snapshots"
@@ -215,8 +261,21 @@ def test_checkpoint_list_in_order(runs, corpus, tmp_path):
         (d / "snapshot.json").unlink()
         ckpts.append(d)
     out = tmp_path / "list"
-    r = invoke(["track", *ckpts, "--metric", "causal", "--out", out, "--tokens-per-step", "128",
-                "--data", corpus / "eval.txt", *FAST])
+    r = invoke(
+        [
+            "track",
+            *ckpts,
+            "--metric",
+            "causal",
+            "--out",
+            out,
+            "--tokens-per-step",
+            "128",
+            "--data",
+            corpus / "eval.txt",
+            *FAST,
+        ]
+    )
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert ds["run"].values.tolist() == ["revs"] and list(ds["step"].values) == SNAP_STEPS
@@ -235,6 +294,7 @@ def _track(run: Path, corpus: Path, out: Path) -> Path:
 
 
 # --- bad input: one line, exit 1, nothing written -----------------------------------------------------------
+
 
 def _mixed(run: Path, tmp: Path) -> Path:
     bad = copy_run(run, tmp / "mixed")
@@ -281,11 +341,18 @@ def _tokens_backwards(run: Path, tmp: Path) -> Path:
     return bad
 
 
-@pytest.mark.parametrize("make, needle", [
-    (_empty, "no snapshots"), (_empty_snapshots, "no snapshots"), (_mixed, "mixed architectures"),
-    (_gap, "gap in steps: step 4"), (_unrequested, "step 4 was not requested"),
-    (_step_mismatch, "does not match"), (_tokens_backwards, "tokens go backwards"),
-])
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (_empty, "no snapshots"),
+        (_empty_snapshots, "no snapshots"),
+        (_mixed, "mixed architectures"),
+        (_gap, "gap in steps: step 4"),
+        (_unrequested, "step 4 was not requested"),
+        (_step_mismatch, "does not match"),
+        (_tokens_backwards, "tokens go backwards"),
+    ],
+)
 def test_bad_series_one_line_nothing_written(runs, tmp_path, make, needle):
     src = make(runs["preln"], tmp_path)
     extra = ["--recipe", tmp_path / "recipe.json"] if (tmp_path / "recipe.json").exists() else []
@@ -300,7 +367,9 @@ def test_bad_metric_and_foreign_out_dir(runs, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     line = one_error_line(invoke(["track", runs["preln"], "--metric", "causal", "--out", tmp_path / "busy", *FAST]))
-    assert "not a track output directory" in line and sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+    assert "not a track output directory" in line and sorted(p.name for p in (tmp_path / "busy").iterdir()) == [
+        "notes.txt"
+    ]
 
 
 def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
@@ -308,14 +377,28 @@ def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"runs": {"preln_l4": {"steps": 16, "snapshots": [*SNAP_STEPS, 16]}}}))
     out = tmp_path / "o"
-    r = invoke(["track", runs["preln"], "--metric", "angular", "--recipe", recipe, "--out", out,
-                "--data", corpus / "eval.txt", *FAST])
+    r = invoke(
+        [
+            "track",
+            runs["preln"],
+            "--metric",
+            "angular",
+            "--recipe",
+            recipe,
+            "--out",
+            out,
+            "--data",
+            corpus / "eval.txt",
+            *FAST,
+        ]
+    )
     assert r.exit_code == 0, r.output
     text = (out / "README.md").read_text()
     assert "preln_l4: still training (steps [16] requested" in text and (out / "track.png").is_file()
     ds = xr.load_dataset(out / "track.nc")
     assert ds["angular_profile"].dims == ("run", "step", "state") and json.loads(
-        str(ds["requested_steps"].values[0])) == [*SNAP_STEPS, 16]
+        str(ds["requested_steps"].values[0])
+    ) == [*SNAP_STEPS, 16]
 
 
 @pytest.mark.slow
@@ -329,8 +412,7 @@ def test_gguf_files_in_order(tmp_path, corpus):
     revs = [write_tiny_gguf(tiny_llama(seed=s), tmp_path / f"tiny-step{100 * (s + 1)}.gguf") for s in range(2)]
     out = tmp_path / "g"
     text = corpus / "eval.txt"
-    r = invoke(["track", *revs, "--metric", "causal", "--out", out, "--data", text, "--tokens-per-step", "1000",
-                *FAST])
+    r = invoke(["track", *revs, "--metric", "causal", "--out", out, "--data", text, "--tokens-per-step", "1000", *FAST])
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert list(ds["step"].values) == [100, 200] and ds["tokens"].values.ravel().tolist() == [1e5, 2e5]
@@ -338,8 +420,9 @@ def test_gguf_files_in_order(tmp_path, corpus):
     ev = api.eval_data_for(model, text, ck, n_seq=4, seq_len=16, seed=0)
     direct = api.causal(revs[-1], ev, variants=("current",), layers="all")
     got = ds.sel(run=ds["run"].values[0], step=200)
-    np.testing.assert_array_equal(got["causal_score"].values,
-                                  direct["causal_score"].sel(aggregator="max", variant="current").values)
+    np.testing.assert_array_equal(
+        got["causal_score"].values, direct["causal_score"].sel(aggregator="max", variant="current").values
+    )
     assert float(got["causal_share"]) == headline(direct, "causal", 0.45, n_boot=40, seed=0)["share"]
     deeper = write_tiny_gguf(tiny_llama(seed=2, n_layer=2), tmp_path / "tiny-step300.gguf")
     line = one_error_line(invoke(["track", *revs, deeper, "--metric", "causal", "--out", tmp_path / "bad", *FAST]))
@@ -357,12 +440,18 @@ def test_check_validates_without_writing(runs, tmp_path):
 
 def test_undefined_share_is_said_not_hidden(corpus, tmp_path):
     """L = 1 has no late pair: the share is NaN in the dataset and the section says why."""
-    ckpts = [depthlens.save(build_model(ModelConfig.debug("preln", n_layer=1, vocab_size=257, max_seq_len=32),
-                                        seed=s), tmp_path / "one" / f"step{s + 1}") for s in range(2)]
+    ckpts = [
+        depthlens.save(
+            build_model(ModelConfig.debug("preln", n_layer=1, vocab_size=257, max_seq_len=32), seed=s),
+            tmp_path / "one" / f"step{s + 1}",
+        )
+        for s in range(2)
+    ]
     out = tmp_path / "o"
     r = invoke(["track", *ckpts, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST])
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert np.isnan(ds["causal_share"]).all() and np.isnan(ds["tokens"]).all() and list(ds["step"].values) == [1, 2]
-    assert "one: no causal share at some steps (fewer than 2 layers in the late window)" in \
-        (out / "README.md").read_text()
+    assert (
+        "one: no causal share at some steps (fewer than 2 layers in the late window)" in (out / "README.md").read_text()
+    )

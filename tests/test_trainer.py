@@ -23,9 +23,11 @@ from depthlens.training.schedule import lr_factor
 from depthlens.training.trainer import evaluate, micro_batch_ids, train
 
 REPO = Path(__file__).resolve().parents[1]
-TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
-        "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.\n"
-        "def add(a, b):\n    return a + b\n\n")
+TEXT = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.\n"
+    "def add(a, b):\n    return a + b\n\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +42,19 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def tiny(corpus: Path, out: Path, **kw) -> RunConfig:
-    base = dict(model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
-                data=str(corpus), seq_len=32, global_batch=8, steps=10, lr=3e-3, warmup=2, out=str(out),
-                eval_every=0, final_eval_batches=2, log_every=1)
+    base = dict(
+        model=dict(arch="preln", d_model=32, n_layer=2, n_head=2, vocab_size=257, max_seq_len=32),
+        data=str(corpus),
+        seq_len=32,
+        global_batch=8,
+        steps=10,
+        lr=3e-3,
+        warmup=2,
+        out=str(out),
+        eval_every=0,
+        final_eval_batches=2,
+        log_every=1,
+    )
     base.update(kw)
     return RunConfig.from_dict(base)
 
@@ -52,6 +64,7 @@ def log_losses(out: Path) -> list[float]:
 
 
 # --- schedules ------------------------------------------------------------------------------------
+
 
 def test_wsd_values_by_hand():
     f = lambda s: lr_factor(s, 100, warmup=10, schedule="wsd", decay_frac=0.2, min_lr_factor=0.1)  # noqa: E731
@@ -74,14 +87,31 @@ def test_cosine_values_by_hand():
 
 # --- config and recipes ---------------------------------------------------------------------------
 
+
 def test_overrides_and_validation(tmp_path):
-    assert parse_overrides(["lr=1e-3", "model.n_layer=8", "betas=[0.9,0.99]", "out=runs/x", "fsdp=true"]) == \
-        {"lr": 1e-3, "model": {"n_layer": 8}, "betas": [0.9, 0.99], "out": "runs/x", "fsdp": True}
+    assert parse_overrides(["lr=1e-3", "model.n_layer=8", "betas=[0.9,0.99]", "out=runs/x", "fsdp=true"]) == {
+        "lr": 1e-3,
+        "model": {"n_layer": 8},
+        "betas": [0.9, 0.99],
+        "out": "runs/x",
+        "fsdp": True,
+    }
     path = tmp_path / "r.json"
-    path.write_text(json.dumps({"base": {"model": {"arch": "preln", "d_model": 32, "n_head": 2}, "steps": 5,
-                                "warmup": 1}, "runs": {"a": {"model": {"n_layer": 2}}, "b": {"lr": 1e-3}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "base": {"model": {"arch": "preln", "d_model": 32, "n_head": 2}, "steps": 5, "warmup": 1},
+                "runs": {"a": {"model": {"n_layer": 2}}, "b": {"lr": 1e-3}},
+            }
+        )
+    )
     cfg = load_recipe(path, ["model.d_model=64", "lr=2e-3"], run="a")
-    assert (cfg.model, cfg.lr, cfg.name, cfg.steps) == ({"arch": "preln", "d_model": 64, "n_head": 2, "n_layer": 2}, 2e-3, "a", 5)
+    assert (cfg.model, cfg.lr, cfg.name, cfg.steps) == (
+        {"arch": "preln", "d_model": 64, "n_head": 2, "n_layer": 2},
+        2e-3,
+        "a",
+        5,
+    )
     with pytest.raises(ValueError, match="pick one with run=NAME"):
         load_recipe(path)
     with pytest.raises(ValueError, match="micro_batch"):
@@ -99,7 +129,8 @@ def test_committed_recipes_are_valid_and_in_sync():
     assert zoo == json.loads(json.dumps(recipes.zoo_recipe())), "rerun `python -m depthlens.training.recipes`"
     runs = recipe_runs(zoo)
     assert {(r["model"]["arch"], r["model"]["n_layer"]) for r in runs.values()} == {
-        (s, L) for s in SLUGS for L in (4, 8, 16, 32)}
+        (s, L) for s in SLUGS for L in (4, 8, 16, 32)
+    }
     sweep = read_recipe(REPO / "depthlens/recipes/zoo_cpu_lr.json")
     assert sweep == json.loads(json.dumps(recipes.zoo_lr_recipe())), "rerun `python -m depthlens.training.recipes`"
     for name, r in runs.items():
@@ -123,6 +154,7 @@ def test_committed_recipes_are_valid_and_in_sync():
 
 # --- data order -----------------------------------------------------------------------------------
 
+
 def test_data_order_independent_of_accumulation_and_world(corpus):
     ds = TokenDataset.from_dir(corpus)
     n = ds.n_sequences(32)
@@ -145,6 +177,7 @@ def test_data_order_independent_of_accumulation_and_world(corpus):
 
 # --- training -------------------------------------------------------------------------------------
 
+
 def test_loss_falls_and_checkpoint_exports(corpus, tmp_path):
     out = tmp_path / "run"
     rec = train(tiny(corpus, out, steps=60, lr=1e-2, warmup=5, eval_every=30, eval_batches=1, name="t"))
@@ -153,10 +186,13 @@ def test_loss_falls_and_checkpoint_exports(corpus, tmp_path):
     assert rec["final_val_loss"] < 3.5 and rec["steps"] == 60 and rec["tokens"] == 60 * 8 * 32
     ck = load(out / "checkpoint")
     assert ck.train["final_val_loss"] == rec["final_val_loss"] and ck.train["params"]["total"] == sum(
-        p.numel() for p in ck.model.parameters())
+        p.numel() for p in ck.model.parameters()
+    )
     assert isinstance(load_tokenizer(out / "checkpoint"), ByteTokenizer)
     # the exported weights reproduce the recorded validation loss
-    assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=16) == pytest.approx(rec["final_val_loss"], abs=1e-5)
+    assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=16) == pytest.approx(
+        rec["final_val_loss"], abs=1e-5
+    )
 
 
 def test_snapshot_steps():
@@ -184,7 +220,9 @@ def test_snapshots_at_the_requested_steps_survive_a_kill_and_do_not_perturb_trai
         step = int(name.split("_")[1])
         assert info["step"] == step and info["tokens"] == step * 8 * 32
         ck = load(snap / "snapshots" / name)
-        assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=8) == pytest.approx(info["val_loss"], abs=1e-5)
+        assert evaluate(ck.model, corpus, 32, batch_size=8, max_sequences=8) == pytest.approx(
+            info["val_loss"], abs=1e-5
+        )
     init = _weights(snap / "snapshots/step_0000000")
     fresh = tiny(corpus, tmp_path / "x")
     from depthlens.models.model import build_model
@@ -237,8 +275,11 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
     away (now 8e-7; mHC 4e-5, its Sinkhorn amplifies round-off: lr is kept low so 1e-4 is a fair bar)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    runs = {"ddp": ("moda", 6, {}), "fsdp_hc": ("hc", 50, {"fsdp": True, "micro_batch": 2}),
-            "fsdp_mhc": ("mhc", 50, {"fsdp": True, "micro_batch": 2})}
+    runs = {
+        "ddp": ("moda", 6, {}),
+        "fsdp_hc": ("hc", 50, {"fsdp": True, "micro_batch": 2}),
+        "fsdp_mhc": ("mhc", 50, {"fsdp": True, "micro_batch": 2}),
+    }
     recipes, ones = [], {}
     for name, (arch, steps, extra) in runs.items():
         model = {**tiny(corpus, tmp_path).model, "arch": arch, "n_layer": 3}
@@ -247,8 +288,13 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
         recipe = tmp_path / f"{name}.json"
         recipe.write_text(json.dumps({**cfg.to_dict(), **extra, "out": str(tmp_path / name)}))
         recipes.append(str(recipe))
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", str(REPO / "tests/dist_worker.py"),
-                           *recipes], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", str(REPO / "tests/dist_worker.py"), *recipes],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in runs:
         assert log_losses(tmp_path / name) == pytest.approx(log_losses(tmp_path / f"{name}_one"), abs=1e-4), name
@@ -257,7 +303,8 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
         worst = max((one[k] - two[k]).abs().max().item() for k in one)
         assert worst < 1e-4, f"{name}: 2-process weights differ from 1-process by {worst:.2e}"
         assert load(tmp_path / name / "checkpoint").train["final_val_loss"] == pytest.approx(
-            ones[name]["final_val_loss"], abs=1e-4)
+            ones[name]["final_val_loss"], abs=1e-4
+        )
 
 
 def test_bf16_autocast_trains_close_to_fp32_with_fp32_losses(corpus, tmp_path, monkeypatch):
@@ -316,12 +363,14 @@ def test_lr_sweep_extends_until_interior(tmp_path, monkeypatch):
         for lr in recipes.ZOO_LRS:
             finish(recipes.lr_sweep_name(design, 8, lr), (math.log2(lr / 6e-3)) ** 2)
     deep = recipes.lr_sweep_pending(sweep)
-    assert sorted(deep) == sorted(recipes.lr_sweep_name(d, 32, lr) for d in recipes.ZOO_CONFIRM_DESIGNS
-                                  for lr in (3e-3, 6e-3, 1.2e-2))
+    assert sorted(deep) == sorted(
+        recipes.lr_sweep_name(d, 32, lr) for d in recipes.ZOO_CONFIRM_DESIGNS for lr in (3e-3, 6e-3, 1.2e-2)
+    )
     for name in deep:  # at L=32 the optimum moves to the top edge: one more step up
         finish(name, -sweep["runs"][name]["lr"])
     assert sorted(recipes.lr_sweep_pending(sweep)) == sorted(
-        recipes.lr_sweep_name(d, 32, 2.4e-2) for d in recipes.ZOO_CONFIRM_DESIGNS)
+        recipes.lr_sweep_name(d, 32, 2.4e-2) for d in recipes.ZOO_CONFIRM_DESIGNS
+    )
     res = recipes.collect_lr_sweep(sweep, tmp_path / "res.json")
     assert res["chosen"]["hc"] == {"8": 6e-3, "32": 1.2e-2} and res["interior"]["hc"] == {"8": True, "32": False}
     assert recipes.zoo_lr("hc", 32, res) == (1.2e-2, "zoo_cpu_lr_sweep.json (L=32)")
@@ -345,9 +394,12 @@ def test_residual_design_parameters_are_not_decayed_by_default():
 
 def test_stale_runs_follow_the_recipe(tmp_path):
     """A zoo checkpoint is kept only when its train.json was written by the recipe as it is now."""
-    recipe = {"base": {"model": {"arch": "preln", "n_layer": 2, "d_model": 16, "n_head": 2}, "lr": 1e-3},
-              "runs": {name: {"export": str(tmp_path / name), "out": str(tmp_path / "runs" / name)}
-                       for name in ("a", "b", "c")}}
+    recipe = {
+        "base": {"model": {"arch": "preln", "n_layer": 2, "d_model": 16, "n_head": 2}, "lr": 1e-3},
+        "runs": {
+            name: {"export": str(tmp_path / name), "out": str(tmp_path / "runs" / name)} for name in ("a", "b", "c")
+        },
+    }
     path = tmp_path / "r.json"
     path.write_text(json.dumps(recipe))
     for name, lr in (("a", 1e-3), ("b", 2e-3)):  # a: trained from this recipe; b: from an older one (another LR)

@@ -55,7 +55,9 @@ def _documented_torchrun_lines() -> list[tuple[str, list[str]]]:
             line = line.strip()
             if line.startswith("torchrun ") and " ... " not in line:
                 # the shell variables the docs use, as a shell would expand them
-                argv = [re.sub(r"\$(\w+)", lambda m: SHELL_VARS[m.group(1)], a) for a in shlex.split(line, comments=True)]
+                argv = [
+                    re.sub(r"\$(\w+)", lambda m: SHELL_VARS[m.group(1)], a) for a in shlex.split(line, comments=True)
+                ]
                 found.append((f"{doc.name}: {line}", argv[1:]))
     return found
 
@@ -107,13 +109,16 @@ def test_recorded_command_names_depthlens_not_main_py():
 
     cli_main = str(REPO / "depthlens" / "cli" / "__main__.py")
     assert command_line([cli_main, "report", "a", "--out", "r"]) == "depthlens report a --out r"
-    assert command_line([str(REPO / "depthlens/training/trainer.py"), "R.json", "run=x"]) == \
-        "python -m depthlens.training.trainer R.json run=x"
+    assert (
+        command_line([str(REPO / "depthlens/training/trainer.py"), "R.json", "run=x"])
+        == "python -m depthlens.training.trainer R.json run=x"
+    )
     assert command_line(["/usr/bin/depthlens", "causal", "c"]) == "depthlens causal c"
     assert command_line(["/elsewhere/__main__.py", "x"]) == "__main__.py x"
 
 
 # --- a diverging run ----------------------------------------------------------------------------------
+
 
 def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_state(corpus, tmp_path, monkeypatch):  # noqa: F811
     """A NaN loss at step 5 (injected: the weights stay good, so the kept state can be checked by resuming it):
@@ -148,8 +153,11 @@ def test_infinite_gradient_norm_stops_before_the_poisoned_update_is_saved(corpus
     from depthlens.training import trainer as T
 
     real = T.Trainer.train_step
-    monkeypatch.setattr(T.Trainer, "train_step",
-                        lambda self, step: {**real(self, step), "grad_norm": math.inf} if step == 2 else real(self, step))
+    monkeypatch.setattr(
+        T.Trainer,
+        "train_step",
+        lambda self, step: {**real(self, step), "grad_norm": math.inf} if step == 2 else real(self, step),
+    )
     with pytest.raises(T.TrainingDiverged, match=r"gradient norm is inf at step 3; no resume state was saved"):
         train(tiny(corpus, tmp_path / "run", steps=8))
     assert not (tmp_path / "run" / "resume").exists()
@@ -219,9 +227,14 @@ def test_two_process_ddp_is_bit_identical_to_one_process_with_the_same_micro_bat
     recipe = tmp_path / "two.json"
     recipe.write_text(json.dumps(tiny(corpus, tmp_path / "two", steps=8).to_dict()))
     torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", str(REPO / "tests/dist_worker.py"),
-                           str(recipe)], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", str(REPO / "tests/dist_worker.py"), str(recipe)],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = _weights(one / "checkpoint"), _weights(tmp_path / "two" / "checkpoint")
     assert a.keys() == b.keys()

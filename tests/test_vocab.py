@@ -78,12 +78,12 @@ def test_unembedding_is_the_head(arch):
         state = m.run_layers(m.embed(toks, ctx), ctx)
         u = unembedding_of(m)
         assert u is not None
-        torch.testing.assert_close(F.linear(u.hidden(state, ctx), u.weight, u.bias), m.head(state, ctx),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(F.linear(u.hidden(state, ctx), u.weight, u.bias), m.head(state, ctx), rtol=0, atol=0)
 
 
 def _numpy_loss(logits_ref: np.ndarray, logits: np.ndarray, targets: np.ndarray):
     """NLL and KL(p_ref ‖ p) per token from float64 logits (b, T', V): the definitions, written out."""
+
     def log_softmax(z):
         z = z - z.max(-1, keepdims=True)
         return z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -111,8 +111,9 @@ def test_loss_against_reference_equals_numpy(chunked):
         nll0 = loss.reference(clean)
         nll, kl = loss(state)
         ref_logits = m.head(clean, ctx)[:, 1:].double().numpy()
-        want = [_numpy_loss(ref_logits, m.head(s, ctx)[:, 1:].double().numpy(), toks[:, 2:].numpy())
-                for s in (clean, *arms)]
+        want = [
+            _numpy_loss(ref_logits, m.head(s, ctx)[:, 1:].double().numpy(), toks[:, 2:].numpy()) for s in (clean, *arms)
+        ]
     np.testing.assert_allclose(nll0.numpy(), want[0][0], atol=2e-5)
     np.testing.assert_allclose(nll.numpy(), np.concatenate([w[0] for w in want]), atol=2e-5)
     np.testing.assert_allclose(kl.numpy(), np.concatenate([w[1] for w in want]), atol=2e-5)

@@ -27,8 +27,10 @@ from depthlens.models import ModelConfig, build_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 MODULE = "depthlens_worked_example_update_align"  # the doc's module, written to a temp dir under this name
-TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
-        "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n") * 8
+TEXT = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
+) * 8
 EVAL = ["--n-seq", "4", "--seq-len", "16"]
 
 
@@ -71,15 +73,28 @@ def models(tmp_path_factory) -> dict[str, list[Path]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("models")
-    native = [depthlens.save(build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=k),
-                             root / "native" / f"step_{k + 1}") for k in range(2)]
-    deepnorm = depthlens.save(build_model(ModelConfig.debug("deepnorm", vocab_size=257, max_seq_len=32), seed=2),
-                              root / "deepnorm")
+    native = [
+        depthlens.save(
+            build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=k),
+            root / "native" / f"step_{k + 1}",
+        )
+        for k in range(2)
+    ]
+    deepnorm = depthlens.save(
+        build_model(ModelConfig.debug("deepnorm", vocab_size=257, max_seq_len=32), seed=2), root / "deepnorm"
+    )
     hf = []
     for k in range(2):
         torch.manual_seed(k)
-        cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        cfg = LlamaConfig(
+            vocab_size=257,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
         path = root / "hf" / f"step_{k + 1}"
         LlamaForCausalLM(cfg).eval().save_pretrained(str(path), safe_serialization=True)
         hf.append(path)
@@ -96,8 +111,12 @@ def native_updates(path: Path, tokens: torch.Tensor) -> np.ndarray:
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     L = model.n_layer
-    return np.stack([(cache[f"blocks.{l}.hook_resid_post"] - cache[f"blocks.{l}.hook_resid_pre"]).double().numpy()
-                     for l in range(L)])
+    return np.stack(
+        [
+            (cache[f"blocks.{l}.hook_resid_post"] - cache[f"blocks.{l}.hook_resid_pre"]).double().numpy()
+            for l in range(L)
+        ]
+    )
 
 
 def hf_updates(path: Path, tokens: torch.Tensor) -> np.ndarray:
@@ -157,8 +176,21 @@ def test_cli_command(registered, models, kind, tmp_path):
     runner = CliRunner()
     assert "update_align" in runner.invoke(app, ["--help"]).output
     out = tmp_path / "a.nc"
-    r = runner.invoke(app, ["update_align", str(models[kind][0]), "--data", str(models["eval"][0]), *EVAL,
-                            "--n-boot", "50", "--out", str(out), "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "update_align",
+            str(models[kind][0]),
+            "--data",
+            str(models["eval"][0]),
+            *EVAL,
+            "--n-boot",
+            "50",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     head = json.loads(r.output)["update_align"]
     ds = xr.load_dataset(out)
@@ -197,8 +229,9 @@ def test_track_series(registered, models, kind, tmp_path):
     from depthlens.studies import track as T
 
     series = T.scan(models[kind])
-    opts = T.TrackOptions(metrics=T.parse_metrics("update_align"), data=str(models["eval"][0]), n_seq=4,
-                          seq_len=16, n_boot=50)
+    opts = T.TrackOptions(
+        metrics=T.parse_metrics("update_align"), data=str(models["eval"][0]), n_seq=4, seq_len=16, n_boot=50
+    )
     ds = T.track(series, opts, tmp_path / "parts")
     assert ds["update_align_share"].dims == ("run", "step") and ds.sizes["step"] == 2
     for step in ds["step"].values:
@@ -214,6 +247,8 @@ def test_a_model_without_a_needed_capability_is_refused_in_one_line(registered, 
     entry = Diagnostic("needs_readouts", f"{MODULE}:update_alignment", "test", needs=("readouts",))
     with registry.register(entry), pytest.raises(DepthlensError, match="needs model capability readouts"):
         api.run("needs_readouts", models["hf"][0], torch.randint(1, 257, (2, 8)))
-    with pytest.raises(DepthlensError, match="already registered"), \
-            registry.register(Diagnostic("update_align", f"{MODULE}:update_alignment", "again")):
+    with (
+        pytest.raises(DepthlensError, match="already registered"),
+        registry.register(Diagnostic("update_align", f"{MODULE}:update_alignment", "again")),
+    ):
         pass

@@ -62,6 +62,7 @@ def resolve(root: nn.Module, path: str) -> nn.Module:
 
 # --- weight-key maps ------------------------------------------------------------------------------------
 
+
 @cache
 def _pattern(template: str) -> re.Pattern[str]:
     return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)") + "$")
@@ -96,6 +97,7 @@ def rename(state: Mapping[str, torch.Tensor], table: KeyMap, *, what: str) -> di
 
 
 # --- what an adapted model exposes as its config ---------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ForeignConfig:

@@ -54,12 +54,25 @@ def hf_llama_config(cfg: Any, *, bos_id: int | None = None) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rope_theta=float(cfg.rope_theta),
-        rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu",
-        attention_bias=False, mlp_bias=False, bos_token_id=bos_id, eos_token_id=None, pad_token_id=None,
-        architectures=["LlamaForCausalLM"])
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len,
+        rope_theta=float(cfg.rope_theta),
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=bos_id,
+        eos_token_id=None,
+        pad_token_id=None,
+        architectures=["LlamaForCausalLM"],
+    )
 
 
 def export_llama(model_or_path: Any, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -83,8 +96,13 @@ def export_llama(model_or_path: Any, out_dir: str | os.PathLike, *, overwrite: b
     if cfg.arch == "lns":
         state = _fold_lns(state, cfg.n_layer, +1)
     hf_state = rename(state, invert(LLAMA_KEYS), what="depthlens->llama")
-    side = {"depthlens_version": __version__, "source_arch": cfg.arch, "lns_folded": int(cfg.arch == "lns"),
-            "source": src, "model": cfg.to_dict()}
+    side = {
+        "depthlens_version": __version__,
+        "source_arch": cfg.arch,
+        "lns_folded": int(cfg.arch == "lns"),
+        "source": src,
+        "model": cfg.to_dict(),
+    }
     try:  # built whole, swapped in; replaces only an earlier export (depthlens.io.atomic)
         with atomic_dir(out, overwrite=overwrite, kinds=("converted checkpoint",), flag="overwrite=True") as tmp:
             save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -119,11 +137,19 @@ def depthlens_config_from_hf(hf_cfg: Any, *, arch: str = "preln") -> Any:
     window = getattr(hf_cfg, "sliding_window", None)
     need(window is None or window >= hf_cfg.max_position_embeddings, f"sliding_window {window} is active")
     try:
-        return ModelConfig(arch=arch, d_model=d, n_layer=hf_cfg.num_hidden_layers, n_head=H,
-                           n_kv_head=hf_cfg.num_key_value_heads or H, vocab_size=hf_cfg.vocab_size,
-                           d_ff=hf_cfg.intermediate_size, max_seq_len=hf_cfg.max_position_embeddings,
-                           rope_theta=float(theta), norm_eps=float(hf_cfg.rms_norm_eps),
-                           tie_embeddings=bool(hf_cfg.tie_word_embeddings))
+        return ModelConfig(
+            arch=arch,
+            d_model=d,
+            n_layer=hf_cfg.num_hidden_layers,
+            n_head=H,
+            n_kv_head=hf_cfg.num_key_value_heads or H,
+            vocab_size=hf_cfg.vocab_size,
+            d_ff=hf_cfg.intermediate_size,
+            max_seq_len=hf_cfg.max_position_embeddings,
+            rope_theta=float(theta),
+            norm_eps=float(hf_cfg.rms_norm_eps),
+            tie_embeddings=bool(hf_cfg.tie_word_embeddings),
+        )
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
 
@@ -149,8 +175,9 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def import_llama(hf_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, arch: str = "preln",
-                 overwrite: bool = False) -> Any:
+def import_llama(
+    hf_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, arch: str = "preln", overwrite: bool = False
+) -> Any:
     """Read an HF LLaMA/Mistral directory as a depthlens model (`preln`, or `lns` to unfold exported gains).
 
     Returns the DepthModel; also writes a depthlens checkpoint to `out_dir` when given.
@@ -182,6 +209,7 @@ def import_llama(hf_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
     model.load_state_dict(state, strict=not cfg.tie_embeddings)
     model.eval()
     if out_dir is not None:
-        checkpoint.save(model, out_dir, overwrite=overwrite,
-                        train={"imported_from": str(path), "hf_model_type": hf_cfg.model_type})
+        checkpoint.save(
+            model, out_dir, overwrite=overwrite, train={"imported_from": str(path), "hf_model_type": hf_cfg.model_type}
+        )
     return model

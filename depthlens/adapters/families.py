@@ -21,6 +21,7 @@ def supported_model_types() -> list[str]:
 def spec_for(model_type: str | None) -> AdapterSpec:
     """The spec serving a config.json `model_type`; CheckpointError (one line) if none does."""
     if model_type not in SPECS:
-        raise CheckpointError(f"model_type {model_type!r} has no depthlens adapter; supported: "
-                              f"{', '.join(sorted(SPECS))}")
+        raise CheckpointError(
+            f"model_type {model_type!r} has no depthlens adapter; supported: {', '.join(sorted(SPECS))}"
+        )
     return SPECS[model_type]

@@ -62,8 +62,9 @@ class _Stop(Exception):
 class _Probe(nn.Module):
     """Stands in for block i during a forward: records its arguments, returns its input (or injects h)."""
 
-    def __init__(self, block: nn.Module, sink: list, index: int, inject: torch.Tensor | None = None,
-                 as_tuple: bool = False):
+    def __init__(
+        self, block: nn.Module, sink: list, index: int, inject: torch.Tensor | None = None, as_tuple: bool = False
+    ):
         super().__init__()
         for a in COPIED_ATTRS:  # the model's loop may read these off the layer (mask type per layer)
             if a in vars(block) or hasattr(type(block), a):
@@ -94,9 +95,11 @@ def find_blocks(hf: nn.Module, n_layer: int) -> str:
     lists = [name for name, m in hf.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layer and name]
     top = [n for n in lists if not any(n != o and n.startswith(o + ".") for o in lists)]
     if len(top) != 1:
-        raise CheckpointError(f"model_type {hf.config.model_type!r} has no depthlens adapter, and its decoder blocks "
-                              f"do not form one ModuleList of {n_layer} (found {len(top)}); the generic-blocks "
-                              "path cannot analyse it")
+        raise CheckpointError(
+            f"model_type {hf.config.model_type!r} has no depthlens adapter, and its decoder blocks "
+            f"do not form one ModuleList of {n_layer} (found {len(top)}); the generic-blocks "
+            "path cannot analyse it"
+        )
     return top[0]
 
 
@@ -104,8 +107,10 @@ def check_generic(hf: nn.Module) -> None:
     """Refuse what the generic path cannot honestly analyse: encoder-decoders, and any model whose logits at
     position 0 depend on a later token (not causal: BERT-style encoders behind a causal-LM head)."""
     mt = getattr(hf.config, "model_type", "?")
-    refuse = CheckpointError(f"model_type {mt!r} has no depthlens adapter and is not a decoder-only causal LM "
-                             "(the generic-blocks path needs one)")
+    refuse = CheckpointError(
+        f"model_type {mt!r} has no depthlens adapter and is not a decoder-only causal LM "
+        "(the generic-blocks path needs one)"
+    )
     if getattr(hf.config, "is_encoder_decoder", False):
         raise refuse
     dev = hf.get_input_embeddings().weight.device
@@ -131,17 +136,27 @@ class GenericBlocksModel(HookedRootModule):
         self.blocks_path = find_blocks(hf_model, n)
         names = {id(m): k for k, m in hf_model.named_modules()}
         emb, out = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
-        self.spec = AdapterSpec(family=str(c.model_type), model_types=(str(c.model_type),), blocks=self.blocks_path,
-                                embed=names.get(id(emb), ""), final_norm="", lm_head=names.get(id(out), ""),
-                                attn_norm="", attn="", mlp_norm="", mlp="")
+        self.spec = AdapterSpec(
+            family=str(c.model_type),
+            model_types=(str(c.model_type),),
+            blocks=self.blocks_path,
+            embed=names.get(id(emb), ""),
+            final_norm="",
+            lm_head=names.get(id(out), ""),
+            attn_norm="",
+            attn="",
+            mlp_norm="",
+            mlp="",
+        )
         self.design = ForeignBlocks(str(c.model_type))
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([_BlockHooks() for _ in range(n)])
         self.hook_resid_final = HookPoint()
         self.placement = None  # a `placement.Placement` once `place` ran
         heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 1)
-        self.cfg = _lens_config(n_layers=n, d_model=self.d_model, n_heads=heads, n_ctx=self.max_seq_len,
-                                d_vocab=self.vocab_size)
+        self.cfg = _lens_config(
+            n_layers=n, d_model=self.d_model, n_heads=heads, n_ctx=self.max_seq_len, d_vocab=self.vocab_size
+        )
         self.setup()
 
     def setup(self) -> None:
@@ -178,9 +193,16 @@ class GenericBlocksModel(HookedRootModule):
     @property
     def config(self) -> Any:
         c = self.hf_config
-        return ForeignConfig(family=str(c.model_type), model_type=str(c.model_type), n_layer=self.n_layer,
-                             d_model=self.d_model, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
-                             hf_config=json.loads(c.to_json_string(use_diff=False)), arch=self.design.slug)
+        return ForeignConfig(
+            family=str(c.model_type),
+            model_type=str(c.model_type),
+            n_layer=self.n_layer,
+            d_model=self.d_model,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+            hf_config=json.loads(c.to_json_string(use_diff=False)),
+            arch=self.design.slug,
+        )
 
     def _device(self) -> torch.device:
         return self.hf.get_input_embeddings().weight.device
@@ -203,8 +225,10 @@ class GenericBlocksModel(HookedRootModule):
 
         p = resolve_device_map(device_map, self.part_sizes(), devices)
         if p.head != p.embed:
-            raise DepthlensError("device_map: the generic-blocks path keeps the head on the embedding's device "
-                                 f"(embed {p.embed}, head {p.head})")
+            raise DepthlensError(
+                "device_map: the generic-blocks path keeps the head on the embedding's device "
+                f"(embed {p.embed}, head {p.head})"
+            )
         blocks = self.layers
         with _Swap(blocks, [nn.Identity() for _ in blocks]):  # move everything but the blocks
             self.hf.to(p.embed)
@@ -232,7 +256,9 @@ class GenericBlocksModel(HookedRootModule):
     def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
         """Record, once per length, the arguments the model passes each block (probe forward on (1, T))."""
         if seq_len > self.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds the model's max_position_embeddings {self.max_seq_len}")
+            raise ValueError(
+                f"sequence length {seq_len} exceeds the model's max_position_embeddings {self.max_seq_len}"
+            )
         device = self._device() if self.placement is not None else (device or self._device())
         sink: list = []
         ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
@@ -240,8 +266,10 @@ class GenericBlocksModel(HookedRootModule):
             self.hf(input_ids=ids, use_cache=False)
         calls = {i: (rest, kw) for i, rest, kw in sink}
         if sorted(calls) != list(range(self.n_layer)):
-            raise CheckpointError(f"{self.hf_config.model_type}: the model's forward did not call each of its "
-                                  f"{self.n_layer} blocks once; the generic-blocks path cannot analyse it")
+            raise CheckpointError(
+                f"{self.hf_config.model_type}: the model's forward did not call each of its "
+                f"{self.n_layer} blocks once; the generic-blocks path cannot analyse it"
+            )
         empty = torch.empty(0, device=device)
         ctx = RunContext(cos=empty, sin=empty, record={} if record else None)
         ctx.extras["block_calls"] = calls
@@ -271,13 +299,25 @@ class GenericBlocksModel(HookedRootModule):
         ctx.put("h0", h)
         return {"h": h}
 
-    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
-                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
-                   order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
+    def run_layers(
+        self,
+        state: State,
+        ctx: RunContext,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
+        unit: str = "block",
+        order: list[int] | None = None,
+        swap: str = "body",
+        on_layer: OnLayer | None = None,
+    ) -> State:
         """Blocks at positions start..stop-1; keep {pos: (B, T)}: 0 = the block's input passes through."""
         if unit in ("attn", "mlp"):
-            raise ValueError("the generic-blocks path skips whole blocks only (unit='block'); attn/mlp sublayers "
-                             "need a hand-mapped adapter")
+            raise ValueError(
+                "the generic-blocks path skips whole blocks only (unit='block'); attn/mlp sublayers "
+                "need a hand-mapped adapter"
+            )
         check_run_layers_args(self.n_layer, unit, swap, order, units=("block",))
         stop = self.n_layer if stop is None else stop
         keep = keep or {}
@@ -310,7 +350,9 @@ class GenericBlocksModel(HookedRootModule):
         B, T = h.shape[:2]
         sink: list = []
         as_tuple = bool(ctx.extras.get("as_tuple", False))
-        probes = [_Probe(b, sink, i, inject=h if i == 0 else None, as_tuple=as_tuple) for i, b in enumerate(self.layers)]
+        probes = [
+            _Probe(b, sink, i, inject=h if i == 0 else None, as_tuple=as_tuple) for i, b in enumerate(self.layers)
+        ]
         ids = torch.zeros(B, T, dtype=torch.long, device=h.device)
         with self._swapped(probes):
             out = self.hf(input_ids=ids, use_cache=False)
@@ -348,8 +390,9 @@ class GenericBlocksModel(HookedRootModule):
             direct = F.linear(self._head_input(state, ctx), lm_head.weight, lm_head.bias).float()
         if not torch.allclose(logits, direct, rtol=1e-4, atol=1e-4 * float(logits.abs().max())):
             return None  # something transforms the logits after the projection
-        return Unembedding(hidden=lambda state, ctx: self._head_input(state, ctx), weight=lm_head.weight,
-                           bias=lm_head.bias)
+        return Unembedding(
+            hidden=lambda state, ctx: self._head_input(state, ctx), weight=lm_head.weight, bias=lm_head.bias
+        )
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         ctx = self.context(tokens.shape[1], device=self._device())

@@ -90,8 +90,13 @@ class HFLayeredModel(HookedRootModule):
         self.blocks = nn.ModuleList([LayerHooks() for _ in range(len(self.layers))])
         self.hook_resid_final = HookPoint()  # h_L before the final norm (B, T, d)
         c = self.hf_config
-        self.cfg = _lens_config(n_layers=self.n_layer, d_model=c.hidden_size, n_heads=c.num_attention_heads,
-                                n_ctx=self.max_seq_len, d_vocab=c.vocab_size)
+        self.cfg = _lens_config(
+            n_layers=self.n_layer,
+            d_model=c.hidden_size,
+            n_heads=c.num_attention_heads,
+            n_ctx=self.max_seq_len,
+            d_vocab=c.vocab_size,
+        )
         self._kinds = _layer_kinds(c, self.n_layer)
         self.placement = None  # a `placement.Placement` once `place` ran; None: the model's own single device
         self.setup()
@@ -110,9 +115,15 @@ class HFLayeredModel(HookedRootModule):
     def config(self) -> ForeignConfig:
         """depthlens-style summary of the HF config (`.hf_config` is the HF object itself)."""
         c = self.hf_config
-        return ForeignConfig(family=self.spec.family, model_type=c.model_type, n_layer=self.n_layer,
-                             d_model=self.d_model, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len,
-                             hf_config=json.loads(c.to_json_string(use_diff=False)))
+        return ForeignConfig(
+            family=self.spec.family,
+            model_type=c.model_type,
+            n_layer=self.n_layer,
+            d_model=self.d_model,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+            hf_config=json.loads(c.to_json_string(use_diff=False)),
+        )
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -144,9 +155,12 @@ class HFLayeredModel(HookedRootModule):
 
         count = lambda *paths: sum(p.numel() for q in paths if q for p in resolve(self.hf, q).parameters())  # noqa: E731
         tied = resolve(self.hf, self.spec.lm_head).weight is self._param()
-        return PartSizes(embed=count(self.spec.embed, self.spec.pos_embed),
-                         layers=tuple(sum(p.numel() for p in layer.parameters()) for layer in self.layers),
-                         head=count(self.spec.final_norm) + (0 if tied else count(self.spec.lm_head)), tied=tied)
+        return PartSizes(
+            embed=count(self.spec.embed, self.spec.pos_embed),
+            layers=tuple(sum(p.numel() for p in layer.parameters()) for layer in self.layers),
+            head=count(self.spec.final_norm) + (0 if tied else count(self.spec.lm_head)),
+            tied=tied,
+        )
 
     def place(self, device_map: Any, devices: list[str] | None = None) -> HFLayeredModel:
         """Move the embedding, each decoder layer and the head to the devices of `device_map` ("auto", a device
@@ -186,8 +200,9 @@ class HFLayeredModel(HookedRootModule):
         """RoPE tables (1, T, dh) from the model's own rotary module, position ids (1, T); masks are built
         lazily per batch size in `ctx.extras`."""
         if seq_len > self.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds the model's max_position_embeddings "
-                             f"{self.max_seq_len}")
+            raise ValueError(
+                f"sequence length {seq_len} exceeds the model's max_position_embeddings {self.max_seq_len}"
+            )
         w = self._param()
         device = w.device if self.placement is not None else (device or w.device)  # the tables start at the embedding
         pos = torch.arange(seq_len, device=device).unsqueeze(0)
@@ -207,9 +222,19 @@ class HFLayeredModel(HookedRootModule):
         ctx.put("h0", h)
         return {"h": h}
 
-    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
-                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
-                   order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
+    def run_layers(
+        self,
+        state: State,
+        ctx: RunContext,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
+        unit: str = "block",
+        order: list[int] | None = None,
+        swap: str = "body",
+        on_layer: OnLayer | None = None,
+    ) -> State:
         """Run layer positions start..stop-1 from `state` (the state before layer `start`).
 
         keep: {pos: (B, T) mask}, 0 = drop that layer's write(s) at the token; unit: "block" | "attn" | "mlp".
@@ -225,15 +250,23 @@ class HFLayeredModel(HookedRootModule):
             # runs on layer src's device; comes back on position pos's home device, so rows that ran different
             # layers at pos (a batch of swap pairs) can be concatenated again
             home = self._home(pos, h)
-            h_out = self._layer(h, ctx, pos, src, k if unit in ("block", "attn") else None,
-                                k if unit in ("block", "mlp") else None).to(home)
+            h_out = self._layer(
+                h, ctx, pos, src, k if unit in ("block", "attn") else None, k if unit in ("block", "mlp") else None
+            ).to(home)
             if on_layer is not None:
                 on_layer(pos, {"h": h_out}, h_out - h.to(home))
             h = h_out
         return {**state, "h": h}
 
-    def _layer(self, h: torch.Tensor, ctx: RunContext, pos: int, src: int,
-               keep_attn: torch.Tensor | None, keep_mlp: torch.Tensor | None) -> torch.Tensor:
+    def _layer(
+        self,
+        h: torch.Tensor,
+        ctx: RunContext,
+        pos: int,
+        src: int,
+        keep_attn: torch.Tensor | None,
+        keep_mlp: torch.Tensor | None,
+    ) -> torch.Tensor:
         """One decoder layer (weights of layer `src`, hooks of position `pos`): (B, T, d) -> (B, T, d)."""
         layer, hk, sp = self.layers[src], self.blocks[pos], self.spec
         dev = self._home(src, h)  # layer src's device: its input, masks and tables go there
@@ -261,12 +294,16 @@ class HFLayeredModel(HookedRootModule):
         if key not in ctx.extras:
             base = ("mask", kind, h.shape[0], h.dtype, None)  # built once, where the position ids are
             if base not in ctx.extras:
-                build = (masking_utils.create_sliding_window_causal_mask if kind == "sliding_attention"
-                         else masking_utils.create_causal_mask)
+                build = (
+                    masking_utils.create_sliding_window_causal_mask
+                    if kind == "sliding_attention"
+                    else masking_utils.create_causal_mask
+                )
                 pos = ctx.extras["position_ids"]
                 like = torch.empty((), dtype=h.dtype, device=pos.device).expand(h.shape)  # shape/dtype only, no memory
-                ctx.extras[base] = build(config=self.hf_config, inputs_embeds=like, attention_mask=None, cache=None,
-                                         position_ids=pos)
+                ctx.extras[base] = build(
+                    config=self.hf_config, inputs_embeds=like, attention_mask=None, cache=None, position_ids=pos
+                )
             m = ctx.extras[base]
             ctx.extras[key] = m.to(h.device) if isinstance(m, torch.Tensor) else m  # one copy per device
         return ctx.extras[key]
@@ -324,6 +361,7 @@ def _layer_kinds(config: Any, n_layer: int) -> list[str]:
 
 # --- tiny offline configs (torchtitan's "debugmodel") ---------------------------------------------------
 
+
 def debug_config(model_type: str, **overrides: Any) -> Any:
     """A tiny HF config for `model_type` (llama, mistral, qwen2, qwen3, gpt2), built offline: 4 layers,
     d = 32, GQA 4/2, vocab 101. Build the model with `AutoModelForCausalLM.from_config(cfg)`."""
@@ -331,16 +369,28 @@ def debug_config(model_type: str, **overrides: Any) -> Any:
 
     spec_for(model_type)  # refuse families without an adapter
     if model_type == "gpt2":
-        kw: dict[str, Any] = dict(vocab_size=101, n_embd=32, n_layer=4, n_head=4, n_positions=64,
-                                  bos_token_id=0, eos_token_id=0)
+        kw: dict[str, Any] = dict(
+            vocab_size=101, n_embd=32, n_layer=4, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+        )
     else:
-        kw = dict(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+        kw = dict(
+            vocab_size=101,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=64,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
     kw.update(overrides)
     return AutoConfig.for_model(model_type, **kw)
 
 
 # --- loading ------------------------------------------------------------------------------------------
+
 
 def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     """config.json of an HF model directory as a dict; CheckpointError (one line) if absent or invalid."""
@@ -373,8 +423,9 @@ def check_model_type(raw: dict[str, Any], where: Any) -> None:
     itself implements (generic path; repository code never runs). CheckpointError (one line) otherwise."""
     model_type = raw.get("model_type")
     if raw.get("is_encoder_decoder"):
-        raise CheckpointError(f"{where}: model_type {model_type!r} is an encoder-decoder; depthlens analyses "
-                              "decoder-only causal LMs")
+        raise CheckpointError(
+            f"{where}: model_type {model_type!r} is an encoder-decoder; depthlens analyses decoder-only causal LMs"
+        )
     try:
         spec_for(model_type)
         return
@@ -382,13 +433,21 @@ def check_model_type(raw: dict[str, Any], where: Any) -> None:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            raise CheckpointError(f"{where}: {e}; and transformers has no built-in causal LM for it "
-                                  "(repository code is never run)") from None
+            raise CheckpointError(
+                f"{where}: {e}; and transformers has no built-in causal LM for it (repository code is never run)"
+            ) from None
 
 
-def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-            attn_implementation: str | None = None, tokenizer: bool = True,
-            config: dict[str, Any] | None = None, device_map: Any = None) -> Any:
+def load_hf(
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
+    tokenizer: bool = True,
+    config: dict[str, Any] | None = None,
+    device_map: Any = None,
+) -> Any:
     """Load a local HF causal-LM directory (safetensors only) and wrap it (`wrap`: HFLayeredModel for the
     hand-mapped families, GenericBlocksModel otherwise). Never touches the Hub and never
     runs repository code (`trust_remote_code=False`, `use_safetensors=True`). Use `depthlens.adapters.load.
@@ -408,8 +467,13 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
     refuse_pickle(Path(path))
     if not safetensors_files(Path(path)):
         raise CheckpointError(f"{path}: no weights (expected model.safetensors or model.safetensors.index.json)")
-    kw: dict[str, Any] = {"dtype": dtype, "output_loading_info": True, "local_files_only": True,
-                          "trust_remote_code": False, "use_safetensors": True}
+    kw: dict[str, Any] = {
+        "dtype": dtype,
+        "output_loading_info": True,
+        "local_files_only": True,
+        "trust_remote_code": False,
+        "use_safetensors": True,
+    }
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
     try:
@@ -424,8 +488,10 @@ def load_hf(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
     bad = sorted(info.get("mismatched_keys") or [])
     if missing or bad:
         what = missing[0] if missing else bad[0]
-        raise CheckpointError(f"{path}: weights do not match config.json ({len(missing)} missing, {len(bad)} "
-                              f"mismatched tensor(s), e.g. {what})")
+        raise CheckpointError(
+            f"{path}: weights do not match config.json ({len(missing)} missing, {len(bad)} "
+            f"mismatched tensor(s), e.g. {what})"
+        )
     if device_map is None:
         hf.to(device)
     hf.eval()

@@ -40,8 +40,9 @@ class Lens:
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
     @classmethod
-    def from_pretrained(cls, path: Any, *, device: str = "cpu", dtype: Any = None,
-                        tokenizer: str | None = None) -> Lens:
+    def from_pretrained(
+        cls, path: Any, *, device: str = "cpu", dtype: Any = None, tokenizer: str | None = None
+    ) -> Lens:
         """A Lens over the model at `path` (depthlens checkpoint, HF directory or GGUF file, through the one loader
         `depthlens.open`), in eval mode, with the tokenizer it ships (`tokenizer`: a spec that overrides it)."""
         from .load import open_model
@@ -102,13 +103,17 @@ def ln_stack_refusal(model: Any, layer: int | None, mlp_input: bool) -> str | No
         if getattr(model, "ln_final", None) is None:
             return f"{slug}: this model has no final norm, so there is no LN scale to apply; use apply_ln=False"
         if not design.final_reads_view:
-            return (f"{slug}: the final norm reads h_L, which is not the residual view hook_resid_post "
-                    f"({design.view_name}); use apply_ln=False, or cache['hook_resid_final']")
+            return (
+                f"{slug}: the final norm reads h_L, which is not the residual view hook_resid_post "
+                f"({design.view_name}); use apply_ln=False, or cache['hook_resid_final']"
+            )
         return None
     if not design.norm_reads_view:
         site = "ln2" if mlp_input else "ln1"
-        return (f"{slug}: {site} normalises the branch input (hook_{'mlp' if mlp_input else 'attn'}_in), not the "
-                f"residual view ({design.view_name}); use apply_ln=False")
+        return (
+            f"{slug}: {site} normalises the branch input (hook_{'mlp' if mlp_input else 'attn'}_in), not the "
+            f"residual view ({design.view_name}); use apply_ln=False"
+        )
     return None
 
 
@@ -120,8 +125,14 @@ def _cache_class() -> type:
         from transformer_lens import ActivationCache
 
         class DepthActivationCache(ActivationCache):
-            def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
-                                  *args: Any, **kwargs: Any) -> torch.Tensor:
+            def apply_ln_to_stack(
+                self,
+                residual_stack: torch.Tensor,
+                layer: int | None = None,
+                mlp_input: bool = False,
+                *args: Any,
+                **kwargs: Any,
+            ) -> torch.Tensor:
                 why = ln_stack_refusal(self.model, layer, mlp_input)
                 if why is not None:
                     raise ValueError(why)

@@ -56,21 +56,29 @@ class ModelMeta:
 
     def attrs(self) -> dict[str, Any]:
         """netCDF-safe provenance attributes (no None, no bool)."""
-        a = {"model_kind": self.kind, "model_family": self.family, "checkpoint": self.name, "arch": self.arch,
-             "n_layer": self.n_layer, "bos_id": -1 if self.bos_id is None else self.bos_id}
+        a = {
+            "model_kind": self.kind,
+            "model_family": self.family,
+            "checkpoint": self.name,
+            "arch": self.arch,
+            "n_layer": self.n_layer,
+            "bos_id": -1 if self.bos_id is None else self.bos_id,
+        }
         if self.tokenizer is not None:
             a["tokenizer"] = getattr(self.tokenizer, "name", type(self.tokenizer).__name__)
         return a
 
 
 def detect_kind(config: dict[str, Any]) -> str:
-    """"depthlens" or "hf" from a parsed config.json; CheckpointError if it is neither."""
+    """ "depthlens" or "hf" from a parsed config.json; CheckpointError if it is neither."""
     if isinstance(config.get("model"), dict) or "depthlens_version" in config:
         return "depthlens"
     if "model_type" in config:
         return "hf"
-    raise CheckpointError("config.json is neither a depthlens checkpoint config (has 'model') "
-                          "nor a Hugging Face config (has 'model_type')")
+    raise CheckpointError(
+        "config.json is neither a depthlens checkpoint config (has 'model') "
+        "nor a Hugging Face config (has 'model_type')"
+    )
 
 
 @dataclass
@@ -89,9 +97,15 @@ def opened_of(model: Any) -> Opened | None:
     return getattr(model, "_depthlens_opened", None)
 
 
-def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None,
-               tokenizer: str | None = None, device_map: Any = None,
-               progress: Callable[[int, int], None] | None = None) -> Opened:
+def open_model(
+    path: str | os.PathLike,
+    *,
+    device: str = "cpu",
+    dtype: Any = None,
+    tokenizer: str | None = None,
+    device_map: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Opened:
     """Open a depthlens checkpoint directory, a local HF directory or a GGUF file (see module docstring).
 
     dtype: None keeps float32 for foreign models and the saved dtype for depthlens ones. tokenizer: a spec
@@ -106,9 +120,14 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
         raise CheckpointError(f"{p}: no such checkpoint directory or GGUF file")
     if p.is_file():
         if not _is_gguf(p):
-            raise CheckpointError(f"{p}: not a GGUF file; a model is a depthlens/Hugging Face directory or a .gguf file"
-                                  + ("" if p.suffix.lower() not in (".bin", ".pt", ".pth", ".ckpt") else
-                                     " (pickle weights are never loaded; convert them to safetensors)"))
+            raise CheckpointError(
+                f"{p}: not a GGUF file; a model is a depthlens/Hugging Face directory or a .gguf file"
+                + (
+                    ""
+                    if p.suffix.lower() not in (".bin", ".pt", ".pth", ".ckpt")
+                    else " (pickle weights are never loaded; convert them to safetensors)"
+                )
+            )
         op = _open_gguf(p, device=device, dtype=dtype, device_map=device_map, progress=progress)
     else:
         from ..io.checkpoint import read_json_object
@@ -123,8 +142,10 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = Non
             if detect_kind(raw) == "hf":
                 op = _open_hf(p, raw, device=device, dtype=dtype, device_map=device_map)
             elif device_map is not None:
-                raise CheckpointError(f"{p}: device_map applies to Hugging Face and GGUF models; a depthlens "
-                                      "checkpoint runs on one device (use --device)")
+                raise CheckpointError(
+                    f"{p}: device_map applies to Hugging Face and GGUF models; a depthlens "
+                    "checkpoint runs on one device (use --device)"
+                )
             else:
                 op = _open_native(p, device=device, dtype=dtype)
     if tokenizer:
@@ -154,6 +175,7 @@ def load_any(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None)
 
 # --- depthlens checkpoints -------------------------------------------------------------------------------
 
+
 def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
     from ..io import checkpoint
     from ..io.weights import check_float_dtypes, check_layer_count, check_shape, safetensors_header
@@ -165,19 +187,35 @@ def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
     header = safetensors_header(wfile)
     check_float_dtypes(header, wfile)
     check_layer_count(cfg.n_layer, header, "blocks.", p / checkpoint.CONFIG)
-    check_shape(header, "embed_tokens.weight", (cfg.vocab_size, cfg.d_model), p / checkpoint.CONFIG,
-                "vocab_size x d_model")
+    check_shape(
+        header, "embed_tokens.weight", (cfg.vocab_size, cfg.d_model), p / checkpoint.CONFIG, "vocab_size x d_model"
+    )
     ck = checkpoint.load(p, device=device, dtype=dtype)  # finite + full shape checks
     tok = ck.tokenizer
-    meta = ModelMeta(kind="depthlens", path=str(p), name=p.name, arch=cfg.arch, family="depthlens",
-                     n_layer=cfg.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), checkpoint=ck,
-                     config=ck.meta)
-    prov = {"model_source": "depthlens", "model_path": str(p.resolve()), "model_family": "depthlens",
-            "adapter_path": "native", "weights_format": "safetensors"}
+    meta = ModelMeta(
+        kind="depthlens",
+        path=str(p),
+        name=p.name,
+        arch=cfg.arch,
+        family="depthlens",
+        n_layer=cfg.n_layer,
+        tokenizer=tok,
+        bos_id=getattr(tok, "bos_id", None),
+        checkpoint=ck,
+        config=ck.meta,
+    )
+    prov = {
+        "model_source": "depthlens",
+        "model_path": str(p.resolve()),
+        "model_family": "depthlens",
+        "adapter_path": "native",
+        "weights_format": "safetensors",
+    }
     return Opened(ck.model.eval(), meta, tok, prov)
 
 
 # --- Hugging Face directories ----------------------------------------------------------------------------
+
 
 def _open_hf(p: Path, raw: dict[str, Any], *, device: str, dtype: Any, device_map: Any = None) -> Opened:
     import torch
@@ -206,27 +244,54 @@ def _check_hf_sizes(raw: dict[str, Any], names: Any, where: Path) -> None:
         raise CheckpointError(f"{where / 'config.json'}: num_hidden_layers must be a positive integer, got {n!r}")
     found = max((layer_indices(names, pre) for pre in layer_prefixes(names)), key=len, default=set())
     if len(found) != n or (found and max(found) != n - 1):
-        raise CheckpointError(f"{where / 'config.json'}: config says num_hidden_layers={n}, the safetensors "
-                              f"files hold {len(found)} layer(s)")
+        raise CheckpointError(
+            f"{where / 'config.json'}: config says num_hidden_layers={n}, the safetensors "
+            f"files hold {len(found)} layer(s)"
+        )
     d, v = raw.get("hidden_size", raw.get("n_embd")), raw.get("vocab_size")
     if isinstance(d, int) and isinstance(v, int):
         for key in ("model.embed_tokens.weight", "transformer.wte.weight", "wte.weight", "gpt_neox.embed_in.weight"):
             check_shape(names, key, (v, d), where / "config.json", "vocab_size x hidden_size")
 
 
-def _hf_opened(model: Any, p: Path, raw: dict[str, Any], *, source: str, weights_format: str, structure: Any,
-               extra: dict[str, Any] | None = None) -> Opened:
+def _hf_opened(
+    model: Any,
+    p: Path,
+    raw: dict[str, Any],
+    *,
+    source: str,
+    weights_format: str,
+    structure: Any,
+    extra: dict[str, Any] | None = None,
+) -> Opened:
     """structure: the block's residual design (`structure.structure_of`), read before any device_map placement."""
     tok = model.tokenizer
-    meta = ModelMeta(kind=source, path=str(p), name=p.name, arch=model.design.slug, family=model.spec.family,
-                     n_layer=model.n_layer, tokenizer=tok, bos_id=getattr(tok, "bos_id", None), config=raw)
-    prov = {"model_source": source, "model_path": str(p.resolve()), "model_family": model.spec.family,
-            "model_type": str(model.hf_config.model_type), "adapter_path": getattr(model, "adapter_path", "hand-mapped"),
-            "weights_format": weights_format, **structure.attrs(), **(extra or {})}
+    meta = ModelMeta(
+        kind=source,
+        path=str(p),
+        name=p.name,
+        arch=model.design.slug,
+        family=model.spec.family,
+        n_layer=model.n_layer,
+        tokenizer=tok,
+        bos_id=getattr(tok, "bos_id", None),
+        config=raw,
+    )
+    prov = {
+        "model_source": source,
+        "model_path": str(p.resolve()),
+        "model_family": model.spec.family,
+        "model_type": str(model.hf_config.model_type),
+        "adapter_path": getattr(model, "adapter_path", "hand-mapped"),
+        "weights_format": weights_format,
+        **structure.attrs(),
+        **(extra or {}),
+    }
     return Opened(model.eval(), meta, tok, prov)
 
 
 # --- GGUF files -----------------------------------------------------------------------------------------
+
 
 def _is_gguf(p: Path) -> bool:
     try:
@@ -236,8 +301,9 @@ def _is_gguf(p: Path) -> bool:
         return False
 
 
-def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None,
-               progress: Callable[[int, int], None] | None = None) -> Opened:
+def _open_gguf(
+    p: Path, *, device: str, dtype: Any, device_map: Any = None, progress: Callable[[int, int], None] | None = None
+) -> Opened:
     """A llama.cpp GGUF file: sizes checked on its header, dequantised to float by transformers' GGUF loader
     (needs the `gguf` package), run through the same HF adapter; the quantisation type goes to provenance."""
     import torch
@@ -251,8 +317,13 @@ def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None,
         from transformers import AutoModelForCausalLM
 
         with _quiet_hf(progress):
-            hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True,
-                                                      trust_remote_code=False, dtype=dtype or torch.float32)
+            hf = AutoModelForCausalLM.from_pretrained(
+                str(p.parent),
+                gguf_file=p.name,
+                local_files_only=True,
+                trust_remote_code=False,
+                dtype=dtype or torch.float32,
+            )
     except CheckpointError:
         raise
     except Exception as e:  # transformers/gguf raise many types for a file they cannot read
@@ -267,8 +338,11 @@ def _open_gguf(p: Path, *, device: str, dtype: Any, device_map: Any = None,
     structure = structure_of(model)  # before a device_map spreads the weights
     model = place_model(model, device_map)
     raw = json.loads(hf.config.to_json_string(use_diff=False))
-    extra = {"gguf_quantization": info["quantization"], "gguf_tensor_types": info["tensor_types"],
-             "gguf_architecture": info["architecture"]}
+    extra = {
+        "gguf_quantization": info["quantization"],
+        "gguf_tensor_types": info["tensor_types"],
+        "gguf_architecture": info["architecture"],
+    }
     return _hf_opened(model, p, raw, source="gguf", weights_format="gguf", structure=structure, extra=extra)
 
 
@@ -282,7 +356,9 @@ def gguf_header(p: Path) -> dict[str, Any]:
     try:
         reader = GGUFReader(str(p))
     except Exception as e:  # truncated or corrupt files raise ValueError/struct/IndexError
-        raise CheckpointError(f"{p}: unreadable GGUF file ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise CheckpointError(
+            f"{p}: unreadable GGUF file ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
 
     def field_value(key: str) -> Any:
         f = reader.fields.get(key)
@@ -298,9 +374,15 @@ def gguf_header(p: Path) -> dict[str, Any]:
     from ..io.weights import layer_indices
     from ..schema import validate
 
-    meta = {k: v for k, v in {"block_count": field_value(f"{arch}.block_count"),
-                               "embedding_length": field_value(f"{arch}.embedding_length"),
-                               "context_length": field_value(f"{arch}.context_length")}.items() if v is not None}
+    meta = {
+        k: v
+        for k, v in {
+            "block_count": field_value(f"{arch}.block_count"),
+            "embedding_length": field_value(f"{arch}.embedding_length"),
+            "context_length": field_value(f"{arch}.context_length"),
+        }.items()
+        if v is not None
+    }
     try:
         head = validate(_gguf_schema(), meta, p)
     except SchemaError as e:
@@ -313,13 +395,19 @@ def gguf_header(p: Path) -> dict[str, Any]:
     d = head.embedding_length
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is not None and isinstance(d, int) and int(emb.shape[0]) != d:  # ggml order: (d, V)
-        raise CheckpointError(f"{p}: header says {arch}.embedding_length={d}, token_embd.weight has width "
-                              f"{int(emb.shape[0])}")
+        raise CheckpointError(
+            f"{p}: header says {arch}.embedding_length={d}, token_embd.weight has width {int(emb.shape[0])}"
+        )
     types = Counter(t.tensor_type.name for t in reader.tensors)
     matrices = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight")
     quant = (matrices or types).most_common(1)[0][0] if types else "none"
-    return {"architecture": arch, "n_layer": blocks, "quantization": quant, "context_length": head.context_length,
-            "tensor_types": ",".join(f"{k}:{v}" for k, v in sorted(types.items()))}
+    return {
+        "architecture": arch,
+        "n_layer": blocks,
+        "quantization": quant,
+        "context_length": head.context_length,
+        "tensor_types": ",".join(f"{k}:{v}" for k, v in sorted(types.items())),
+    }
 
 
 @functools.cache
@@ -367,8 +455,9 @@ def _gguf_tokenizer(p: Path) -> Any:
 
     try:
         with _quiet_hf():
-            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True,
-                                                trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(
+                str(p.parent), gguf_file=p.name, local_files_only=True, trust_remote_code=False
+            )
     except Exception as e:  # no tokenizer metadata, or one transformers cannot rebuild
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
         if "tokenizer" in first.lower() and "ggml" in first.lower():
@@ -379,6 +468,7 @@ def _gguf_tokenizer(p: Path) -> Any:
 
 
 # --- summary ------------------------------------------------------------------------------------------
+
 
 def describe(op: Opened) -> dict[str, Any]:
     """`depthlens info`: design, shape and parameter counts, plus where the model came from."""
@@ -401,20 +491,31 @@ def describe(op: Opened) -> dict[str, Any]:
         emb = sum(t.numel() for n, t in params.items() if n.startswith((m.spec.embed, m.spec.lm_head)))
         heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0))
         prov = op.provenance
-        s = {"design": prov.get("residual_design", "other"),
-             "design_name": f"{prov.get('residual_design_name', 'other (unknown)')} ({m.spec.family}, "
-                            f"{getattr(m, 'adapter_path', 'hand-mapped')} adapter; block: {prov.get('block_order')})",
-             "n_layer": m.n_layer, "d_model": m.d_model, "n_head": heads,
-             "n_kv_head": int(getattr(c, "num_key_value_heads", None) or heads),
-             "d_ff": getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None), "vocab_size": m.vocab_size,
-             "aspect_ratio": m.d_model / m.n_layer, "params_total": total, "params_embedding": emb,
-             "params_non_embedding": total - emb, "tie_embeddings": bool(getattr(c, "tie_word_embeddings", False))}
+        s = {
+            "design": prov.get("residual_design", "other"),
+            "design_name": f"{prov.get('residual_design_name', 'other (unknown)')} ({m.spec.family}, "
+            f"{getattr(m, 'adapter_path', 'hand-mapped')} adapter; block: {prov.get('block_order')})",
+            "n_layer": m.n_layer,
+            "d_model": m.d_model,
+            "n_head": heads,
+            "n_kv_head": int(getattr(c, "num_key_value_heads", None) or heads),
+            "d_ff": getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None),
+            "vocab_size": m.vocab_size,
+            "aspect_ratio": m.d_model / m.n_layer,
+            "params_total": total,
+            "params_embedding": emb,
+            "params_non_embedding": total - emb,
+            "tie_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
+        }
     return {**s, **op.provenance}
 
 
 # --- provenance -----------------------------------------------------------------------------------------
 
+
 def _tokenizer_provenance(tok: Any) -> dict[str, Any]:
     bos = getattr(tok, "bos_id", None)
-    return {"model_tokenizer": getattr(tok, "name", "none") if tok is not None else "none",
-            "model_bos_id": -1 if bos is None else int(bos)}
+    return {
+        "model_tokenizer": getattr(tok, "name", "none") if tok is not None else "none",
+        "model_bos_id": -1 if bos is None else int(bos),
+    }

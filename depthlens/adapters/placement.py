@@ -87,8 +87,10 @@ def auto_placement(sizes: PartSizes, devices: Sequence[str | torch.device]) -> P
     """Balanced contiguous placement of [embed, layer 0..L−1, head] over `devices` (see module docstring)."""
     devs = [torch.device(d) for d in devices]
     if not devs:
-        raise DepthlensError("device_map='auto' needs at least one visible CUDA device (found none); "
-                             "pass an explicit map or use --device")
+        raise DepthlensError(
+            "device_map='auto' needs at least one visible CUDA device (found none); "
+            "pass an explicit map or use --device"
+        )
     part = contiguous_split([sizes.embed + sizes.head, *sizes.layers], len(devs))
     embed = devs[part[0]]
     return Placement(embed, tuple(devs[p] for p in part[1:]), embed)
@@ -98,8 +100,9 @@ def visible_gpus() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def resolve_device_map(spec: str | dict[str, Any] | Placement, sizes: PartSizes,
-                       devices: Sequence[str] | None = None) -> Placement:
+def resolve_device_map(
+    spec: str | dict[str, Any] | Placement, sizes: PartSizes, devices: Sequence[str] | None = None
+) -> Placement:
     """A Placement from "auto" (over `devices`, default the visible GPUs), one device name for everything, or
     a dict {"embed": dev, "layers": [dev per layer], "head": dev}. DepthlensError (one line) when it does not fit
     the model."""
@@ -119,15 +122,22 @@ def resolve_device_map(spec: str | dict[str, Any] | Placement, sizes: PartSizes,
         if isinstance(layers, str):
             layers = [layers] * L
         if not isinstance(layers, (list, tuple)) or len(layers) != L:
-            raise DepthlensError(f"device_map['layers'] must name one device per layer ({L}), got "
-                                 f"{len(layers) if isinstance(layers, (list, tuple)) else layers!r}")
-        p = Placement(_device(spec["embed"], "embed"), tuple(_device(x, f"layers[{i}]") for i, x in enumerate(layers)),
-                      _device(spec["head"], "head"))
+            raise DepthlensError(
+                f"device_map['layers'] must name one device per layer ({L}), got "
+                f"{len(layers) if isinstance(layers, (list, tuple)) else layers!r}"
+            )
+        p = Placement(
+            _device(spec["embed"], "embed"),
+            tuple(_device(x, f"layers[{i}]") for i, x in enumerate(layers)),
+            _device(spec["head"], "head"),
+        )
     else:
         raise DepthlensError(f"device_map must be 'auto', a device name or a dict, got {type(spec).__name__}")
     if sizes.tied and p.head != p.embed:
-        raise DepthlensError(f"the LM head is tied to the embedding: device_map must put both on one device "
-                             f"(embed {p.embed}, head {p.head})")
+        raise DepthlensError(
+            f"the LM head is tied to the embedding: device_map must put both on one device "
+            f"(embed {p.embed}, head {p.head})"
+        )
     return p
 
 
@@ -164,8 +174,11 @@ def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
     from ..schema import validate
 
     if text.lstrip().startswith("{") or text.endswith(".json"):
-        raw = (read_json(text, "a --device-map", object_only=False) if text.endswith(".json")
-               else loads_json(text, "--device-map", "the map"))
+        raw = (
+            read_json(text, "a --device-map", object_only=False)
+            if text.endswith(".json")
+            else loads_json(text, "--device-map", "the map")
+        )
         where = text if text.endswith(".json") else "--device-map"
         out = validate(_map_schema(), raw, where, usage=True).model_dump(exclude_unset=True)
         names = [out["embed"], out["head"], *([out["layers"]] if isinstance(out["layers"], str) else out["layers"])]
@@ -175,8 +188,11 @@ def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
         from ..errors import SchemaError
 
         if not re.match(DEVICE_NAME, text):
-            raise SchemaError(f"expected auto, cpu, mps, cuda, cuda:N or a JSON map {{embed, layers, head}}, got {text!r}",
-                              where="--device-map", usage=True)
+            raise SchemaError(
+                f"expected auto, cpu, mps, cuda, cuda:N or a JSON map {{embed, layers, head}}, got {text!r}",
+                where="--device-map",
+                usage=True,
+            )
         out, names = text, [text]
     for name in dict.fromkeys(names):
         _check_present(name if isinstance(name, str) else f"cuda:{name}")

@@ -51,8 +51,9 @@ class HFTokenizer:
         self.tok.save_pretrained(str(directory))
         return Path(directory)
 
-    def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
+    def to_tokens(
+        self, text: str | list[str], prepend_bos: bool | None = None, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """(B, T) long ids, right-padded with the pad (else EOS, else 0) id; BOS per `prepend_bos`
         (None: the tokenizer's default)."""
         texts = [text] if isinstance(text, str) else list(text)
@@ -66,8 +67,12 @@ class HFTokenizer:
 
     def describe(self) -> dict[str, Any]:
         """What results should record about tokenisation."""
-        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "adds_bos": int(self.adds_bos),
-                "bos_id": -1 if self.bos_id is None else self.bos_id}
+        return {
+            "tokenizer": self.name,
+            "vocab_size": self.vocab_size,
+            "adds_bos": int(self.adds_bos),
+            "bos_id": -1 if self.bos_id is None else self.bos_id,
+        }
 
 
 def has_tokenizer_files(path: str | os.PathLike) -> bool:

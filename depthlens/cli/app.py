@@ -34,13 +34,21 @@ class OneLineErrors(TyperGroup):
         own = super().list_commands(ctx)
         return own + (OneLineErrors.extra_names(own) if OneLineErrors.extra_names is not None else [])
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         sanitise_thread_env()
         try:
             if sys.stdout is None:  # started with stdout closed (`>&-`): every result printed would be lost silently
-                raise _click.exceptions.ClickException("stdout is closed: nothing could be printed; redirect it to a "
-                                                       "file (or /dev/null) instead of closing it")
+                raise _click.exceptions.ClickException(
+                    "stdout is closed: nothing could be printed; redirect it to a "
+                    "file (or /dev/null) instead of closing it"
+                )
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
         except _click.exceptions.NoArgsIsHelpError as e:
             sys.stdout.write(e.format_message() + "\n")
@@ -93,13 +101,21 @@ def _flush_stdout(rv: Any) -> Any:
     return rv
 
 
-app = typer.Typer(name="depthlens", cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",
-                  pretty_exceptions_enable=False, add_completion=True,  # --install-completion / --show-completion
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Does this residual design turn extra layers into extra computation?")
+app = typer.Typer(
+    name="depthlens",
+    cls=OneLineErrors,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    add_completion=True,  # --install-completion / --show-completion
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Does this residual design turn extra layers into extra computation?",
+)
 
 
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (a bar on a terminal, else a line per step).")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress on stderr (a bar on a terminal, else a line per step).")
+]
 
 
 def _print_version(value: bool) -> None:
@@ -111,8 +127,11 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                       help="Print the depthlens version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the depthlens version and exit."
+    ),
+) -> None:
     """Does this residual design turn extra layers into extra computation?"""
 
 
@@ -258,4 +277,3 @@ def domain_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             feedback.QUIET = False  # in-process callers (tests, notebooks) run the next command afresh
 
     return wrapper
-

@@ -60,8 +60,11 @@ def parse_opts(items: list[str]) -> dict[str, Any]:
 
 def generic_view(d: registry.Diagnostic, ds: Any, model: Any, n_boot: int, seed: int) -> tuple[dict, list[str]]:
     """The headline share (with its CI) of a diagnostic with a score, else the Dataset's variables."""
-    head: dict[str, Any] = {"metric": d.name, "design": getattr(model.design, "slug", "?"),
-                            "n_layer": int(model.n_layer)}
+    head: dict[str, Any] = {
+        "metric": d.name,
+        "design": getattr(model.design, "slug", "?"),
+        "n_layer": int(model.n_layer),
+    }
     lines = [f"{d.name}: {d.summary}"]
     if d.headline:
         from ..studies.summaries import headline_of
@@ -77,27 +80,48 @@ def generic_view(d: registry.Diagnostic, ds: Any, model: Any, n_boot: int, seed:
 def command_for(d: registry.Diagnostic) -> Any:
     """A click command running diagnostic `d` on one checkpoint."""
 
-    def run(ckpt: CkptArg,
-            opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
-            data: DataOpt = None, tokens: TokensOpt = None, n_seq: NSeqOpt = 32, seq_len: SeqLenOpt = None,
-            batch_size: BatchOpt = None, seed: SeedOpt = 0, device: DeviceOpt = "cpu", dtype: DtypeOpt = "fp32",
-            device_map: DeviceMapOpt = None, threads: ThreadsOpt = 1, n_boot: BootOpt = 1000, out: OutOpt = None,
-            overwrite: OverwriteOpt = False, as_json: JsonOpt = False) -> None:
+    def run(
+        ckpt: CkptArg,
+        opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
+        data: DataOpt = None,
+        tokens: TokensOpt = None,
+        n_seq: NSeqOpt = 32,
+        seq_len: SeqLenOpt = None,
+        batch_size: BatchOpt = None,
+        seed: SeedOpt = 0,
+        device: DeviceOpt = "cpu",
+        dtype: DtypeOpt = "fp32",
+        device_map: DeviceMapOpt = None,
+        threads: ThreadsOpt = 1,
+        n_boot: BootOpt = 1000,
+        out: OutOpt = None,
+        overwrite: OverwriteOpt = False,
+        as_json: JsonOpt = False,
+    ) -> None:
         c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
         engine_opts = {**d.report_opts, **parse_opts(opt or [])}
         path, ow = resolve_out(out, ckpt, d.name, overwrite)
         model, ck = open_model(ckpt, c)
         with busy(f"{d.name} of {ckpt}"):
-            ds = registry.run(d.name, model, eval_data(model, ck, c), checkpoint=ck, batch_size=c.batch_size,
-                              **engine_opts)
+            ds = registry.run(
+                d.name, model, eval_data(model, ck, c), checkpoint=ck, batch_size=c.batch_size, **engine_opts
+            )
         write(ds, path, ow, f"depthlens {d.name} {ckpt}")
         if d.view:
             head, lines, view = registry.resolve(d.view)(ds, model)
         else:
             (head, lines), view = generic_view(d, ds, model, n_boot, seed), None
         head["out"] = str(path)
-        emit(head, as_json, [f"[bold]{ckpt}[/bold] ({head.get('design', '?')}, L={head.get('n_layer', '?')})",
-                             *lines, f"dataset: {path}"], view)
+        emit(
+            head,
+            as_json,
+            [
+                f"[bold]{ckpt}[/bold] ({head.get('design', '?')}, L={head.get('n_layer', '?')})",
+                *lines,
+                f"dataset: {path}",
+            ],
+            view,
+        )
 
     run.__doc__ = d.summary
     sub = typer.Typer()

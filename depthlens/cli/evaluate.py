@@ -15,16 +15,30 @@ from .app import QuietOpt, app, domain_errors, dumps, fail
 @domain_errors
 def evaluate(
     ckpt: Annotated[Path, typer.Argument(help="Checkpoint: depthlens or Hugging Face directory, or a GGUF file.")],
-    data: Annotated[Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out offline corpus).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Override the checkpoint's tokenizer (bytes | gpt2 | bpe:<path>).")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out offline corpus).")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Override the checkpoint's tokenizer (bytes | gpt2 | bpe:<path>).")
+    ] = None,
     n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Validation sequences.")] = 32,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="Validation sequence length (default: model max, at most 1024).")] = None,
-    humaneval: Annotated[bool, typer.Option("--humaneval/--no-humaneval", help="Teacher-forced NLL on HumanEval (offline).")] = True,
-    jsonl: Annotated[list[str] | None, typer.Option("--jsonl", help="NAME=FILE[:prompt_field,answer_field]; presets gsm8k, mbpp.")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", min=2, help="Validation sequence length (default: model max, at most 1024)."),
+    ] = None,
+    humaneval: Annotated[
+        bool, typer.Option("--humaneval/--no-humaneval", help="Teacher-forced NLL on HumanEval (offline).")
+    ] = True,
+    jsonl: Annotated[
+        list[str] | None, typer.Option("--jsonl", help="NAME=FILE[:prompt_field,answer_field]; presets gsm8k, mbpp.")
+    ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many items per domain set.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; losses are summed in fp32/fp64).")] = "fp32",
+    dtype: Annotated[
+        str,
+        typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; losses are summed in fp32/fp64)."),
+    ] = "fp32",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -80,11 +94,21 @@ def evaluate(
             total, count = total + float(nll), count + toks[:, 1:].numel()
             advance(1, loss=total / count)
     if not math.isfinite(total / count):  # weights are finite (checked on load): the forward pass overflowed
-        raise DepthlensError(f"{ckpt}: the validation loss is not finite ({total / count}): the model's activations "
-                             "overflow in this dtype; no loss to report")
-    result = {"checkpoint": str(ckpt), "design": model.config.arch, "n_layer": model.config.n_layer,
-              "val_loss": total / count, "val_tokens": count, "val_data": ev.name, "val_data_sha256": ev.sha256,
-              "tokenizer": getattr(tok, "name", "?"), "domain": {}}
+        raise DepthlensError(
+            f"{ckpt}: the validation loss is not finite ({total / count}): the model's activations "
+            "overflow in this dtype; no loss to report"
+        )
+    result = {
+        "checkpoint": str(ckpt),
+        "design": model.config.arch,
+        "n_layer": model.config.n_layer,
+        "val_loss": total / count,
+        "val_tokens": count,
+        "val_data": ev.name,
+        "val_data_sha256": ev.sha256,
+        "tokenizer": getattr(tok, "name", "?"),
+        "domain": {},
+    }
     sets = [("humaneval", humaneval_items())] if humaneval else []
     sets += [(name, jsonl_items(file, pf, af)) for name, file, pf, af in specs]
     with bar("domain NLL", len(sets)) as advance:
@@ -97,8 +121,11 @@ def evaluate(
         return
     ppl = perplexity(result["val_loss"])
     ppl_text = f"{ppl:.2f}" if math.isfinite(ppl) else "beyond float range: exp(loss) overflows"
-    typer.echo(f"{ckpt}: val loss {result['val_loss']:.4f} nats/token (ppl {ppl_text}) "
-               f"on {count:,} tokens of {ev.name}")
+    typer.echo(
+        f"{ckpt}: val loss {result['val_loss']:.4f} nats/token (ppl {ppl_text}) on {count:,} tokens of {ev.name}"
+    )
     for name, r in result["domain"].items():
-        typer.echo(f"  {name}: NLL {r['nll']:.4f} nats/answer-token over {r['n_items']} items "
-                   f"({r['n_answer_tokens']:,} tokens, {r['n_truncated']} truncated)")
+        typer.echo(
+            f"  {name}: NLL {r['nll']:.4f} nats/answer-token over {r['n_items']} items "
+            f"({r['n_answer_tokens']:,} tokens, {r['n_truncated']} truncated)"
+        )

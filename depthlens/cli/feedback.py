@@ -34,7 +34,7 @@ def _other_rank() -> bool:
 
 
 def mode() -> str | None:
-    """"bar", "lines" or None (silent) for the current command."""
+    """ "bar", "lines" or None (silent) for the current command."""
     if QUIET or _other_rank():
         return None
     forced = os.environ.get("DEPTHLENS_PROGRESS", "").strip().lower()
@@ -96,10 +96,18 @@ class Progress:
                 )
                 from rich.progress import Progress as RichProgress
 
-                live = RichProgress(SpinnerColumn(), TextColumn("[bold]{task.fields[what]}[/]"), BarColumn(),
-                                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-                                    TimeRemainingColumn(), TextColumn("{task.description}"), console=console(),
-                                    transient=True)
+                live = RichProgress(
+                    SpinnerColumn(),
+                    TextColumn("[bold]{task.fields[what]}[/]"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("eta"),
+                    TimeRemainingColumn(),
+                    TextColumn("{task.description}"),
+                    console=console(),
+                    transient=True,
+                )
                 live.__enter__()
                 _LIVE.append(live)
             self._bar = _LIVE[0]
@@ -157,8 +165,12 @@ class Progress:
         if self.total and d_ref < done < self.total:
             eta = f", eta {_clock((now - t_ref) / (done - d_ref) * (self.total - done))}"
         since = now - max(self._t_line, self.t0)  # the steps this line covers (one, unless lines are throttled)
-        self._line(f"{count} {self.what}" + (f": {desc}" if desc else "") + f" {since:.1f} s{eta}"
-                   + (f" · {extra}" if extra else ""))
+        self._line(
+            f"{count} {self.what}"
+            + (f": {desc}" if desc else "")
+            + f" {since:.1f} s{eta}"
+            + (f" · {extra}" if extra else "")
+        )
 
     def _line(self, text: str) -> None:
         self._t_line = time.perf_counter()

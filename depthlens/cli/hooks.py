@@ -31,11 +31,22 @@ def hooks(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> N
         keys = [(k, parse_readout_key(k)) for k in r]  # per-sublayer and static names once; others in full
         readouts = sorted({p.name if p.static or p.sublayer is not None else k for k, p in keys})
     if as_json:
-        typer.echo(json.dumps({"hooks": names, "readouts": readouts, "resid_view": m.design.view_name,
-                               "resid_view_editable": m.design.editable_view}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "hooks": names,
+                    "readouts": readouts,
+                    "resid_view": m.design.view_name,
+                    "resid_view_editable": m.design.editable_view,
+                },
+                indent=2,
+            )
+        )
         return
-    typer.echo(f"# hook points ({len(names)}); hook_resid_* = {m.design.view_name}"
-               f" ({'editable' if m.design.editable_view else 'read-only'})")
+    typer.echo(
+        f"# hook points ({len(names)}); hook_resid_* = {m.design.view_name}"
+        f" ({'editable' if m.design.editable_view else 'read-only'})"
+    )
     for n in names:
         typer.echo(n)
     if readouts:

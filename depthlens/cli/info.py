@@ -31,10 +31,28 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> No
     from rich.table import Table
 
     t = Table(title=f"{ckpt}", show_header=False)
-    for k in ("design", "design_name", "model_source", "model_family", "adapter_path", "gguf_quantization",
-              "model_tokenizer", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size",
-              "aspect_ratio", "params_total", "params_non_embedding", "params_design_overhead", "overhead_vs_preln",
-              "val_loss", "trained_at_commit"):
+    for k in (
+        "design",
+        "design_name",
+        "model_source",
+        "model_family",
+        "adapter_path",
+        "gguf_quantization",
+        "model_tokenizer",
+        "n_layer",
+        "d_model",
+        "n_head",
+        "n_kv_head",
+        "d_ff",
+        "vocab_size",
+        "aspect_ratio",
+        "params_total",
+        "params_non_embedding",
+        "params_design_overhead",
+        "overhead_vs_preln",
+        "val_loss",
+        "trained_at_commit",
+    ):
         if k in s and s[k] is not None:
             v = s[k]
             t.add_row(k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v)))

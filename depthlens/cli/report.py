@@ -16,19 +16,55 @@ from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, rank
 @domain_errors
 def report(
     ckpts: Annotated[list[Path], typer.Argument(help="Checkpoint directories (e.g. checkpoints/*/).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Report directory (index.html, README.md, figures/, *.nc, summary.json).")],
-    data: Annotated[Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")] = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Report directory (index.html, README.md, figures/, *.nc, summary.json)."),
+    ],
+    data: Annotated[
+        Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")
+    ] = None,
     n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences (the same for every checkpoint).")] = 32,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len)).")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len))."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N | mps")] = "cpu",
-    device_map: Annotated[str | None, typer.Option("--device-map", help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
-    metrics: Annotated[str | None, typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic).")] = None,
-    n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
-    untrained: Annotated[str, typer.Option(help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres, or 'none'.")] = "causal,permutation,rank,attnres",
-    untrained_perm_n_seq: Annotated[int, typer.Option("--untrained-perm-n-seq", min=0, help="Eval sequences (a prefix) for the untrained permutation; 0 = all.")] = 8,
-    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")] = 1,
+    device_map: Annotated[
+        str | None,
+        typer.Option(
+            "--device-map",
+            help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64)."
+        ),
+    ] = "fp32",
+    metrics: Annotated[
+        str | None,
+        typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic)."),
+    ] = None,
+    n_boot: Annotated[
+        int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")
+    ] = 1000,
+    untrained: Annotated[
+        str,
+        typer.Option(
+            help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres, or 'none'."
+        ),
+    ] = "causal,permutation,rank,attnres",
+    untrained_perm_n_seq: Annotated[
+        int,
+        typer.Option(
+            "--untrained-perm-n-seq", min=0, help="Eval sequences (a prefix) for the untrained permutation; 0 = all."
+        ),
+    ] = 8,
+    threads: Annotated[
+        int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")
+    ] = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout.")] = False,
     quiet: QuietOpt = False,
@@ -56,16 +92,31 @@ def report(
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
     if in_default_dir(out):  # `--out depthlens-out/x`: the git-ignored output folder is made on first use
         out.parent.mkdir(exist_ok=True)
-    opts = ReportOptions(data=data, n_seq=n_seq, seq_len=seq_len, seed=seed, device=device, dtype=dtype,
-                         device_map=device_map, metrics=parse_metrics(metrics or registry.names()), n_boot=n_boot,
-                         threads=threads or None,
-                         untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
-                         untrained_perm_n_seq=untrained_perm_n_seq or None)
+    opts = ReportOptions(
+        data=data,
+        n_seq=n_seq,
+        seq_len=seq_len,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        device_map=device_map,
+        metrics=parse_metrics(metrics or registry.names()),
+        n_boot=n_boot,
+        threads=threads or None,
+        untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
+        untrained_perm_n_seq=untrained_perm_n_seq or None,
+    )
     t0 = time.perf_counter()
     with Progress("report") as bar:  # under torchrun only rank 0 shows progress (feedback.mode)
         bar.set_total(None, f"loading {len(ckpts)} checkpoint(s)")
-        rep = build_report(ckpts, out, opts, overwrite=overwrite, progress=bar.step,
-                           on_loaded=lambda n_steps: bar.set_total(n_steps, "computing"))
+        rep = build_report(
+            ckpts,
+            out,
+            opts,
+            overwrite=overwrite,
+            progress=bar.step,
+            on_loaded=lambda n_steps: bar.set_total(n_steps, "computing"),
+        )
     if rep is None:  # a rank other than 0: its checkpoints went to rank 0
         return
     if as_json:

@@ -45,7 +45,9 @@ def parse_list(text: str | None, kind=float, option: str = "--depths", hi: float
 def shapes(
     target: Annotated[str, typer.Option(help="Total-parameter target, e.g. 407M.")] = "407M",
     depths: Annotated[str | None, typer.Option(help="Comma-separated depths L (default: the paper's sweep).")] = None,
-    aspect_ratios: Annotated[str | None, typer.Option("--aspect-ratios", help="Comma-separated target d/L instead of depths.")] = None,
+    aspect_ratios: Annotated[
+        str | None, typer.Option("--aspect-ratios", help="Comma-separated target d/L instead of depths.")
+    ] = None,
     design: Annotated[str, typer.Option(help=f"Residual design ({', '.join(SLUGS)}).")] = "preln",
     vocab_size: Annotated[int, typer.Option(min=1)] = 50257,
     multiple: Annotated[int, typer.Option(min=1, help="d_model is a multiple of this.")] = 64,
@@ -72,9 +74,17 @@ def shapes(
     if ffn_multiple is not None:
         kw["ffn_multiple"] = ffn_multiple
     try:  # every input of `shapes` is an option: whatever the planner refuses is a usage error
-        rows = plan(parse_count(target), depths=parse_list(depths, int),
-                    aspect_ratios=parse_list(aspect_ratios, float, "--aspect-ratios"), design=design,
-                    vocab_size=vocab_size, multiple=multiple, seq_len=seq_len, prefill_len=prefill_len, **kw)
+        rows = plan(
+            parse_count(target),
+            depths=parse_list(depths, int),
+            aspect_ratios=parse_list(aspect_ratios, float, "--aspect-ratios"),
+            design=design,
+            vocab_size=vocab_size,
+            multiple=multiple,
+            seq_len=seq_len,
+            prefill_len=prefill_len,
+            **kw,
+        )
     except (ValueError, DepthlensError) as e:
         fail(str(e), 2)
     if as_json:
@@ -83,11 +93,32 @@ def shapes(
     from rich.table import Table
 
     t = Table(title=f"{design}: iso-parameter shapes at {parse_count(target) / 1e6:.1f}M total")
-    for col in ("L", "d", "heads", "d/L", "total", "non-emb", "overhead", "Δ target", "train GFLOP/tok",
-                f"prefill TFLOP@{prefill_len}", "KV MB"):
+    for col in (
+        "L",
+        "d",
+        "heads",
+        "d/L",
+        "total",
+        "non-emb",
+        "overhead",
+        "Δ target",
+        "train GFLOP/tok",
+        f"prefill TFLOP@{prefill_len}",
+        "KV MB",
+    ):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(str(r.n_layer), str(r.d_model), str(r.n_head), f"{r.aspect_ratio:.1f}", f"{r.total / 1e6:.1f}M",
-                  f"{r.non_embedding / 1e6:.1f}M", f"{r.overhead:,}", f"{100 * r.rel_error:+.1f}%",
-                  f"{r.train_flops_per_token / 1e9:.2f}", f"{r.prefill_flops / 1e12:.2f}", f"{r.kv_cache_bytes / 1e6:.1f}")
+        t.add_row(
+            str(r.n_layer),
+            str(r.d_model),
+            str(r.n_head),
+            f"{r.aspect_ratio:.1f}",
+            f"{r.total / 1e6:.1f}M",
+            f"{r.non_embedding / 1e6:.1f}M",
+            f"{r.overhead:,}",
+            f"{100 * r.rel_error:+.1f}%",
+            f"{r.train_flops_per_token / 1e9:.2f}",
+            f"{r.prefill_flops / 1e12:.2f}",
+            f"{r.kv_cache_bytes / 1e6:.1f}",
+        )
     print_table(t)

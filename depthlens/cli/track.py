@@ -22,10 +22,16 @@ def check_out(out: Path) -> None:
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise DepthlensError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and (read_marker(out) or {}).get("kind") != "track":
-        hint = (f" (a track output from a depthlens before markers: mark it once with `python -m depthlens.io.atomic "
-                f"adopt {out}`)" if legacy_kind(out) == "track" else "")
-        raise DepthlensError(f"{out}: exists and is not a track output directory (no {MARKER} marker of one); refusing "
-                             f"to write into it{hint}")
+        hint = (
+            f" (a track output from a depthlens before markers: mark it once with `python -m depthlens.io.atomic "
+            f"adopt {out}`)"
+            if legacy_kind(out) == "track"
+            else ""
+        )
+        raise DepthlensError(
+            f"{out}: exists and is not a track output directory (no {MARKER} marker of one); refusing "
+            f"to write into it{hint}"
+        )
     if not out.exists() and not out.parent.is_dir():
         raise DepthlensError(f"{out.parent}: output directory does not exist")
     claim_dir(out, "track", create=False)  # name length, a writable directory
@@ -38,32 +44,82 @@ def check_out(out: Path) -> None:
 @app.command()
 @domain_errors
 def track(
-    runs: Annotated[list[Path], typer.Argument(help="Run directories with snapshots/ (one series each), or checkpoint "
-                                               "directories / GGUF files in training order (one series).",
-                                               show_default=False)],
-    metric: Annotated[str | None, typer.Option("--metrics", "--metric", help="Comma list of the diagnostics to "
-                                               "follow (registry names or aliases; default: every tracked one: "
-                                               "causal,permutation,erank,attnres,angular).")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory: track.nc, track.png, README.md, parts/ "
-                                      "(per-snapshot cache; a rerun resumes from it).")] = Path("track"),
-    recipe: Annotated[list[Path] | None, typer.Option(help="Recipe (or a checkpoint's train.json) the runs were trained "
-                                                      "with, repeatable: each run takes the first that names it. Default: "
-                                                      "found in the run (checkpoint/train.json, a snapshot's train.json, "
-                                                      "resume/state.json). Its requested snapshot steps are checked for gaps.")] = None,
-    name: Annotated[str | None, typer.Option(help="Run name of a checkpoint list (default: their parent directory).")] = None,
-    tokens_per_step: Annotated[float | None, typer.Option("--tokens-per-step", min=1,
-                                                          help="Tokens per step for a checkpoint list whose steps come from names.")] = None,
-    data: Annotated[Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")] = None,
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run directories with snapshots/ (one series each), or checkpoint "
+            "directories / GGUF files in training order (one series).",
+            show_default=False,
+        ),
+    ],
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics",
+            "--metric",
+            help="Comma list of the diagnostics to "
+            "follow (registry names or aliases; default: every tracked one: "
+            "causal,permutation,erank,attnres,angular).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output directory: track.nc, track.png, README.md, parts/ "
+            "(per-snapshot cache; a rerun resumes from it).",
+        ),
+    ] = Path("track"),
+    recipe: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Recipe (or a checkpoint's train.json) the runs were trained "
+            "with, repeatable: each run takes the first that names it. Default: "
+            "found in the run (checkpoint/train.json, a snapshot's train.json, "
+            "resume/state.json). Its requested snapshot steps are checked for gaps."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Run name of a checkpoint list (default: their parent directory).")
+    ] = None,
+    tokens_per_step: Annotated[
+        float | None,
+        typer.Option(
+            "--tokens-per-step", min=1, help="Tokens per step for a checkpoint list whose steps come from names."
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")
+    ] = None,
     n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences (the same for every snapshot).")] = 32,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len)).")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len))."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
-    n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")] = 1000,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")] = None,
+    n_boot: Annotated[
+        int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")
+    ] = 1000,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")
+    ] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64).")] = "fp32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64)."
+        ),
+    ] = "fp32",
     threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 1,
-    check: Annotated[bool, typer.Option("--check", help="Only validate the series (configs and snapshot.json; no "
-                                         "weights read, nothing written): exit 0, or 1 with the reason.")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Only validate the series (configs and snapshot.json; no "
+            "weights read, nothing written): exit 0, or 1 with the reason.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-run summary as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -86,16 +142,27 @@ def track(
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
     metrics = parse_metrics(metric) if metric is not None else TrackOptions().metrics
-    opts = TrackOptions(metrics=metrics, data=None if data is None else str(data), n_seq=n_seq,
-                        seq_len=seq_len, seed=seed, n_boot=n_boot, batch_size=batch_size, device=device, dtype=dtype)
+    opts = TrackOptions(
+        metrics=metrics,
+        data=None if data is None else str(data),
+        n_seq=n_seq,
+        seq_len=seq_len,
+        seed=seed,
+        n_boot=n_boot,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+    )
     if threads:
         torch.set_num_threads(threads)
     series = scan(runs, recipes=recipe or (), name=name, tokens_per_step=tokens_per_step)  # refuses before any write
     if check:
         for s in series:
-            typer.echo(f"{s.name}: {len(s.snapshots)} snapshots, steps {[x.step for x in s.snapshots]}"
-                       + (f"; requested by {s.requested_from}" if s.requested is not None else "")
-                       + (f"; pending {s.pending}" if s.pending else ""))
+            typer.echo(
+                f"{s.name}: {len(s.snapshots)} snapshots, steps {[x.step for x in s.snapshots]}"
+                + (f"; requested by {s.requested_from}" if s.requested is not None else "")
+                + (f"; pending {s.pending}" if s.pending else "")
+            )
         return
     if in_default_dir(out):  # `--out depthlens-out/x`: the git-ignored output folder is made on first use
         out.parent.mkdir(exist_ok=True)
@@ -133,8 +200,16 @@ def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json:
     from rich.table import Table
 
     t = Table(title=f"{out} ({len(series)} run(s), {total} snapshots)")
-    for col in ("design", "L", "run", "snapshots", "tokens", *(["causal share"] if "causal_share" in ds else []),
-                *(["perm share"] if "perm_share" in ds else []), "val loss"):
+    for col in (
+        "design",
+        "L",
+        "run",
+        "snapshots",
+        "tokens",
+        *(["causal share"] if "causal_share" in ds else []),
+        *(["perm share"] if "perm_share" in ds else []),
+        "val loss",
+    ):
         t.add_column(col)
     for r in rows:
         t.add_row(*r)
@@ -172,12 +247,23 @@ def summary(ds) -> list[dict]:
     for run in ds["run"].values:
         sel = ds.sel(run=run)
         keep = sel["snapshot"].values.astype(str) != ""
-        rec = {"run": str(run), "design": str(sel["design"].values), "n_layer": int(sel["n_layer"].values),
-               "step": [int(s) for s in sel["step"].values[keep]],
-               "tokens": [f(t) for t in sel["tokens"].values[keep]],
-               "val_loss": [f(v) for v in sel["val_loss"].values[keep]]}
-        for k in ("causal_share", "causal_ci_low", "causal_ci_high", "perm_share", "perm_ci_low", "perm_ci_high",
-                  "dead_prefix"):
+        rec = {
+            "run": str(run),
+            "design": str(sel["design"].values),
+            "n_layer": int(sel["n_layer"].values),
+            "step": [int(s) for s in sel["step"].values[keep]],
+            "tokens": [f(t) for t in sel["tokens"].values[keep]],
+            "val_loss": [f(v) for v in sel["val_loss"].values[keep]],
+        }
+        for k in (
+            "causal_share",
+            "causal_ci_low",
+            "causal_ci_high",
+            "perm_share",
+            "perm_ci_low",
+            "perm_ci_high",
+            "dead_prefix",
+        ):
             if k in sel:
                 rec[k] = [f(v) for v in sel[k].values[keep]]
         out.append(rec)

@@ -13,13 +13,21 @@ from .app import QuietOpt, app, domain_errors, dumps
 
 @app.command()
 @domain_errors
-def train(recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or a grid with base + runs).")],
-          overrides: Annotated[list[str] | None, typer.Argument(help="run=NAME (a run of a grid recipe) and key=value "
-                                                                  "overrides, e.g. run=hc_l8 steps=200 model.n_layer=8")] = None,
-          run: Annotated[str | None, typer.Option(help="Run name inside a grid recipe (same as run=NAME; under torchrun "
-                                                       "write run=NAME).")] = None,
-          list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False,
-          quiet: QuietOpt = False) -> None:
+def train(
+    recipe: Annotated[Path, typer.Argument(help="Recipe JSON (one run, or a grid with base + runs).")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="run=NAME (a run of a grid recipe) and key=value overrides, e.g. run=hc_l8 steps=200 model.n_layer=8"
+        ),
+    ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option(help="Run name inside a grid recipe (same as run=NAME; under torchrun write run=NAME)."),
+    ] = None,
+    list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
     """Train a model from a committed recipe; resumable, seeded; exports a depthlens checkpoint.
 
     Multi-GPU: `torchrun --standalone --nproc_per_node=8 -m depthlens.cli train RECIPE run=NAME ...`.
@@ -79,8 +87,9 @@ def build_corpus_block(raw: dict, data: Path) -> None:
     from ..training.recipes import corpus_command, prepare_zoo_data
 
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # ranks must not build one directory concurrently
-        raise DataError(f"{data}: no token shards; build them once before torchrun: "
-                        f"`{corpus_command(raw['corpus'], data)}`")
+        raise DataError(
+            f"{data}: no token shards; build them once before torchrun: `{corpus_command(raw['corpus'], data)}`"
+        )
     prepare_zoo_data(raw, data, log=lambda line: print(f"depthlens train: {line}", file=sys.stderr, flush=True))
 
 
@@ -88,6 +97,8 @@ def missing_data_message(data: Path, tokenizer: str) -> str:
     import shlex
 
     out, tok = shlex.quote(str(data)), shlex.quote(tokenizer)
-    return (f"{data}: no token shards, and the recipe has no corpus block to build them from; build them with "
-            f"`depthlens prepare --out {out} --tokenizer {tok}` (the offline corpus) or "
-            f"`depthlens prepare FILES... --out {out} --tokenizer {tok}`")
+    return (
+        f"{data}: no token shards, and the recipe has no corpus block to build them from; build them with "
+        f"`depthlens prepare --out {out} --tokenizer {tok}` (the offline corpus) or "
+        f"`depthlens prepare FILES... --out {out} --tokenizer {tok}`"
+    )

@@ -52,8 +52,17 @@ def input_path(path: Path | None, option: str) -> Path | None:
     except OSError as e:
         raise DepthlensError(f"{option} {path}: {e.strerror or e}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
-                else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a character device"
+            if stat.S_ISCHR(mode)
+            else "a block device"
+            if stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a file"
+        )
         raise UsageError(f"{option} {path}: is {kind}; give a regular file or a directory")
     return path
 
@@ -99,5 +108,7 @@ def note_capped(ev: Any, option: str = "--n-seq") -> None:
     meta = getattr(ev, "meta", None) or {}
     asked = meta.get("n_seq_requested")
     if isinstance(asked, int) and asked > ev.n_seq:
-        sys.stderr.write(f"depthlens: note: {option} {asked} capped to {ev.n_seq}: the eval source holds only "
-                         f"{meta.get('n_windows_available', ev.n_seq)} sequences of {ev.seq_len} tokens\n")
+        sys.stderr.write(
+            f"depthlens: note: {option} {asked} capped to {ev.n_seq}: the eval source holds only "
+            f"{meta.get('n_windows_available', ev.n_seq)} sequences of {ev.seq_len} tokens\n"
+        )

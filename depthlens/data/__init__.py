@@ -24,7 +24,20 @@ from depthlens.data.tokenizers import (
 )
 
 __all__ = [
-    "BPETokenizer", "ByteTokenizer", "GPT2Tokenizer", "TokenDataset", "Tokenizer", "batch_indices",
-    "build_corpus", "data_hash", "fineweb_instructions", "get_tokenizer", "load_tokenizer", "prepare_files",
-    "read_manifest", "read_shard", "sample_indices", "write_shard",
+    "BPETokenizer",
+    "ByteTokenizer",
+    "GPT2Tokenizer",
+    "TokenDataset",
+    "Tokenizer",
+    "batch_indices",
+    "build_corpus",
+    "data_hash",
+    "fineweb_instructions",
+    "get_tokenizer",
+    "load_tokenizer",
+    "prepare_files",
+    "read_manifest",
+    "read_shard",
+    "sample_indices",
+    "write_shard",
 ]

@@ -87,8 +87,9 @@ def english_sources() -> list[Source]:
 def code_sources() -> list[Source]:
     """Python stdlib `.py` files outside the test/site-packages folders, sorted by relative path."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    rel = sorted(p.relative_to(root) for p in root.rglob("*.py")
-                 if not CODE_EXCLUDED_DIRS & set(p.relative_to(root).parts[:-1]))
+    rel = sorted(
+        p.relative_to(root) for p in root.rglob("*.py") if not CODE_EXCLUDED_DIRS & set(p.relative_to(root).parts[:-1])
+    )
     return [Source(f"stdlib/{r.as_posix()}", "code", (root / r).read_bytes) for r in rel]
 
 
@@ -138,8 +139,9 @@ def _tokenize(docs: Sequence[Document], tokenizer: Tokenizer) -> np.ndarray:
     pieces = [np.asarray(bos + ids, dtype=np.int64) for ids in encoded]
     stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     if stream.size and stream.max() >= tokenizer.vocab_size:
-        raise DataError(f"tokenizer {tokenizer.name} produced id {stream.max()} "
-                        f"≥ its vocab_size {tokenizer.vocab_size}")
+        raise DataError(
+            f"tokenizer {tokenizer.name} produced id {stream.max()} ≥ its vocab_size {tokenizer.vocab_size}"
+        )
     return stream.astype(token_dtype(tokenizer.vocab_size))
 
 
@@ -154,9 +156,15 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _write_dataset(out_dir: str | os.PathLike, tokenizer: Tokenizer, splits: dict[str, list[Document]],
-                   sources: list[dict[str, Any]], options: dict[str, Any], shard_tokens: int,
-                   overwrite: bool = True) -> dict[str, Any]:
+def _write_dataset(
+    out_dir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    splits: dict[str, list[Document]],
+    sources: list[dict[str, Any]],
+    options: dict[str, Any],
+    shard_tokens: int,
+    overwrite: bool = True,
+) -> dict[str, Any]:
     """Tokenize each split into shards, save the tokenizer, write manifest.json; return the manifest.
     The directory is built under a temp name and swapped in whole: an earlier build's shards never mix
     with this one's, and `out_dir` may replace only a depthlens dataset (or an empty directory)."""
@@ -167,16 +175,30 @@ def _write_dataset(out_dir: str | os.PathLike, tokenizer: Tokenizer, splits: dic
         return _write_splits(out, tokenizer, splits, sources, options, shard_tokens)
 
 
-def _write_splits(out: Path, tokenizer: Tokenizer, splits: dict[str, list[Document]], sources: list[dict[str, Any]],
-                  options: dict[str, Any], shard_tokens: int) -> dict[str, Any]:
+def _write_splits(
+    out: Path,
+    tokenizer: Tokenizer,
+    splits: dict[str, list[Document]],
+    sources: list[dict[str, Any]],
+    options: dict[str, Any],
+    shard_tokens: int,
+) -> dict[str, Any]:
     dtype = token_dtype(tokenizer.vocab_size)  # uint16 up to 65,536 ids (the zoo, GPT-2), uint32 above
     tokenizer.save(out / "tokenizer")
     manifest: dict[str, Any] = {
         "format": "depthlens-tokens/1",
-        "shard_format": {"header_int32": HEADER_INTS, "magic": SHARD_MAGIC,
-                         "version": SHARD_VERSION if dtype == TOKEN_DTYPE else SHARD_VERSION_U32, "dtype": dtype.name},
-        "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
-                      "dir": "tokenizer"},
+        "shard_format": {
+            "header_int32": HEADER_INTS,
+            "magic": SHARD_MAGIC,
+            "version": SHARD_VERSION if dtype == TOKEN_DTYPE else SHARD_VERSION_U32,
+            "dtype": dtype.name,
+        },
+        "tokenizer": {
+            "name": tokenizer.name,
+            "vocab_size": tokenizer.vocab_size,
+            "bos_id": tokenizer.bos_id,
+            "dir": "tokenizer",
+        },
         "options": options,
         "splits": {},
         "sources": sources,
@@ -186,13 +208,21 @@ def _write_splits(out: Path, tokenizer: Tokenizer, splits: dict[str, list[Docume
         if not docs:
             continue
         stream = _tokenize(docs, tokenizer)
-        paths = [write_shard(out / f"{split}_{k:03d}.bin", stream[start:start + shard_tokens], dtype)
-                 for k, start in enumerate(range(0, len(stream), shard_tokens))]
+        paths = [
+            write_shard(out / f"{split}_{k:03d}.bin", stream[start : start + shard_tokens], dtype)
+            for k, start in enumerate(range(0, len(stream), shard_tokens))
+        ]
         manifest["splits"][split] = {
             "n_tokens": int(len(stream)),
             "n_documents": len(docs),
-            "shards": [{"file": p.name, "n_tokens": int(min(shard_tokens, len(stream) - k * shard_tokens)),
-                        "sha256": sha256_file(p)} for k, p in enumerate(paths)],
+            "shards": [
+                {
+                    "file": p.name,
+                    "n_tokens": int(min(shard_tokens, len(stream) - k * shard_tokens)),
+                    "sha256": sha256_file(p),
+                }
+                for k, p in enumerate(paths)
+            ],
         }
         shard_paths += paths
     manifest["versions"] = _versions()
@@ -228,9 +258,16 @@ def _take(sources: Sequence[Source], budget: float | None) -> list[tuple[Source,
     return taken
 
 
-def build_corpus(out_dir: str | os.PathLike, tokenizer: Tokenizer, *, max_bytes: int | None = None,
-                 val_fraction: float = 0.05, seed: int = 0, shard_tokens: int = SHARD_TOKENS,
-                 overwrite: bool = True) -> dict[str, Any]:
+def build_corpus(
+    out_dir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    *,
+    max_bytes: int | None = None,
+    val_fraction: float = 0.05,
+    seed: int = 0,
+    shard_tokens: int = SHARD_TOKENS,
+    overwrite: bool = True,
+) -> dict[str, Any]:
     """Tokenize the packaged English + code corpus into `out_dir`; return the manifest.
 
     Files are split whole: val = those whose seeded name hash < `val_fraction`, with at least one
@@ -251,13 +288,27 @@ def build_corpus(out_dir: str | os.PathLike, tokenizer: Tokenizer, *, max_bytes:
             chosen = [s for s in kind_sources if (s.name in val) == (split == "val")]
             for src, data, text in _take(chosen, budget):
                 splits[split].append(Document(src.name, text))
-                sources.append({"name": src.name, "kind": kind, "split": split, "bytes": len(data),
-                                "bytes_used": len(text.encode("utf-8")), "sha256": hashlib.sha256(data).hexdigest()})
-    options = {"source": "packages", "max_bytes": max_bytes, "val_fraction": val_fraction, "seed": seed,
-               "shard_tokens": shard_tokens}
+                sources.append(
+                    {
+                        "name": src.name,
+                        "kind": kind,
+                        "split": split,
+                        "bytes": len(data),
+                        "bytes_used": len(text.encode("utf-8")),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
+                )
+    options = {
+        "source": "packages",
+        "max_bytes": max_bytes,
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "shard_tokens": shard_tokens,
+    }
     if max_bytes is not None and not all(any(d.text.strip() for d in splits[s]) for s in SPLITS):
-        raise DataError(f"--max-bytes {max_bytes} leaves a split without text (train and val each need some); "
-                        "give a larger cap")
+        raise DataError(
+            f"--max-bytes {max_bytes} leaves a split without text (train and val each need some); give a larger cap"
+        )
     return _write_dataset(out_dir, tokenizer, splits, sources, options, shard_tokens, overwrite)
 
 
@@ -323,7 +374,7 @@ def _split_documents(docs: list[Document], val_fraction: float, seed: int) -> di
     if len(docs) == 1 and val_fraction > 0:
         doc = docs[0]
         head = _cut(doc.text, int(len(doc.text.encode("utf-8")) * (1 - val_fraction)))
-        tail = doc.text[len(head):]
+        tail = doc.text[len(head) :]
         if head.strip() and tail.strip():
             return {"train": [Document(f"{doc.name}[train]", head)], "val": [Document(f"{doc.name}[val]", tail)]}
         return {"train": docs, "val": []}
@@ -331,9 +382,17 @@ def _split_documents(docs: list[Document], val_fraction: float, seed: int) -> di
     return {split: [d for d in docs if (d.name in val) == (split == "val")] for split in SPLITS}
 
 
-def prepare_files(paths: Iterable[str | os.PathLike], out_dir: str | os.PathLike, tokenizer: Tokenizer,
-                  val_fraction: float = 0.05, *, text_field: str = "text", seed: int = 0,
-                  shard_tokens: int = SHARD_TOKENS, overwrite: bool = True) -> dict[str, Any]:
+def prepare_files(
+    paths: Iterable[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    val_fraction: float = 0.05,
+    *,
+    text_field: str = "text",
+    seed: int = 0,
+    shard_tokens: int = SHARD_TOKENS,
+    overwrite: bool = True,
+) -> dict[str, Any]:
     """Tokenize local `.txt` (one document each), `.jsonl` (field `text_field` per line) and `.parquet`
     (column `text_field`; needs pyarrow) files into shards in `out_dir`; return the manifest.
 
@@ -352,14 +411,27 @@ def prepare_files(paths: Iterable[str | os.PathLike], out_dir: str | os.PathLike
         texts, data = _load_documents(path, text_field)
         single = path.suffix.lower() == ".txt"
         docs += [Document(path.name if single else f"{path.name}#{i}", t) for i, t in enumerate(texts)]
-        sources.append({"name": path.name, "kind": path.suffix.lower().lstrip("."), "bytes": len(data),
-                        "n_documents": len(texts), "sha256": hashlib.sha256(data).hexdigest()})
+        sources.append(
+            {
+                "name": path.name,
+                "kind": path.suffix.lower().lstrip("."),
+                "bytes": len(data),
+                "n_documents": len(texts),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
     if len({d.name for d in docs}) != len(docs):
         raise DataError("input file names must be distinct (documents are identified by file name)")
-    options = {"source": "files", "val_fraction": val_fraction, "seed": seed, "text_field": text_field,
-               "shard_tokens": shard_tokens}
-    return _write_dataset(out_dir, tokenizer, _split_documents(docs, val_fraction, seed), sources, options,
-                          shard_tokens, overwrite)
+    options = {
+        "source": "files",
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "text_field": text_field,
+        "shard_tokens": shard_tokens,
+    }
+    return _write_dataset(
+        out_dir, tokenizer, _split_documents(docs, val_fraction, seed), sources, options, shard_tokens, overwrite
+    )
 
 
 # ---------------------------------------------------------------------------------------------

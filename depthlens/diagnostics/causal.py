@@ -62,7 +62,7 @@ NORMS = ("update", "resid")
 NORM_DEFINITIONS = {
     "update": "|u_t' - u_t| / max(|u_t|, eps): relative to the clean update of layer t (Csordas test_effect)",
     "resid": "|u_t' - u_t| / max(|h_t|, eps): relative to the clean residual state entering layer t "
-             "(design view; Frobenius over all streams for HC/mHC)",
+    "(design view; Frobenius over all streams for HC/mHC)",
 }
 EPS = 1e-6
 
@@ -156,9 +156,18 @@ def _keep_rows(arms: list[Arm], seqs: slice) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: str, ndims: int,
-               on_update: Callable[[int, list[Arm], torch.Tensor], None], trunk: State | None = None,
-               start: int | None = None) -> tuple[State | None, list[Arm]]:
+def _run_chunk(
+    model,
+    ctx,
+    clean: _Clean,
+    arms: list[Arm],
+    seqs: slice,
+    unit: str,
+    ndims: int,
+    on_update: Callable[[int, list[Arm], torch.Tensor], None],
+    trunk: State | None = None,
+    start: int | None = None,
+) -> tuple[State | None, list[Arm]]:
     """Staircase over the chunk's arms (sorted by s): the rows of arm a join at layer a.s as a copy of the
     clean state before a.s, so layers below a.s never rerun for it.
 
@@ -184,15 +193,26 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: st
             if state is None:
                 state, keep = spawn, keep_new
             else:
-                keep = torch.cat([torch.ones(nc + len(active) * b, keep_new.shape[1], dtype=torch.bool,
-                                             device=keep_new.device), keep_new])
+                keep = torch.cat(
+                    [
+                        torch.ones(nc + len(active) * b, keep_new.shape[1], dtype=torch.bool, device=keep_new.device),
+                        keep_new,
+                    ]
+                )
                 state = state_cat([state, spawn])
             active = active + new
         if trunk is not None and clean.norm == "resid":
             clean.den_sq[p] = residual_sq(model, {k: v[:b] for k, v in state.items()})
         got: list[torch.Tensor] = []
-        state = model.run_layers(state, ctx, p, p + 1, keep={p: keep} if keep is not None else None, unit=unit,
-                                 on_layer=lambda pos, s, u: got.append(u))  # noqa: B023 (runs in this step)
+        state = model.run_layers(
+            state,
+            ctx,
+            p,
+            p + 1,
+            keep={p: keep} if keep is not None else None,
+            unit=unit,
+            on_layer=lambda pos, s, u: got.append(u),  # noqa: B023 (runs in this step)
+        )
         if trunk is not None:
             clean.updates[p] = _flat_update(got[0][:b], ndims).clone()  # a copy, not a view of all rows
             if clean.norm == "update":
@@ -206,7 +226,7 @@ def _run_chunk(model, ctx, clean: _Clean, arms: list[Arm], seqs: slice, unit: st
 
 
 def _split(xs: list, n: int) -> list[list]:
-    return [xs[i:i + n] for i in range(0, len(xs), n)]
+    return [xs[i : i + n] for i in range(0, len(xs), n)]
 
 
 def _arm_chunks(arms: list[Arm], per_chunk: int) -> list[list[Arm]]:
@@ -224,8 +244,9 @@ def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> 
     """
     key, x = next(iter(state.items()))
     if len(state) != 1 or x.numel() != u.numel():
-        raise NotImplementedError("C_dir needs a state that is one tensor shaped like the update "
-                                  f"(state keys {sorted(state)})")
+        raise NotImplementedError(
+            f"C_dir needs a state that is one tensor shaped like the update (state keys {sorted(state)})"
+        )
     u = u.view(x.shape).to(x.device, x.dtype)  # u_s lives on layer s's device, the state on layer t's
     m = positions.view(*positions.shape, *([1] * (u.dim() - 2))).to(x.device, x.dtype)
     return {key: x - u * m}
@@ -245,12 +266,26 @@ def _direct_unsupported(model) -> str | None:
 
 
 @torch.no_grad()
-def causal_scores(model: LayeredLM, data: EvalData, *,
-                  variants: Sequence[str] = VARIANTS, layers: str | Sequence[int] = "all",
-                  unit: str = "block", norm: str = "update", n_cuts: int = 4, cut_seed: int = 123, eps: float = EPS,
-                  direct: bool = False, null: bool = True, outputs: bool = False, measure: bool = True,
-                  batch_size: int | None = None, seq_batch: int | None = None,
-                  checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
+def causal_scores(
+    model: LayeredLM,
+    data: EvalData,
+    *,
+    variants: Sequence[str] = VARIANTS,
+    layers: str | Sequence[int] = "all",
+    unit: str = "block",
+    norm: str = "update",
+    n_cuts: int = 4,
+    cut_seed: int = 123,
+    eps: float = EPS,
+    direct: bool = False,
+    null: bool = True,
+    outputs: bool = False,
+    measure: bool = True,
+    batch_size: int | None = None,
+    seq_batch: int | None = None,
+    checkpoint: Any = None,
+    progress: ProgressFn | None = None,
+) -> xr.Dataset:
     """Causal-score matrices C(s, t) (docs/concepts.md#causal-score), with O[s], ΔL_skip(s), the noise floor and C_dir.
 
     layers: which s to skip ('all', 'late' or a list). norm: the ratio's denominator, 'update' (‖u_t‖, default)
@@ -289,9 +324,12 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
         store={v: _CellStore(S, L, N, K[v], T) for v in variants} if measure else {},
         null_store={v: _CellStore(S[:1], L, N, K[v], T) for v in variants} if measure and null else {},
         dstore={v: _CellStore(S, L, N, K[v], T, t_min_offset=1) for v in variants}
-        if direct and measure and direct_note is None else {},
-        O={v: np.full((L, N), np.nan) for v in variants}, dloss=np.full((L, N), np.nan),
-        clean_loss=np.full(N, np.nan))
+        if direct and measure and direct_note is None
+        else {},
+        O={v: np.full((L, N), np.nan) for v in variants},
+        dloss=np.full((L, N), np.nan),
+        clean_loss=np.full(N, np.nan),
+    )
     device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), arms, S)
     own_layers = sorted({a.s for a in mine})
@@ -301,18 +339,54 @@ def causal_scores(model: LayeredLM, data: EvalData, *,
         try:
             for start, toks in batches if mine else []:
                 # one function call per batch, so the batch's clean cache is freed before the next one is built
-                _batch(model, toks.to(device), slice(start, start + toks.shape[0]), own_layers, mine, unit, norm,
-                       eps, per_chunk, outputs, measure, res, count)
+                _batch(
+                    model,
+                    toks.to(device),
+                    slice(start, start + toks.shape[0]),
+                    own_layers,
+                    mine,
+                    unit,
+                    norm,
+                    eps,
+                    per_chunk,
+                    outputs,
+                    measure,
+                    res,
+                    count,
+                )
         except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
             err = e
     agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
     _merge_ranks(res)
-    return _dataset(model, data, checkpoint, S, variants, cuts, res,
-                    dict(variants=list(variants), layers=S, unit=unit, norm=norm,
-                         norm_definition=NORM_DEFINITIONS[norm], n_cuts=n_cuts, cut_seed=cut_seed, eps=eps,
-                         direct=direct, null=null, outputs=outputs, measure=measure, batch_size=rows,
-                         seq_batch=b_seq, arms_per_chunk=per_chunk, skip_mode=skip_mode(model),
-                         update_norm_dims=ndims, direct_note=direct_note))
+    return _dataset(
+        model,
+        data,
+        checkpoint,
+        S,
+        variants,
+        cuts,
+        res,
+        dict(
+            variants=list(variants),
+            layers=S,
+            unit=unit,
+            norm=norm,
+            norm_definition=NORM_DEFINITIONS[norm],
+            n_cuts=n_cuts,
+            cut_seed=cut_seed,
+            eps=eps,
+            direct=direct,
+            null=null,
+            outputs=outputs,
+            measure=measure,
+            batch_size=rows,
+            seq_batch=b_seq,
+            arms_per_chunk=per_chunk,
+            skip_mode=skip_mode(model),
+            update_norm_dims=ndims,
+            direct_note=direct_note,
+        ),
+    )
 
 
 def _my_share(batches: list, arms: list[Arm], S: list[int]) -> tuple[list, list[Arm]]:
@@ -352,8 +426,21 @@ def _merge_ranks(res: _Results) -> None:
 
 
 @torch.no_grad()
-def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, norm: str, eps: float,
-           per_chunk: int, outputs: bool, measure: bool, res: _Results, count: Count) -> None:
+def _batch(
+    model,
+    toks,
+    seqs: slice,
+    S: list[int],
+    arms: list[Arm],
+    unit: str,
+    norm: str,
+    eps: float,
+    per_chunk: int,
+    outputs: bool,
+    measure: bool,
+    res: _Results,
+    count: Count,
+) -> None:
     """All arms on one batch of sequences: clean run, staircase chunks, companions; results go to `res`."""
     L, (b, T) = model.n_layer, toks.shape
     ndims = int(model.design.update_norm_dims())
@@ -374,13 +461,15 @@ def _batch(model, toks, seqs: slice, S: list[int], arms: list[Arm], unit: str, n
         diff_sq, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
         for (null, variant), idx in _groups(active).items():
             (res.null_store if null else res.store)[variant].add(
-                [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq)
+                [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq
+            )
 
     for k, chunk in enumerate(chunks):
         if not chunk and k > 0:
             continue
-        state, active = _run_chunk(model, ctx, clean, chunk, seqs, unit, ndims, on_update,
-                                   trunk=trunk if k == 0 else None, start=S[0])
+        state, active = _run_chunk(
+            model, ctx, clean, chunk, seqs, unit, ndims, on_update, trunk=trunk if k == 0 else None, start=S[0]
+        )
         if k == 0:
             trunk = None
             # the clean loss always (one head call per batch: the report's and track's eval loss); the clean
@@ -422,8 +511,18 @@ def _probs_nll(logits: torch.Tensor, toks: torch.Tensor) -> tuple[torch.Tensor, 
     return e.div_(se), nll
 
 
-def _outputs(model, ctx, state: State, active: list[Arm], b: int, toks, clean: _Clean, seqs: slice,
-             O: dict[str, np.ndarray], dloss: np.ndarray) -> None:
+def _outputs(
+    model,
+    ctx,
+    state: State,
+    active: list[Arm],
+    b: int,
+    toks,
+    clean: _Clean,
+    seqs: slice,
+    O: dict[str, np.ndarray],
+    dloss: np.ndarray,
+) -> None:
     """O[s] = max over F of ‖p' − p‖₂ and ΔL_skip(s) (current variant) for the chunk's arms.
 
     One head call per arm (b rows, the size of the clean pass's head call, so the (rows, T, V) logits never
@@ -433,7 +532,7 @@ def _outputs(model, ctx, state: State, active: list[Arm], b: int, toks, clean: _
     for i, a in enumerate(active):
         if a.null:
             continue
-        p, nll = _probs_nll(model.head({k: v[i * b:(i + 1) * b] for k, v in state.items()}, ctx), toks)
+        p, nll = _probs_nll(model.head({k: v[i * b : (i + 1) * b] for k, v in state.items()}, ctx), toks)
         if a.variant == "current" and nll.shape[1] > 0:
             dloss[a.s, seqs] = (nll - clean.nll).mean(-1).double().cpu().numpy()
         dp = p.sub_(clean.probs).norm(dim=-1)  # (b, T): ‖p' − p‖₂
@@ -441,16 +540,27 @@ def _outputs(model, ctx, state: State, active: list[Arm], b: int, toks, clean: _
         O[a.variant][a.s, seqs] = np.fmax(O[a.variant][a.s, seqs], o.double().cpu().numpy())
 
 
-def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per_chunk: int,
-            dstore: dict[str, _CellStore], eps: float) -> None:
+def _direct(
+    model,
+    ctx,
+    clean: _Clean,
+    arms: list[Arm],
+    b: int,
+    seqs: slice,
+    per_chunk: int,
+    dstore: dict[str, _CellStore],
+    eps: float,
+) -> None:
     """C_dir(s, t): layer t alone, fed its clean input minus the clean u_s on I; compared to u_t on F."""
     L = model.n_layer
     ndims = int(model.design.update_norm_dims())
     for t in range(arms[0].s + 1 if arms else L, L):
         todo = [a for a in arms if a.s < t]
         for chunk in _split(todo, per_chunk):
-            parts = [_subtract_update(clean.states[t], clean.updates[a.s],
-                                      a.intervene[seqs].to(clean.updates[a.s].device)) for a in chunk]
+            parts = [
+                _subtract_update(clean.states[t], clean.updates[a.s], a.intervene[seqs].to(clean.updates[a.s].device))
+                for a in chunk
+            ]
             got: list[torch.Tensor] = []
             model.run_layers(state_cat(parts), ctx, t, t + 1, on_layer=lambda pos, s, u: got.append(u))  # noqa: B023 (runs in this step)
             U = _flat_update(got[0], ndims).view(len(chunk), b, -1, clean.updates[t].shape[-1])
@@ -468,73 +578,124 @@ def _direct(model, ctx, clean: _Clean, arms: list[Arm], b: int, seqs: slice, per
 
 def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options) -> xr.Dataset:
     L, N = model.n_layer, data.n_seq
-    store, null_store, dstore, O, dloss, clean_loss = (res.store, res.null_store, res.dstore, res.O, res.dloss,
-                                                       res.clean_loss)
+    store, null_store, dstore, O, dloss, clean_loss = (
+        res.store,
+        res.null_store,
+        res.dstore,
+        res.O,
+        res.dloss,
+        res.clean_loss,
+    )
     LL = ("layer", "layer_other")
     dv: dict[str, Any] = {}
     if store:
         agg = {v: store[v].aggregate() for v in variants}
         C = np.stack([np.stack([store[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
-        dv["causal_score"] = (("variant", "aggregator", *LL), C, {
-            "long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped", "units": "1"})
+        dv["causal_score"] = (
+            ("variant", "aggregator", *LL),
+            C,
+            {"long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped", "units": "1"},
+        )
         later = np.triu(np.ones((L, L), bool), 1)  # t > s
         with np.errstate(invalid="ignore"):
             mean_down = np.where(later, C, 0).sum(-1) / np.maximum(later.sum(-1), 1)
         mean_down[..., L - 1] = np.nan  # the last layer has no later layer
         mean_down[..., [l for l in range(L) if l not in S]] = np.nan
-        dv["mean_downstream_effect"] = (("variant", "aggregator", "layer"), mean_down, {
-            "long_name": "mean causal score on later layers, mean_{t>s} C(s,t) (Csordas skip_max_depth)",
-            "units": "1"})
+        dv["mean_downstream_effect"] = (
+            ("variant", "aggregator", "layer"),
+            mean_down,
+            {
+                "long_name": "mean causal score on later layers, mean_{t>s} C(s,t) (Csordas skip_max_depth)",
+                "units": "1",
+            },
+        )
         per = {v: store[v].per_sequence() for v in variants}
-        names = {"max": ("seq_max", "per-sequence max of the token ratios"),
-                 "sum": ("seq_sum", "per-sequence sum of the token ratios"),
-                 "count": ("seq_count", "per-sequence number of measured tokens"),
-                 "num": ("seq_sq_change", "per-sequence sum of squared update changes"),
-                 "den": ("seq_sq_update", "per-sequence sum of squared denominators (clean |u_t|, or |h_t| "
-                         "under norm=resid)")}
+        names = {
+            "max": ("seq_max", "per-sequence max of the token ratios"),
+            "sum": ("seq_sum", "per-sequence sum of the token ratios"),
+            "count": ("seq_count", "per-sequence number of measured tokens"),
+            "num": ("seq_sq_change", "per-sequence sum of squared update changes"),
+            "den": (
+                "seq_sq_update",
+                "per-sequence sum of squared denominators (clean |u_t|, or |h_t| under norm=resid)",
+            ),
+        }
         for key, (name, long) in names.items():
             lower = 0.0 if key in ("max", "sum", "num") else np.nan
             arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=lower) for v in variants])
             dv[name] = (("variant", *LL, "sequence"), arr, {"long_name": long, "units": "1"})
     if null_store:
-        dv["null_score"] = (("variant",), np.array([np.nanmax(null_store[v].aggregate()["max"]) for v in variants]),
-                            {"long_name": "noise floor: max causal score of a skip-nothing intervention", "units": "1"})
+        dv["null_score"] = (
+            ("variant",),
+            np.array([np.nanmax(null_store[v].aggregate()["max"]) for v in variants]),
+            {"long_name": "noise floor: max causal score of a skip-nothing intervention", "units": "1"},
+        )
     if dstore:
         agg = {v: dstore[v].aggregate() for v in variants}
         Cd = np.stack([np.stack([dstore[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
         for i in range(L):
             if i in S:
                 Cd[..., i, i] = 0.0  # the direct effect has a zero diagonal (docs/concepts.md#causal-score)
-        dv["direct_score"] = (("variant", "aggregator", *LL), Cd, {
-            "long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s", "units": "1"})
+        dv["direct_score"] = (
+            ("variant", "aggregator", *LL),
+            Cd,
+            {"long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s", "units": "1"},
+        )
     if options["outputs"]:
         Os = np.stack([O[v] for v in variants])
-        dv["output_effect_seq"] = (("variant", "layer", "sequence"), Os,
-                                   {"long_name": "per-sequence max L2 change of the next-token distribution",
-                                    "units": "1"})
-        dv["output_effect"] = (("variant", "layer"), _nanmax(Os, axis=2),
-                               {"long_name": "output effect O[s]: max L2 change of the next-token distribution",
-                                "units": "1"})
+        dv["output_effect_seq"] = (
+            ("variant", "layer", "sequence"),
+            Os,
+            {"long_name": "per-sequence max L2 change of the next-token distribution", "units": "1"},
+        )
+        dv["output_effect"] = (
+            ("variant", "layer"),
+            _nanmax(Os, axis=2),
+            {"long_name": "output effect O[s]: max L2 change of the next-token distribution", "units": "1"},
+        )
         if "current" in variants:
-            dv["skip_delta_loss_seq"] = (("layer", "sequence"), dloss,
-                                         {"long_name": "per-sequence loss increase when the layer is skipped",
-                                          "units": "nat"})
+            dv["skip_delta_loss_seq"] = (
+                ("layer", "sequence"),
+                dloss,
+                {"long_name": "per-sequence loss increase when the layer is skipped", "units": "nat"},
+            )
             with np.errstate(invalid="ignore"):
-                mean = np.where(np.isnan(dloss).all(1), np.nan,
-                                np.nansum(dloss, 1) / np.maximum((~np.isnan(dloss)).sum(1), 1))
-            dv["skip_delta_loss"] = (("layer",), mean, {"long_name": "loss increase when the layer is skipped",
-                                                        "units": "nat"})
-    dv["clean_loss_seq"] = (("sequence",), clean_loss, {"long_name": "per-sequence clean next-token loss",
-                                                       "units": "nat"})
-    coords = {"layer": np.arange(L), "layer_other": np.arange(L), "variant": list(variants),
-              "aggregator": list(AGGREGATORS), "sequence": np.arange(N)}
-    opts = {**options, "cut_positions": {v: cuts[v].tolist() for v in variants if v == "future"},
-            "cut_sampling": "Csordas test_future_max_effect: one random.Random(cut_seed) per run; each sequence "
-                            "(eval order) reshuffles range(8, T-4, 8) and takes the first n_cuts",
-            "intervened_positions": {"current": "[1, T)", "future": "[1, c)"},
-            "measured_positions": {"current": "[1, T)", "future": "[c, T)"},
-            "loss_positions": "tau in [1, T-2] predicting token tau+1", "late_window_start": late_window(L),
-            "aggregation": "max/mean/p95/p99 over pooled (sequence, cut, token); pooled = sqrt(sum|du|^2/sum|u|^2)"}
-    return make_dataset(dv, coords, metric="causal", options=opts,
-                        provenance=model_provenance(model, data, checkpoint),
-                        title="depthlens causal score (skip layer s, change of update u_t)")
+                mean = np.where(
+                    np.isnan(dloss).all(1), np.nan, np.nansum(dloss, 1) / np.maximum((~np.isnan(dloss)).sum(1), 1)
+                )
+            dv["skip_delta_loss"] = (
+                ("layer",),
+                mean,
+                {"long_name": "loss increase when the layer is skipped", "units": "nat"},
+            )
+    dv["clean_loss_seq"] = (
+        ("sequence",),
+        clean_loss,
+        {"long_name": "per-sequence clean next-token loss", "units": "nat"},
+    )
+    coords = {
+        "layer": np.arange(L),
+        "layer_other": np.arange(L),
+        "variant": list(variants),
+        "aggregator": list(AGGREGATORS),
+        "sequence": np.arange(N),
+    }
+    opts = {
+        **options,
+        "cut_positions": {v: cuts[v].tolist() for v in variants if v == "future"},
+        "cut_sampling": "Csordas test_future_max_effect: one random.Random(cut_seed) per run; each sequence "
+        "(eval order) reshuffles range(8, T-4, 8) and takes the first n_cuts",
+        "intervened_positions": {"current": "[1, T)", "future": "[1, c)"},
+        "measured_positions": {"current": "[1, T)", "future": "[c, T)"},
+        "loss_positions": "tau in [1, T-2] predicting token tau+1",
+        "late_window_start": late_window(L),
+        "aggregation": "max/mean/p95/p99 over pooled (sequence, cut, token); pooled = sqrt(sum|du|^2/sum|u|^2)",
+    }
+    return make_dataset(
+        dv,
+        coords,
+        metric="causal",
+        options=opts,
+        provenance=model_provenance(model, data, checkpoint),
+        title="depthlens causal score (skip layer s, change of update u_t)",
+    )

@@ -57,8 +57,9 @@ class Arm:
         return torch.ones_like(I) if self.null else ~I
 
 
-def make_arms(T: int, N: int, layers: list[int], variants: Sequence[str], n_cuts: int, cut_seed: int,
-              null: bool) -> tuple[list[Arm], dict[str, np.ndarray]]:
+def make_arms(
+    T: int, N: int, layers: list[int], variants: Sequence[str], n_cuts: int, cut_seed: int, null: bool
+) -> tuple[list[Arm], dict[str, np.ndarray]]:
     """All arms, sorted by s (staircase order); plus the cut positions (N, K) of each variant."""
     pos = torch.arange(T)
     arms, cuts = [], {}
@@ -95,8 +96,9 @@ class _CellStore:
         self.num = np.zeros((n, N))
         self.den = np.zeros((n, N))
 
-    def add(self, arms: list[Arm], t: int, seqs: slice, ratio: np.ndarray, diff_sq: np.ndarray,
-            clean_sq: np.ndarray) -> None:
+    def add(
+        self, arms: list[Arm], t: int, seqs: slice, ratio: np.ndarray, diff_sq: np.ndarray, clean_sq: np.ndarray
+    ) -> None:
         """Layer t of several arms: ratio, diff_sq (A, b, T) for the b sequences `seqs`; clean_sq (b, T) are the
         squared denominators (clean update or residual norm)."""
         cells = np.array([self.index[(a.s, t)] for a in arms])[:, None]
@@ -117,15 +119,22 @@ class _CellStore:
         ok = ~np.isnan(self.R)
         seq_max = np.where(ok, self.R, -np.inf).max(axis=(2, 3)).astype(np.float64)
         seq_max[np.isneginf(seq_max)] = np.nan
-        return {"max": seq_max, "sum": np.where(ok, self.R, 0).sum(axis=(2, 3), dtype=np.float64),
-                "count": ok.sum(axis=(2, 3)).astype(np.float64), "num": self.num, "den": self.den}
+        return {
+            "max": seq_max,
+            "sum": np.where(ok, self.R, 0).sum(axis=(2, 3), dtype=np.float64),
+            "count": ok.sum(axis=(2, 3)).astype(np.float64),
+            "num": self.num,
+            "den": self.den,
+        }
 
     def aggregate(self) -> dict[str, np.ndarray]:
         """{aggregator: [n_cells]} over all tokens, cuts and sequences (numpy 'linear' quantiles)."""
         ps = self.per_sequence()
-        out = {"max": _nanmax(ps["max"], axis=1),
-               "mean": ps["sum"].sum(1) / np.maximum(ps["count"].sum(1), 1),
-               "pooled": np.sqrt(self.num.sum(1) / np.where(self.den.sum(1) > 0, self.den.sum(1), np.nan))}
+        out = {
+            "max": _nanmax(ps["max"], axis=1),
+            "mean": ps["sum"].sum(1) / np.maximum(ps["count"].sum(1), 1),
+            "pooled": np.sqrt(self.num.sum(1) / np.where(self.den.sum(1) > 0, self.den.sum(1), np.nan)),
+        }
         q = np.full((len(self.index), 2), np.nan)
         for c in range(len(self.index)):
             vals = self.R[c][~np.isnan(self.R[c])]

@@ -76,8 +76,15 @@ def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max_len: int | None = None,
-                       bos: bool = True, limit: int | None = None) -> dict[str, Any]:
+def teacher_forced_nll(
+    model: Any,
+    tokenizer: Any,
+    items: Sequence[Item],
+    *,
+    max_len: int | None = None,
+    bos: bool = True,
+    limit: int | None = None,
+) -> dict[str, Any]:
     """Mean NLL (nats/answer token) of each answer given its prompt.
 
     Returns {"nll": token-weighted mean, "nll_item_mean": mean of per-item means, "per_item": [...],
@@ -96,7 +103,7 @@ def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max
         if len(a) >= room:  # the answer alone does not fit: keep its start, one prompt token for context
             a, truncated = a[: room - 1], truncated + 1
             p = p[-1:] if p else []
-        p = p[max(0, len(p) - (room - len(a))):]
+        p = p[max(0, len(p) - (room - len(a))) :]
         seq = head + p + a
         if len(seq) < 2 or len(seq) - len(a) < 1:
             continue
@@ -104,15 +111,21 @@ def teacher_forced_nll(model: Any, tokenizer: Any, items: Sequence[Item], *, max
         logp = torch.log_softmax(_logits(model, toks).float(), -1)[0]  # (T, V) fp32: bf16 logits, fp32 softmax
         start = len(seq) - len(a)  # first answer position
         tgt = toks[0, start:].to(logp.device)  # the head may sit on another device than the embedding
-        nll = -logp[start - 1: len(seq) - 1].gather(-1, tgt[:, None]).squeeze(-1)  # (len(a),)
+        nll = -logp[start - 1 : len(seq) - 1].gather(-1, tgt[:, None]).squeeze(-1)  # (len(a),)
         per_item.append(float(nll.mean()))
         total_nll += float(nll.sum())
         total_tok += len(a)
     if not per_item:
         raise DataError("no evaluable items (every answer was empty)")
-    return {"nll": total_nll / total_tok, "nll_item_mean": sum(per_item) / len(per_item), "per_item": per_item,
-            "n_items": len(per_item), "n_answer_tokens": total_tok, "n_truncated": truncated,
-            "perplexity": perplexity(total_nll / total_tok)}
+    return {
+        "nll": total_nll / total_tok,
+        "nll_item_mean": sum(per_item) / len(per_item),
+        "per_item": per_item,
+        "n_items": len(per_item),
+        "n_answer_tokens": total_tok,
+        "n_truncated": truncated,
+        "perplexity": perplexity(total_nll / total_tok),
+    }
 
 
 def perplexity(loss: float) -> float:

@@ -64,8 +64,7 @@ def swapped_order(L: int, i: int, j: int) -> list[int]:
 
 
 @torch.no_grad()
-def _run_position(model, state: State, ctx, p: int, groups: list[tuple[torch.Tensor, list[int]]],
-                  swap: str) -> State:
+def _run_position(model, state: State, ctx, p: int, groups: list[tuple[torch.Tensor, list[int]]], swap: str) -> State:
     """Run position p on row groups, each with its own order (a full permutation), and restore row order."""
     if len(groups) == 1:
         return model.run_layers(state, ctx, p, p + 1, order=groups[0][1], swap=swap)
@@ -86,7 +85,7 @@ def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: s
     for p in range(i + 1, L):
         if p in js:
             k = js.index(p)
-            other = torch.cat([rows[:k], rows[k + 1:]]).reshape(-1)
+            other = torch.cat([rows[:k], rows[k + 1 :]]).reshape(-1)
             groups = [(rows[k], swapped_order(L, i, p))] + ([(other, ident)] if other.numel() else [])
         else:
             groups = [(rows.reshape(-1), ident)]
@@ -95,10 +94,18 @@ def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: s
 
 
 @torch.no_grad()
-def permutation_scores(model: LayeredLM, data: EvalData, *,
-                       pairs: str | Sequence[tuple[int, int]] = "late", swap: str = "body",
-                       batch_size: int | None = None, seq_batch: int | None = None, chunked_head: bool = True,
-                       checkpoint: Any = None, progress: ProgressFn | None = None) -> xr.Dataset:
+def permutation_scores(
+    model: LayeredLM,
+    data: EvalData,
+    *,
+    pairs: str | Sequence[tuple[int, int]] = "late",
+    swap: str = "body",
+    batch_size: int | None = None,
+    seq_batch: int | None = None,
+    chunked_head: bool = True,
+    checkpoint: Any = None,
+    progress: ProgressFn | None = None,
+) -> xr.Dataset:
     """P_abs, P_rel, P_KL for the requested pairs (docs/concepts.md#permutation-score), symmetric [L, L] matrices with a zero diagonal.
 
     batch_size: max rows per forward (default: `default_rows`); seq_batch: sequences per clean pass.
@@ -133,20 +140,46 @@ def permutation_scores(model: LayeredLM, data: EvalData, *,
         try:
             for start, toks in batches if mine else []:
                 # one call per batch: its state cache is freed before the next batch builds one
-                _batch(model, toks.to(device), slice(start, start + toks.shape[0]), mine, per_chunk, swap, dl, kl,
-                       clean_loss, chunked_head, count)
+                _batch(
+                    model,
+                    toks.to(device),
+                    slice(start, start + toks.shape[0]),
+                    mine,
+                    per_chunk,
+                    swap,
+                    dl,
+                    kl,
+                    clean_loss,
+                    chunked_head,
+                    count,
+                )
         except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
             err = e
     agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
     dl, kl, clean_loss = _merge_ranks(dl, kl, clean_loss)
     for l in range(L):
         dl[l, l] = kl[l, l] = 0.0
-    return _dataset(model, data, checkpoint, P, dl, kl, clean_loss,
-                    dict(pairs=[list(p) for p in P], pair_set=pairs if isinstance(pairs, str) else "explicit",
-                         swap=swap, batch_size=rows, seq_batch=b_seq, pairs_per_chunk=per_chunk,
-                         head_path=head_path(model, chunked_head),
-                         late_window_start=late_window(L), loss_positions="tau in [1, T-2] predicting token tau+1",
-                         kl_direction="KL(p_id || p_swapped)"))
+    return _dataset(
+        model,
+        data,
+        checkpoint,
+        P,
+        dl,
+        kl,
+        clean_loss,
+        dict(
+            pairs=[list(p) for p in P],
+            pair_set=pairs if isinstance(pairs, str) else "explicit",
+            swap=swap,
+            batch_size=rows,
+            seq_batch=b_seq,
+            pairs_per_chunk=per_chunk,
+            head_path=head_path(model, chunked_head),
+            late_window_start=late_window(L),
+            loss_positions="tau in [1, T-2] predicting token tau+1",
+            kl_direction="KL(p_id || p_swapped)",
+        ),
+    )
 
 
 def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int, list[int]]]:
@@ -171,8 +204,19 @@ def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
 
 
 @torch.no_grad()
-def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], per_chunk: int, swap: str,
-           dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray, chunked: bool | None, count: Count) -> None:
+def _batch(
+    model,
+    toks: torch.Tensor,
+    seqs: slice,
+    by_i: dict[int, list[int]],
+    per_chunk: int,
+    swap: str,
+    dl: np.ndarray,
+    kl: np.ndarray,
+    clean_loss: np.ndarray,
+    chunked: bool | None,
+    count: Count,
+) -> None:
     """Every pair on one batch of sequences. Fills dl/kl [i, j, seqs] (both triangles).
 
     Runs cover toks[:, :T−1]: the last token is only a target, and by causality no loss position depends on
@@ -204,7 +248,7 @@ def _batch(model, toks: torch.Tensor, seqs: slice, by_i: dict[int, list[int]], p
             trunk, at = model.run_layers(trunk, ctx, at, i), i
         js = by_i[i]
         for c in range(0, len(js), per_chunk):
-            chunk = js[c:c + per_chunk]
+            chunk = js[c : c + per_chunk]
             nll, kl_tok = loss(_run_pairs(model, ctx, trunk, i, chunk, b, swap))  # (len(chunk)·b, T−2) each
             d_seq = (nll.view(len(chunk), b, -1) - nll0).mean(-1).double().cpu().numpy()  # (pairs, b)
             kl_seq = kl_tok.view(len(chunk), b, -1).mean(-1).double().cpu().numpy()
@@ -224,19 +268,36 @@ def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Data
         se[i, j] = se[j, i] = paired_se(dl[i, j])
     dv = {
         "perm_abs": (LL, abs_, {"long_name": "loss increase when layers i and j are swapped", "units": "nat"}),
-        "perm_rel": (LL, abs_ / base, {"long_name": "relative loss increase when layers i and j are swapped",
-                                       "units": "1"}),
-        "perm_kl": (LL, kl.mean(-1), {"long_name": "KL(p_id || p_swapped) when layers i and j are swapped",
-                                      "units": "nat"}),
+        "perm_rel": (
+            LL,
+            abs_ / base,
+            {"long_name": "relative loss increase when layers i and j are swapped", "units": "1"},
+        ),
+        "perm_kl": (
+            LL,
+            kl.mean(-1),
+            {"long_name": "KL(p_id || p_swapped) when layers i and j are swapped", "units": "nat"},
+        ),
         "perm_abs_se": (LL, se, {"long_name": "paired standard error of the swap loss increase", "units": "nat"}),
-        "delta_loss_seq": ((*LL, "sequence"), dl, {"long_name": "per-sequence loss increase of the swap",
-                                                   "units": "nat"}),
+        "delta_loss_seq": (
+            (*LL, "sequence"),
+            dl,
+            {"long_name": "per-sequence loss increase of the swap", "units": "nat"},
+        ),
         "kl_seq": ((*LL, "sequence"), kl, {"long_name": "per-sequence mean KL(p_id || p_swapped)", "units": "nat"}),
-        "clean_loss_seq": (("sequence",), clean_loss, {"long_name": "per-sequence clean next-token loss",
-                                                       "units": "nat"}),
+        "clean_loss_seq": (
+            ("sequence",),
+            clean_loss,
+            {"long_name": "per-sequence clean next-token loss", "units": "nat"},
+        ),
         "clean_loss": ((), base, {"long_name": "clean next-token loss", "units": "nat"}),
     }
     coords = {"layer": np.arange(L), "layer_other": np.arange(L), "sequence": np.arange(data.n_seq)}
-    return make_dataset(dv, coords, metric="permutation", options=options,
-                        provenance=model_provenance(model, data, checkpoint),
-                        title="depthlens permutation score (swap layers i and j)")
+    return make_dataset(
+        dv,
+        coords,
+        metric="permutation",
+        options=options,
+        provenance=model_provenance(model, data, checkpoint),
+        title="depthlens permutation score (swap layers i and j)",
+    )

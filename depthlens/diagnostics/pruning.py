@@ -57,8 +57,9 @@ def _sequence_nll(model: Any, ctx: Any, state: dict, toks: torch.Tensor) -> torc
         nll = (lse - z).double()
     else:
         logits = model.head(state, ctx)[:, :-1].float()
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.to(logits.device),
-                              reduction="none").double()
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.to(logits.device), reduction="none"
+        ).double()
     return nll.reshape(toks.shape[0], -1).sum(1).cpu()
 
 
@@ -97,10 +98,20 @@ def _smallest(score: np.ndarray, k: int) -> list[int]:
     return sorted(order[:k].tolist())
 
 
-def pruning_curves(model: Any, data: EvalData, *, k_max: int | None = None,
-                   criteria: Sequence[str] = CRITERIA, n_random: int = 8, seed: int = 0,
-                   angular: xr.Dataset | None = None, causal: xr.Dataset | None = None,
-                   positions: str = "all", batch_size: int | None = None, checkpoint: Any = None) -> xr.Dataset:
+def pruning_curves(
+    model: Any,
+    data: EvalData,
+    *,
+    k_max: int | None = None,
+    criteria: Sequence[str] = CRITERIA,
+    n_random: int = 8,
+    seed: int = 0,
+    angular: xr.Dataset | None = None,
+    causal: xr.Dataset | None = None,
+    positions: str = "all",
+    batch_size: int | None = None,
+    checkpoint: Any = None,
+) -> xr.Dataset:
     """Loss against the number of removed layers k = 0..k_max (default L // 2), per criterion.
 
     angular / causal: the model's angular and causal datasets on the same eval data, if already computed
@@ -160,26 +171,50 @@ def pruning_curves(model: Any, data: EvalData, *, k_max: int | None = None,
                 removed[c, k, layers] = 1
                 loss[c, k] = skip[layers[0]] if crit == "skip_loss" and k == 1 else pruner.loss(layers)
     deterministic = [i for i, c in enumerate(criteria) if c != "random"]
-    best = np.array([criteria[deterministic[int(np.argmin(loss[deterministic, k]))]] if deterministic else ""
-                     for k in ks], dtype=object).astype(str)
+    best = np.array(
+        [criteria[deterministic[int(np.argmin(loss[deterministic, k]))]] if deterministic else "" for k in ks],
+        dtype=object,
+    ).astype(str)
     rand[0] = clean
-    options = dict(k_max=k_max, criteria=list(criteria), n_random=n_random, seed=seed, positions=positions,
-                   batch_size=batch_size, removal="block-level skip (keep[l] = 0): the layer's whole write dropped",
-                   loss="mean next-token NLL over positions 0..T-2", layers_run=pruner.forward_layers)
+    options = dict(
+        k_max=k_max,
+        criteria=list(criteria),
+        n_random=n_random,
+        seed=seed,
+        positions=positions,
+        batch_size=batch_size,
+        removal="block-level skip (keep[l] = 0): the layer's whole write dropped",
+        loss="mean next-token NLL over positions 0..T-2",
+        layers_run=pruner.forward_layers,
+    )
     return make_dataset(
         {
             "loss": (("criterion", "k"), loss, {"long_name": "LM loss with k layers removed", "units": "nats/token"}),
-            "removed": (("criterion", "k", "layer"), removed,
-                        {"long_name": "removed layers (random: fraction of draws)", "units": "1"}),
-            "loss_random_min": (("k",), np.nanmin(rand, 1), {"long_name": "random removal: lowest loss of the draws",
-                                                            "units": "nats/token"}),
-            "loss_random_max": (("k",), np.nanmax(rand, 1), {"long_name": "random removal: highest loss of the "
-                                                            "draws", "units": "nats/token"}),
+            "removed": (
+                ("criterion", "k", "layer"),
+                removed,
+                {"long_name": "removed layers (random: fraction of draws)", "units": "1"},
+            ),
+            "loss_random_min": (
+                ("k",),
+                np.nanmin(rand, 1),
+                {"long_name": "random removal: lowest loss of the draws", "units": "nats/token"},
+            ),
+            "loss_random_max": (
+                ("k",),
+                np.nanmax(rand, 1),
+                {"long_name": "random removal: highest loss of the draws", "units": "nats/token"},
+            ),
             "loss_clean": ((), clean, {"long_name": "LM loss of the whole model", "units": "nats/token"}),
-            "best_criterion": (("k",), best, {"long_name": "criterion with the lowest loss (random excluded)",
-                                              "units": "1"}),
+            "best_criterion": (
+                ("k",),
+                best,
+                {"long_name": "criterion with the lowest loss (random excluded)", "units": "1"},
+            ),
         },
         {"criterion": list(criteria), "k": ks, "layer": np.arange(L)},
-        metric="pruning", options=options, provenance=model_provenance(model, data, checkpoint),
+        metric="pruning",
+        options=options,
+        provenance=model_provenance(model, data, checkpoint),
         title="depthlens layer-pruning curves",
     )

@@ -55,8 +55,10 @@ def res_maps(record: Mapping[str, Any], n_sub: int) -> torch.Tensor:
     maps = as_readouts(record).per_sublayer("res_map", n_sub)
     missing = [j for j, m in enumerate(maps) if m is None]
     if missing:
-        raise DepthlensError("effective rank needs a multi-stream design (hc, mhc): the model records no "
-                             f"'sub{{j}}.res_map' readout (missing for sublayers {missing[:4]}...)")
+        raise DepthlensError(
+            "effective rank needs a multi-stream design (hc, mhc): the model records no "
+            f"'sub{{j}}.res_map' readout (missing for sublayers {missing[:4]}...)"
+        )
     return torch.stack([torch.as_tensor(m).double() for m in maps], dim=2)
 
 
@@ -129,12 +131,18 @@ def _summaries(tok: dict[str, torch.Tensor], n_widths: int) -> dict[str, np.ndar
 
 def _static_summaries(static: torch.Tensor, n_layer: int, widths: Sequence[int]) -> dict[str, np.ndarray]:
     st = product_tokens(static, n_layer, widths)
-    return {f"{k}_static": np.array([float(st[f"{k}_{p}"]) for p in PRODUCTS])
-            for k in ("erank", "gain_fwd", "gain_bwd")}
+    return {
+        f"{k}_static": np.array([float(st[f"{k}_{p}"]) for p in PRODUCTS]) for k in ("erank", "gain_fwd", "gain_bwd")
+    }
 
 
-def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int] | None = None,
-                             static: torch.Tensor | None = None, constrained: bool = False) -> dict[str, np.ndarray]:
+def effective_rank_from_maps(
+    H: torch.Tensor,
+    n_layer: int,
+    widths: Sequence[int] | None = None,
+    static: torch.Tensor | None = None,
+    constrained: bool = False,
+) -> dict[str, np.ndarray]:
     """Summaries over tokens. H: (N_tokens, K, n, n) per-token maps (BOS already dropped); static: (K, n, n).
 
     Returns arrays keyed like the Dataset variables: erank (product, statistic), gain_fwd/gain_bwd (product,
@@ -148,9 +156,15 @@ def effective_rank_from_maps(H: torch.Tensor, n_layer: int, widths: Sequence[int
     return res
 
 
-def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence[int] | None = None,
-                           batch_size: int | None = None, checkpoint: Any = None,
-                           progress: ProgressFn | None = None) -> xr.Dataset:
+def effective_rank_dataset(
+    model: LayeredLM,
+    data: EvalData,
+    *,
+    widths: Sequence[int] | None = None,
+    batch_size: int | None = None,
+    checkpoint: Any = None,
+    progress: ProgressFn | None = None,
+) -> xr.Dataset:
     """Effective rank of the residual-mixing products of a multi-stream model over `data`
     (docs/concepts.md#effective-rank).
 
@@ -183,31 +197,71 @@ def effective_rank_dataset(model: LayeredLM, data: EvalData, *, widths: Sequence
     if static is not None:
         res.update(_static_summaries(static, L, widths))
     dv = {
-        "erank": (("product", "statistic"), res["erank"],
-                  {"long_name": "effective rank of the residual-mixing product", "units": "1"}),
-        "gain_fwd": (("product", "statistic"), res["gain_fwd"],
-                     {"long_name": "forward Amax gain (max row abs sum) of the product", "units": "1"}),
-        "gain_bwd": (("product", "statistic"), res["gain_bwd"],
-                     {"long_name": "backward Amax gain (max column abs sum) of the product", "units": "1"}),
-        "erank_window": (("window", "statistic"), res["erank_window"],
-                         {"long_name": "effective rank of w-sublayer window products, mean over starts",
-                          "units": "1"}),
-        "erank_sublayer": (("sublayer",), res["erank_sublayer"],
-                           {"long_name": "effective rank of one sublayer's residual map (token mean)", "units": "1"}),
-        "structural_zero_grad": (("sublayer",), res["zero_grad"].astype(np.int8),
-                                 {"long_name": "1 where the residual map cannot receive gradient (first map row-"
-                                  "stochastic on replicated streams, last map column-stochastic before the "
-                                  "sum/mean collapse)", "units": "1", "flag_values": [0, 1]}),
+        "erank": (
+            ("product", "statistic"),
+            res["erank"],
+            {"long_name": "effective rank of the residual-mixing product", "units": "1"},
+        ),
+        "gain_fwd": (
+            ("product", "statistic"),
+            res["gain_fwd"],
+            {"long_name": "forward Amax gain (max row abs sum) of the product", "units": "1"},
+        ),
+        "gain_bwd": (
+            ("product", "statistic"),
+            res["gain_bwd"],
+            {"long_name": "backward Amax gain (max column abs sum) of the product", "units": "1"},
+        ),
+        "erank_window": (
+            ("window", "statistic"),
+            res["erank_window"],
+            {"long_name": "effective rank of w-sublayer window products, mean over starts", "units": "1"},
+        ),
+        "erank_sublayer": (
+            ("sublayer",),
+            res["erank_sublayer"],
+            {"long_name": "effective rank of one sublayer's residual map (token mean)", "units": "1"},
+        ),
+        "structural_zero_grad": (
+            ("sublayer",),
+            res["zero_grad"].astype(np.int8),
+            {
+                "long_name": "1 where the residual map cannot receive gradient (first map row-"
+                "stochastic on replicated streams, last map column-stochastic before the "
+                "sum/mean collapse)",
+                "units": "1",
+                "flag_values": [0, 1],
+            },
+        ),
     }
     for key in ("erank_static", "gain_fwd_static", "gain_bwd_static"):
         if key in res:
-            dv[key] = (("product",), res[key], {"long_name": f"{key.replace('_', ' ')} (static maps, alpha = 0)",
-                                                "units": "1"})
-    coords = {"product": list(PRODUCTS), "statistic": list(STATISTICS), "window": widths, "sublayer": np.arange(K),
-              "n_streams": n_streams}
-    options = dict(widths=widths, late_start_sublayer=2 * late_window(L), convention="x_{k+1} = H_k x_k; "
-                   "P_{a->b} = H_{b-1} ... H_a (later factor on the left)", token_positions="1..T-1 (BOS excluded)",
-                   svd_dtype="float64", static_note=note, n_token_maps=int(tok["single"].shape[0]))
-    return make_dataset(dv, coords, metric="effective_rank", options=options,
-                        provenance=model_provenance(model, data, checkpoint),
-                        title="depthlens effective rank of residual-mixing products")
+            dv[key] = (
+                ("product",),
+                res[key],
+                {"long_name": f"{key.replace('_', ' ')} (static maps, alpha = 0)", "units": "1"},
+            )
+    coords = {
+        "product": list(PRODUCTS),
+        "statistic": list(STATISTICS),
+        "window": widths,
+        "sublayer": np.arange(K),
+        "n_streams": n_streams,
+    }
+    options = dict(
+        widths=widths,
+        late_start_sublayer=2 * late_window(L),
+        convention="x_{k+1} = H_k x_k; P_{a->b} = H_{b-1} ... H_a (later factor on the left)",
+        token_positions="1..T-1 (BOS excluded)",
+        svd_dtype="float64",
+        static_note=note,
+        n_token_maps=int(tok["single"].shape[0]),
+    )
+    return make_dataset(
+        dv,
+        coords,
+        metric="effective_rank",
+        options=options,
+        provenance=model_provenance(model, data, checkpoint),
+        title="depthlens effective rank of residual-mixing products",
+    )

@@ -148,51 +148,142 @@ def _frozen(**kw: Any) -> Mapping[str, Any]:
 
 _S = "depthlens.studies.summaries:"  # the shipped diagnostics' record, track and view hooks
 _LOG_NAT = Grid("log", 0.005, 2.0, n=41)
-CAUSAL = Score("causal", "causal_score", 0.45, "1", "C", Grid("linear", 0.0, 1.5, step=0.05),
-               "the causal score", "causal C(s,t): skip s, relative change of the later update t",
-               select=_frozen(aggregator="max", variant="current"))
-PERM_ABS = Score("perm_abs", "perm_abs", 0.15, "nat", "P_abs", _LOG_NAT, "P_abs",
-                 "permutation P_abs = L(swap i,j) - L(id), nats", seq_var="delta_loss_seq")
+CAUSAL = Score(
+    "causal",
+    "causal_score",
+    0.45,
+    "1",
+    "C",
+    Grid("linear", 0.0, 1.5, step=0.05),
+    "the causal score",
+    "causal C(s,t): skip s, relative change of the later update t",
+    select=_frozen(aggregator="max", variant="current"),
+)
+PERM_ABS = Score(
+    "perm_abs",
+    "perm_abs",
+    0.15,
+    "nat",
+    "P_abs",
+    _LOG_NAT,
+    "P_abs",
+    "permutation P_abs = L(swap i,j) - L(id), nats",
+    seq_var="delta_loss_seq",
+)
 
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
-    Diagnostic("causal", "depthlens.diagnostics.causal:causal_scores",
-               "causal score C(s, t): skip layer s, how much do later updates change",
-               scores=(CAUSAL, Score("direct", "direct_score", CAUSAL.theta, "1", "C_dir", CAUSAL.grid,
-                                     "the direct causal score", "direct C_dir(s,t)",
-                                     select=CAUSAL.select, bootstraps=False, optional=True)),
-               figure="depthlens.render.figures:fig_causal", title="Causal score C(s, t) (current, max)",
-               record=_S + "causal_record", record_fields=("causal_noise_floor",), track=_S + "causal_track",
-               report_opts=_frozen(variants=("current",), layers="all"), late_opts=_frozen(layers="late")),
-    Diagnostic("permutation", "depthlens.diagnostics.permutation:permutation_scores",
-               "permutation score P(i, j): swap layers i and j, how much does the loss rise",
-               aliases=("permute", "perm"), prefix="perm",
-               scores=(PERM_ABS, Score("perm_rel", "perm_rel", PERM_ABS.theta, "1", "P_rel",
-                                       Grid("log", 0.005, 1.0, n=41), "P_rel", "permutation P_rel = P_abs / L(id)"),
-                       Score("perm_kl", "perm_kl", PERM_ABS.theta, "nat", "P_KL", _LOG_NAT, "P_KL",
-                             "permutation P_KL = mean KL(p_id || p_swap), nats", seq_var="kl_seq")),
-               figure="depthlens.render.figures:fig_permutation", title="Permutation score P_abs (late pairs)",
-               record=_S + "permutation_record", track=_S + "permutation_track",
-               report_opts=_frozen(swap="body", pairs="late"), late_opts=_frozen(pairs="late")),
-    Diagnostic("rank", "depthlens.diagnostics.rank:effective_rank_dataset",
-               "effective rank of residual-mixing products", aliases=("erank", "effective_rank"),
-               requires="multistream", needs=("readouts",), figure="depthlens.render.figures:fig_rank",
-               title="Effective rank (window profile)", record=_S + "rank_record",
-               record_fields=("erank_full", "erank_late", "n_streams"),
-               columns=(Column("erank (full)", "erank", "erank_full", ".2f"),), track=_S + "rank_track",
-               track_name="erank"),
-    Diagnostic("attnres", "depthlens.diagnostics.attnres:attnres_dataset",
-               "AttnRes self-weight, dead prefix k*(ε), consumption", requires="depth_softmax", needs=("readouts",),
-               figure="depthlens.render.figures:fig_attnres", title="AttnRes self-weight and α",
-               record=_S + "attnres_record", record_fields=("dead_prefix",),
-               columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),), track=_S + "attnres_track"),
-    Diagnostic("angular", "depthlens.diagnostics.angular:angular_distances",
-               "angular distance d(h_l, h_l+n) between residual states",
-               figure="depthlens.render.figures:fig_angular", title="Angular distance d(h_ℓ, h_ℓ+n)",
-               record=_S + "angular_record", record_fields=("angular_d1_mean",), track=_S + "angular_track",
-               report_opts=_frozen(positions="all")),
-    Diagnostic("mixing", "depthlens.diagnostics.attnres:depth_mixing_dataset",
-               "depth-mixing matrix M[i → j] (any design)", aliases=("depth_mixing",),
-               figure="depthlens.render.figures:fig_mixing", title="Depth-mixing matrix M[i → j]"),
+    Diagnostic(
+        "causal",
+        "depthlens.diagnostics.causal:causal_scores",
+        "causal score C(s, t): skip layer s, how much do later updates change",
+        scores=(
+            CAUSAL,
+            Score(
+                "direct",
+                "direct_score",
+                CAUSAL.theta,
+                "1",
+                "C_dir",
+                CAUSAL.grid,
+                "the direct causal score",
+                "direct C_dir(s,t)",
+                select=CAUSAL.select,
+                bootstraps=False,
+                optional=True,
+            ),
+        ),
+        figure="depthlens.render.figures:fig_causal",
+        title="Causal score C(s, t) (current, max)",
+        record=_S + "causal_record",
+        record_fields=("causal_noise_floor",),
+        track=_S + "causal_track",
+        report_opts=_frozen(variants=("current",), layers="all"),
+        late_opts=_frozen(layers="late"),
+    ),
+    Diagnostic(
+        "permutation",
+        "depthlens.diagnostics.permutation:permutation_scores",
+        "permutation score P(i, j): swap layers i and j, how much does the loss rise",
+        aliases=("permute", "perm"),
+        prefix="perm",
+        scores=(
+            PERM_ABS,
+            Score(
+                "perm_rel",
+                "perm_rel",
+                PERM_ABS.theta,
+                "1",
+                "P_rel",
+                Grid("log", 0.005, 1.0, n=41),
+                "P_rel",
+                "permutation P_rel = P_abs / L(id)",
+            ),
+            Score(
+                "perm_kl",
+                "perm_kl",
+                PERM_ABS.theta,
+                "nat",
+                "P_KL",
+                _LOG_NAT,
+                "P_KL",
+                "permutation P_KL = mean KL(p_id || p_swap), nats",
+                seq_var="kl_seq",
+            ),
+        ),
+        figure="depthlens.render.figures:fig_permutation",
+        title="Permutation score P_abs (late pairs)",
+        record=_S + "permutation_record",
+        track=_S + "permutation_track",
+        report_opts=_frozen(swap="body", pairs="late"),
+        late_opts=_frozen(pairs="late"),
+    ),
+    Diagnostic(
+        "rank",
+        "depthlens.diagnostics.rank:effective_rank_dataset",
+        "effective rank of residual-mixing products",
+        aliases=("erank", "effective_rank"),
+        requires="multistream",
+        needs=("readouts",),
+        figure="depthlens.render.figures:fig_rank",
+        title="Effective rank (window profile)",
+        record=_S + "rank_record",
+        record_fields=("erank_full", "erank_late", "n_streams"),
+        columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
+        track=_S + "rank_track",
+        track_name="erank",
+    ),
+    Diagnostic(
+        "attnres",
+        "depthlens.diagnostics.attnres:attnres_dataset",
+        "AttnRes self-weight, dead prefix k*(ε), consumption",
+        requires="depth_softmax",
+        needs=("readouts",),
+        figure="depthlens.render.figures:fig_attnres",
+        title="AttnRes self-weight and α",
+        record=_S + "attnres_record",
+        record_fields=("dead_prefix",),
+        columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
+        track=_S + "attnres_track",
+    ),
+    Diagnostic(
+        "angular",
+        "depthlens.diagnostics.angular:angular_distances",
+        "angular distance d(h_l, h_l+n) between residual states",
+        figure="depthlens.render.figures:fig_angular",
+        title="Angular distance d(h_ℓ, h_ℓ+n)",
+        record=_S + "angular_record",
+        record_fields=("angular_d1_mean",),
+        track=_S + "angular_track",
+        report_opts=_frozen(positions="all"),
+    ),
+    Diagnostic(
+        "mixing",
+        "depthlens.diagnostics.attnres:depth_mixing_dataset",
+        "depth-mixing matrix M[i → j] (any design)",
+        aliases=("depth_mixing",),
+        figure="depthlens.render.figures:fig_mixing",
+        title="Depth-mixing matrix M[i → j]",
+    ),
 )
 
 _EXTRA: list[Diagnostic] = []  # added by `register` (tests, plug-ins), after the shipped ones
@@ -265,8 +356,16 @@ THRESHOLDS: Mapping[str, float] = MappingProxyType(thresholds())
 
 # --dtype names of every analysis command (CLI, report, track), to torch dtype attribute names. bf16 changes the
 # forward only: the engines reduce (norms, sums of squares, softmax/NLL, angles, SVDs) in float32/float64.
-DTYPES: Mapping[str, str] = MappingProxyType({"fp32": "float32", "float32": "float32", "bf16": "bfloat16",
-                                              "bfloat16": "bfloat16", "fp64": "float64", "float64": "float64"})
+DTYPES: Mapping[str, str] = MappingProxyType(
+    {
+        "fp32": "float32",
+        "float32": "float32",
+        "bf16": "bfloat16",
+        "bfloat16": "bfloat16",
+        "fp64": "float64",
+        "float64": "float64",
+    }
+)
 
 
 def load_dtype(name: str) -> Any:
@@ -316,8 +415,10 @@ def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
     d = get(name)
     lacking = d.missing(model)
     if lacking:
-        raise DepthlensError(f"{d.name} needs model capability {', '.join(lacking)}, which this model "
-                             f"({type(model).__name__}) does not offer")
+        raise DepthlensError(
+            f"{d.name} needs model capability {', '.join(lacking)}, which this model "
+            f"({type(model).__name__}) does not offer"
+        )
     return resolve(d.engine)(model, data, **opts)
 
 

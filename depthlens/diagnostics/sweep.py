@@ -31,12 +31,21 @@ WINDOW_STARTS = ("zero", "quarter", "half")
 CROSSING_QS = (0.5, 0.25, 0.1, 0.01)
 
 
-PERM_DEFINITIONS = {"perm_abs": "P_abs = L(swap i,j) - L(id), nats", "perm_rel": "P_rel = P_abs / L(id)",
-                    "perm_kl": "P_KL = mean KL(p_id || p_swap), nats"}
+PERM_DEFINITIONS = {
+    "perm_abs": "P_abs = L(swap i,j) - L(id), nats",
+    "perm_rel": "P_rel = P_abs / L(id)",
+    "perm_kl": "P_KL = mean KL(p_id || p_swap), nats",
+}
 
 
-def definition(metric: str, *, variant: str | None = None, aggregator: str | None = None, norm: str | None = None,
-               swap: str | None = None) -> str:
+def definition(
+    metric: str,
+    *,
+    variant: str | None = None,
+    aggregator: str | None = None,
+    norm: str | None = None,
+    swap: str | None = None,
+) -> str:
     """One line naming what a headline measures: 'causal C(s,t): variant=current, aggregator=max, norm=update'."""
     if metric in CAUSAL_SCORES:
         name = "causal C(s,t)" if metric == "causal" else "direct C_dir(s,t)"
@@ -55,8 +64,9 @@ def default_thresholds(metric: str) -> np.ndarray:
     return np.geomspace(g.start, g.stop, g.n)
 
 
-def score_matrix(ds: xr.Dataset, metric: str, aggregator: str | None = "max",
-                 variant: str | None = "current") -> xr.DataArray:
+def score_matrix(
+    ds: xr.Dataset, metric: str, aggregator: str | None = "max", variant: str | None = "current"
+) -> xr.DataArray:
     """The (…, layer, layer_other) score DataArray of `metric`, with aggregator/variant selected if present."""
     var = registry.score(metric).var
     if var not in ds:
@@ -80,9 +90,16 @@ def _n_layer(ds: xr.Dataset, X: xr.DataArray, index: dict[str, int]) -> int:
     return int(X.sizes["layer"])
 
 
-def share_curves(ds: xr.Dataset, metric: str, thresholds: Sequence[float] | None = None, *,
-                 starts: Sequence[str] = WINDOW_STARTS, qs: Sequence[float] = CROSSING_QS,
-                 aggregator: str | None = None, variant: str | None = None) -> xr.Dataset:
+def share_curves(
+    ds: xr.Dataset,
+    metric: str,
+    thresholds: Sequence[float] | None = None,
+    *,
+    starts: Sequence[str] = WINDOW_STARTS,
+    qs: Sequence[float] = CROSSING_QS,
+    aggregator: str | None = None,
+    variant: str | None = None,
+) -> xr.Dataset:
     """S(θ) curves and crossing points θ_q for every window start and every remaining extra dim (checkpoint,
     variant, aggregator...). aggregator/variant None keep all of them (aggregator and variant sweeps).
 
@@ -109,41 +126,58 @@ def share_curves(ds: xr.Dataset, metric: str, thresholds: Sequence[float] | None
     dims = (*extra, "window_start")
     coords = {d: X.coords[d] for d in extra if d in X.coords}
     out = xr.Dataset(
-        {"share": ((*dims, "threshold"), S, {"long_name": f"share of late pairs with {metric} > threshold",
-                                              "units": "1"}),
-         "crossing": ((*dims, "q"), Q, {"long_name": "threshold where the share falls to q", "units": "1"})},
-        coords={**coords, "window_start": list(starts), "threshold": thetas, "q": list(qs)})
+        {
+            "share": (
+                (*dims, "threshold"),
+                S,
+                {"long_name": f"share of late pairs with {metric} > threshold", "units": "1"},
+            ),
+            "crossing": ((*dims, "q"), Q, {"long_name": "threshold where the share falls to q", "units": "1"}),
+        },
+        coords={**coords, "window_start": list(starts), "threshold": thetas, "q": list(qs)},
+    )
     score = registry.score(metric)  # the threshold axis in the score's own symbol and unit (plots label with it)
     out["threshold"].attrs = {"long_name": f"threshold θ on {score.symbol}", "units": score.unit}
-    out.attrs = {"metric": metric, "headline_threshold": score.theta,
-                 "window_start_rule": "zero = 0, quarter = floor(L/4), half = floor(L/2)", "comparison": "strict >"}
+    out.attrs = {
+        "metric": metric,
+        "headline_threshold": score.theta,
+        "window_start_rule": "zero = 0, quarter = floor(L/4), half = floor(L/2)",
+        "comparison": "strict >",
+    }
     return out
 
 
-def robustness(curves: xr.DataArray, order: Sequence[str], headline_threshold: float | None = None,
-               dim: str = "checkpoint") -> xr.Dataset:
+def robustness(
+    curves: xr.DataArray, order: Sequence[str], headline_threshold: float | None = None, dim: str = "checkpoint"
+) -> xr.Dataset:
     """Ranking robustness of share curves `curves` (dim, threshold): the fraction of the θ grid on which
     S_{order[0]} < S_{order[1]} < … holds, and Kendall τ of the ranking at each θ vs at the headline θ."""
     thetas = curves["threshold"].values
     named = {str(n): curves.sel({dim: n}).values for n in curves[dim].values}
     h = None if headline_threshold is None else int(np.argmin(np.abs(thetas - headline_threshold)))
     r = ranking_robustness(named, list(order), h)
-    dv = {"holds": (("threshold",), r.holds.astype(np.int8), {"long_name": "ordering holds at threshold",
-                                                               "units": "1"}),
-          "fraction": ((), r.fraction, {"long_name": "fraction of the grid where the ordering holds", "units": "1"})}
+    dv = {
+        "holds": (("threshold",), r.holds.astype(np.int8), {"long_name": "ordering holds at threshold", "units": "1"}),
+        "fraction": ((), r.fraction, {"long_name": "fraction of the grid where the ordering holds", "units": "1"}),
+    }
     if r.tau is not None:
-        dv["kendall_tau"] = (("threshold",), r.tau, {"long_name": "Kendall tau vs the ranking at the headline",
-                                                      "units": "1"})
-    return xr.Dataset(dv, coords={"threshold": thetas},
-                      attrs={"order": " < ".join(order), "headline_threshold": headline_threshold})
+        dv["kendall_tau"] = (
+            ("threshold",),
+            r.tau,
+            {"long_name": "Kendall tau vs the ranking at the headline", "units": "1"},
+        )
+    return xr.Dataset(
+        dv, coords={"threshold": thetas}, attrs={"order": " < ".join(order), "headline_threshold": headline_threshold}
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # bootstrap over sequences
 
 
-def resampled_matrix(ds: xr.Dataset, metric: str, counts: np.ndarray, aggregator: str = "max",
-                     variant: str = "current") -> np.ndarray:
+def resampled_matrix(
+    ds: xr.Dataset, metric: str, counts: np.ndarray, aggregator: str = "max", variant: str = "current"
+) -> np.ndarray:
     """The [L, L] score matrix recomputed from per-sequence summaries with multiplicities `counts` [N].
 
     causal: max → max over drawn sequences of `seq_max`; mean → Σc·sum / Σc·count; pooled →
@@ -183,9 +217,18 @@ def resampled_matrix(ds: xr.Dataset, metric: str, counts: np.ndarray, aggregator
     return (ds[seq_var].transpose(*LAYER_DIMS, "sequence").values @ c) / c.sum()
 
 
-def bootstrap_share(ds: xr.Dataset, metric: str, threshold: float, *, aggregator: str = "max",
-                    variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
-                    level: float = 0.95) -> tuple[float, float, np.ndarray]:
+def bootstrap_share(
+    ds: xr.Dataset,
+    metric: str,
+    threshold: float,
+    *,
+    aggregator: str = "max",
+    variant: str = "current",
+    start: str | int = "quarter",
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float, np.ndarray]:
     """Percentile CI of S(θ) over sequences (resample, recompute the matrix incl. the max, then the share)."""
     N = ds.sizes["sequence"]
 
@@ -196,8 +239,16 @@ def bootstrap_share(ds: xr.Dataset, metric: str, threshold: float, *, aggregator
     return bootstrap_ci(stat, N, n_boot=n_boot, seed=seed, level=level)
 
 
-def shard_shares(ds: xr.Dataset, metric: str, threshold: float, k: int = 5, *, aggregator: str = "max",
-                 variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
+def shard_shares(
+    ds: xr.Dataset,
+    metric: str,
+    threshold: float,
+    k: int = 5,
+    *,
+    aggregator: str = "max",
+    variant: str = "current",
+    start: str | int = "quarter",
+) -> xr.DataArray:
     """S(θ) on k disjoint, contiguous shards of the eval sequences (docs/concepts.md#thresholds: mean ± sd over shards).
 
     Each shard recomputes the full aggregation (the max included) from its own sequences only; the
@@ -211,17 +262,35 @@ def shard_shares(ds: xr.Dataset, metric: str, threshold: float, k: int = 5, *, a
     for a, b in zip(bounds[:-1], bounds[1:]):
         c = np.zeros(N)
         c[a:b] = 1
-        vals.append(share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start,
-                                nan_policy="omit")[0])
+        vals.append(
+            share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start, nan_policy="omit")[0]
+        )
     v = np.array(vals)
-    return xr.DataArray(v, dims=("shard",), coords={"shard": np.arange(k)}, name="share",
-                        attrs={"long_name": f"share of late pairs with {metric} > {threshold} per eval shard",
-                               "units": "1", "mean": float(v.mean()), "sd": float(v.std(ddof=1)),
-                               "shard_bounds_json": json.dumps(bounds.tolist())})
+    return xr.DataArray(
+        v,
+        dims=("shard",),
+        coords={"shard": np.arange(k)},
+        name="share",
+        attrs={
+            "long_name": f"share of late pairs with {metric} > {threshold} per eval shard",
+            "units": "1",
+            "mean": float(v.mean()),
+            "sd": float(v.std(ddof=1)),
+            "shard_bounds_json": json.dumps(bounds.tolist()),
+        },
+    )
 
 
-def eval_size_curve(ds: xr.Dataset, metric: str, threshold: float, sizes: Sequence[int] = (5, 10, 20, 40), *,
-                    aggregator: str = "max", variant: str = "current", start: str | int = "quarter") -> xr.DataArray:
+def eval_size_curve(
+    ds: xr.Dataset,
+    metric: str,
+    threshold: float,
+    sizes: Sequence[int] = (5, 10, 20, 40),
+    *,
+    aggregator: str = "max",
+    variant: str = "current",
+    start: str | int = "quarter",
+) -> xr.DataArray:
     """S(θ) computed on the first N sequences, for each N ≤ the eval size (docs/concepts.md#thresholds: max grows with
     N)."""
     N = ds.sizes["sequence"]
@@ -230,14 +299,21 @@ def eval_size_curve(ds: xr.Dataset, metric: str, threshold: float, sizes: Sequen
     for n in sizes:
         c = np.zeros(N)
         c[:n] = 1
-        vals.append(share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start,
-                                nan_policy="omit")[0])
-    return xr.DataArray(np.array(vals), dims=("n_sequences",), coords={"n_sequences": sizes}, name="share",
-                        attrs={"long_name": f"share of late pairs with {metric} > {threshold}", "units": "1"})
+        vals.append(
+            share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start, nan_policy="omit")[0]
+        )
+    return xr.DataArray(
+        np.array(vals),
+        dims=("n_sequences",),
+        coords={"n_sequences": sizes},
+        name="share",
+        attrs={"long_name": f"share of late pairs with {metric} > {threshold}", "units": "1"},
+    )
 
 
-def pair_arrays(ds: xr.Dataset, metric: str, aggregator: str = "max", variant: str = "current",
-                start: str | int = "quarter") -> dict[str, Any] | None:
+def pair_arrays(
+    ds: xr.Dataset, metric: str, aggregator: str = "max", variant: str = "current", start: str | int = "quarter"
+) -> dict[str, Any] | None:
     """Per-sequence arrays [P, N] of the late pairs (those with a finite score) that a share's interval is computed
     from: {"kind": "max", "values": seq_max} or {"kind": "ratio", "num": ..., "den": ..., "theta_scale": ...};
     None when the score is not decomposable per sequence (p95, p99, direct)."""
@@ -260,8 +336,11 @@ def pair_arrays(ds: xr.Dataset, metric: str, aggregator: str = "max", variant: s
         return None
     if metric in ("perm_abs", "perm_rel", "perm_kl"):
         num = ds["kl_seq" if metric == "perm_kl" else "delta_loss_seq"].values[i, j]
-        den = np.broadcast_to(ds["clean_loss_seq"].values[None, :], num.shape) if metric == "perm_rel" else \
-            np.ones_like(num)
+        den = (
+            np.broadcast_to(ds["clean_loss_seq"].values[None, :], num.shape)
+            if metric == "perm_rel"
+            else np.ones_like(num)
+        )
         return {"kind": "ratio", "num": num, "den": den, "square": False}
     seq_var = registry.score(metric).seq_var  # any other score: the sequence mean of its per-sequence matrices
     if seq_var is None or seq_var not in ds:
@@ -270,9 +349,19 @@ def pair_arrays(ds: xr.Dataset, metric: str, aggregator: str = "max", variant: s
     return {"kind": "ratio", "num": num, "den": np.ones_like(num), "square": False}
 
 
-def share_interval(ds: xr.Dataset, metric: str, threshold: float, *, aggregator: str = "max",
-                   variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
-                   level: float = 0.95, subsample: int | None = None) -> tuple[Any, np.ndarray, bool, dict[str, Any]]:
+def share_interval(
+    ds: xr.Dataset,
+    metric: str,
+    threshold: float,
+    *,
+    aggregator: str = "max",
+    variant: str = "current",
+    start: str | int = "quarter",
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    subsample: int | None = None,
+) -> tuple[Any, np.ndarray, bool, dict[str, Any]]:
     """(Interval of the headline share, its replicates, whether they are jackknife replicates, extras).
 
     max: the size-fixed share at m sequences (`intervals.max_share_interval`), jackknife replicates [N];
@@ -295,10 +384,9 @@ def share_interval(ds: xr.Dataset, metric: str, threshold: float, *, aggregator:
         curve = iv.prefix_max_shares(exceed, sizes)
         jack = True
     else:
-        th = threshold ** 2 if arr["square"] else threshold
+        th = threshold**2 if arr["square"] else threshold
         counts = iv.bootstrap_counts(N, n_boot, seed) if n_boot > 0 else None
-        interval, reps = iv.ratio_share_interval(arr["num"], arr["den"], th, n_boot=n_boot, level=level,
-                                                 counts=counts)
+        interval, reps = iv.ratio_share_interval(arr["num"], arr["den"], th, n_boot=n_boot, level=level, counts=counts)
         curve = np.asarray(iv.ratio_share(arr["num"], arr["den"], th, iv.prefix_counts(N, sizes)))
         jack = False
     extras["share_full"] = float(curve[-1])
@@ -307,8 +395,17 @@ def share_interval(ds: xr.Dataset, metric: str, threshold: float, *, aggregator:
     return interval, reps, jack, extras
 
 
-def paired_share_difference(a: xr.Dataset, b: xr.Dataset, metric: str, threshold: float | None = None, *,
-                            start: str | int = "quarter", n_boot: int = 1000, seed: int = 0, level: float = 0.95):
+def paired_share_difference(
+    a: xr.Dataset,
+    b: xr.Dataset,
+    metric: str,
+    threshold: float | None = None,
+    *,
+    start: str | int = "quarter",
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+):
     """share(a) − share(b) (`share_interval`'s estimates) with its interval paired over the eval sequences the
     two share: the same sequence left out (jackknife) or the same resamples (bootstrap). When one ran on a
     prefix of the other's sequences, both use that prefix. None when either has no per-sequence interval."""
@@ -320,27 +417,40 @@ def paired_share_difference(a: xr.Dataset, b: xr.Dataset, metric: str, threshold
         return None
     a, b = (x.isel(sequence=slice(0, n)) if x.sizes["sequence"] > n else x for x in (a, b))
     try:
-        pa, pb = (share_interval(x, metric, threshold, start=start, n_boot=n_boot, seed=seed, level=level)
-                  for x in (a, b))
+        pa, pb = (
+            share_interval(x, metric, threshold, start=start, n_boot=n_boot, seed=seed, level=level) for x in (a, b)
+        )
     except DepthlensError:
         return None
     if pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
         return None
-    return paired_difference(pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2], level=level,
-                             method=pa[0].method.split("; ")[-1])
+    return paired_difference(
+        pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2], level=level, method=pa[0].method.split("; ")[-1]
+    )
 
 
 def interval_attrs(h: dict[str, Any]) -> dict[str, Any]:
     """What a headline's interval is, for the attrs of the dataset it was computed from."""
-    return {"headline_interval_method": str(h.get("ci_method") or "none"),
-            "headline_interval_unit": str(h.get("ci_unit") or "none"),
-            "headline_interval_level": float(h.get("level", 0.95)),
-            "headline_subsample_m": -1 if h.get("subsample_m") is None else int(h["subsample_m"])}
+    return {
+        "headline_interval_method": str(h.get("ci_method") or "none"),
+        "headline_interval_unit": str(h.get("ci_unit") or "none"),
+        "headline_interval_level": float(h.get("level", 0.95)),
+        "headline_subsample_m": -1 if h.get("subsample_m") is None else int(h["subsample_m"]),
+    }
 
 
-def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = None, *, aggregator: str = "max",
-             variant: str = "current", start: str | int = "quarter", n_boot: int = 1000, seed: int = 0,
-             level: float = 0.95) -> dict[str, Any]:
+def headline(
+    ds: xr.Dataset,
+    metric: str = "causal",
+    threshold: float | None = None,
+    *,
+    aggregator: str = "max",
+    variant: str = "current",
+    start: str | int = "quarter",
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, Any]:
     """The headline number: share of late pairs above θ with an interval that qualifies it.
 
     `share` is the estimate the interval is for: with the max aggregator the size-fixed share at m = ⌈N/2⌉
@@ -357,11 +467,19 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
     a = late_window(L, start)
     share_full = float(share_curve(m.values, [threshold], a, nan_policy="omit")[0])
     share, lo, hi, method, unit, n_units, note = share_full, float("nan"), float("nan"), None, None, None, None
-    extras: dict[str, Any] = {"subsample_m": None, "eval_sizes": None, "eval_size_shares": None,
-                              "still_rising": None}
+    extras: dict[str, Any] = {"subsample_m": None, "eval_sizes": None, "eval_size_shares": None, "still_rising": None}
     try:
-        interval, _, _, ex = share_interval(ds, metric, threshold, aggregator=aggregator, variant=variant, start=a,
-                                            n_boot=n_boot, seed=seed, level=level)
+        interval, _, _, ex = share_interval(
+            ds,
+            metric,
+            threshold,
+            aggregator=aggregator,
+            variant=variant,
+            start=a,
+            n_boot=n_boot,
+            seed=seed,
+            level=level,
+        )
     except DepthlensError:
         note = "no interval for this metric/aggregator (not decomposable per sequence)"
     else:
@@ -372,8 +490,10 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
         elif np.isfinite(interval.low):
             lo, hi = interval.low, interval.high
         if ex["subsample_m"] is not None:
-            note = (f"max is an extreme-value statistic: the share with its interval is the size-fixed share at "
-                    f"m = {ex['subsample_m']} of {n_units} sequences; at all {n_units}: {share_full:.3f} (no interval)")
+            note = (
+                f"max is an extreme-value statistic: the share with its interval is the size-fixed share at "
+                f"m = {ex['subsample_m']} of {n_units} sequences; at all {n_units}: {share_full:.3f} (no interval)"
+            )
     can_shard = n_boot > 0 and method is not None  # decomposable per sequence: shards recompute the same way
     shards = None
     if can_shard and ds.sizes["sequence"] >= 5:  # docs/concepts.md#thresholds: k = 5 disjoint eval shards, mean ± sd
@@ -381,22 +501,46 @@ def headline(ds: xr.Dataset, metric: str = "causal", threshold: float | None = N
     pairs = late_pairs(L, a)
     n_valid = int((~np.isnan(m.values[pairs[:, 0], pairs[:, 1]])).sum())
     T = int(ds.attrs.get("eval_seq_len", 0) or 0)
-    out = {"metric": metric, "threshold": threshold, "share": share, "ci_low": lo, "ci_high": hi,
-           "ci_method": method, "ci_unit": unit, "ci_n_units": n_units, "share_full": share_full, **extras,
-           "eval_size_tokens": [n * T for n in extras["eval_sizes"]] if extras["eval_sizes"] and T else None,
-           "n_pairs": n_valid, "window_start": a, "window_rule": start, "aggregator": aggregator
-           if causal else None, "variant": variant if causal else None,
-           "n_boot": n_boot, "seed": seed, "level": level, "n_sequences": int(ds.sizes.get("sequence", 0)),
-           "comparison": "strict >", "note": note,
-           "shard_mean": shards.attrs["mean"] if shards is not None else None,
-           "shard_sd": shards.attrs["sd"] if shards is not None else None}
+    out = {
+        "metric": metric,
+        "threshold": threshold,
+        "share": share,
+        "ci_low": lo,
+        "ci_high": hi,
+        "ci_method": method,
+        "ci_unit": unit,
+        "ci_n_units": n_units,
+        "share_full": share_full,
+        **extras,
+        "eval_size_tokens": [n * T for n in extras["eval_sizes"]] if extras["eval_sizes"] and T else None,
+        "n_pairs": n_valid,
+        "window_start": a,
+        "window_rule": start,
+        "aggregator": aggregator if causal else None,
+        "variant": variant if causal else None,
+        "n_boot": n_boot,
+        "seed": seed,
+        "level": level,
+        "n_sequences": int(ds.sizes.get("sequence", 0)),
+        "comparison": "strict >",
+        "note": note,
+        "shard_mean": shards.attrs["mean"] if shards is not None else None,
+        "shard_sd": shards.attrs["sd"] if shards is not None else None,
+    }
     out["norm"] = str(ds.attrs.get("norm", "update")) if causal else metric.removeprefix("perm_")
-    out["definition"] = definition(metric, variant=variant if causal else None,
-                                   aggregator=aggregator if causal else None, norm=out["norm"] if causal else None,
-                                   swap=ds.attrs.get("swap") if not causal else None)
+    out["definition"] = definition(
+        metric,
+        variant=variant if causal else None,
+        aggregator=aggregator if causal else None,
+        norm=out["norm"] if causal else None,
+        swap=ds.attrs.get("swap") if not causal else None,
+    )
     if causal and "null_score" in ds:
-        out["noise_floor"] = float(ds["null_score"].sel(variant=variant).values) if "variant" in \
-            ds["null_score"].dims else float(ds["null_score"].values)
+        out["noise_floor"] = (
+            float(ds["null_score"].sel(variant=variant).values)
+            if "variant" in ds["null_score"].dims
+            else float(ds["null_score"].values)
+        )
     if metric in ("perm_abs", "perm_rel", "perm_kl") and "clean_loss" in ds:
         out["clean_loss"] = float(ds["clean_loss"].values)
     return out

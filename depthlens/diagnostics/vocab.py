@@ -52,8 +52,9 @@ def chunk_size(rows: int, vocab: int, device: torch.device | str = "cpu") -> int
 
 
 @torch.no_grad()
-def logsumexp_and_target(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         targets: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def logsumexp_and_target(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, chunk: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(logsumexp over the vocabulary (R,), target logit (R,)) of logits F.linear(h, weight, bias), float32.
 
     h (R, d), weight (V, d), targets (R,) int64. The logits are formed chunk by chunk and never all at once;
@@ -66,7 +67,7 @@ def logsumexp_and_target(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     z_target = torch.zeros(R, dtype=torch.float32, device=h.device)
     floor = torch.finfo(torch.float32).min  # a chunk of −inf logits contributes exp(−inf) = 0, not NaN
     for c0 in range(0, V, C):
-        z = F.linear(h, weight[c0:c0 + C], None if bias is None else bias[c0:c0 + C]).float()  # (R, C)
+        z = F.linear(h, weight[c0 : c0 + C], None if bias is None else bias[c0 : c0 + C]).float()  # (R, C)
         rel = targets - c0
         inside = (rel >= 0) & (rel < z.shape[1])
         z_target = torch.where(inside, z.gather(1, rel.clamp(0, z.shape[1] - 1)[:, None])[:, 0], z_target)
@@ -79,16 +80,17 @@ def logsumexp_and_target(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 
 @torch.no_grad()
-def expected_embedding(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       lse: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def expected_embedding(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lse: torch.Tensor, chunk: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(p W (R, d), Σ_v p (R,)) for p = softmax(F.linear(h, weight, bias)) given its logsumexp, float32."""
     R, V = h.shape[0], weight.shape[0]
     C = chunk or chunk_size(R, V, h.device)
     pw = torch.zeros(R, weight.shape[1], dtype=torch.float32, device=h.device)
     total = torch.zeros(R, dtype=torch.float32, device=h.device)
     for c0 in range(0, V, C):
-        w = weight[c0:c0 + C]
-        p = F.linear(h, w, None if bias is None else bias[c0:c0 + C]).float().sub_(lse[:, None]).exp_()  # (R, C)
+        w = weight[c0 : c0 + C]
+        p = F.linear(h, w, None if bias is None else bias[c0 : c0 + C]).float().sub_(lse[:, None]).exp_()  # (R, C)
         pw.addmm_(p, w.float())
         total += p.sum(1)
     return pw, total
@@ -128,7 +130,7 @@ class LossAgainstReference:
         concatenated and reshaped to h's leading dims (rows, T−2, ...)."""
         u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
         flat, extra = h.reshape(-1, h.shape[-1]), per_row.reshape(-1)
-        parts = [walk(flat[r:r + rb], u.weight, u.bias, extra[r:r + rb]) for r in range(0, flat.shape[0], rb)]
+        parts = [walk(flat[r : r + rb], u.weight, u.bias, extra[r : r + rb]) for r in range(0, flat.shape[0], rb)]
         return [torch.cat(outs).view(*h.shape[:2], *outs[0].shape[1:]) for outs in zip(*parts)]
 
     def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,6 +179,8 @@ class LossAgainstReference:
             dlse = lse.view(n, *r["lse"].shape) - r["lse"]  # (n, b, T−2)
             kl = torch.linalg.vecdot(r["pw"], dh) + dlse * r["psum"]
             return lse - zt, kl.reshape(rows, -1)
-        outs = [self._nll_kl_logits(self._logits({k: v[k0:k0 + self.b] for k, v in state.items()}))
-                for k0 in range(0, rows, self.b)]
+        outs = [
+            self._nll_kl_logits(self._logits({k: v[k0 : k0 + self.b] for k, v in state.items()}))
+            for k0 in range(0, rows, self.b)
+        ]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])

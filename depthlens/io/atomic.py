@@ -73,7 +73,7 @@ def fit_name(name: str, room: int) -> str:
     if len(raw) <= room:
         return name
     tag = "~" + hashlib.sha256(raw).hexdigest()[:12]
-    head = raw[:max(1, room - len(tag))]
+    head = raw[: max(1, room - len(tag))]
     return os.fsdecode(head).encode("utf-8", "ignore").decode("utf-8", "ignore") + tag
 
 
@@ -164,7 +164,7 @@ def stale_temps(path: Path) -> list[Path]:
     with contextlib.suppress(OSError):
         for p in path.parent.iterdir():
             if p.name.startswith(prefix):
-                pid = p.name[len(prefix):].split("-")[0]
+                pid = p.name[len(prefix) :].split("-")[0]
                 if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
                     out.append(p)
     return out
@@ -195,8 +195,10 @@ def recover(path: str | os.PathLike) -> str | None:
         if old.exists():
             _remove(old)
     except OSError as e:
-        raise DepthlensError(f"{path}: an interrupted replacement left {new.name}/{old.name} and could not be "
-                             f"repaired ({e.strerror or e}); fix by hand") from e
+        raise DepthlensError(
+            f"{path}: an interrupted replacement left {new.name}/{old.name} and could not be "
+            f"repaired ({e.strerror or e}); fix by hand"
+        ) from e
     return "; ".join(notes) or None
 
 
@@ -225,12 +227,19 @@ def marker_payload(kind: str, **owner: object) -> dict:
     from .._version import __version__
     from .provenance import command_line
 
-    return {"format": MARKER_FORMAT, "kind": kind, "made_by": f"depthlens {__version__}", "command": command_line(),
-            "created": _now(), **({"owner": owner} if owner else {})}
+    return {
+        "format": MARKER_FORMAT,
+        "kind": kind,
+        "made_by": f"depthlens {__version__}",
+        "command": command_line(),
+        "created": _now(),
+        **({"owner": owner} if owner else {}),
+    }
 
 
-def write_marker(directory: str | os.PathLike, kind: str, *, files: dict[str, str] | None = None,
-                 **owner: object) -> None:
+def write_marker(
+    directory: str | os.PathLike, kind: str, *, files: dict[str, str] | None = None, **owner: object
+) -> None:
     """Mark `directory` as depthlens output of `kind` (owner: who may replace it, e.g. run=<run dir>)."""
     m = marker_payload(kind, **owner)
     if files:
@@ -400,8 +409,15 @@ def check_writable(path: Path) -> None:
         raise DepthlensError(f"cannot write {path}: directory {anc} is not writable ({e.strerror or e})") from None
 
 
-def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, ...] | None = None,
-                 flag: str = "--overwrite", owner: dict | None = None, make_parents: bool = False) -> Path:
+def check_target(
+    path: str | os.PathLike,
+    overwrite: bool,
+    *,
+    kinds: tuple[str, ...] | None = None,
+    flag: str = "--overwrite",
+    owner: dict | None = None,
+    make_parents: bool = False,
+) -> Path:
     """Refuse (DepthlensError, one line) to write `path` when it exists and may not be replaced: without
     `overwrite`, or when it is not depthlens output of one of `kinds` (a directory: no marker; a file: not
     recognisably ours), or, given `owner`, when its marker names another owner. Also refuses a name too long
@@ -412,8 +428,11 @@ def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, 
     recover(path)
     if not (path.exists() or path.is_symlink()):
         if not path.parent.is_dir() and (path.parent.exists() or not make_parents):
-            raise DepthlensError(f"cannot write {path}: directory {path.parent} does not exist"
-                                 if not path.parent.exists() else f"cannot write {path}: {path.parent} is not a directory")
+            raise DepthlensError(
+                f"cannot write {path}: directory {path.parent} does not exist"
+                if not path.parent.exists()
+                else f"cannot write {path}: {path.parent} is not a directory"
+            )
         check_writable(path)
         return path
     if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
@@ -423,10 +442,16 @@ def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, 
         m = read_marker(path)
         if m is None:
             old = legacy_kind(path)
-            hint = (f" (it looks like a {old} from a depthlens before markers: mark it once with "
-                    f"`python -m depthlens.io.atomic adopt {path}`)" if old else "")
-            raise DepthlensError(f"{path}: already exists and is not recognisably depthlens output (no {MARKER} "
-                                 f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{hint}")
+            hint = (
+                f" (it looks like a {old} from a depthlens before markers: mark it once with "
+                f"`python -m depthlens.io.atomic adopt {path}`)"
+                if old
+                else ""
+            )
+            raise DepthlensError(
+                f"{path}: already exists and is not recognisably depthlens output (no {MARKER} "
+                f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{hint}"
+            )
         if kinds is not None and m["kind"] not in kinds:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {' / '.join(kinds)}; refusing to replace it")
         if owner is not None:
@@ -442,8 +467,10 @@ def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, 
     kind = recognise(path)
     if kind is None or (kinds is not None and kind not in kinds):
         what = f"a {kind}" if kind else "not recognisably depthlens output"
-        raise DepthlensError(f"{path}: {what}; {flag} replaces only depthlens "
-                             f"{' / '.join(kinds) if kinds else 'output'}, refusing to delete it")
+        raise DepthlensError(
+            f"{path}: {what}; {flag} replaces only depthlens "
+            f"{' / '.join(kinds) if kinds else 'output'}, refusing to delete it"
+        )
     check_writable(path)
     return path
 
@@ -451,8 +478,10 @@ def check_target(path: str | os.PathLike, overwrite: bool, *, kinds: tuple[str, 
 def _not_owner(path: Path, m: dict, owner: dict) -> Path:
     made = (m.get("owner") or {}).get("run") if isinstance(m.get("owner"), dict) else None
     by = f"the run in {made}" if made else (m.get("command") or "another command")
-    raise DepthlensError(f"{path}: a depthlens {m['kind']} made by {by}, not by this run; refusing to replace it "
-                         f"(choose another path or remove it yourself)")
+    raise DepthlensError(
+        f"{path}: a depthlens {m['kind']} made by {by}, not by this run; refusing to replace it "
+        f"(choose another path or remove it yourself)"
+    )
 
 
 def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owner: object) -> Path:
@@ -467,10 +496,16 @@ def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owne
         m = read_marker(path)
         if m is None:
             old = legacy_kind(path)
-            hint = (f" (it looks like a {old} from a depthlens before markers: mark it once with "
-                    f"`python -m depthlens.io.atomic adopt {path}`)" if old == kind else "")
-            raise DepthlensError(f"{path}: exists and is not depthlens {kind} output (no {MARKER} marker); refusing "
-                                 f"to write into it{hint}")
+            hint = (
+                f" (it looks like a {old} from a depthlens before markers: mark it once with "
+                f"`python -m depthlens.io.atomic adopt {path}`)"
+                if old == kind
+                else ""
+            )
+            raise DepthlensError(
+                f"{path}: exists and is not depthlens {kind} output (no {MARKER} marker); refusing "
+                f"to write into it{hint}"
+            )
         if m["kind"] != kind:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {kind}; refusing to write into it")
         mine = m.get("owner") if isinstance(m.get("owner"), dict) else {}
@@ -571,16 +606,26 @@ def output_lock(path: str | os.PathLike, what: str = "output") -> Iterator[None]
         lock = _acquire(filelock, lock_file)
         if lock is None:
             holder = _json(side)
-            who = (f"pid {holder.get('pid')} on {holder.get('host')}, `{holder.get('command')}`, since "
-                   f"{holder.get('since')}" if isinstance(holder, dict) else f"see {lock_file}")
-            raise DepthlensError(f"{path}: another depthlens is writing this {what} ({who}); wait for it to end or "
-                                 f"stop it")
+            who = (
+                f"pid {holder.get('pid')} on {holder.get('host')}, `{holder.get('command')}`, since "
+                f"{holder.get('since')}"
+                if isinstance(holder, dict)
+                else f"see {lock_file}"
+            )
+            raise DepthlensError(
+                f"{path}: another depthlens is writing this {what} ({who}); wait for it to end or stop it"
+            )
     try:
         with _guard(side):  # SIGTERM/SIGHUP remove the lock's files too
             with _lock:
                 _LIVE.add(lock_file)
-            atomic_write_text(side, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                "command": command_line(), "since": _now()}) + "\n")
+            atomic_write_text(
+                side,
+                json.dumps(
+                    {"pid": os.getpid(), "host": socket.gethostname(), "command": command_line(), "since": _now()}
+                )
+                + "\n",
+            )
             yield
     finally:
         with _lock:
@@ -643,9 +688,16 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False, kinds: tuple[str, ...] | None = None,
-               flag: str = "--overwrite", checked: bool = False, kind: str | None = None,
-               owner: dict | None = None) -> Iterator[Path]:
+def atomic_dir(
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    kinds: tuple[str, ...] | None = None,
+    flag: str = "--overwrite",
+    checked: bool = False,
+    kind: str | None = None,
+    owner: dict | None = None,
+) -> Iterator[Path]:
     """Yield a fresh temp directory next to `path`; on success mark it (`kind`, default the first of `kinds`;
     `owner`) and swap it in as `path`, replacing a previous depthlens output of one of `kinds` only when
     `overwrite` (or, given `owner`, when that owner made it). On failure the temp is removed; so are parent

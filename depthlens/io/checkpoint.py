@@ -83,8 +83,10 @@ def read_tokenizer(path: str | os.PathLike, vocab_size: int) -> Any:
         if (d / CONFIG_NAME).is_file():
             tok = load_tokenizer(d)
             if tok.vocab_size > vocab_size:
-                raise CheckpointError(f"{d / CONFIG_NAME}: tokenizer {tok.name!r} has {tok.vocab_size} ids, "
-                                      f"the model's embedding only {vocab_size}")
+                raise CheckpointError(
+                    f"{d / CONFIG_NAME}: tokenizer {tok.name!r} has {tok.vocab_size} ids, "
+                    f"the model's embedding only {vocab_size}"
+                )
             return tok
     return ByteTokenizer() if vocab_size == ByteTokenizer.vocab_size else None
 
@@ -106,7 +108,9 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
     try:
         tensors = load_file(str(wpath), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{wpath}: unreadable safetensors file (truncated or corrupt: {str(e).splitlines()[0]})") from None
+        raise CheckpointError(
+            f"{wpath}: unreadable safetensors file (truncated or corrupt: {str(e).splitlines()[0]})"
+        ) from None
     try:
         model = DepthModel(config)
     except ValueError as e:
@@ -115,23 +119,33 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
     if config.tie_embeddings:
         expected.pop("lm_head.weight", None)
         if "lm_head.weight" in tensors:  # loading would silently replace it by the embedding
-            raise CheckpointError(f"{path / CONFIG}: field 'model.tie_embeddings' is true, but {WEIGHTS} holds its own "
-                                  "lm_head.weight; expected false (untied) or a file without lm_head.weight")
+            raise CheckpointError(
+                f"{path / CONFIG}: field 'model.tie_embeddings' is true, but {WEIGHTS} holds its own "
+                "lm_head.weight; expected false (untied) or a file without lm_head.weight"
+            )
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        what = (f"missing {len(missing)} tensor(s) e.g. {missing[0]}" if missing else "") + \
-               ("; " if missing and extra else "") + (f"unexpected {len(extra)} tensor(s) e.g. {extra[0]}" if extra else "")
-        raise CheckpointError(f"{path}: weights do not match config.json ({config.arch}, L={config.n_layer}, "
-                              f"d={config.d_model}): {what}")
+        what = (
+            (f"missing {len(missing)} tensor(s) e.g. {missing[0]}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unexpected {len(extra)} tensor(s) e.g. {extra[0]}" if extra else "")
+        )
+        raise CheckpointError(
+            f"{path}: weights do not match config.json ({config.arch}, L={config.n_layer}, d={config.d_model}): {what}"
+        )
     for k, v in expected.items():
         if tensors[k].shape != v.shape:
-            raise CheckpointError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, config implies {tuple(v.shape)}")
+            raise CheckpointError(
+                f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, config implies {tuple(v.shape)}"
+            )
         # finite in the dtype the model computes in: a float64 1e300 is finite as stored and +inf in fp32
         compute = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else v.dtype
         if check_finite and tensors[k].is_floating_point() and not bool(torch.isfinite(tensors[k].to(compute)).all()):
-            raise CheckpointError(f"{path}: tensor {k} contains NaN or Inf values "
-                                  f"(in {str(compute).removeprefix('torch.')}, the dtype the model computes in)")
+            raise CheckpointError(
+                f"{path}: tensor {k} contains NaN or Inf values "
+                f"(in {str(compute).removeprefix('torch.')}, the dtype the model computes in)"
+            )
     model.load_state_dict(tensors, strict=not config.tie_embeddings)
     model.eval()
     if dtype is not None:
@@ -149,9 +163,15 @@ def load(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None, che
     return Checkpoint(path=path, model=model, config=model.config, train=train, meta=meta, tokenizer=model.tokenizer)
 
 
-def save(model: Any, path: str | os.PathLike, *, train: dict[str, Any] | None = None,
-         extra_files: dict[str, str | bytes] | None = None, overwrite: bool = False,
-         owner: dict[str, str] | None = None) -> Path:
+def save(
+    model: Any,
+    path: str | os.PathLike,
+    *,
+    train: dict[str, Any] | None = None,
+    extra_files: dict[str, str | bytes] | None = None,
+    overwrite: bool = False,
+    owner: dict[str, str] | None = None,
+) -> Path:
     """Write a checkpoint directory atomically (depthlens.io.atomic.atomic_dir: temp dir in the same parent,
     then a recoverable swap). `overwrite` replaces only an existing depthlens checkpoint, never another
     directory or file; given `owner` (a trainer's run: {"run": <run dir>}), only one that owner made."""

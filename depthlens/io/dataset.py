@@ -43,9 +43,12 @@ COORD_LONG_NAMES: Mapping[str | None, Mapping[str, str]] = {
     "causal": {"layer": "skipped layer s", "layer_other": "measured layer t"},
     "permutation": {"layer": "swapped layer i", "layer_other": "swapped layer j"},
     "angular": {"layer": "start state l (residual before layer l)", "block_size": "block size n (layers)"},
-    "depth_mixing": {"source": "source i (0 = embedding, i = output of sublayer i-1)",
-                     "destination": "destination j (input of sublayer j, 2L = final readout)",
-                     "sublayer": "sublayer j", "depth_source": "depth source (depth-KV slot)"},
+    "depth_mixing": {
+        "source": "source i (0 = embedding, i = output of sublayer i-1)",
+        "destination": "destination j (input of sublayer j, 2L = final readout)",
+        "sublayer": "sublayer j",
+        "depth_source": "depth source (depth-KV slot)",
+    },
     None: {"layer": "layer", "layer_other": "later layer", "sublayer": "sublayer j (2l = attention, 2l+1 = MLP)"},
 }
 _CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
@@ -118,8 +121,14 @@ def make_dataset(
     provenance = dict(provenance)
     tokens = provenance.pop("eval_tokens", None)
     if tokens is not None:  # the exact eval ids, so anyone can re-run an independent check on them
-        data_vars = {**data_vars, "eval_tokens": (EVAL_TOKEN_DIMS, np.asarray(tokens).astype(np.int32),
-                                                  {"long_name": "eval token ids (sequence x position)", "units": "1"})}
+        data_vars = {
+            **data_vars,
+            "eval_tokens": (
+                EVAL_TOKEN_DIMS,
+                np.asarray(tokens).astype(np.int32),
+                {"long_name": "eval token ids (sequence x position)", "units": "1"},
+            ),
+        }
     ds = xr.Dataset(data_vars, coords)
     for name, var in ds.variables.items():
         if name in ds.data_vars:
@@ -300,9 +309,7 @@ def _attr_column(values: list[Any]) -> np.ndarray:
     return np.array(["" if v is None else str(v) for v in values])
 
 
-def concat_checkpoints(
-    datasets: Sequence[xr.Dataset], names: Sequence[str], dim: str = "checkpoint"
-) -> xr.Dataset:
+def concat_checkpoints(datasets: Sequence[xr.Dataset], names: Sequence[str], dim: str = "checkpoint") -> xr.Dataset:
     """Stack per-checkpoint Datasets along a new `dim` labelled by `names`.
 
     Global attrs equal across all inputs stay global; attrs that differ (or are missing somewhere), such as
@@ -320,12 +327,16 @@ def concat_checkpoints(
     ]
     taken = {dim} | {str(v) for ds in datasets for v in ds.variables}
     per_checkpoint = {
-        (f"attr_{k}" if k in taken else k): (dim, _attr_column([ds.attrs.get(k) for ds in datasets]))
-        for k in differing
+        (f"attr_{k}" if k in taken else k): (dim, _attr_column([ds.attrs.get(k) for ds in datasets])) for k in differing
     }
     labelled = [ds.assign_coords({dim: name}) for ds, name in zip(datasets, names)]
     out = xr.concat(
-        labelled, dim=dim, data_vars="all", coords="different", compat="equals", join="outer",
+        labelled,
+        dim=dim,
+        data_vars="all",
+        coords="different",
+        compat="equals",
+        join="outer",
         combine_attrs="drop_conflicts",
     )
     out.attrs = {k: v for k, v in out.attrs.items() if k not in differing}

@@ -29,13 +29,24 @@ STDIN = "/dev/stdin"
 
 
 def _kind(mode: int) -> str:
-    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
 
 
-def regular_file(path: str | os.PathLike, what: str, *, error: type[Exception] = DepthlensError,
-                 allow_stdin: bool = False) -> Path:
+def regular_file(
+    path: str | os.PathLike, what: str, *, error: type[Exception] = DepthlensError, allow_stdin: bool = False
+) -> Path:
     """`path` if it is a regular file; else `error` naming what it is (missing, a directory, a FIFO, ...)."""
     path = Path(path)
     if allow_stdin and str(path) in (STDIN, "-"):
@@ -51,8 +62,14 @@ def regular_file(path: str | os.PathLike, what: str, *, error: type[Exception] =
     return path
 
 
-def read_bytes(path: str | os.PathLike, what: str, *, max_bytes: int = CONFIG_MAX,
-               error: type[Exception] = DepthlensError, allow_stdin: bool = False) -> bytes:
+def read_bytes(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int = CONFIG_MAX,
+    error: type[Exception] = DepthlensError,
+    allow_stdin: bool = False,
+) -> bytes:
     """The bytes of a regular file of at most `max_bytes` (checked before reading)."""
     path = regular_file(path, what, error=error, allow_stdin=allow_stdin)
     try:
@@ -73,8 +90,14 @@ def read_bytes(path: str | os.PathLike, what: str, *, max_bytes: int = CONFIG_MA
     return data
 
 
-def read_text(path: str | os.PathLike, what: str, *, max_bytes: int = CONFIG_MAX,
-              error: type[Exception] = DepthlensError, allow_stdin: bool = False) -> str:
+def read_text(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int = CONFIG_MAX,
+    error: type[Exception] = DepthlensError,
+    allow_stdin: bool = False,
+) -> str:
     """The UTF-8 text of a regular file (see `read_bytes`)."""
     data = read_bytes(path, what, max_bytes=max_bytes, error=error, allow_stdin=allow_stdin)
     try:
@@ -99,8 +122,15 @@ def loads_json(text: str | bytes, where: str, what: str, *, error: type[Exceptio
         raise error(f"{where}: out of memory parsing {what}") from None
 
 
-def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = CONFIG_MAX,
-              error: type[Exception] = DepthlensError, object_only: bool = True, allow_stdin: bool = False) -> Any:
+def read_json(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int = CONFIG_MAX,
+    error: type[Exception] = DepthlensError,
+    object_only: bool = True,
+    allow_stdin: bool = False,
+) -> Any:
     """A JSON file (a JSON object unless `object_only=False`), through `read_bytes` and `loads_json`."""
     data = read_bytes(path, what, max_bytes=max_bytes, error=error, allow_stdin=allow_stdin)
     value = loads_json(data, str(path), what, error=error)

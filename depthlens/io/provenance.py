@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # module entry points -> how the command is written in the docs
-_ENTRY_POINTS = {("cli", "__main__.py"): "depthlens",
-                 ("training", "trainer.py"): "python -m depthlens.training.trainer"}
+_ENTRY_POINTS = {
+    ("cli", "__main__.py"): "depthlens",
+    ("training", "trainer.py"): "python -m depthlens.training.trainer",
+}
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:

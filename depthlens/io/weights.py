@@ -27,8 +27,10 @@ from ..errors import CheckpointError
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
-CONVERT_HINT = ("convert it once, in an environment you trust, with: python -c \"from transformers import "
-                "AutoModelForCausalLM as M; M.from_pretrained('DIR').save_pretrained('DIR', safe_serialization=True)\"")
+CONVERT_HINT = (
+    'convert it once, in an environment you trust, with: python -c "from transformers import '
+    "AutoModelForCausalLM as M; M.from_pretrained('DIR').save_pretrained('DIR', safe_serialization=True)\""
+)
 
 Header = dict[str, tuple[str, tuple[int, ...]]]  # tensor name -> (safetensors dtype, shape)
 
@@ -58,8 +60,10 @@ def refuse_pickle(directory: Path) -> None:
         return
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES and p.is_file())
     if pickles:
-        raise CheckpointError(f"{directory}: weights only in pickle format ({', '.join(pickles[:3])}); depthlens never "
-                              f"unpickles files. To use it, {CONVERT_HINT.replace('DIR', str(directory))}")
+        raise CheckpointError(
+            f"{directory}: weights only in pickle format ({', '.join(pickles[:3])}); depthlens never "
+            f"unpickles files. To use it, {CONVERT_HINT.replace('DIR', str(directory))}"
+        )
 
 
 def safetensors_header(path: Path) -> Header:
@@ -109,8 +113,10 @@ def check_float_dtypes(header: Mapping[str, tuple[str, tuple[int, ...]]], where:
     """Refuse a weight file holding a tensor that is not floating point (ints, bools, fp8)."""
     for name, (dtype, _) in header.items():
         if dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"{where}: tensor {name} has dtype {dtype}; depthlens analyses floating-point "
-                                  f"weights only ({', '.join(FLOAT_DTYPES)})")
+            raise CheckpointError(
+                f"{where}: tensor {name} has dtype {dtype}; depthlens analyses floating-point "
+                f"weights only ({', '.join(FLOAT_DTYPES)})"
+            )
 
 
 def layer_indices(names: Iterable[str], prefix: str) -> set[int]:
@@ -125,22 +131,30 @@ def layer_prefixes(names: Iterable[str]) -> set[str]:
     return {m.group(1) for m in map(pat.match, names) if m}
 
 
-def check_layer_count(n_config: int, names: Iterable[str], prefix: str, where: str | os.PathLike,
-                      field: str = "n_layer") -> None:
+def check_layer_count(
+    n_config: int, names: Iterable[str], prefix: str, where: str | os.PathLike, field: str = "n_layer"
+) -> None:
     """The config's layer count must be the number of layers the weight file holds (checked before building
     the model, so a config claiming 200,000 layers fails here instead of allocating them)."""
     found = layer_indices(names, prefix)
     if n_config != len(found) or (found and max(found) != len(found) - 1):
-        raise CheckpointError(f"{where}: config says {field}={n_config}, the weight file holds "
-                              f"{len(found)} layer(s) under {prefix!r}")
+        raise CheckpointError(
+            f"{where}: config says {field}={n_config}, the weight file holds {len(found)} layer(s) under {prefix!r}"
+        )
 
 
-def check_shape(header: Mapping[str, tuple[str, tuple[int, ...]]], name: str, expected: tuple[int, ...],
-                where: str | os.PathLike, what: str) -> None:
+def check_shape(
+    header: Mapping[str, tuple[str, tuple[int, ...]]],
+    name: str,
+    expected: tuple[int, ...],
+    where: str | os.PathLike,
+    what: str,
+) -> None:
     """The tensor `name` (when present) must have the shape the config implies."""
     if name in header and tuple(header[name][1]) != tuple(expected):
-        raise CheckpointError(f"{where}: tensor {name} has shape {tuple(header[name][1])}, config ({what}) "
-                              f"implies {tuple(expected)}")
+        raise CheckpointError(
+            f"{where}: tensor {name} has shape {tuple(header[name][1])}, config ({what}) implies {tuple(expected)}"
+        )
 
 
 def check_finite(named: Iterable[tuple[str, Any]], where: str | os.PathLike) -> None:
@@ -149,7 +163,9 @@ def check_finite(named: Iterable[tuple[str, Any]], where: str | os.PathLike) -> 
 
     for name, t in named:
         if not t.is_floating_point():
-            raise CheckpointError(f"{where}: weight {name} has dtype {str(t.dtype).removeprefix('torch.')}; "
-                                  "depthlens analyses floating-point weights only")
+            raise CheckpointError(
+                f"{where}: weight {name} has dtype {str(t.dtype).removeprefix('torch.')}; "
+                "depthlens analyses floating-point weights only"
+            )
         if not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{where}: weight {name} contains NaN or Inf values")

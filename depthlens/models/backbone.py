@@ -126,8 +126,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, d, bias=False)
 
-    def project(self, x: torch.Tensor,
-                hooks: Sublayer | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, x: torch.Tensor, hooks: Sublayer | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Un-rotated q (B, Hq, T, dh), k and v (B, Hkv, T, dh); hooks fire in TransformerLens' (B, T, H, dh)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
@@ -137,8 +138,9 @@ class Attention(nn.Module):
             q, k, v = hooks.hook_q(q), hooks.hook_k(k), hooks.hook_v(v)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               hooks: Sublayer | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hooks: Sublayer | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE on q (B, Hq, T, dh) and k (B, Hkv, T, dh); hook_rot_q/k fire in (B, T, H, dh) (views: no copy)."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if hooks is not None:
@@ -154,8 +156,9 @@ class Attention(nn.Module):
             z = hooks.hook_z(z)
         return self.o_proj(z.reshape(B, T, self.n_head * self.head_dim))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                hooks: Sublayer | None = None) -> torch.Tensor:  # (B, T, d)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hooks: Sublayer | None = None
+    ) -> torch.Tensor:  # (B, T, d)
         q, k, v = self.project(x, hooks)
         q, k = self.rotate(q, k, cos, sin, hooks)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
@@ -163,8 +166,9 @@ class Attention(nn.Module):
             o = self.hooked_pattern(q, k, v, o, hooks)
         return self.merge(o, hooks)
 
-    def hooked_pattern(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                       hooks: Sublayer) -> torch.Tensor:
+    def hooked_pattern(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, hooks: Sublayer
+    ) -> torch.Tensor:
         """Form the pattern the fused kernel computed, fire hook_attn_scores and hook_pattern, and return o, or
         the attention recomputed from an edited score or pattern matrix.
 
@@ -220,9 +224,18 @@ class Sublayer(nn.Module):
         for name in names:
             setattr(self, name, HookPoint())
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                in_scale: float | None = None, prenorm: bool = True, hooks: Sublayer | None = None,
-                ln: NormHooks | None = None, ln_post: NormHooks | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        in_scale: float | None = None,
+        prenorm: bool = True,
+        hooks: Sublayer | None = None,
+        ln: NormHooks | None = None,
+        ln_post: NormHooks | None = None,
+    ) -> torch.Tensor:
         h = self.norm(x, ln) if prenorm else x
         if in_scale is not None:
             h = h * in_scale

@@ -71,30 +71,54 @@ class ModelConfig:
     # --- multi-stream designs (HC, mHC) ---------------------------------------------------------
     hc_streams: Pos = 4  # n parallel residual streams
     hc_dynamic: bool = True  # DHC (tanh-gated, input-dependent) vs static SHC
-    hc_collapse: Annotated[str, OneOf("sum", "mean")] = "sum"  # how the n streams become one at the end: sum (HC paper) | mean (Megatron)
+    hc_collapse: Annotated[str, OneOf("sum", "mean")] = (
+        "sum"  # how the n streams become one at the end: sum (HC paper) | mean (Megatron)
+    )
     mhc_sinkhorn_iters: Pos = 20  # t_max of the Sinkhorn-Knopp projection
     mhc_gating_init: float = 0.01  # initial alpha^{pre,post,res}
-    mhc_init: Annotated[str, OneOf(*MHC_INITS)] = "identity"  # static-bias init: "identity" (H_res ~ I, MindFormers) or "zero" (Megatron: H_res = J/n, rank-1 for good) [DepthBench-unknown]
-    multistream_skip: Annotated[str, OneOf("mix", "identity")] = "mix"  # skip keeps the stream mixing and drops writes ("mix") or copies X_s ("identity") [inferred]
+    mhc_init: Annotated[str, OneOf(*MHC_INITS)] = (
+        "identity"  # static-bias init: "identity" (H_res ~ I, MindFormers) or "zero" (Megatron: H_res = J/n, rank-1 for good) [DepthBench-unknown]
+    )
+    multistream_skip: Annotated[str, OneOf("mix", "identity")] = (
+        "mix"  # skip keeps the stream mixing and drops writes ("mix") or copies X_s ("identity") [inferred]
+    )
 
     # --- cross-layer designs (AttnRes, MoDA) ----------------------------------------------------
-    attnres_block_starts: list[Annotated[int, Ge(0)]] | None = None  # Block AttnRes boundaries (layer indices); None = Kimi K3 rule
+    attnres_block_starts: list[Annotated[int, Ge(0)]] | None = (
+        None  # Block AttnRes boundaries (layer indices); None = Kimi K3 rule
+    )
     attnres_n_blocks: Pos = 8  # N used by the Kimi K3 rule S = ceil(L/N) when neither starts nor a size are given
-    attnres_block_size: Pos | None = None  # fixed S layers per block (Kimi's released config: 12); None = the ceil(L/N) rule [DepthBench-unknown]
-    attnres_skip: Annotated[str, OneOf("mask", "zero_value")] = "mask"  # skip removes the sources from later softmaxes ("mask") or zeroes them ("zero_value") [inferred]
-    moda_depth_rope: Annotated[str, OneOf(*MODA_DEPTH_ROPE)] = "unrotated"  # depth logits: un-rotated q,k ("unrotated"), k^F rotated at t ("rotate_ffn"), or rotated q against keys stored before RoPE ("prerope_keys", the official recipe) [inferred]
+    attnres_block_size: Pos | None = (
+        None  # fixed S layers per block (Kimi's released config: 12); None = the ceil(L/N) rule [DepthBench-unknown]
+    )
+    attnres_skip: Annotated[str, OneOf("mask", "zero_value")] = (
+        "mask"  # skip removes the sources from later softmaxes ("mask") or zeroes them ("zero_value") [inferred]
+    )
+    moda_depth_rope: Annotated[str, OneOf(*MODA_DEPTH_ROPE)] = (
+        "unrotated"  # depth logits: un-rotated q,k ("unrotated"), k^F rotated at t ("rotate_ffn"), or rotated q against keys stored before RoPE ("prerope_keys", the official recipe) [inferred]
+    )
 
     # ---------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         check_dataclass(self)  # types and per-field ranges (the annotations above), then the cross-field rules
-        require(self.d_model % self.n_head == 0, "n_head", f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        require(
+            self.d_model % self.n_head == 0,
+            "n_head",
+            f"d_model={self.d_model} is not divisible by n_head={self.n_head}",
+        )
         require(self.head_dim % 2 == 0, "n_head", f"head_dim={self.head_dim} must be even for RoPE")
-        require(self.kv_heads <= self.n_head and self.n_head % self.kv_heads == 0, "n_kv_head",
-                f"must divide n_head={self.n_head}, got {self.n_kv_head!r}")
+        require(
+            self.kv_heads <= self.n_head and self.n_head % self.kv_heads == 0,
+            "n_kv_head",
+            f"must divide n_head={self.n_head}, got {self.n_kv_head!r}",
+        )
         if self.attnres_block_starts is not None:
             bs = self.attnres_block_starts
-            require(len(bs) > 0 and bs[0] == 0 and all(a < b for a, b in zip(bs, bs[1:])) and bs[-1] < self.n_layer,
-                    "attnres_block_starts", f"must be strictly increasing layer indices starting at 0 and < n_layer, got {bs}")
+            require(
+                len(bs) > 0 and bs[0] == 0 and all(a < b for a, b in zip(bs, bs[1:])) and bs[-1] < self.n_layer,
+                "attnres_block_starts",
+                f"must be strictly increasing layer indices starting at 0 and < n_layer, got {bs}",
+            )
 
     # --- derived quantities ---------------------------------------------------------------------
     @property
@@ -149,8 +173,7 @@ class ModelConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: Any = "", *, prefix: str = "",
-                  usage_fields: Any = ()) -> ModelConfig:
+    def from_dict(cls, d: dict[str, Any], where: Any = "", *, prefix: str = "", usage_fields: Any = ()) -> ModelConfig:
         """From parsed JSON, through the schema layer: SchemaError (one line naming `where` and the field)."""
         return build(cls, d, where, prefix=prefix, usage_fields=usage_fields)
 
@@ -160,4 +183,3 @@ class ModelConfig:
         base: dict[str, Any] = dict(arch=arch, d_model=32, n_layer=4, n_head=4, vocab_size=97, max_seq_len=64)
         base.update(kw)
         return cls(**base)
-

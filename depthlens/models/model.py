@@ -60,9 +60,18 @@ class Block(nn.Module):
             self.hook_streams_pre = HookPoint()  # (B, T, n, d), editable
             self.hook_streams_post = HookPoint()
 
-    def forward(self, state: State, *, design: Design, pos: int, ctx: RunContext, body: Block | None = None,
-                router: Block | None = None, keep_attn: torch.Tensor | None = None,
-                keep_mlp: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
+    def forward(
+        self,
+        state: State,
+        *,
+        design: Design,
+        pos: int,
+        ctx: RunContext,
+        body: Block | None = None,
+        router: Block | None = None,
+        keep_attn: torch.Tensor | None = None,
+        keep_mlp: torch.Tensor | None = None,
+    ) -> tuple[State, torch.Tensor]:
         """Run layer position `pos`. Hooks are this (positional) block's; body/router may come from others.
 
         Returns the new state and the layer's update u_l (docs/concepts.md#notation).
@@ -71,18 +80,38 @@ class Block(nn.Module):
         router = router or self
         state = self._hook_view(self.hook_resid_pre, state, design, "pre")
 
-        def branch(sub: Sublayer, hooks: Sublayer, hook_in: HookPoint, hook_out: HookPoint, ln: NormHooks | None,
-                   ln_post: NormHooks | None) -> Callable[..., torch.Tensor]:
+        def branch(
+            sub: Sublayer,
+            hooks: Sublayer,
+            hook_in: HookPoint,
+            hook_out: HookPoint,
+            ln: NormHooks | None,
+            ln_post: NormHooks | None,
+        ) -> Callable[..., torch.Tensor]:
             def run(x: torch.Tensor, **kw: Any) -> torch.Tensor:
                 return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, hooks=hooks, ln=ln, ln_post=ln_post, **kw))
+
             return run
 
-        attn = SublayerCall(branch(body.attn, self.attn, self.hook_attn_in, self.hook_attn_out, self.ln1, self.ln1_post),
-                            body.attn, j=2 * pos, pos=pos, ctx=ctx, keep=keep_attn)
+        attn = SublayerCall(
+            branch(body.attn, self.attn, self.hook_attn_in, self.hook_attn_out, self.ln1, self.ln1_post),
+            body.attn,
+            j=2 * pos,
+            pos=pos,
+            ctx=ctx,
+            keep=keep_attn,
+        )
         state, carry = router.router_attn(state, attn)
         state = self._hook_view(self.hook_resid_mid, state, design, None)
-        mlp = SublayerCall(branch(body.mlp, self.mlp, self.hook_mlp_in, self.hook_mlp_out, self.ln2, self.ln2_post),
-                           body.mlp, j=2 * pos + 1, pos=pos, ctx=ctx, keep=keep_mlp, carry=carry)
+        mlp = SublayerCall(
+            branch(body.mlp, self.mlp, self.hook_mlp_in, self.hook_mlp_out, self.ln2, self.ln2_post),
+            body.mlp,
+            j=2 * pos + 1,
+            pos=pos,
+            ctx=ctx,
+            keep=keep_mlp,
+            carry=carry,
+        )
         state, carry = router.router_mlp(state, mlp)
         state = self._hook_view(self.hook_resid_post, state, design, "post")
         return state, carry
@@ -95,8 +124,10 @@ class Block(nn.Module):
         if out is view:
             return state
         if not design.editable_view:
-            raise RuntimeError(f"{hook.name} is a read-only view for design {design.slug!r} ({design.view_name}); "
-                               "edit hook_attn_in / hook_mlp_in" + (" or hook_streams_*" if design.multi_stream else ""))
+            raise RuntimeError(
+                f"{hook.name} is a read-only view for design {design.slug!r} ({design.view_name}); "
+                "edit hook_attn_in / hook_mlp_in" + (" or hook_streams_*" if design.multi_stream else "")
+            )
         return design.set_view(state, out)
 
 
@@ -156,9 +187,19 @@ class DepthModel(HookedRootModule):
         ctx.put("h0", h0)
         return self.design.init_state(h0)
 
-    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
-                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
-                   order: list[int] | None = None, swap: str = "body", on_layer: OnLayer | None = None) -> State:
+    def run_layers(
+        self,
+        state: State,
+        ctx: RunContext,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
+        unit: str = "block",
+        order: list[int] | None = None,
+        swap: str = "body",
+        on_layer: OnLayer | None = None,
+    ) -> State:
         """Run layer positions start..stop-1 from `state` (the state *before* layer `start`).
 
         keep:  {layer position: (B, T) mask}, 0 = skip that layer's write at that token (never use t = 0
@@ -174,8 +215,15 @@ class DepthModel(HookedRootModule):
             src = self.blocks[order[pos]] if order is not None else self.blocks[pos]
             k = keep.get(pos)
             state, update = self.blocks[pos](
-                state, design=self.design, pos=pos, ctx=ctx, body=src, router=src if swap == "all" else None,
-                keep_attn=k if unit in ("block", "attn") else None, keep_mlp=k if unit in ("block", "mlp") else None)
+                state,
+                design=self.design,
+                pos=pos,
+                ctx=ctx,
+                body=src,
+                router=src if swap == "all" else None,
+                keep_attn=k if unit in ("block", "attn") else None,
+                keep_mlp=k if unit in ("block", "mlp") else None,
+            )
             if on_layer is not None:
                 on_layer(pos, state, update)
         return state
@@ -194,8 +242,11 @@ class DepthModel(HookedRootModule):
 
     def unembedding(self) -> Unembedding:
         """The head as `norm(final_hidden)` then `lm_head` (no bias, no logit transform): see `Unembedding`."""
-        return Unembedding(hidden=lambda state, ctx: self.final_norm(self.final_hidden(state, ctx)),
-                           weight=self.lm_head.weight, bias=None)
+        return Unembedding(
+            hidden=lambda state, ctx: self.final_norm(self.final_hidden(state, ctx)),
+            weight=self.lm_head.weight,
+            bias=None,
+        )
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V). Extra keywords go to `run_layers` (keep, order, swap...)."""
@@ -245,11 +296,24 @@ def _lens_config(cfg: ModelConfig) -> Any:
     """A TransformerLens config: what ActivationCache/patching helpers read (sizes, GQA heads, RMS norms, SwiGLU)."""
     from transformer_lens.config import TransformerLensConfig
 
-    return TransformerLensConfig(d_model=cfg.d_model, d_head=cfg.head_dim, n_layers=cfg.n_layer, n_ctx=cfg.max_seq_len,
-                                 n_heads=cfg.n_head, n_key_value_heads=cfg.kv_heads, d_mlp=cfg.ffn_dim,
-                                 d_vocab=cfg.vocab_size, act_fn="silu", gated_mlp=True, normalization_type="RMS",
-                                 uses_rms_norm=True, final_rms=True, eps=cfg.norm_eps,
-                                 positional_embedding_type="rotary", device="cpu")
+    return TransformerLensConfig(
+        d_model=cfg.d_model,
+        d_head=cfg.head_dim,
+        n_layers=cfg.n_layer,
+        n_ctx=cfg.max_seq_len,
+        n_heads=cfg.n_head,
+        n_key_value_heads=cfg.kv_heads,
+        d_mlp=cfg.ffn_dim,
+        d_vocab=cfg.vocab_size,
+        act_fn="silu",
+        gated_mlp=True,
+        normalization_type="RMS",
+        uses_rms_norm=True,
+        final_rms=True,
+        eps=cfg.norm_eps,
+        positional_embedding_type="rotary",
+        device="cpu",
+    )
 
 
 def build_model(config: ModelConfig, seed: int | None = 0) -> DepthModel:

@@ -29,8 +29,15 @@ import torch
 from .readouts import Readouts
 from .residual.base import RunContext, State
 
-__all__ = ["CAPABILITIES", "LayeredLM", "Readouts", "Unembedding", "capabilities", "check_run_layers_args",
-           "unembedding_of"]
+__all__ = [
+    "CAPABILITIES",
+    "LayeredLM",
+    "Readouts",
+    "Unembedding",
+    "capabilities",
+    "check_run_layers_args",
+    "unembedding_of",
+]
 
 # what a model may offer; a diagnostic names the ones it needs (registry.Diagnostic.needs)
 CAPABILITIES: dict[str, str] = {
@@ -44,8 +51,9 @@ CAPABILITIES: dict[str, str] = {
 UNITS = ("block", "attn", "mlp")
 
 
-def check_run_layers_args(n_layer: int, unit: str, swap: str, order: list[int] | None,
-                          units: tuple[str, ...] = UNITS) -> None:
+def check_run_layers_args(
+    n_layer: int, unit: str, swap: str, order: list[int] | None, units: tuple[str, ...] = UNITS
+) -> None:
     """The argument contract of `run_layers`, shared by DepthModel and every adapter (one place, one message)."""
     if unit not in units:
         raise ValueError(f"unit must be one of {', '.join(map(repr, units))}, got {unit!r}")
@@ -86,9 +94,19 @@ class LayeredLM(Protocol):
 
     def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State: ...
 
-    def run_layers(self, state: State, ctx: RunContext, start: int = 0, stop: int | None = None, *,
-                   keep: dict[int, torch.Tensor] | None = None, unit: str = "block",
-                   order: list[int] | None = None, swap: str = "body", on_layer: Any = None) -> State: ...
+    def run_layers(
+        self,
+        state: State,
+        ctx: RunContext,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
+        unit: str = "block",
+        order: list[int] | None = None,
+        swap: str = "body",
+        on_layer: Any = None,
+    ) -> State: ...
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor: ...
 

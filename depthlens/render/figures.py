@@ -74,8 +74,14 @@ def fig_angular(ds: xr.Dataset, e) -> Any:
     da = ds["angular_distance"].isel(block_size=slice(1, None))
     fig, ax = _subplots()
     ax = ax[0, 0]
-    plots.heatmap(da, ax, vmin=0.0, vmax=max(0.5, float(np.nanmax(da.values))) if _finite(da) else 1.0,
-                  cmap="magma", annot=max(da.shape) <= 5)
+    plots.heatmap(
+        da,
+        ax,
+        vmin=0.0,
+        vmax=max(0.5, float(np.nanmax(da.values))) if _finite(da) else 1.0,
+        cmap="magma",
+        annot=max(da.shape) <= 5,
+    )
     ax.set_title(f"{_heading(e)}\nangular distance d(h_ℓ, h_ℓ+n), all positions", fontsize=10)
     return fig
 
@@ -136,12 +142,13 @@ def fig_mixing(ds: xr.Dataset, e) -> Any | None:
         r = max(abs(lo), abs(hi))
         # HC's M reaches thousands next to weights of order 1: a linear scale would show one dark corner
         scale = "symlog" if r > 10 else "linear"
-        note = f"symmetric-log colours (linear within ±{MIXING_LINTHRESH:g}), |M| ≤ {r:.3g}" if scale == "symlog" else ""
+        note = (
+            f"symmetric-log colours (linear within ±{MIXING_LINTHRESH:g}), |M| ≤ {r:.3g}" if scale == "symlog" else ""
+        )
         if lo < 0:
             plots.heatmap(da, ax, vmin=-r, vmax=r, center=0.0, cmap="vlag", scale=scale, linthresh=MIXING_LINTHRESH)
         else:
-            plots.heatmap(da, ax, vmin=0.0, vmax=max(hi, 1e-6), cmap="viridis", scale=scale,
-                          linthresh=MIXING_LINTHRESH)
+            plots.heatmap(da, ax, vmin=0.0, vmax=max(hi, 1e-6), cmap="viridis", scale=scale, linthresh=MIXING_LINTHRESH)
         ax.set_title(f"{_heading(e)}\ndepth-mixing matrix M[i → j]" + (f"\n({note})" if note else ""), fontsize=10)
         return fig
     if "depth_mass" in ds and _finite(ds["depth_mass"]):
@@ -199,8 +206,14 @@ def fig_rank(ds: xr.Dataset, e) -> Any:
     win = ds["erank_window"]
     col = design_color(e.slug)
     ax0.plot(w, win.sel(statistic="mean").values, marker="o", color=col, label="mean over window starts")
-    ax0.fill_between(w, win.sel(statistic="q25").values, win.sel(statistic="q75").values, color=col, alpha=0.25,
-                     label="token quartiles (q25–q75)")
+    ax0.fill_between(
+        w,
+        win.sel(statistic="q25").values,
+        win.sel(statistic="q75").values,
+        color=col,
+        alpha=0.25,
+        label="token quartiles (q25–q75)",
+    )
     n = int(ds["n_streams"].values) if "n_streams" in ds.coords else None
     if n:
         ax0.axhline(n, color="0.4", linestyle="--", linewidth=1, label=f"n = {n} streams (max)")
@@ -282,8 +295,14 @@ def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
         ax.set_ylabel("share of late pairs with score > θ [1]")
         ax.set_title(f"L = {L}")
     fig.suptitle(f"threshold sweep: {d.title} (headline θ = {h:g}, dashed)", fontsize=11)
-    fig.legend(list(seen.values()), list(seen.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5),
-               frameon=False, fontsize="small")
+    fig.legend(
+        list(seen.values()),
+        list(seen.keys()),
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        frameon=False,
+        fontsize="small",
+    )
     fig.tight_layout()
     return fig
 
@@ -291,9 +310,18 @@ def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
 def fig_summary(records: list[dict[str, Any]]) -> Any:
     """Validation loss and the two headline shares (95% bootstrap CI) against depth, one line per design."""
     scores = [(d.prefix, d.headline) for d in registry.diagnostics() if d.headline]
-    panels = (("val_loss", None, None, "validation loss [nat/token]"),
-              *((f"{p}_share", f"{p}_ci_low", f"{p}_ci_high",
-                 f"share {s.symbol} > {s.theta:g}{'' if s.unit == '1' else ' ' + s.unit} [1]") for p, s in scores))
+    panels = (
+        ("val_loss", None, None, "validation loss [nat/token]"),
+        *(
+            (
+                f"{p}_share",
+                f"{p}_ci_low",
+                f"{p}_ci_high",
+                f"share {s.symbol} > {s.theta:g}{'' if s.unit == '1' else ' ' + s.unit} [1]",
+            )
+            for p, s in scores
+        ),
+    )
     fig, axes = _subplots(len(panels), size=(4.6, 3.8))
     slugs = [s for s in SLUGS if any(r["design"] == s for r in records)]
     slugs += sorted({r["design"] for r in records} - set(slugs))
@@ -301,8 +329,9 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
     handles = {}
     for ax, (key, lo, hi, label) in zip(axes[0], panels):
         for k, s in enumerate(slugs):
-            rows = sorted((r for r in records if r["design"] == s and r.get(key) is not None),
-                          key=lambda r: r["n_layer"])
+            rows = sorted(
+                (r for r in records if r["design"] == s and r.get(key) is not None), key=lambda r: r["n_layer"]
+            )
             if not rows:
                 continue
             x = np.array([r["n_layer"] for r in rows], dtype=float) * (1 + 0.012 * (k - len(slugs) / 2))
@@ -310,8 +339,15 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
             if lo is not None:
                 yl = np.array([r[lo] if r.get(lo) is not None else r[key] for r in rows], dtype=float)
                 yh = np.array([r[hi] if r.get(hi) is not None else r[key] for r in rows], dtype=float)
-                line = ax.errorbar(x, y, yerr=np.clip([y - yl, yh - y], 0, None), marker="o", capsize=2,
-                                   color=design_color(s), label=design_name(s))
+                line = ax.errorbar(
+                    x,
+                    y,
+                    yerr=np.clip([y - yl, yh - y], 0, None),
+                    marker="o",
+                    capsize=2,
+                    color=design_color(s),
+                    label=design_name(s),
+                )
             else:
                 line = ax.plot(x, y, marker="o", color=design_color(s), label=design_name(s))[0]
             handles.setdefault(design_name(s), line)
@@ -325,8 +361,14 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
         ax.set_title(label.split(" [")[0], fontsize=10)
     fig.suptitle("does depth turn into computation? headline numbers by design and depth", fontsize=11)
     if handles:
-        fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False, fontsize="small")
+        fig.legend(
+            list(handles.values()),
+            list(handles.keys()),
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            frameon=False,
+            fontsize="small",
+        )
     fig.tight_layout()
     return fig
 
@@ -348,8 +390,9 @@ def fig_overview(entries, metric: str) -> Any | None:
     def late(e) -> np.ndarray:
         """The late-window block of the panel's matrix (causal: t < s, undefined, as NaN)."""
         ds, a = e.datasets[metric], late_window(e.n_layer)
-        m = np.asarray(score_matrix(ds, score.key, score.select.get("aggregator"), score.select.get("variant"))
-                       .values, float).copy()
+        m = np.asarray(
+            score_matrix(ds, score.key, score.select.get("aggregator"), score.select.get("variant")).values, float
+        ).copy()
         if metric == "causal":
             m[np.tril_indices_from(m, k=-1)] = np.nan
         return m[a:, a:]
@@ -392,10 +435,15 @@ def fig_overview(entries, metric: str) -> Any | None:
         cb.ax.axhline(theta, color="white" if metric == "causal" else "0.2", linewidth=1.5)  # the headline θ
         cb.ax.text(-0.12, norm(theta), f"θ = {theta:g}", transform=cb.ax.transAxes, va="center", ha="right", fontsize=7)
     what = {"causal": "causal score (skipped s → measured t)", "permutation": "permutation P_abs (i, j)"}.get(
-        metric, f"{score.label} (i, j)")
+        metric, f"{score.label} (i, j)"
+    )
     within = "rows s, columns t" if metric == "causal" else "rows i, columns j"
-    fig.suptitle(f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
-                 f"panel {within}, ticks: first and last layer)", fontsize=11, y=1.04)
+    fig.suptitle(
+        f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
+        f"panel {within}, ticks: first and last layer)",
+        fontsize=11,
+        y=1.04,
+    )
     return fig
 
 

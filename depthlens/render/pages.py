@@ -32,14 +32,25 @@ def table_columns(terminal: bool = False) -> list[tuple[str, Any]]:
             if not terminal and s.select.get("aggregator") == "max":
                 cols.append((f"{s.symbol} > {s.theta:g} at all N seqs", lambda r, p=d.prefix: _full(r, p)))
             if not terminal:
-                cols.append((f"{s.symbol} untrained; trained − untrained [95%]",
-                             lambda r, p=d.prefix: _untrained(r, p)))
+                cols.append(
+                    (f"{s.symbol} untrained; trained − untrained [95%]", lambda r, p=d.prefix: _untrained(r, p))
+                )
         for c in d.columns:
             init = not terminal and c.field in registry.UNTRAINED_RECORD_FIELDS
-            cols.append(((c.short if terminal else c.head) + ("; untrained" if init else ""),
-                         lambda r, d=d, c=c, init=init: (_with_init(r.get(c.field), r.get(f"{c.field}_untrained"),
-                                                                     c.fmt) if init else _num(r.get(c.field), c.fmt))
-                         if d.applies(r["design"]) else NA))
+            cols.append(
+                (
+                    (c.short if terminal else c.head) + ("; untrained" if init else ""),
+                    lambda r, d=d, c=c, init=init: (
+                        (
+                            _with_init(r.get(c.field), r.get(f"{c.field}_untrained"), c.fmt)
+                            if init
+                            else _num(r.get(c.field), c.fmt)
+                        )
+                        if d.applies(r["design"])
+                        else NA
+                    ),
+                )
+            )
     return cols
 
 
@@ -59,7 +70,8 @@ INTERVAL_NOTE = (
     "model of the same config and training seed at initialisation (the trainer's step-0 weights); the "
     "difference is paired over the same sequences (for the permutation, the first sequences of the eval set: "
     "the untrained permutation runs on a prefix, since it is most of a report's cost). One row per checkpoint: these intervals exclude training "
-    "variance (seeds are pooled in the claims below).")
+    "variance (seeds are pooled in the claims below)."
+)
 
 
 def _ci(v: Any, lo: Any, hi: Any, fmt: str = ".2f", signed: bool = False) -> str:
@@ -73,8 +85,12 @@ def _untrained(r: dict[str, Any], key: str) -> str:
     u = r.get(f"{key}_share_untrained")
     if u is None:
         return NA
-    d = _ci(r.get(f"{key}_untrained_diff"), r.get(f"{key}_untrained_diff_low"), r.get(f"{key}_untrained_diff_high"),
-            signed=True)
+    d = _ci(
+        r.get(f"{key}_untrained_diff"),
+        r.get(f"{key}_untrained_diff_low"),
+        r.get(f"{key}_untrained_diff_high"),
+        signed=True,
+    )
     n, N = r.get(f"{key}_untrained_n_seq"), (r.get(f"{key}_eval_sizes") or [None])[-1]
     return f"{u:.2f}; {d}" + (f" (first {n} seqs)" if n and N and n < N else "")
 
@@ -108,36 +124,55 @@ def table_rows(records: list[dict[str, Any]], terminal: bool = False) -> list[li
     for r in records:
         base = [r.get("design_name") or r["design"], str(r["n_layer"])]
         if not terminal:
-            base += [NA if r.get("seed") is None else str(r["seed"]), str(r["d_model"]),
-                     f"{r['params_total']:,}" if r.get("params_total") is not None else NA, _num(r.get("lr"), "g")]
+            base += [
+                NA if r.get("seed") is None else str(r["seed"]),
+                str(r["d_model"]),
+                f"{r['params_total']:,}" if r.get("params_total") is not None else NA,
+                _num(r.get("lr"), "g"),
+            ]
         rows.append([*base, _num(r.get("val_loss"), ".3f", "NaN"), *(cell(r) for _, cell in cols)])
     return rows
 
 
 def crossing_rows(records: list[dict[str, Any]]) -> list[list[str]]:
-    return [[r["checkpoint"], _num(r.get("causal_theta_50"), ".3f"), _num(r.get("causal_theta_10"), ".3f"),
-             _num(r.get("perm_theta_50"), ".4f"), _num(r.get("perm_theta_10"), ".4f"),
-             _num(r.get("causal_noise_floor"), ".2e")] for r in records]
+    return [
+        [
+            r["checkpoint"],
+            _num(r.get("causal_theta_50"), ".3f"),
+            _num(r.get("causal_theta_10"), ".3f"),
+            _num(r.get("perm_theta_50"), ".4f"),
+            _num(r.get("perm_theta_10"), ".4f"),
+            _num(r.get("causal_noise_floor"), ".2e"),
+        ]
+        for r in records
+    ]
 
 
-EVAL_SIZE_HEAD = ("checkpoint", "sequences (tokens)", "causal share C > {c:g} on each prefix",
-                  "permutation share P_abs > {p:g} on each prefix")
+EVAL_SIZE_HEAD = (
+    "checkpoint",
+    "sequences (tokens)",
+    "causal share C > {c:g} on each prefix",
+    "permutation share P_abs > {p:g} on each prefix",
+)
 
 
 def eval_size_rows(records: list[dict[str, Any]]) -> list[list[str]]:
     """Shares on nested prefixes of the eval set (1/8, 1/4, 1/2, all of it); ↑ = still rising at the size used."""
     out = []
     for r in records:
-        sizes, toks = r.get("causal_eval_sizes") or r.get("perm_eval_sizes"), r.get("causal_eval_size_tokens") or \
-            r.get("perm_eval_size_tokens")
+        sizes, toks = (
+            r.get("causal_eval_sizes") or r.get("perm_eval_sizes"),
+            r.get("causal_eval_size_tokens") or r.get("perm_eval_size_tokens"),
+        )
         if not sizes:
             continue
         size = " / ".join(f"{n}" + (f" ({t})" if toks else "") for n, t in zip(sizes, toks or sizes))
         cells = []
         for key in ("causal", "perm"):
             v = r.get(f"{key}_eval_size_shares")
-            cells.append(NA if not v else " / ".join(f"{x:.2f}" for x in v) + (" ↑" if r.get(f"{key}_still_rising")
-                                                                              else ""))
+            cells.append(
+                NA if not v else " / ".join(f"{x:.2f}" for x in v) + (" ↑" if r.get(f"{key}_still_rising") else "")
+            )
         out.append([r["checkpoint"], size, *cells])
     return out
 
@@ -163,15 +198,21 @@ def lr_rows(sweep: dict[str, Any] | None, records: list[dict[str, Any]]) -> tupl
             for L, lr in sorted(c.items(), key=lambda kv: int(kv[0])):
                 grid = sorted(float(x) for x in (losses.get(design, {}).get(L) or {}))
                 flag = interior.get(design, {}).get(L)
-                parts.append(f"L = {L}: {float(lr):g} ({len(grid)} LRs {grid[0]:g}–{grid[-1]:g}; "
-                             f"{'interior' if flag else 'AT AN EDGE' if flag is not None else '?'})" if grid else
-                             f"L = {L}: {float(lr):g}")
+                parts.append(
+                    f"L = {L}: {float(lr):g} ({len(grid)} LRs {grid[0]:g}–{grid[-1]:g}; "
+                    f"{'interior' if flag else 'AT AN EDGE' if flag is not None else '?'})"
+                    if grid
+                    else f"L = {L}: {float(lr):g}"
+                )
             swept = "; ".join(parts)
         elif c is not None:
             grid = sorted(float(x) for x in (losses.get(design) or {}))
             at_edge = grid and float(c) in (grid[0], grid[-1])
-            swept = f"{float(c):g} (one depth; grid {', '.join(f'{g:g}' for g in grid)}" + \
-                ("; AT AN EDGE of the grid" if at_edge else "; interior") + ")"
+            swept = (
+                f"{float(c):g} (one depth; grid {', '.join(f'{g:g}' for g in grid)}"
+                + ("; AT AN EDGE of the grid" if at_edge else "; interior")
+                + ")"
+            )
         else:
             swept = NA
         out.append([design, *used, swept])
@@ -188,23 +229,37 @@ def lr_sweep() -> dict[str, Any] | None:
         return None
 
 
-EVAL_SIZE_NOTE = ("The ordinary share (at all sequences of the prefix, max aggregator for the causal score) on nested "
-                  "prefixes of the one eval set: 1/8, 1/4, 1/2 and all of it. ↑: the share grew by more than 0.01 "
-                  "over the last doubling, so it is still rising at the size used and a larger eval set would "
-                  "give a larger number.")
-LR_NOTE = ("The peak learning rate each checkpoint trained with (train.json), and what the committed sweep "
-           "(depthlens/recipes/zoo_cpu_lr_sweep.json) chose per design and swept depth, with its grid; an optimum "
-           "at an edge of its grid is not a tuned learning rate.")
+EVAL_SIZE_NOTE = (
+    "The ordinary share (at all sequences of the prefix, max aggregator for the causal score) on nested "
+    "prefixes of the one eval set: 1/8, 1/4, 1/2 and all of it. ↑: the share grew by more than 0.01 "
+    "over the last doubling, so it is still rising at the size used and a larger eval set would "
+    "give a larger number."
+)
+LR_NOTE = (
+    "The peak learning rate each checkpoint trained with (train.json), and what the committed sweep "
+    "(depthlens/recipes/zoo_cpu_lr_sweep.json) chose per design and swept depth, with its grid; an optimum "
+    "at an edge of its grid is not a tuned learning rate."
+)
 
 
 def _eval_size_head() -> tuple[str, ...]:
     return tuple(h.format(c=registry.CAUSAL.theta, p=registry.PERM_ABS.theta) for h in EVAL_SIZE_HEAD)
 
 
-CROSSING_HEAD = ("checkpoint", "causal θ₀.₅", "causal θ₀.₁", "P_abs θ₀.₅ [nat]", "P_abs θ₀.₁ [nat]",
-                 "causal noise floor")
-ROBUST_HEAD = ("metric", "L", "ranking at the headline θ (lowest → highest share)",
-               "Kendall τ vs ranking over the θ grid (mean / min)")
+CROSSING_HEAD = (
+    "checkpoint",
+    "causal θ₀.₅",
+    "causal θ₀.₁",
+    "P_abs θ₀.₅ [nat]",
+    "P_abs θ₀.₁ [nat]",
+    "causal noise floor",
+)
+ROBUST_HEAD = (
+    "metric",
+    "L",
+    "ranking at the headline θ (lowest → highest share)",
+    "Kendall τ vs ranking over the θ grid (mean / min)",
+)
 
 
 def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
@@ -213,7 +268,8 @@ def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
         names = [DESIGNS[s].name if s in DESIGNS else s for s in r["order"]]
         vals = r["shares_at_headline"]
         order = f"{names[0]} ({vals[0]:.2f})" + "".join(
-            f" {'<' if b > a else '≤'} {n} ({b:.2f})" for n, a, b in zip(names[1:], vals, vals[1:]))
+            f" {'<' if b > a else '≤'} {n} ({b:.2f})" for n, a, b in zip(names[1:], vals, vals[1:])
+        )
         tau = f"{_num(r.get('kendall_tau_mean'), '.2f')} / {_num(r.get('kendall_tau_min'), '.2f')}"
         out.append([r["metric"], str(r["n_layer"]), order, tau])
     return out
@@ -221,12 +277,14 @@ def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
 
 def _eval_line(rep) -> str:
     d, o = rep.data, rep.options
-    return (f"{len(rep.entries)} checkpoints · eval data `{d.name}` ({d.n_seq} sequences × {d.seq_len} tokens, "
-            f"seed {d.seed}, sha256 {d.sha256[:12]}…, the same tokens for every checkpoint) · causal: current "
-            f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
-            f"swap · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
-            f"⌈N/2⌉) and {o.n_boot} bootstrap resamples (permutation) · untrained baselines: "
-            f"{', '.join(o.untrained) or 'none'}")
+    return (
+        f"{len(rep.entries)} checkpoints · eval data `{d.name}` ({d.n_seq} sequences × {d.seq_len} tokens, "
+        f"seed {d.seed}, sha256 {d.sha256[:12]}…, the same tokens for every checkpoint) · causal: current "
+        f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
+        f"swap · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
+        f"⌈N/2⌉) and {o.n_boot} bootstrap resamples (permutation) · untrained baselines: "
+        f"{', '.join(o.untrained) or 'none'}"
+    )
 
 
 def _timing_line(rep) -> str:
@@ -262,8 +320,10 @@ def _html_table(head, rows) -> str:
 
 
 def _img(path: str, caption: str) -> str:
-    return (f'<figure><a href="{_h(path)}"><img src="{_h(path)}" alt="{_h(caption)}" loading="lazy"></a>'
-            f"<figcaption>{_h(caption)}</figcaption></figure>")
+    return (
+        f'<figure><a href="{_h(path)}"><img src="{_h(path)}" alt="{_h(caption)}" loading="lazy"></a>'
+        f"<figcaption>{_h(caption)}</figcaption></figure>"
+    )
 
 
 def render_html(rep) -> str:
@@ -272,9 +332,11 @@ def render_html(rep) -> str:
     for row, r in zip(main_rows, recs):
         row[0] = f'<a href="#{_h(r["checkpoint"])}">{row[0]}</a>'
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>depthlens report</title>", f"<style>{CSS}</style></head><body>",
+        "<title>depthlens report</title>",
+        f"<style>{CSS}</style></head><body>",
         "<h1>depthlens report: does this residual design turn extra layers into extra computation?</h1>",
         f"<p>{_h(_eval_line(rep))}</p>",
         '<nav><a href="#table">table</a><a href="#sweeps">threshold sweeps</a><a href="#robustness">robustness</a>'
@@ -302,18 +364,25 @@ def render_html(rep) -> str:
     parts.append(_html_table(orderings.HEAD, [[_h(c) for c in row] for row in orderings.rows(checked)]))
     parts.append(f"<p>{_h(orderings.summary_line(checked))}</p>")
     parts.append('<h2 id="sweeps">Threshold sweeps and crossing points</h2>')
-    parts.append("<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
-                 "is the headline θ. θ_q is where S falls to q (NaN/— when the grid never brackets it).</p>")
-    sweeps = [_img(p, f"threshold sweep: {k.removeprefix('sweep_')}") for k, p in rep.figures.items()
-              if k.startswith("sweep_")]
+    parts.append(
+        "<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
+        "is the headline θ. θ_q is where S falls to q (NaN/— when the grid never brackets it).</p>"
+    )
+    sweeps = [
+        _img(p, f"threshold sweep: {k.removeprefix('sweep_')}")
+        for k, p in rep.figures.items()
+        if k.startswith("sweep_")
+    ]
     if sweeps:
         parts.append('<div class="grid">' + "".join(sweeps) + "</div>")
     parts.append(_html_table(CROSSING_HEAD, [[_h(c) for c in row] for row in crossing_rows(recs)]))
     parts.append('<h2 id="robustness">Ranking robustness</h2>')
     if rep.robustness:
-        parts.append("<p>Designs of one depth ranked by their share at the headline θ (ties, shown as ≤, broken by "
-                     "the curve's integral = the mean score), and Kendall τ-b between the shares at each θ of the "
-                     "grid and that ranking (θ where all shares tie skipped).</p>")
+        parts.append(
+            "<p>Designs of one depth ranked by their share at the headline θ (ties, shown as ≤, broken by "
+            "the curve's integral = the mean score), and Kendall τ-b between the shares at each θ of the "
+            "grid and that ranking (θ where all shares tie skipped).</p>"
+        )
         parts.append(_html_table(ROBUST_HEAD, [[_h(c) for c in row] for row in robustness_rows(rep.robustness)]))
     else:
         parts.append("<p>Needs at least two checkpoints of the same depth.</p>")
@@ -323,10 +392,14 @@ def render_html(rep) -> str:
         parts.append('<div class="grid">' + "".join(overview) + "</div>")
     parts.append('<h2 id="checkpoints">Per checkpoint</h2>')
     for e, r in zip(rep.entries, recs):
-        parts.append(f'<h3 id="{_h(e.name)}">{_h(e.name)} — {_h(r.get("design_name"))}, L = {e.n_layer}, '
-                     f"d = {e.d_model}, {r.get('params_total') or 0:,} params</h3>")
-        parts.append(f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'NaN'))} · "
-                     f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))}</p>")
+        parts.append(
+            f'<h3 id="{_h(e.name)}">{_h(e.name)} — {_h(r.get("design_name"))}, L = {e.n_layer}, '
+            f"d = {e.d_model}, {r.get('params_total') or 0:,} params</h3>"
+        )
+        parts.append(
+            f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'NaN'))} · "
+            f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))}</p>"
+        )
         imgs = [_img(p, metric_titles().get(m, m)) for m, p in e.figures.items()]
         if imgs:
             parts.append('<div class="grid">' + "".join(imgs) + "</div>")
@@ -334,7 +407,9 @@ def render_html(rep) -> str:
             parts.append(f'<p class="note">{_h(n)}</p>')
     parts.append('<h2 id="files">Files</h2><ul>')
     parts.append('<li><a href="summary.json">summary.json</a> — the table as records</li>')
-    parts.append('<li><a href="manifest.json">manifest.json</a> — options, eval data, file index; timings.json: compute times and machine (not tracked)</li>')
+    parts.append(
+        '<li><a href="manifest.json">manifest.json</a> — options, eval data, file index; timings.json: compute times and machine (not tracked)</li>'
+    )
     parts.append('<li><a href="README.md">README.md</a> — this report in Markdown</li>')
     for f, names in rep.files.items():
         parts.append(f'<li><a href="{_h(f)}">{_h(f)}</a> — {_h(", ".join(names))}</li>')
@@ -362,16 +437,31 @@ def _md_table(head, rows) -> str:
 
 def render_markdown(rep) -> str:
     recs = rep.records
-    out = ["# depthlens report", "",
-           "Does this residual design turn extra layers into extra computation? Open `index.html` for the full page.",
-           "", _eval_line(rep) + ".", "", "## Design × depth", "",
-           "Shares over the late pairs (strict >). " + INTERVAL_NOTE + " Validation loss from "
-           "`train.json` (`final_val_loss`, NaN when absent); LR: the peak learning rate it trained with. erank: "
-           "HC/mHC only; k*(0.05): Full/Block AttnRes only.",
-           "", _md_table(table_head(), table_rows(recs)), ""]
+    out = [
+        "# depthlens report",
+        "",
+        "Does this residual design turn extra layers into extra computation? Open `index.html` for the full page.",
+        "",
+        _eval_line(rep) + ".",
+        "",
+        "## Design × depth",
+        "",
+        "Shares over the late pairs (strict >). " + INTERVAL_NOTE + " Validation loss from "
+        "`train.json` (`final_val_loss`, NaN when absent); LR: the peak learning rate it trained with. erank: "
+        "HC/mHC only; k*(0.05): Full/Block AttnRes only.",
+        "",
+        _md_table(table_head(), table_rows(recs)),
+        "",
+    ]
     if eval_size_rows(recs):
-        out += ["## Share against eval-set size", "", EVAL_SIZE_NOTE, "",
-                _md_table(_eval_size_head(), eval_size_rows(recs)), ""]
+        out += [
+            "## Share against eval-set size",
+            "",
+            EVAL_SIZE_NOTE,
+            "",
+            _md_table(_eval_size_head(), eval_size_rows(recs)),
+            "",
+        ]
     lr_head, lr_body = lr_rows(lr_sweep(), recs)
     out += ["## Learning rates", "", LR_NOTE, "", _md_table(lr_head, lr_body), ""]
     if "summary" in rep.figures:
@@ -383,10 +473,14 @@ def render_markdown(rep) -> str:
             out += [f"![threshold sweep {k.removeprefix('sweep_')}]({p})", ""]
     out += [_md_table(CROSSING_HEAD, crossing_rows(recs)), "", "## Ranking robustness", ""]
     if rep.robustness:
-        out += ["Designs of one depth ranked by their share at the headline θ (ties, shown as ≤, broken by the mean "
-                "score), and Kendall τ-b between the shares at each θ of the grid and that ranking (θ where all "
-                "shares tie skipped).", "",
-                _md_table(ROBUST_HEAD, robustness_rows(rep.robustness)), ""]
+        out += [
+            "Designs of one depth ranked by their share at the headline θ (ties, shown as ≤, broken by the mean "
+            "score), and Kendall τ-b between the shares at each θ of the grid and that ranking (θ where all "
+            "shares tie skipped).",
+            "",
+            _md_table(ROBUST_HEAD, robustness_rows(rep.robustness)),
+            "",
+        ]
     else:
         out += ["Needs at least two checkpoints of the same depth.", ""]
     overview = [(k, p) for k, p in rep.figures.items() if k.startswith("overview_")]
@@ -400,8 +494,12 @@ def render_markdown(rep) -> str:
     notes = [f"- {e.name}: {n}" for e in rep.entries for n in e.notes] + [f"- {n}" for n in rep.notes]
     if notes:
         out += ["## Notes", ""] + notes + [""]
-    out += ["## Files", "", "- `summary.json`: the table as records; `manifest.json`: options, eval data, "
-            "file index; `timings.json`: compute times and machine facts (not tracked: they change run to run)"]
+    out += [
+        "## Files",
+        "",
+        "- `summary.json`: the table as records; `manifest.json`: options, eval data, "
+        "file index; `timings.json`: compute times and machine facts (not tracked: they change run to run)",
+    ]
     out += [f"- [`{f}`]({f}): {', '.join(names)}" for f, names in rep.files.items()]
     out += ["", f"<sub>{_timing_line(rep)} · `{rep.command}`</sub>", ""]
     return "\n".join(out)

@@ -44,8 +44,9 @@ def upper_triangle(da: xr.DataArray, offset: int = 0) -> xr.DataArray:
     return da.where(xr.DataArray(keep, dims=(rows, cols)))
 
 
-def color_norm(scale: str, vmin: float | None, vmax: float | None, linthresh: float | None = None,
-               center: float | None = None):
+def color_norm(
+    scale: str, vmin: float | None, vmax: float | None, linthresh: float | None = None, center: float | None = None
+):
     """A matplotlib Normalize for `scale` linear | log | symlog (log: vmin > 0 needed; symlog: linear within
     ±linthresh of 0, default 1e-2 × max |v|)."""
     from matplotlib import colors
@@ -111,18 +112,29 @@ def heatmap(
     if max(da.shape) <= SEABORN_MAX_SIZE and scale == "linear":
         df = da.astype(np.float64).to_pandas()
         sns.heatmap(
-            df, ax=ax, vmin=vmin, vmax=vmax, cmap=cmap, center=center, square=True, annot=annot, fmt=".2f",
-            mask=np.isnan(values) if mask_nan else None, cbar_kws={"label": cbar_label, "extend": extend},
+            df,
+            ax=ax,
+            vmin=vmin,
+            vmax=vmax,
+            cmap=cmap,
+            center=center,
+            square=True,
+            annot=annot,
+            fmt=".2f",
+            mask=np.isnan(values) if mask_nan else None,
+            cbar_kws={"label": cbar_label, "extend": extend},
         )
         ax.tick_params(axis="y", labelrotation=0)  # seaborn turns row labels sideways
     else:
         shown = np.ma.masked_invalid(values) if mask_nan else values
         if scale == "log":
             shown = np.ma.masked_less_equal(shown, 0.0)  # log |v|: zero and below have no colour (blank)
-        im = ax.imshow(shown, cmap=cmap, norm=color_norm(scale, vmin, vmax, linthresh), aspect="equal",
-                       interpolation="nearest")
-        ax.figure.colorbar(im, ax=ax, label=cbar_label + ("" if scale == "linear" else f" ({scale} scale)"),
-                           extend=extend)
+        im = ax.imshow(
+            shown, cmap=cmap, norm=color_norm(scale, vmin, vmax, linthresh), aspect="equal", interpolation="nearest"
+        )
+        ax.figure.colorbar(
+            im, ax=ax, label=cbar_label + ("" if scale == "linear" else f" ({scale} scale)"), extend=extend
+        )
         _index_ticks(ax, da)
     ax.set_ylabel(axis_label(da, row_dim))
     ax.set_xlabel(axis_label(da, col_dim))
@@ -197,9 +209,11 @@ def share_curves(
 # Byte-identical files run to run: the creator tag (which lets `--overwrite` recognise a file as ours,
 # depthlens.io.atomic.recognise) and no date or library version in the metadata; fixed SVG ids; text as paths
 # in SVG so the file does not depend on the viewer's fonts.
-FIGURE_METADATA = {"png": {"Software": "depthlens"},
-                   "pdf": {"Creator": "depthlens", "Producer": None, "CreationDate": None},
-                   "svg": {"Creator": "depthlens", "Date": None}}
+FIGURE_METADATA = {
+    "png": {"Software": "depthlens"},
+    "pdf": {"Creator": "depthlens", "Producer": None, "CreationDate": None},
+    "svg": {"Creator": "depthlens", "Date": None},
+}
 REPRODUCIBLE_RC = {"svg.hashsalt": "depthlens", "svg.fonttype": "path", "pdf.fonttype": 42}
 
 

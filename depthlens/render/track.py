@@ -1,9 +1,9 @@
 """Depth over training: the figure and the Markdown section of a `depthlens track` dataset.
 
-    fig_track(ds)          rows: causal share, permutation share, erank, dead prefix (those present);
-                           columns: depth L; one line per run (design colour) with its 95% bootstrap CI band,
-                           validation loss dashed on a twin axis; x = training tokens (symlog: init at 0).
-    track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot.
+fig_track(ds)          rows: causal share, permutation share, erank, dead prefix (those present);
+                       columns: depth L; one line per run (design colour) with its 95% bootstrap CI band,
+                       validation loss dashed on a twin axis; x = training tokens (symlog: init at 0).
+track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def fig_track(ds: xr.Dataset) -> Any:
     if not rows:  # no share, rank or prefix to draw (e.g. --metric angular): the validation loss alone
         rows = [("val_loss", "validation loss [nat]", None)]
     depths = sorted({int(L) for L in ds["n_layer"].values})
-    fig, axes = plt.subplots(len(rows), len(depths), figsize=(5.6 * len(depths), 3.4 * len(rows)), squeeze=False,
-                             sharex="col")
+    fig, axes = plt.subplots(
+        len(rows), len(depths), figsize=(5.6 * len(depths), 3.4 * len(rows)), squeeze=False, sharex="col"
+    )
     fmt = {k: float(ds.attrs[k]) for k in ("causal_threshold", "perm_threshold", "eps")}  # the options of the run
     xlabel = "step"
     for c, L in enumerate(depths):
@@ -84,7 +85,9 @@ def fig_track(ds: xr.Dataset) -> Any:
                 col = design_color(slug)
                 ax.plot(x[ok], y[ok], marker="o", ms=3, color=col, label=design_name(slug))
                 if ci is not None:
-                    lo, hi = (np.asarray(ds[f"{ci}_ci_{b}"].sel(run=run).values, dtype=float)[ok] for b in ("low", "high"))
+                    lo, hi = (
+                        np.asarray(ds[f"{ci}_ci_{b}"].sel(run=run).values, dtype=float)[ok] for b in ("low", "high")
+                    )
                     if np.isfinite(lo).any():
                         ax.fill_between(x[ok], lo, hi, color=col, alpha=0.12, linewidth=0)
                 if twin is not None:
@@ -115,8 +118,14 @@ def fig_track(ds: xr.Dataset) -> Any:
     legend["validation loss (right axis)"] = Line2D([], [], color="0.3", linestyle="--", linewidth=1)
     fig.suptitle("Depth over training: late-layer use per design (95% bootstrap CI over eval sequences)")
     fig.tight_layout(rect=(0, 0.04 if len(rows) > 1 else 0.08, 1, 1))
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(len(legend), 6), frameon=False,
-               fontsize="small")
+    fig.legend(
+        list(legend.values()),
+        list(legend),
+        loc="lower center",
+        ncol=min(len(legend), 6),
+        frameon=False,
+        fontsize="small",
+    )
     return fig
 
 
@@ -147,8 +156,10 @@ def curve_summary(x: np.ndarray, y: np.ndarray) -> str:
     if y.size == 0:
         return "—"
     lo, hi = int(np.argmin(y)), int(np.argmax(y))
-    return (f"min {100 * y[lo]:.0f}% at {_fmt(x[lo], '.3g')}, max {100 * y[hi]:.0f}% at {_fmt(x[hi], '.3g')}, "
-            f"last − first {100 * (y[-1] - y[0]):+.0f} pts")
+    return (
+        f"min {100 * y[lo]:.0f}% at {_fmt(x[lo], '.3g')}, max {100 * y[hi]:.0f}% at {_fmt(x[hi], '.3g')}, "
+        f"last − first {100 * (y[-1] - y[0]):+.0f} pts"
+    )
 
 
 def _change(ds: xr.Dataset, prefix: str, run: str) -> str:
@@ -169,13 +180,19 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
         idx = np.flatnonzero(have)
         a, b = int(idx[0]), int(idx[-1])
         x, _ = _x(ds, run)
-        row = [design_name(str(ds["design"].sel(run=run).values)), str(int(ds["n_layer"].sel(run=run))), run,
-               f"{len(idx)} ({int(steps[a])}–{int(steps[b])})", f"{_fmt(x[a], '.3g')} → {_fmt(x[b], '.3g')}"]
+        row = [
+            design_name(str(ds["design"].sel(run=run).values)),
+            str(int(ds["n_layer"].sel(run=run))),
+            run,
+            f"{len(idx)} ({int(steps[a])}–{int(steps[b])})",
+            f"{_fmt(x[a], '.3g')} → {_fmt(x[b], '.3g')}",
+        ]
         for prefix in ("causal", "perm"):
             if f"{prefix}_share" in ds:
                 y = np.asarray(ds[f"{prefix}_share"].sel(run=run).values, dtype=float)
-                row.append(f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; "
-                           f"{curve_summary(x[have], y[have])}")
+                row.append(
+                    f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; {curve_summary(x[have], y[have])}"
+                )
                 row.append(_change(ds, prefix, run))
         v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
         row.append(f"{_fmt(v[a])} → {_fmt(v[b])}")
@@ -186,22 +203,28 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
 def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: str = "##") -> str:
     """The "Depth over training" report section."""
     head = ["design", "L", "run", "snapshots (steps)", "tokens first → last"]
-    for prefix, label in (("causal", f"C > {ds.attrs['causal_threshold']:g}"),
-                          ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat")):
+    for prefix, label in (
+        ("causal", f"C > {ds.attrs['causal_threshold']:g}"),
+        ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat"),
+    ):
         if f"{prefix}_share" in ds:
             head.append(f"share {label} [95%], first → last; min, max (at tokens), last − first")
             head.append(f"{label}: trained − untrained (step 0) [95%, paired over sequences]")
     head.append("val loss first → last")
-    lines = [f"{heading} Depth over training", "",
-             "Every diagnostic on every training snapshot, on the same eval tokens "
-             f"({ds.attrs.get('eval_n_seq', '?')} sequences × {ds.attrs.get('eval_seq_len', '?')} tokens, "
-             f"sha256 {str(ds.attrs.get('eval_data_sha256', ''))[:12]}). Shares are over the late window "
-             f"(layers ≥ ⌊L/4⌋) with a 95% interval over eval sequences (causal: the size-fixed share at ⌈N/2⌉ "
-             "sequences, delete-one jackknife; permutation: bootstrap). The first snapshot (step 0) is the "
-             "untrained model, so 'last − first' is the change training made. **Eval set:** these "
-             f"{ds.attrs.get('eval_n_seq', '?')} sequences are not the zoo report's (32 sequences): shares grow "
-             "with the eval set (max aggregator), so the numbers here are not comparable with the zoo "
-             "report's, only with each other.", ""]
+    lines = [
+        f"{heading} Depth over training",
+        "",
+        "Every diagnostic on every training snapshot, on the same eval tokens "
+        f"({ds.attrs.get('eval_n_seq', '?')} sequences × {ds.attrs.get('eval_seq_len', '?')} tokens, "
+        f"sha256 {str(ds.attrs.get('eval_data_sha256', ''))[:12]}). Shares are over the late window "
+        f"(layers ≥ ⌊L/4⌋) with a 95% interval over eval sequences (causal: the size-fixed share at ⌈N/2⌉ "
+        "sequences, delete-one jackknife; permutation: bootstrap). The first snapshot (step 0) is the "
+        "untrained model, so 'last − first' is the change training made. **Eval set:** these "
+        f"{ds.attrs.get('eval_n_seq', '?')} sequences are not the zoo report's (32 sequences): shares grow "
+        "with the eval set (max aggregator), so the numbers here are not comparable with the zoo "
+        "report's, only with each other.",
+        "",
+    ]
     if figure:
         lines += [f"![depth over training]({figure})", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

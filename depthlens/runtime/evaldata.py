@@ -61,11 +61,17 @@ class EvalData:
         object.__setattr__(self, "tokens", t.to(torch.int64).contiguous())
 
     @classmethod
-    def from_tokens(cls, tokens, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens",
-                    **kw: Any) -> EvalData:
+    def from_tokens(
+        cls, tokens, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens", **kw: Any
+    ) -> EvalData:
         """Wrap an existing (N, T) id array (e.g. random tokens in tests, or another tool's eval set)."""
-        return cls(torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens),
-                   name=name, source=source, bos=bos, **kw)
+        return cls(
+            torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens),
+            name=name,
+            source=source,
+            bos=bos,
+            **kw,
+        )
 
     @classmethod
     def from_dataset(cls, ds: Any) -> EvalData:
@@ -76,9 +82,13 @@ class EvalData:
         da = ds["eval_tokens"]
         if "checkpoint" in da.dims:  # stacked comparisons: every checkpoint saw the same tokens
             da = da.isel(checkpoint=0)
-        out = cls.from_tokens(np.asarray(da.values, dtype=np.int64), name=str(ds.attrs.get("eval_data", "tokens")),
-                              bos=bool(ds.attrs.get("eval_bos", 0)), source="eval_tokens of a result dataset",
-                              seed=ds.attrs.get("eval_seed"))
+        out = cls.from_tokens(
+            np.asarray(da.values, dtype=np.int64),
+            name=str(ds.attrs.get("eval_data", "tokens")),
+            bos=bool(ds.attrs.get("eval_bos", 0)),
+            source="eval_tokens of a result dataset",
+            seed=ds.attrs.get("eval_seed"),
+        )
         want = ds.attrs.get("eval_data_sha256")
         if want is not None and out.sha256 != want:
             raise DataError(f"eval_tokens do not hash to the recorded eval_data_sha256 ({want[:12]}...)")
@@ -107,7 +117,7 @@ class EvalData:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for start in range(0, self.n_seq, batch_size):
-            yield start, self.tokens[start:start + batch_size]
+            yield start, self.tokens[start : start + batch_size]
 
     def check_model(self, vocab_size: int | None, max_seq_len: int | None) -> None:
         """DataError if the ids or the length do not fit the model."""
@@ -115,15 +125,26 @@ class EvalData:
             raise DataError(f"eval seq_len {self.seq_len} exceeds the model's max_seq_len {max_seq_len}")
         hi = int(self.tokens.max())
         if vocab_size is not None and hi >= vocab_size:
-            raise DataError(f"eval data {self.name!r} has token id {hi} >= the model's vocab_size {vocab_size} "
-                            "(wrong tokenizer for this checkpoint?)")
+            raise DataError(
+                f"eval data {self.name!r} has token id {hi} >= the model's vocab_size {vocab_size} "
+                "(wrong tokenizer for this checkpoint?)"
+            )
 
     def provenance(self) -> dict[str, Any]:
         """What every result records about its eval data."""
         shard = {k: v for k, v in self.meta.items() if k.startswith("shard_")}
-        return {"eval_data": self.name, "eval_data_source": self.source, "eval_data_sha256": self.sha256,
-                "eval_n_seq": self.n_seq, "eval_seq_len": self.seq_len, "n_tokens": self.n_tokens,
-                "eval_bos": self.bos, "eval_seed": self.seed, "tokenizer": self.tokenizer, **shard}
+        return {
+            "eval_data": self.name,
+            "eval_data_source": self.source,
+            "eval_data_sha256": self.sha256,
+            "eval_n_seq": self.n_seq,
+            "eval_seq_len": self.seq_len,
+            "n_tokens": self.n_tokens,
+            "eval_bos": self.bos,
+            "eval_seed": self.seed,
+            "tokenizer": self.tokenizer,
+            **shard,
+        }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,7 +164,7 @@ def pack_stream(stream: np.ndarray, seq_len: int, bos_id: int | None) -> np.ndar
             pos += 1  # the stream's own document delimiter would duplicate the leading BOS
         if pos + body > stream.size:
             break
-        rows.append(np.concatenate([[bos_id], stream[pos:pos + body]]))
+        rows.append(np.concatenate([[bos_id], stream[pos : pos + body]]))
         pos += body
     return np.stack(rows) if rows else np.zeros((0, seq_len), np.int64)
 
@@ -211,8 +232,10 @@ def _build_corpus(out_dir: Path, tokenizer, max_bytes: int) -> None:
     try:
         from depthlens.data.corpus import build_corpus
     except ImportError as e:
-        raise DataError("the default eval corpus needs depthlens.data.corpus, which is unavailable "
-                        f"({e}); pass a .txt/.jsonl file or a token shard directory") from None
+        raise DataError(
+            "the default eval corpus needs depthlens.data.corpus, which is unavailable "
+            f"({e}); pass a .txt/.jsonl file or a token shard directory"
+        ) from None
     build_corpus(out_dir, tokenizer, max_bytes=max_bytes)
 
 
@@ -233,9 +256,16 @@ def _resolve_tokenizer(tokenizer):
     return tokenizer
 
 
-def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "bytes", n_seq: int = DEFAULT_N_SEQ,
-                   seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, *, max_seq_len: int | None = None,
-                   split: str = "val") -> EvalData:
+def load_eval_data(
+    source: str | os.PathLike | None = None,
+    tokenizer: Any = "bytes",
+    n_seq: int = DEFAULT_N_SEQ,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    seed: int = 0,
+    *,
+    max_seq_len: int | None = None,
+    split: str = "val",
+) -> EvalData:
     """Packed eval sequences (N <= n_seq, T = seq_len) from a source.
 
     source: None = the held-out `split` of the project's offline corpus (built once and cached, see
@@ -271,13 +301,26 @@ def load_eval_data(source: str | os.PathLike | None = None, tokenizer: Any = "by
     if windows.shape[0] == 0:
         raise DataError(f"{desc}: {len(stream)} tokens are too few for one sequence of {seq_len}")
     chosen = _select(windows, n_seq, seed)
-    return EvalData(torch.from_numpy(np.ascontiguousarray(chosen)), name=name, source=desc, bos=bos is not None,
-                    seed=seed, tokenizer=getattr(tok, "name", None),
-                    meta={"n_seq_requested": n_seq, "n_windows_available": int(windows.shape[0])})
+    return EvalData(
+        torch.from_numpy(np.ascontiguousarray(chosen)),
+        name=name,
+        source=desc,
+        bos=bos is not None,
+        seed=seed,
+        tokenizer=getattr(tok, "name", None),
+        meta={"n_seq_requested": n_seq, "n_windows_available": int(windows.shape[0])},
+    )
 
 
-def shard_eval_data(directory: Path, tokenizer: Any = None, *, n_seq: int = DEFAULT_N_SEQ,
-                    seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, split: str = "val") -> EvalData:
+def shard_eval_data(
+    directory: Path,
+    tokenizer: Any = None,
+    *,
+    n_seq: int = DEFAULT_N_SEQ,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    seed: int = 0,
+    split: str = "val",
+) -> EvalData:
     """Eval windows from a directory of token shards, with the shard's own ids, unchanged.
 
     Windows are consecutive seq_len-token cuts of the split's stream (no BOS is inserted: a shard carries
@@ -298,13 +341,23 @@ def shard_eval_data(directory: Path, tokenizer: Any = None, *, n_seq: int = DEFA
         raise DataError(f"{directory} ({split} shards): {len(stream)} tokens are too few for one sequence of {seq_len}")
     chosen = _select(windows, n_seq, seed)
     bos = info.get("bos_id")
-    meta = {"n_seq_requested": n_seq, "n_windows_available": int(windows.shape[0]),
-            "shard_tokenizer": str(info.get("name", "unknown")),
-            "shard_bos_id": int(bos) if isinstance(bos, int) and not isinstance(bos, bool) else -1,
-            "shard_data_hash": ds.data_hash(), "shard_split": split}
-    return EvalData(torch.from_numpy(np.ascontiguousarray(chosen)), name=directory.name,
-                    source=f"{directory} ({split} shards)", bos=False, seed=seed,
-                    tokenizer=meta["shard_tokenizer"], meta=meta)
+    meta = {
+        "n_seq_requested": n_seq,
+        "n_windows_available": int(windows.shape[0]),
+        "shard_tokenizer": str(info.get("name", "unknown")),
+        "shard_bos_id": int(bos) if isinstance(bos, int) and not isinstance(bos, bool) else -1,
+        "shard_data_hash": ds.data_hash(),
+        "shard_split": split,
+    }
+    return EvalData(
+        torch.from_numpy(np.ascontiguousarray(chosen)),
+        name=directory.name,
+        source=f"{directory} ({split} shards)",
+        bos=False,
+        seed=seed,
+        tokenizer=meta["shard_tokenizer"],
+        meta=meta,
+    )
 
 
 def check_shard_tokenizer(directory: Path, info: dict[str, Any], tok: Any) -> None:
@@ -313,25 +366,32 @@ def check_shard_tokenizer(directory: Path, info: dict[str, Any], tok: Any) -> No
     side (no manifest, or a model shipped without tokenizer): accepted, and the provenance says so."""
     if tok is None or not info:
         return
-    mine = {"name": getattr(tok, "name", None), "vocab_size": getattr(tok, "vocab_size", None),
-            "bos_id": getattr(tok, "bos_id", None)}
+    mine = {
+        "name": getattr(tok, "name", None),
+        "vocab_size": getattr(tok, "vocab_size", None),
+        "bos_id": getattr(tok, "bos_id", None),
+    }
     theirs = {k: info.get(k) for k in mine}
     foreign = any(str(n or "").startswith(("hf-", "gguf-")) for n in (mine["name"], theirs["name"]))
     for key in ("vocab_size", "bos_id", *(() if foreign else ("name",))):
         if key in info and mine[key] is not None and theirs[key] != mine[key]:
-            raise DataError(f"{directory}: shards were tokenized with {theirs['name']!r} ({key} {theirs[key]!r}), "
-                            f"the model's tokenizer is {mine['name']!r} ({key} {mine[key]!r})")
+            raise DataError(
+                f"{directory}: shards were tokenized with {theirs['name']!r} ({key} {theirs[key]!r}), "
+                f"the model's tokenizer is {mine['name']!r} ({key} {mine[key]!r})"
+            )
 
 
-def random_eval_data(vocab_size: int, n_seq: int = 8, seq_len: int = 64, seed: int = 0,
-                     bos_id: int | None = None) -> EvalData:
+def random_eval_data(
+    vocab_size: int, n_seq: int = 8, seq_len: int = 64, seed: int = 0, bos_id: int | None = None
+) -> EvalData:
     """Uniform random ids (seeded); position 0 = bos_id when given. For smoke tests and benchmarks."""
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(0, vocab_size, (n_seq, seq_len), generator=g)
     if bos_id is not None:
         toks[:, 0] = bos_id
-    return EvalData(toks, name=f"random-{vocab_size}", source=f"torch.randint seed={seed}",
-                    bos=bos_id is not None, seed=seed)
+    return EvalData(
+        toks, name=f"random-{vocab_size}", source=f"torch.randint seed={seed}", bos=bos_id is not None, seed=seed
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -368,9 +428,15 @@ def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
     params = list(model.parameters()) if hasattr(model, "parameters") else []
     extra: dict[str, Any] = {k: getattr(cfg, k) for k in ("multistream_skip", "attnres_skip") if hasattr(cfg, k)}
-    kw = dict(design=getattr(model.design, "slug", type(model).__name__), config=config,
-              eval_data=data.tokens.numpy(), n_tokens=data.n_tokens, seed=data.seed,
-              dtype=params[0].dtype if params else None, **extra)
+    kw = dict(
+        design=getattr(model.design, "slug", type(model).__name__),
+        config=config,
+        eval_data=data.tokens.numpy(),
+        n_tokens=data.n_tokens,
+        seed=data.seed,
+        dtype=params[0].dtype if params else None,
+        **extra,
+    )
     try:
         rec = provenance(checkpoint, **kw)
     except CheckpointError:  # not a depthlens checkpoint directory (e.g. a Hugging Face one via an adapter)
@@ -489,8 +555,10 @@ def tokenizer_for(checkpoint: Path | None, model: Any = None, *, required: bool 
         return "bytes"
     from depthlens.errors import DataError
 
-    raise DataError(f"{checkpoint or 'model'}: no tokenizer found for a vocabulary of {vocab}; "
-                    "pass eval data as token shards (--data DIR) or an EvalData")
+    raise DataError(
+        f"{checkpoint or 'model'}: no tokenizer found for a vocabulary of {vocab}; "
+        "pass eval data as token shards (--data DIR) or an EvalData"
+    )
 
 
 def is_shards(data: Any) -> bool:

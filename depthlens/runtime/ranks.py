@@ -60,8 +60,14 @@ def unpack(d: dict[str, Any]) -> dict[str, Any]:
     """`pack`'s output back as Entry keyword arguments (model None)."""
     import xarray as xr
 
-    return {**d, "model": None, **{name: {m: xr.Dataset.from_dict(ds) for m, ds in d.get(name, {}).items()}
-                                   for name in ("datasets", "untrained")}}
+    return {
+        **d,
+        "model": None,
+        **{
+            name: {m: xr.Dataset.from_dict(ds) for m, ds in d.get(name, {}).items()}
+            for name in ("datasets", "untrained")
+        },
+    }
 
 
 def attempt(fn: Callable[[], Any]) -> tuple[BaseException | None, Any]:

@@ -85,8 +85,16 @@ def bootstrap_counts(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
 
 
-def normal_interval(estimate: float, replicates: np.ndarray, *, level: float = LEVEL, method: str = NORMAL_BOOT,
-                    unit: str = SEQUENCES, n_units: int = 0, bounds: tuple[float, float] = (0.0, 1.0)) -> Interval:
+def normal_interval(
+    estimate: float,
+    replicates: np.ndarray,
+    *,
+    level: float = LEVEL,
+    method: str = NORMAL_BOOT,
+    unit: str = SEQUENCES,
+    n_units: int = 0,
+    bounds: tuple[float, float] = (0.0, 1.0),
+) -> Interval:
     """estimate ± z·sd(replicates) (ddof=1), clipped to `bounds`."""
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     if not np.isfinite(estimate) or reps.size < 2 or not np.isfinite(reps).all():
@@ -146,8 +154,14 @@ def jackknife_max_shares(exceed: np.ndarray, m: int) -> np.ndarray:
     return np.mean(1.0 - table[k[:, None] - e.astype(np.int64)], axis=0)
 
 
-def jackknife_interval(estimate: float, replicates: np.ndarray, *, level: float = LEVEL, method: str = JACKKNIFE_T,
-                       bounds: tuple[float, float] = (0.0, 1.0)) -> Interval:
+def jackknife_interval(
+    estimate: float,
+    replicates: np.ndarray,
+    *,
+    level: float = LEVEL,
+    method: str = JACKKNIFE_T,
+    bounds: tuple[float, float] = (0.0, 1.0),
+) -> Interval:
     """estimate ± t_{N−1}·SE_jack, SE_jack² = (N−1)/N Σ_j (θ_(j) − θ_(·))², clipped to `bounds`.
 
     For a symmetric statistic the jackknife variance is biased upward (Efron–Stein), never down."""
@@ -160,8 +174,9 @@ def jackknife_interval(estimate: float, replicates: np.ndarray, *, level: float 
     return Interval(float(estimate), lo, hi, method, SEQUENCES, N, level)
 
 
-def max_share_interval(exceed: np.ndarray, m: int | None = None, *, level: float = LEVEL
-                       ) -> tuple[Interval, np.ndarray, int]:
+def max_share_interval(
+    exceed: np.ndarray, m: int | None = None, *, level: float = LEVEL
+) -> tuple[Interval, np.ndarray, int]:
     """(interval of the size-fixed share at m sequences, its delete-one jackknife replicates [N], m).
 
     Paired comparisons (two checkpoints on the same sequences, trained vs untrained) difference the
@@ -199,8 +214,16 @@ def ratio_share(num: np.ndarray, den: np.ndarray, theta: float, counts: np.ndarr
     return float(out) if counts is None or np.ndim(counts) == 1 else out
 
 
-def ratio_share_interval(num: np.ndarray, den: np.ndarray, theta: float, *, n_boot: int = 1000, seed: int = 0,
-                         level: float = LEVEL, counts: np.ndarray | None = None) -> tuple[Interval, np.ndarray]:
+def ratio_share_interval(
+    num: np.ndarray,
+    den: np.ndarray,
+    theta: float,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    counts: np.ndarray | None = None,
+) -> tuple[Interval, np.ndarray]:
     """(interval of `ratio_share` from a bootstrap over sequences, replicates [B])."""
     N = np.shape(num)[1]
     est = ratio_share(num, den, theta)
@@ -211,24 +234,46 @@ def ratio_share_interval(num: np.ndarray, den: np.ndarray, theta: float, *, n_bo
     return normal_interval(est, reps, level=level, n_units=N), reps
 
 
-def paired_difference(est_a: float, est_b: float, reps_a: np.ndarray, reps_b: np.ndarray, *, level: float = LEVEL,
-                      jackknife: bool = False, method: str | None = None, bounds: tuple[float, float] = (-1.0, 1.0)
-                      ) -> Interval:
+def paired_difference(
+    est_a: float,
+    est_b: float,
+    reps_a: np.ndarray,
+    reps_b: np.ndarray,
+    *,
+    level: float = LEVEL,
+    jackknife: bool = False,
+    method: str | None = None,
+    bounds: tuple[float, float] = (-1.0, 1.0),
+) -> Interval:
     """a − b with its paired interval: both sides recomputed on the same resamples (bootstrap) or with the same
     sequence left out (jackknife replicates), so what the two share cancels."""
     ra, rb = np.asarray(reps_a, dtype=np.float64), np.asarray(reps_b, dtype=np.float64)
     if ra.shape != rb.shape:
         raise ValueError(f"paired replicates must have one shape, got {ra.shape}, {rb.shape}")
     if jackknife:
-        return jackknife_interval(est_a - est_b, ra - rb, level=level, bounds=bounds,
-                                  method=f"paired {method or JACKKNIFE_T}")
-    return normal_interval(est_a - est_b, ra - rb, level=level, method=f"paired {method or NORMAL_BOOT}",
-                           unit=SEQUENCES, n_units=int(np.shape(ra)[-1]) if ra.ndim > 1 else 0, bounds=bounds)
+        return jackknife_interval(
+            est_a - est_b, ra - rb, level=level, bounds=bounds, method=f"paired {method or JACKKNIFE_T}"
+        )
+    return normal_interval(
+        est_a - est_b,
+        ra - rb,
+        level=level,
+        method=f"paired {method or NORMAL_BOOT}",
+        unit=SEQUENCES,
+        n_units=int(np.shape(ra)[-1]) if ra.ndim > 1 else 0,
+        bounds=bounds,
+    )
 
 
-def mean_interval(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = LEVEL,
-                  counts: np.ndarray | None = None, bounds: tuple[float, float] = (-np.inf, np.inf)
-                  ) -> tuple[Interval, np.ndarray]:
+def mean_interval(
+    values: np.ndarray,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    counts: np.ndarray | None = None,
+    bounds: tuple[float, float] = (-np.inf, np.inf),
+) -> tuple[Interval, np.ndarray]:
     """Mean of per-sequence values [N] (e.g. a loss) with its bootstrap interval over sequences, replicates."""
     v = np.asarray(values, dtype=np.float64)
     N = v.size
@@ -244,8 +289,13 @@ def mean_interval(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, leve
 # training seeds
 
 
-def t_interval(values: Sequence[float], *, level: float = LEVEL, bounds: tuple[float, float] = (-np.inf, np.inf),
-               method: str = STUDENT_T) -> Interval:
+def t_interval(
+    values: Sequence[float],
+    *,
+    level: float = LEVEL,
+    bounds: tuple[float, float] = (-np.inf, np.inf),
+    method: str = STUDENT_T,
+) -> Interval:
     """Mean of per-seed estimates ± t_{n−1}·sd/√n (ddof=1), clipped to `bounds`; NaN interval for n < 2."""
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
     n = v.size
@@ -259,8 +309,9 @@ def t_interval(values: Sequence[float], *, level: float = LEVEL, bounds: tuple[f
     return Interval(est, lo, hi, method, SEEDS, n, level)
 
 
-def paired_t_interval(a: Sequence[float], b: Sequence[float], *, level: float = LEVEL,
-                      bounds: tuple[float, float] = (-np.inf, np.inf)) -> Interval:
+def paired_t_interval(
+    a: Sequence[float], b: Sequence[float], *, level: float = LEVEL, bounds: tuple[float, float] = (-np.inf, np.inf)
+) -> Interval:
     """Mean of per-seed differences a_s − b_s (the same seeds, scored on the same eval sequences)."""
     if len(a) != len(b):
         raise ValueError(f"paired seeds: {len(a)} vs {len(b)} values")
@@ -282,7 +333,7 @@ def welch_interval(a: Sequence[float], b: Sequence[float], *, level: float = LEV
     se = float(np.sqrt(va + vb))
     if se == 0:
         return Interval(est, est, est, WELCH_T, SEEDS, n, level)
-    df = (va + vb) ** 2 / (va ** 2 / (x.size - 1) + vb ** 2 / (y.size - 1))
+    df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
     half = float(_sps.t.ppf((1 + level) / 2, df)) * se
     return Interval(est, est - half, est + half, WELCH_T, SEEDS, n, level)
 

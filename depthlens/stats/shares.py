@@ -130,8 +130,10 @@ def bootstrap_ci(
         raise ValueError(f"level must be in (0, 1), got {level}")
     rng = np.random.default_rng(seed)
     samples = np.stack(
-        [np.asarray(per_sequence_statistic_fn(rng.integers(0, n_sequences, n_sequences)), dtype=np.float64)
-         for _ in range(n_boot)]
+        [
+            np.asarray(per_sequence_statistic_fn(rng.integers(0, n_sequences, n_sequences)), dtype=np.float64)
+            for _ in range(n_boot)
+        ]
     )
     alpha = (1 - level) / 2
     low, high = np.quantile(samples, [alpha, 1 - alpha], axis=0)

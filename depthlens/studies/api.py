@@ -30,8 +30,14 @@ from depthlens.runtime.evaldata import is_shards as _is_shards
 from depthlens.runtime.evaldata import tokenizer_for as _tokenizer_for
 
 
-def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               device_map: str | None = None, progress: Any = None) -> tuple[Any, Path | None]:
+def load_model(
+    model_or_path: Any,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    device_map: str | None = None,
+    progress: Any = None,
+) -> tuple[Any, Path | None]:
     """(model in eval mode, checkpoint path or None). Paths go through the one loader
     (`depthlens.adapters.load.open_model`): depthlens checkpoints, local Hugging Face directories, GGUF files;
     `device_map` ("auto" or a JSON {embed, layers, head}, inline or a .json file) places an HF/GGUF model over
@@ -40,8 +46,9 @@ def load_model(model_or_path: Any, *, device: str | torch.device = "cpu", dtype:
         from depthlens.adapters.load import open_model
         from depthlens.adapters.placement import parse_device_map
 
-        op = open_model(model_or_path, device=str(device), dtype=dtype, device_map=parse_device_map(device_map),
-                        progress=progress)
+        op = open_model(
+            model_or_path, device=str(device), dtype=dtype, device_map=parse_device_map(device_map), progress=progress
+        )
         return op.model, Path(model_or_path)
     _check_in_memory(model_or_path, device, dtype)
     return (model_or_path.eval() if hasattr(model_or_path, "eval") else model_or_path), None
@@ -55,16 +62,27 @@ def _check_in_memory(model: Any, device: str | torch.device, dtype: torch.dtype 
 
     params = list(model.parameters())[:1] if hasattr(model, "parameters") else []
     if dtype is not None and params and params[0].dtype != dtype:
-        raise DepthlensError(f"dtype={dtype} but the model's weights are {params[0].dtype}; move the model "
-                             f"yourself (model.to({dtype})) or pass a checkpoint path")
+        raise DepthlensError(
+            f"dtype={dtype} but the model's weights are {params[0].dtype}; move the model "
+            f"yourself (model.to({dtype})) or pass a checkpoint path"
+        )
     want, here = torch.device(device), model_device(model)
     if want.type != "cpu" and (want.type != here.type or want.index not in (None, here.index)):
-        raise DepthlensError(f"device={device} but the model is on {here}; move the model yourself or pass a "
-                             "checkpoint path")
+        raise DepthlensError(
+            f"device={device} but the model is on {here}; move the model yourself or pass a checkpoint path"
+        )
 
 
-def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_seq: int = DEFAULT_N_SEQ,
-                  seq_len: int | None = None, seed: int = 0, tokens: int | None = None) -> EvalData:
+def eval_data_for(
+    model,
+    data: Any = None,
+    checkpoint: Path | None = None,
+    *,
+    n_seq: int = DEFAULT_N_SEQ,
+    seq_len: int | None = None,
+    seed: int = 0,
+    tokens: int | None = None,
+) -> EvalData:
     """EvalData as given, a tensor/array of ids, a file/shard-dir path, or None (default corpus), checked
     against the model's vocabulary and max_seq_len. seq_len None = min(DEFAULT_SEQ_LEN, the model's max);
     `tokens` (a token budget) sets n_seq = tokens // seq_len instead."""
@@ -87,35 +105,51 @@ def eval_data_for(model, data: Any = None, checkpoint: Path | None = None, *, n_
     return out
 
 
-def _run(name: str, model_or_path: Any, data: Any, opts: dict[str, Any],
-         data_opts: Sequence[str] = ("n_seq", "seq_len", "seed"), device: str = "cpu",
-         dtype: torch.dtype | None = None) -> xr.Dataset:
+def _run(
+    name: str,
+    model_or_path: Any,
+    data: Any,
+    opts: dict[str, Any],
+    data_opts: Sequence[str] = ("n_seq", "seq_len", "seed"),
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> xr.Dataset:
     """Load, build the eval data, then run diagnostic `name` through the registry (the CLI's path too)."""
     model, ckpt = load_model(model_or_path, device=device, dtype=dtype)
     dkw = {k: opts.pop(k) for k in data_opts if k in opts}
     return registry.run(name, model, eval_data_for(model, data, ckpt, **dkw), checkpoint=ckpt, **opts)
 
 
-def run(name: str, model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-        **opts: Any) -> xr.Dataset:
+def run(
+    name: str,
+    model_or_path: Any,
+    data: Any = None,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    **opts: Any,
+) -> xr.Dataset:
     """Any diagnostic by registry name or alias ("causal", "permute", "rank", ...), with its engine's opts."""
     return _run(name, model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def angular(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-            **opts: Any) -> xr.Dataset:
+def angular(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """Angular distance D_n(ℓ) (opts: positions='last'|'all', repr='view'|'flatten'|'input', batch_size)."""
     return _run("angular", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def causal(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-           **opts: Any) -> xr.Dataset:
+def causal(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """Causal score C(s, t) (opts: variants, layers, unit, norm, direct, outputs, n_cuts, batch_size, ...)."""
     return _run("causal", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def layer_skip_loss(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-                    **opts: Any) -> xr.Dataset:
+def layer_skip_loss(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """ΔL_skip(s) and O[s] for every layer (the `current` skip, no update ratios: cost (L+1)/2 passes)."""
     opts = {"layers": "all", **opts, "variants": ("current",), "measure": False, "null": False, "outputs": True}
     ds = _run("causal", model_or_path, data, opts, device=device, dtype=dtype)
@@ -123,32 +157,42 @@ def layer_skip_loss(model_or_path: Any, data: Any = None, *, device: str = "cpu"
     return ds
 
 
-def permutation(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-                **opts: Any) -> xr.Dataset:
+def permutation(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """Permutation score P_abs/P_rel/P_KL (opts: pairs='late'|'all'|[(i, j)], swap='body'|'all', batch_size)."""
     return _run("permutation", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def effective_rank(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-                   **opts: Any) -> xr.Dataset:
+def effective_rank(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """Effective rank of residual-mixing products (multi-stream designs; opts: widths, batch_size)."""
     return _run("rank", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def attnres(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-            **opts: Any) -> xr.Dataset:
+def attnres(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """AttnRes self-weight, dead prefix k*(ε), consumption, mass families (opts: eps_grid, batch_size)."""
     return _run("attnres", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def depth_mixing(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-                 **opts: Any) -> xr.Dataset:
+def depth_mixing(
+    model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+) -> xr.Dataset:
     """Token-mean depth-mixing matrix M[i → j] for any design."""
     return _run("mixing", model_or_path, data, opts, device=device, dtype=dtype)
 
 
-def compare(fn: Callable[..., xr.Dataset] | str, checkpoints: Sequence[Any], data: Any = None, *,
-            names: Sequence[str] | None = None, **opts: Any) -> xr.Dataset:
+def compare(
+    fn: Callable[..., xr.Dataset] | str,
+    checkpoints: Sequence[Any],
+    data: Any = None,
+    *,
+    names: Sequence[str] | None = None,
+    **opts: Any,
+) -> xr.Dataset:
     """Run one of the functions above (or a diagnostic by registry name, e.g. "permute") on several
     checkpoints with the same eval data; stack along `checkpoint`.
 
@@ -161,9 +205,14 @@ def compare(fn: Callable[..., xr.Dataset] | str, checkpoints: Sequence[Any], dat
         model, ckpt = load_model(checkpoints[0], device=opts.get("device", "cpu"))
         dkw = {k: opts.pop(k) for k in ("n_seq", "seq_len", "seed") if k in opts}
         data = eval_data_for(model, data, ckpt, **dkw)
-    names = list(names) if names is not None else [
-        Path(c).name if isinstance(c, (str, os.PathLike)) else f"{getattr(c.design, 'slug', 'model')}_{k}"
-        for k, c in enumerate(checkpoints)]
+    names = (
+        list(names)
+        if names is not None
+        else [
+            Path(c).name if isinstance(c, (str, os.PathLike)) else f"{getattr(c.design, 'slug', 'model')}_{k}"
+            for k, c in enumerate(checkpoints)
+        ]
+    )
     if isinstance(fn, str):
         fn = functools.partial(run, registry.get(fn).name)
     return concat_checkpoints([fn(c, data, **opts) for c in checkpoints], names)
@@ -177,8 +226,9 @@ def __getattr__(name: str) -> Callable[..., xr.Dataset]:
     except Exception:  # noqa: BLE001  (any unknown attribute is an AttributeError, as for a plain module)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
-    def diagnostic(model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None,
-                   **opts: Any) -> xr.Dataset:
+    def diagnostic(
+        model_or_path: Any, data: Any = None, *, device: str = "cpu", dtype: torch.dtype | None = None, **opts: Any
+    ) -> xr.Dataset:
         return _run(d.name, model_or_path, data, opts, device=device, dtype=dtype)
 
     diagnostic.__name__ = diagnostic.__qualname__ = d.name
@@ -219,8 +269,9 @@ def check_scores(keys: str | Sequence[str], option: str = "--metrics") -> tuple[
     return tuple(wanted)
 
 
-def headline_shares(checkpoints: Sequence[Any], keys: str | Sequence[str] = ("causal", "perm_abs"),
-                    opts: Any = None) -> list[dict[str, Any]]:
+def headline_shares(
+    checkpoints: Sequence[Any], keys: str | Sequence[str] = ("causal", "perm_abs"), opts: Any = None
+) -> list[dict[str, Any]]:
     """Headline shares (with bootstrap CIs) of score `keys` for several checkpoints on identical eval data:
     [{checkpoint, design, n_layer, <key>: `sweep.headline` dict}] in the given order (one engine run per
     diagnostic, however many of its scores are asked for)."""
@@ -234,8 +285,9 @@ def headline_shares(checkpoints: Sequence[Any], keys: str | Sequence[str] = ("ca
     rows = []
     for e in study.entries:
         row: dict[str, Any] = {"checkpoint": e.name, "design": e.slug, "n_layer": e.n_layer}
-        row.update({k: headline(e.datasets[registry.score_owner(k)[0].name], k, n_boot=n_boot, seed=seed)
-                    for k in keys})
+        row.update(
+            {k: headline(e.datasets[registry.score_owner(k)[0].name], k, n_boot=n_boot, seed=seed) for k in keys}
+        )
         rows.append(row)
     return rows
 
@@ -248,8 +300,15 @@ def _first(ds: xr.Dataset, dim: str) -> Any:
     return pref if pref in vals else vals[0]
 
 
-def sweep(checkpoints: Sequence[Any], key: str = "causal", thresholds: Sequence[float] | None = None, *,
-          theta: float | None = None, order: Sequence[str] | None = None, opts: Any = None) -> dict[str, Any]:
+def sweep(
+    checkpoints: Sequence[Any],
+    key: str = "causal",
+    thresholds: Sequence[float] | None = None,
+    *,
+    theta: float | None = None,
+    order: Sequence[str] | None = None,
+    opts: Any = None,
+) -> dict[str, Any]:
     """Threshold sweep of score `key` over several checkpoints on identical eval data: share(θ) curves and
     crossing points for every window start (and aggregator/variant where the score has them), plus the ranking
     robustness of the headline curves (window quarter, max, current) when there are two or more checkpoints.

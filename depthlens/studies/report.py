@@ -90,8 +90,20 @@ class Report:
 # 5. summary, sweeps, robustness
 
 
-RECORD_BASE = ("checkpoint", "design", "design_name", "n_layer", "d_model", "params_total", "params_non_embedding",
-               "seed", "lr", "val_loss", "eval_loss", "eval_loss_untrained")
+RECORD_BASE = (
+    "checkpoint",
+    "design",
+    "design_name",
+    "n_layer",
+    "d_model",
+    "params_total",
+    "params_non_embedding",
+    "seed",
+    "lr",
+    "val_loss",
+    "eval_loss",
+    "eval_loss_untrained",
+)
 RECORD_END = ("erank_full_untrained", "dead_prefix_untrained", "path")
 RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
@@ -102,10 +114,19 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
     from depthlens.designs import DESIGNS
 
     r: dict[str, Any] = {k: None for k in record_keys(RECORD_BASE, RECORD_END)}
-    r.update(checkpoint=e.name, design=e.slug, design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
-             n_layer=e.n_layer, d_model=e.d_model, params_total=e.params.get("params_total"),
-             params_non_embedding=e.params.get("params_non_embedding"), val_loss=_f(e.val_loss), path=str(e.path),
-             seed=e.seed, lr=_f((e.train.get("recipe") or {}).get("lr")))
+    r.update(
+        checkpoint=e.name,
+        design=e.slug,
+        design_name=DESIGNS[e.slug].name if e.slug in DESIGNS else e.slug,
+        n_layer=e.n_layer,
+        d_model=e.d_model,
+        params_total=e.params.get("params_total"),
+        params_non_embedding=e.params.get("params_non_embedding"),
+        val_loss=_f(e.val_loss),
+        path=str(e.path),
+        seed=e.seed,
+        lr=_f((e.train.get("recipe") or {}).get("lr")),
+    )
     base_row: dict[str, Any] = {"n_layer": e.n_layer, "eval_loss": None}  # the untrained model's own row
     for d in registry.diagnostics():
         ds, sw, base = e.datasets.get(d.name), sweeps.get(d.name), e.untrained.get(d.name)
@@ -136,12 +157,19 @@ def untrained_fields(d: registry.Diagnostic, ds, base, opts: ReportOptions) -> d
     paired over the sequences the two share, under `<prefix>_*` record keys."""
     assert d.headline is not None
     h = headline_of(base, d.headline.key, n_boot=opts.n_boot, seed=opts.seed)
-    out = {f"{d.prefix}_share_untrained": _f(h.get("share")) if h else None,
-           f"{d.prefix}_untrained_n_seq": int(base.sizes.get("sequence", 0)) or None}
+    out = {
+        f"{d.prefix}_share_untrained": _f(h.get("share")) if h else None,
+        f"{d.prefix}_untrained_n_seq": int(base.sizes.get("sequence", 0)) or None,
+    }
     diff = paired_share_difference(ds, base, d.headline.key, opts)
     if diff is not None:
-        out.update({f"{d.prefix}_untrained_diff": _f(diff.estimate), f"{d.prefix}_untrained_diff_low": _f(diff.low),
-                    f"{d.prefix}_untrained_diff_high": _f(diff.high)})
+        out.update(
+            {
+                f"{d.prefix}_untrained_diff": _f(diff.estimate),
+                f"{d.prefix}_untrained_diff_low": _f(diff.low),
+                f"{d.prefix}_untrained_diff_high": _f(diff.high),
+            }
+        )
     return out
 
 
@@ -162,14 +190,22 @@ def _loss_changes(by: dict, design: str, L: int, opts: ReportOptions) -> list[di
             if not np.isfinite(diff).all() or diff.size < 2:
                 continue
             it, _ = mean_interval(diff, counts=bootstrap_counts(diff.size, max(opts.n_boot, 2), opts.seed))
-            row.update({f"{tag}diff": it.estimate, f"{tag}low": it.low, f"{tag}high": it.high,
-                        f"{tag}method": f"paired {it.method}", f"{tag}unit": it.unit})
+            row.update(
+                {
+                    f"{tag}diff": it.estimate,
+                    f"{tag}low": it.low,
+                    f"{tag}high": it.high,
+                    f"{tag}method": f"paired {it.method}",
+                    f"{tag}unit": it.unit,
+                }
+            )
         out.append(jsonable(row))
     return out
 
 
-def comparisons(entries: Sequence[Entry], opts: ReportOptions, claims: Sequence[Any] | None = None
-                ) -> list[dict[str, Any]]:
+def comparisons(
+    entries: Sequence[Entry], opts: ReportOptions, claims: Sequence[Any] | None = None
+) -> list[dict[str, Any]]:
     """For every ordering claim on a share (report.orderings.CLAIMS): per training seed present in both designs,
     the paired difference higher − lower over the same eval sequences, trained and untrained. The orderings
     pool them over seeds (one seed: this interval, which excludes training variance)."""
@@ -183,8 +219,11 @@ def comparisons(entries: Sequence[Entry], opts: ReportOptions, claims: Sequence[
         if c.score not in ("causal", "perm"):
             continue
         metric, key = ("causal", "causal") if c.score == "causal" else ("permutation", "perm_abs")
-        seeds = sorted({s for (d, L, s) in by if d == c.higher and L == c.L} &
-                       {s for (d, L, s) in by if d == c.lower and L == c.L}, key=lambda s: (s is None, s))
+        seeds = sorted(
+            {s for (d, L, s) in by if d == c.higher and L == c.L}
+            & {s for (d, L, s) in by if d == c.lower and L == c.L},
+            key=lambda s: (s is None, s),
+        )
         for s in seeds:
             hi, lo = by[(c.higher, c.L, s)], by[(c.lower, c.L, s)]
             row: dict[str, Any] = {"score": c.score, "higher": c.higher, "lower": c.lower, "L": c.L, "seed": s}
@@ -192,8 +231,15 @@ def comparisons(entries: Sequence[Entry], opts: ReportOptions, claims: Sequence[
                 a, b = ga.get(metric), gb.get(metric)
                 d = paired_share_difference(a, b, key, opts) if a is not None and b is not None else None
                 if d is not None:
-                    row.update({f"{tag}diff": d.estimate, f"{tag}low": d.low, f"{tag}high": d.high,
-                                f"{tag}method": d.method, f"{tag}unit": d.unit})
+                    row.update(
+                        {
+                            f"{tag}diff": d.estimate,
+                            f"{tag}low": d.low,
+                            f"{tag}high": d.high,
+                            f"{tag}method": d.method,
+                            f"{tag}unit": d.unit,
+                        }
+                    )
             out.append(jsonable(row))
     return out
 
@@ -215,8 +261,14 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     parts, names = [], []
     for e in have:
         try:
-            sc = share_curves(e.datasets[metric], key, grid, starts=("quarter",),
-                              aggregator=score.select.get("aggregator"), variant=score.select.get("variant"))
+            sc = share_curves(
+                e.datasets[metric],
+                key,
+                grid,
+                starts=("quarter",),
+                aggregator=score.select.get("aggregator"),
+                variant=score.select.get("variant"),
+            )
         except (DepthlensError, ValueError) as err:
             e.notes.append(f"{metric} sweep: not computed ({str(err).splitlines()[0]})")
             continue
@@ -224,13 +276,20 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
         names.append(e.name)
     if not parts:
         return None
-    out = xr.concat([p.assign_coords(checkpoint=n) for p, n in zip(parts, names)], dim="checkpoint",
-                    combine_attrs="drop_conflicts")
+    out = xr.concat(
+        [p.assign_coords(checkpoint=n) for p, n in zip(parts, names)], dim="checkpoint", combine_attrs="drop_conflicts"
+    )
     by = {e.name: e for e in have}
-    out = out.assign_coords(design=("checkpoint", [by[n].slug for n in names]),
-                            n_layer=("checkpoint", [by[n].n_layer for n in names]))
-    out.attrs.update(metric=key, headline_threshold=score.theta, window_start="quarter",
-                     Conventions="CF-1.11", title=f"depthlens share curves of {key} (late window)")
+    out = out.assign_coords(
+        design=("checkpoint", [by[n].slug for n in names]), n_layer=("checkpoint", [by[n].n_layer for n in names])
+    )
+    out.attrs.update(
+        metric=key,
+        headline_threshold=score.theta,
+        window_start="quarter",
+        Conventions="CF-1.11",
+        title=f"depthlens share curves of {key} (late window)",
+    )
     return out
 
 
@@ -260,17 +319,23 @@ def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
         S = np.stack([vals[n] for n in order])
         ranks = np.arange(len(order), dtype=float)
         with np.errstate(invalid="ignore", divide="ignore"):
-            tau = np.array([kendall_tau(S[:, k], ranks) if np.ptp(S[:, k]) > 0 else np.nan
-                            for k in range(S.shape[1])])
+            tau = np.array([kendall_tau(S[:, k], ranks) if np.ptp(S[:, k]) > 0 else np.nan for k in range(S.shape[1])])
         fin = tau[np.isfinite(tau)]
-        out.append(jsonable({
-            "metric": metric, "n_layer": L, "headline_threshold": h,
-            "order": [design[n] for n in order], "order_checkpoints": order,
-            "shares_at_headline": [float(vals[n][hk]) for n in order],
-            "fraction_holds": float(rb["fraction"].values),
-            "kendall_tau_mean": float(fin.mean()) if fin.size else None,
-            "kendall_tau_min": float(fin.min()) if fin.size else None,
-        }))
+        out.append(
+            jsonable(
+                {
+                    "metric": metric,
+                    "n_layer": L,
+                    "headline_threshold": h,
+                    "order": [design[n] for n in order],
+                    "order_checkpoints": order,
+                    "shares_at_headline": [float(vals[n][hk]) for n in order],
+                    "fraction_holds": float(rb["fraction"].values),
+                    "kendall_tau_mean": float(fin.mean()) if fin.size else None,
+                    "kendall_tau_min": float(fin.min()) if fin.size else None,
+                }
+            )
+        )
     return out
 
 
@@ -289,9 +354,15 @@ def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Pro
     return rep
 
 
-def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opts: ReportOptions | None = None, *,
-                 overwrite: bool = False, progress: Progress = _noop,
-                 on_loaded: Callable[[int], None] | None = None) -> Report | None:
+def build_report(
+    paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    opts: ReportOptions | None = None,
+    *,
+    overwrite: bool = False,
+    progress: Progress = _noop,
+    on_loaded: Callable[[int], None] | None = None,
+) -> Report | None:
     """Load, compute, summarise and write a report. `on_loaded(n_steps)` runs once the checkpoints are
     validated (the CLI sizes its progress bar there).
 
@@ -303,10 +374,19 @@ def build_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike, opt
         return _build_report(paths, out, opts, overwrite, progress, on_loaded, held)
 
 
-def _build_report(paths, out, opts: ReportOptions, overwrite: bool, progress: Progress,
-                  on_loaded: Callable[[int], None] | None, held: contextlib.ExitStack) -> Report | None:
+def _build_report(
+    paths,
+    out,
+    opts: ReportOptions,
+    overwrite: bool,
+    progress: Progress,
+    on_loaded: Callable[[int], None] | None,
+    held: contextlib.ExitStack,
+) -> Report | None:
     t_start = time.perf_counter()
-    study = run_study(paths, opts, before=lambda: check_out(out, overwrite, held), progress=progress, on_loaded=on_loaded)
+    study = run_study(
+        paths, opts, before=lambda: check_out(out, overwrite, held), progress=progress, on_loaded=on_loaded
+    )
     if study is None:  # a rank other than 0: its checkpoints went to rank 0
         return None
     entries, data, t_compute, world_size = study.entries, study.data, study.seconds, study.world_size

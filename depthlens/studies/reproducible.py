@@ -21,12 +21,23 @@ def timings(rep: Any) -> dict[str, Any]:
     metric), the machine, and the `created` stamps the datasets carried."""
     import platform
 
-    return jsonable({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": rep.seconds,
-                     "checkpoints": {e.name: e.seconds for e in rep.entries},
-                     "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                                 "cpus": os.cpu_count(), "torch_threads": rep.options.threads},
-                     "datasets_created": {e.name: sorted({str(ds.attrs["created"]) for ds in e.datasets.values()
-                                                          if "created" in ds.attrs}) for e in rep.entries}})
+    return jsonable(
+        {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": rep.seconds,
+            "checkpoints": {e.name: e.seconds for e in rep.entries},
+            "machine": {
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "torch_threads": rep.options.threads,
+            },
+            "datasets_created": {
+                e.name: sorted({str(ds.attrs["created"]) for ds in e.datasets.values() if "created" in ds.attrs})
+                for e in rep.entries
+            },
+        }
+    )
 
 
 def _history_command(h: Any) -> str:

@@ -29,16 +29,20 @@ C_KEY, P_KEY = f"share_gt_{C_THETA:g}", f"share_gt_{P_THETA:g}"  # record keys o
 # reports/smollm2 summary, so it changes only when that report is regenerated): L = 32, late = last ¾ of the layers
 PAPER_REFERENCE = {
     "note": "DepthBench (arXiv 2609.32534, not retrieved; spec diagnostics): L = 32, late = last 3/4 of layers; "
-            "its causal-score and permutation definitions are not known exactly",
-    "causal_theta": C_THETA, "permutation_theta": P_THETA,
-    "designs": {"Pre-LN": {"causal": 0.01, "permutation": 0.08},
-                "HC": {"causal": 0.07, "permutation": 0.35},
-                "Full AttnRes": {"causal": 0.16, "permutation": 0.46}},
+    "its causal-score and permutation definitions are not known exactly",
+    "causal_theta": C_THETA,
+    "permutation_theta": P_THETA,
+    "designs": {
+        "Pre-LN": {"causal": 0.01, "permutation": 0.08},
+        "HC": {"causal": 0.07, "permutation": 0.35},
+        "Full AttnRes": {"causal": 0.16, "permutation": 0.46},
+    },
 }
 
 
-def causal_definition_table(by_norm: Mapping[str, xr.Dataset], thresholds: Sequence[float] = (C_THETA,),
-                            start: str | int = "quarter") -> list[dict[str, Any]]:
+def causal_definition_table(
+    by_norm: Mapping[str, xr.Dataset], thresholds: Sequence[float] = (C_THETA,), start: str | int = "quarter"
+) -> list[dict[str, Any]]:
     """One row per (norm, variant, aggregator): the late-pair share above each θ and the late-pair median."""
     rows = []
     for norm, ds in by_norm.items():
@@ -47,24 +51,33 @@ def causal_definition_table(by_norm: Mapping[str, xr.Dataset], thresholds: Seque
         for variant in ds["variant"].values:
             for agg in AGGREGATORS:
                 m = ds["causal_score"].sel(variant=variant, aggregator=agg).values
-                row = {"norm": norm, "variant": str(variant), "aggregator": agg,
-                       "definition": definition("causal", variant=str(variant), aggregator=agg, norm=norm),
-                       "norm_definition": NORM_DEFINITIONS[norm],
-                       "median_late": float(np.nanmedian(_late(m, start)))}
+                row = {
+                    "norm": norm,
+                    "variant": str(variant),
+                    "aggregator": agg,
+                    "definition": definition("causal", variant=str(variant), aggregator=agg, norm=norm),
+                    "norm_definition": NORM_DEFINITIONS[norm],
+                    "median_late": float(np.nanmedian(_late(m, start))),
+                }
                 for th in thresholds:
                     row[f"share_gt_{th:g}"] = share_above(m, th, start, nan_policy="omit")
                 rows.append(row)
     return rows
 
 
-def permutation_definition_table(ds: xr.Dataset, thresholds: Sequence[float] = (P_THETA,),
-                                 start: str | int = "quarter") -> list[dict[str, Any]]:
+def permutation_definition_table(
+    ds: xr.Dataset, thresholds: Sequence[float] = (P_THETA,), start: str | int = "quarter"
+) -> list[dict[str, Any]]:
     """One row per permutation normalisation (abs nats, rel, KL)."""
     rows = []
     for metric in ("perm_abs", "perm_rel", "perm_kl"):
         m = ds[metric].values
-        row = {"norm": metric.removeprefix("perm_"), "definition": definition(metric, swap=ds.attrs.get("swap")),
-               "formula": PERM_DEFINITIONS[metric], "median_late": float(np.nanmedian(_late(m, start)))}
+        row = {
+            "norm": metric.removeprefix("perm_"),
+            "definition": definition(metric, swap=ds.attrs.get("swap")),
+            "formula": PERM_DEFINITIONS[metric],
+            "median_late": float(np.nanmedian(_late(m, start))),
+        }
         for th in thresholds:
             row[f"share_gt_{th:g}"] = share_above(m, th, start, nan_policy="omit")
         rows.append(row)
@@ -105,9 +118,13 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
                 da = da.rename(layer="skipped layer s", layer_other="later layer t")
                 da.attrs["long_name"] = f"C(s,t), {agg}, norm={norm}"
                 hi = float(np.nanmax(da.values)) if np.isfinite(da.values).any() else 1.0
-                heatmap(da, axes[r, c], **causal_scale(hi),
-                        title=f"{variant}, norm={norm}: S({C_THETA:g}) = "
-                              f"{share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}")
+                heatmap(
+                    da,
+                    axes[r, c],
+                    **causal_scale(hi),
+                    title=f"{variant}, norm={norm}: S({C_THETA:g}) = "
+                    f"{share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}",
+                )
         fig.suptitle(f"causal score C(s,t), aggregator={agg} (rows s < {a} not skipped unless computed)")
         save(fig, f"causal_{agg}")
 
@@ -123,8 +140,12 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
         axes[0].set_axis_off()
         axes[0].text(0.5, 0.5, "permutation stage not computed", ha="center")
     D = d["angular"]["angular_distance"]
-    heatmap(D.rename(layer="state l", block_size="offset n"), axes[1], vmin=0.0,
-            title="angular distance D_n(l) (all tokens but position 0)")
+    heatmap(
+        D.rename(layer="state l", block_size="offset n"),
+        axes[1],
+        vmin=0.0,
+        title="angular distance D_n(l) (all tokens but position 0)",
+    )
     save(fig, "permutation_angular")
     if "reference" in d:  # the 8 × 128 reference stage: current (and future when computed), norm=update
         ref = d["reference"]
@@ -135,8 +156,14 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
                 da = upper_triangle(ref["causal_score"].sel(variant=variant, aggregator=agg))
                 da = da.rename(layer="skipped layer s", layer_other="later layer t")
                 da.attrs["long_name"] = f"C(s,t), {agg}, norm=update"
-                heatmap(da, axes[r, c], vmin=0.0, vmax=1.0, extend="max",
-                        title=f"{variant}/{agg}: S({C_THETA:g}) = {share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}")
+                heatmap(
+                    da,
+                    axes[r, c],
+                    vmin=0.0,
+                    vmax=1.0,
+                    extend="max",
+                    title=f"{variant}/{agg}: S({C_THETA:g}) = {share_above(da.values, C_THETA, a, nan_policy='omit'):.2f}",
+                )
         fig.suptitle("reference stage: 8 sequences × 128 tokens, late s, norm=update (colour clipped at 1)")
         save(fig, "reference_causal")
     if "causal_update" not in d:
@@ -183,10 +210,15 @@ def _definition_figures(d, rows, norms, a, save, design: str = "Pre-LN") -> None
         for variant in ("current", "future"):
             for agg, style in (("max", "-"), ("mean", ":"), ("pooled", "--")):
                 m = d[f"causal_{norm}"]["causal_score"].sel(variant=variant, aggregator=agg).values
-                axes[0].plot(thetas, share_curve(m, thetas, a, nan_policy="omit"), style,
-                             color={"update": {"current": "C0", "future": "C2"},
-                                    "resid": {"current": "C1", "future": "C3"}}[norm][variant],
-                             label=f"{variant}/{agg}/{norm}")
+                axes[0].plot(
+                    thetas,
+                    share_curve(m, thetas, a, nan_policy="omit"),
+                    style,
+                    color={"update": {"current": "C0", "future": "C2"}, "resid": {"current": "C1", "future": "C3"}}[
+                        norm
+                    ][variant],
+                    label=f"{variant}/{agg}/{norm}",
+                )
     axes[0].axvline(C_THETA, color="0.4", linewidth=1)
     axes[0].set(xlabel="θ", ylabel="share of late pairs with C > θ", title="causal S(θ)")
     axes[0].legend(fontsize=6, ncol=2, frameon=False)
@@ -218,9 +250,11 @@ def render_real_model_report(out, summary: dict[str, Any], calibration=None, rep
     from depthlens.io.atomic import atomic_write_text
 
     out = Path(out)
-    d = {name: xr.load_dataset(out / "data" / f"{name}.nc")
-         for name in ("angular", "causal_update", "causal_resid", "permutation", "reference")
-         if (out / "data" / f"{name}.nc").exists()}
+    d = {
+        name: xr.load_dataset(out / "data" / f"{name}.nc")
+        for name in ("angular", "causal_update", "causal_resid", "permutation", "reference")
+        if (out / "data" / f"{name}.nc").exists()
+    }
     figs = _figures(out, d, summary)
     atomic_write_text(out / "summary.json", json.dumps({**summary, "figures": figs}, indent=1, default=str) + "\n")
     atomic_write_text(out / "README.md", _readme(summary, figs))
@@ -237,24 +271,35 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
     na = {"share": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "definition": "not computed"}
     hc, hp = h.get("causal", na), h.get("permutation", na)
     lines = [
-        "# Real model: SmolLM2-135M-Instruct through every Pre-LN diagnostic", "",
+        "# Real model: SmolLM2-135M-Instruct through every Pre-LN diagnostic",
+        "",
         f"Produced by `scripts/real-model-report.sh` (model: `{Path(str(prov.get('model_path', '?'))).name}`, "
         f"GGUF {prov.get('gguf_quantization', '?')} dequantised to float32; family {s.get('family')}, "
         f"L = {s['n_layer']}). Eval data: {s['n_seq']} sequences × {s['seq_len']} tokens of the default "
         f"held-out corpus (seed {s['seed']}), the model's own tokenizer. Late window: layers ≥ "
         f"{s['late_window_start']} ({s['n_late_pairs']} late pairs). Compute: {s.get('wall_seconds', '?')} s "
-        f"wall on {s.get('threads')} CPU thread(s) (stages: {s.get('seconds')}).", "",
-        *([f"**Missing stages: {', '.join(s['missing_stages'])}** — not computed for this commit (the machine "
-           "it ran on was starved of CPU); `scripts/real-model-report.sh --resume` computes them. Their rows "
-           "below read 'not computed'.", ""] if s.get("missing_stages") else []),
+        f"wall on {s.get('threads')} CPU thread(s) (stages: {s.get('seconds')}).",
+        "",
+        *(
+            [
+                f"**Missing stages: {', '.join(s['missing_stages'])}** — not computed for this commit (the machine "
+                "it ran on was starved of CPU); `scripts/real-model-report.sh --resume` computes them. Their rows "
+                "below read 'not computed'.",
+                "",
+            ]
+            if s.get("missing_stages")
+            else []
+        ),
         *([f"Note: {s['note']}.", ""] if s.get("note") else []),
         "This is a small eval set (permutation scores want ≥ 256 × 1024 tokens); max "
-        "aggregators grow with it, so treat the numbers as this eval set's, not the model's.", "",
-        "## Headlines (toolkit defaults)", "",
+        "aggregators grow with it, so treat the numbers as this eval set's, not the model's.",
+        "",
+        "## Headlines (toolkit defaults)",
+        "",
         f"* **Causal** ({hc['definition']}): share of late pairs with C > {C_THETA:g} = "
-        f"**{_pct(hc['share'])}**" + (f" at m = {hc['subsample_m']} of {hc.get('n_sequences')} sequences"
-                                       if hc.get("subsample_m") else "") +
-        f" (95 % interval {_pct(hc['ci_low'])} – {_pct(hc['ci_high'])}, {hc.get('ci_method') or 'no method recorded'}"
+        f"**{_pct(hc['share'])}**"
+        + (f" at m = {hc['subsample_m']} of {hc.get('n_sequences')} sequences" if hc.get("subsample_m") else "")
+        + f" (95 % interval {_pct(hc['ci_low'])} – {_pct(hc['ci_high'])}, {hc.get('ci_method') or 'no method recorded'}"
         + (f"; at all sequences {_pct(hc['share_full'])}, no interval" if hc.get("share_full") is not None else "")
         + f"; noise floor {hc.get('noise_floor', float('nan')):.1e}).",
         f"* **Permutation** ({hp['definition']}): share of late pairs with P_abs > {P_THETA:g} nats = "
@@ -263,41 +308,68 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
         f"* Paper reference (L = 32): Pre-LN ≈{_pct(ref['Pre-LN']['causal'])} causal / "
         f"≈{_pct(ref['Pre-LN']['permutation'])} permutation; HC {_pct(ref['HC']['causal'])} / "
         f"{_pct(ref['HC']['permutation'])}; Full AttnRes {_pct(ref['Full AttnRes']['causal'])} / "
-        f"{_pct(ref['Full AttnRes']['permutation'])}.", "",
-        "## Definition sensitivity: one model, every definition", "",
+        f"{_pct(ref['Full AttnRes']['permutation'])}.",
+        "",
+        "## Definition sensitivity: one model, every definition",
+        "",
         f"Share of the late pairs above θ = {C_THETA:g} (causal) for every variant × aggregator × normalisation; "
-        "the median late-pair score shows where the bulk sits.", "",
-        f"| variant | aggregator | norm | share C > {C_THETA:g} | median late C |", "|---|---|---|---|---|"]
+        "the median late-pair score shows where the bulk sits.",
+        "",
+        f"| variant | aggregator | norm | share C > {C_THETA:g} | median late C |",
+        "|---|---|---|---|---|",
+    ]
     for r in s["causal_definitions"]:
-        lines.append(f"| {r['variant']} | {r['aggregator']} | {r['norm']} | {_pct(r[C_KEY])} | "
-                     f"{r['median_late']:.3f} |")
+        lines.append(
+            f"| {r['variant']} | {r['aggregator']} | {r['norm']} | {_pct(r[C_KEY])} | {r['median_late']:.3f} |"
+        )
     lines += ["", f"| permutation | share P > {P_THETA:g} | median late P |", "|---|---|---|"]
-    for r in s["permutation_definitions"] or [{"formula": "permutation stage not computed", P_KEY: None,
-                                                "median_late": float("nan")}]:
+    for r in s["permutation_definitions"] or [
+        {"formula": "permutation stage not computed", P_KEY: None, "median_late": float("nan")}
+    ]:
         lines.append(f"| {r['formula']} | {_pct(r[P_KEY])} | {_num(r['median_late'])} |")
     ref8 = s.get("reference_8x128")
     if ref8:
-        lines += ["", "### The reference measurements of issue 10 (8 sequences × 128 tokens, norm=update)", "",
-                  "Stage `reference` (`scripts/real-model-report.sh --resume --stages reference`), the same "
-                  "eval set as the figures quoted in the issue:", "",
-                  "| variant | max | mean | p95 | p99 | pooled |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### The reference measurements of issue 10 (8 sequences × 128 tokens, norm=update)",
+            "",
+            "Stage `reference` (`scripts/real-model-report.sh --resume --stages reference`), the same "
+            "eval set as the figures quoted in the issue:",
+            "",
+            "| variant | max | mean | p95 | p99 | pooled |",
+            "|---|---|---|---|---|---|",
+        ]
         for variant in ("current", "future"):
             by = {r["aggregator"]: r[C_KEY] for r in ref8 if r["variant"] == variant}
-            lines.append(f"| {variant} | " + " | ".join(_num(by.get(a), ".2f")
-                                                       for a in ("max", "mean", "p95", "p99", "pooled")) + " |")
+            lines.append(
+                f"| {variant} | "
+                + " | ".join(_num(by.get(a), ".2f") for a in ("max", "mean", "p95", "p99", "pooled"))
+                + " |"
+            )
     lines += ["", "What this does and does not tell a user: see `docs/calibration.md`.", ""]
-    lines += ["", "Normalisations: " + "; ".join(f"`{k}`: {v}" for k, v in NORM_DEFINITIONS.items()) + ".", "",
-              "## Figures", ""]
-    for key, caption in (("definitions", f"share above {C_THETA:g} under every definition"), ("sweeps", "share(θ) sweeps"),
-                         ("causal_max", "causal heatmaps, max"), ("causal_mean", "causal heatmaps, mean"),
-                         ("permutation_angular", "permutation and angular distance"),
-                         ("reference_causal", "causal heatmaps of the 8 × 128 reference stage"),
-                         ("per_layer", "layer-skip loss, output effect, D_1")):
+    lines += [
+        "",
+        "Normalisations: " + "; ".join(f"`{k}`: {v}" for k, v in NORM_DEFINITIONS.items()) + ".",
+        "",
+        "## Figures",
+        "",
+    ]
+    for key, caption in (
+        ("definitions", f"share above {C_THETA:g} under every definition"),
+        ("sweeps", "share(θ) sweeps"),
+        ("causal_max", "causal heatmaps, max"),
+        ("causal_mean", "causal heatmaps, mean"),
+        ("permutation_angular", "permutation and angular distance"),
+        ("reference_causal", "causal heatmaps of the 8 × 128 reference stage"),
+        ("per_layer", "layer-skip loss, output effect, D_1"),
+    ):
         if key in figs:
             lines += [f"![{caption}]({figs[key]})", ""]
     lines += [
-              "Data: `data/*.nc` (netCDF, every option and the provenance in the attributes); every number above "
-              "is in `summary.json` with its definition.", ""]
+        "Data: `data/*.nc` (netCDF, every option and the provenance in the attributes); every number above "
+        "is in `summary.json` with its definition.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -330,45 +402,69 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         return _pct(x)
 
     lines = [
-        "# Calibration: the headline shares on a real model, under every definition", "",
+        "# Calibration: the headline shares on a real model, under every definition",
+        "",
         f"Generated by `bash scripts/real-model-report.sh` together with `{report_dir}/` (numbers, figures, "
         "datasets). Model: SmolLM2-135M-Instruct (LLaMA-style Pre-LN, L = "
         f"{s['n_layer']}, d = 576, GQA 9/3, tied embeddings; the GGUF Q4_1 file dequantised to float32). Eval "
         f"set: {s['n_seq']} sequences × {s['seq_len']} tokens of the default held-out corpus (the `reference` "
-        f"stage: 8 × 128). Late window: layers ≥ {s['late_window_start']}, {s['n_late_pairs']} late pairs.", ""]
+        f"stage: 8 × 128). Late window: layers ≥ {s['late_window_start']}, {s['n_late_pairs']} late pairs.",
+        "",
+    ]
     if s.get("missing_stages"):
-        lines += [f"**Not computed for this commit: {', '.join(s['missing_stages'])}** (the shared machine it ran "
-                  "on was starved of CPU); those cells read 'not computed', and `bash scripts/real-model-report.sh "
-                  "--resume` fills them in. Numbers marked *quoted* are the measurements of issue 10 on the same "
-                  "model and eval set, not recomputed here.", ""]
+        lines += [
+            f"**Not computed for this commit: {', '.join(s['missing_stages'])}** (the shared machine it ran "
+            "on was starved of CPU); those cells read 'not computed', and `bash scripts/real-model-report.sh "
+            "--resume` fills them in. Numbers marked *quoted* are the measurements of issue 10 on the same "
+            "model and eval set, not recomputed here.",
+            "",
+        ]
     lines += [
-        "## The paper's reference values", "",
+        "## The paper's reference values",
+        "",
         "DepthBench (the paper itself could not be retrieved) reports, at L = 32 with the "
-        "last ¾ of the layers as the late window:", "",
+        "last ¾ of the layers as the late window:",
+        "",
         f"| design | share of late pairs with causal score > {C_THETA:g} | share with permutation score > {P_THETA:g} |",
-        "|---|---|---|"]
+        "|---|---|---|",
+    ]
     for name, v in ref.items():
         lines.append(f"| {name} | ≈{_pct(v['causal'])} | ≈{_pct(v['permutation'])} |")
-    lines += ["", "## One real model, every definition", "",
-              f"Causal score, share of late pairs with C > {C_THETA:g} (`norm`: `update` divides by the clean update "
-              "‖u_t‖ as Csordás' `test_effect` does; `resid` by the clean residual ‖h_t‖ entering layer t):", "",
-              f"| variant | aggregator | norm = update ({s['n_seq']} × {s['seq_len']}) | norm = resid "
-              f"({s['n_seq']} × {s['seq_len']}) | norm = update, 8 × 128 (`reference` stage) | quoted (issue 10, "
-              "8 × 128, update) |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## One real model, every definition",
+        "",
+        f"Causal score, share of late pairs with C > {C_THETA:g} (`norm`: `update` divides by the clean update "
+        "‖u_t‖ as Csordás' `test_effect` does; `resid` by the clean residual ‖h_t‖ entering layer t):",
+        "",
+        f"| variant | aggregator | norm = update ({s['n_seq']} × {s['seq_len']}) | norm = resid "
+        f"({s['n_seq']} × {s['seq_len']}) | norm = update, 8 × 128 (`reference` stage) | quoted (issue 10, "
+        "8 × 128, update) |",
+        "|---|---|---|---|---|---|",
+    ]
     for variant in ("current", "future"):
         for agg in AGGREGATORS:
             q = ISSUE_QUOTE[variant].get(agg)
-            lines.append(f"| {variant} | {agg} | {_pct(_share(rows, variant, agg, 'update'))} | "
-                         f"{_pct(_share(rows, variant, agg, 'resid'))} | {_pct(_share(ref8, variant, agg, 'update'))} "
-                         f"| {'—' if q is None else f'{q:.2f}'} |")
-    lines += ["", f"Permutation score, share of late pairs with P > {P_THETA:g}:", "",
-              "| normalisation | share | quoted (issue 10, 8 × 128) |", "|---|---|---|"]
+            lines.append(
+                f"| {variant} | {agg} | {_pct(_share(rows, variant, agg, 'update'))} | "
+                f"{_pct(_share(rows, variant, agg, 'resid'))} | {_pct(_share(ref8, variant, agg, 'update'))} "
+                f"| {'—' if q is None else f'{q:.2f}'} |"
+            )
+    lines += [
+        "",
+        f"Permutation score, share of late pairs with P > {P_THETA:g}:",
+        "",
+        "| normalisation | share | quoted (issue 10, 8 × 128) |",
+        "|---|---|---|",
+    ]
     for n in ("abs", "rel", "kl"):
         q = f"{ISSUE_QUOTE['permutation_abs_quoted']:.2f}" if n == "abs" else "—"
         lines.append(f"| {perm[n]['formula']} | {_pct(perm[n][P_KEY])} | {q} |")
     rng = [x for x in shares + [r[C_KEY] for r in ref8] if x is not None and np.isfinite(x)]
     lines += [
-        "", "## What this tells a user, and what it does not", "",
+        "",
+        "## What this tells a user, and what it does not",
+        "",
         "* **The headline share is a property of the definition as much as of the model.** On one model and "
         "one eval set the causal share moves from near 0 to near 1 with the definition"
         + (f" (measured here: {_pct(min(rng))} to {_pct(max(rng))}" if rng else "")
@@ -395,13 +491,15 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         f"for 93 % of the late pairs (measured here: {_pct(perm['abs'][P_KEY])}); the paper's Pre-LN "
         f"value is ≈{_pct(ref['Pre-LN']['permutation'])}. This model's late layers are far from interchangeable; "
         "whether the paper's Pre-LN models would be too cannot be read off these numbers.",
-        "* **What it does not tell.** None of these shares measures \"how much computational depth the model "
-        "uses\" on an absolute scale, and a mismatch with the paper on *this* model is not evidence about the "
+        '* **What it does not tell.** None of these shares measures "how much computational depth the model '
+        'uses" on an absolute scale, and a mismatch with the paper on *this* model is not evidence about the '
         "paper's definition: the paper measured its own L = 32 models on its own data, and SmolLM2 (L = "
         f"{s['n_layer']}, trained far longer, on other data) need not behave like them. The eval sets here are "
         "small (permutation scores want ≥ 256 × 1024 tokens), so max-aggregated shares would "
-        "rise and permutation shares tighten on a larger one.", "",
-        "## Which definition is the default, and why it stays", "",
+        "rise and permutation shares tighten on a larger one.",
+        "",
+        "## Which definition is the default, and why it stays",
+        "",
         "The spec pins the *form* of the causal score to Csordás et al.'s `test_effect` (read in their code: "
         "relative change of the later update, divided by the clean update, max over tokens, cuts and prompts) "
         "and marks the DepthBench *choices* as unknown (its wording fits both `current` and `future`). "
@@ -415,8 +513,11 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         "Full AttnRes ≈16 %) reproduced under one definition on comparable trained models; the zoo report's "
         "orderings check does this for the shipped CPU models. Until such evidence exists, the Csordás-exact "
         "definition is the only one with a verified source, so it stays the default, and this table travels "
-        "with every comparison to the paper.", "",
+        "with every comparison to the paper.",
+        "",
         "Reproduce: `bash scripts/real-model-report.sh` (default 4 × 64 tokens, estimated at about 10 minutes on 2 idle "
         "cores from the measured cost of one stage, not timed end to end; `--stages reference` adds the 8 × 128 reference stage; `--resume` keeps finished stages; "
-        "`--render-only` rebuilds the text and figures from the stored datasets).", ""]
+        "`--render-only` rebuilds the text and figures from the stored datasets).",
+        "",
+    ]
     return "\n".join(lines)

@@ -42,8 +42,11 @@ def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     bad = [n for n in names if n not in known]
     names = [registry.get(n).name for n in names if n in known]
     if bad or not names:
-        raise UsageError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
-                         if bad else f"--metrics: give at least one of {','.join(every)}")
+        raise UsageError(
+            f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+            if bad
+            else f"--metrics: give at least one of {','.join(every)}"
+        )
     return tuple(m for m in every if m in names)
 
 
@@ -84,16 +87,28 @@ class StudyOptions:
         return {**d.report_opts, **own, "batch_size": self.batch_size}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"data": None if self.data is None else str(self.data), "n_seq": self.n_seq, "seq_len": self.seq_len,
-                "seed": self.seed, "device": self.device, "dtype": self.dtype, "metrics": list(self.metrics),
-                "n_boot": self.n_boot,
-                "causal_layers": self.causal_layers, "causal_variant": "current", "perm_pairs": self.perm_pairs,
-                "perm_swap": "body", "batch_size": self.batch_size, "threads": self.threads,
-                "window_start": "quarter",
-                "dead_prefix_eps": registry.DEAD_PREFIX_EPS, "untrained": list(self.untrained),
-                "untrained_perm_n_seq": self.untrained_perm_n_seq,
-                **({} if self.device_map is None else {"device_map": self.device_map}),
-                **({} if self.tokens is None else {"tokens": self.tokens})}
+        return {
+            "data": None if self.data is None else str(self.data),
+            "n_seq": self.n_seq,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "device": self.device,
+            "dtype": self.dtype,
+            "metrics": list(self.metrics),
+            "n_boot": self.n_boot,
+            "causal_layers": self.causal_layers,
+            "causal_variant": "current",
+            "perm_pairs": self.perm_pairs,
+            "perm_swap": "body",
+            "batch_size": self.batch_size,
+            "threads": self.threads,
+            "window_start": "quarter",
+            "dead_prefix_eps": registry.DEAD_PREFIX_EPS,
+            "untrained": list(self.untrained),
+            "untrained_perm_n_seq": self.untrained_perm_n_seq,
+            **({} if self.device_map is None else {"device_map": self.device_map}),
+            **({} if self.tokens is None else {"tokens": self.tokens}),
+        }
 
 
 @dataclass
@@ -134,8 +149,7 @@ class Entry:
 
 def _names(paths: Sequence[Path]) -> list[str]:
     """Directory names, made unique (and file-name safe) with a numeric suffix where two collide."""
-    raw = ["".join(c if c.isalnum() or c in "-_." else "_" for c in (p.resolve().name or "checkpoint"))
-           for p in paths]
+    raw = ["".join(c if c.isalnum() or c in "-_." else "_" for c in (p.resolve().name or "checkpoint")) for p in paths]
     out, seen = [], {}
     for n in raw:
         k = seen.get(n, 0)
@@ -144,8 +158,13 @@ def _names(paths: Sequence[Path]) -> list[str]:
     return out
 
 
-def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
-                 only: Sequence[int] | None = None, dtype: str = "fp32", device_map: str | None = None) -> list[Entry]:
+def load_entries(
+    paths: Sequence[str | os.PathLike],
+    device: str = "cpu",
+    only: Sequence[int] | None = None,
+    dtype: str = "fp32",
+    device_map: str | None = None,
+) -> list[Entry]:
     """Load and validate every model (CheckpointError on the first bad one), in the given order: the one loader
     of every study (depthlens and Hugging Face directories, GGUF files; `device_map` places HF/GGUF models over
     several GPUs). only: the positions to load (one rank's share); names stay those of the whole set."""
@@ -163,8 +182,18 @@ def load_entries(paths: Sequence[str | os.PathLike], device: str = "cpu",
         op = open_model(p, device=device, dtype=registry.load_dtype(dtype), device_map=parse_device_map(device_map))
         s = describe(op)
         train = getattr(op.meta.checkpoint, "train", None) or {}
-        entries.append(Entry(name=name, path=p, model=op.model, slug=op.meta.arch, n_layer=int(op.meta.n_layer),
-                             d_model=int(s["d_model"]), params=s, train=dict(train)))
+        entries.append(
+            Entry(
+                name=name,
+                path=p,
+                model=op.model,
+                slug=op.meta.arch,
+                n_layer=int(op.meta.n_layer),
+                d_model=int(s["d_model"]),
+                params=s,
+                train=dict(train),
+            )
+        )
     return entries
 
 
@@ -196,8 +225,10 @@ def study_eval_data(entries: Sequence[Entry], opts: StudyOptions, facts: Sequenc
     facts = own if facts is None else facts
     names = {name for name, _ in facts}
     if len(names) > 1:
-        raise DepthlensError(f"the checkpoints use different tokenizers ({', '.join(sorted(names))}); "
-                             "a study compares them on one eval set")
+        raise DepthlensError(
+            f"the checkpoints use different tokenizers ({', '.join(sorted(names))}); "
+            "a study compares them on one eval set"
+        )
     max_len = min(m for _, m in facts)
     T = opts.seq_len or min(DEFAULT_SEQ_LEN, max_len)
     n_seq = max(1, opts.tokens // T) if opts.tokens else opts.n_seq
@@ -287,8 +318,9 @@ def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
     t0 = time.perf_counter()
     for m in todo:
         try:
-            e.untrained[m] = registry.run(m, model, untrained_data(data, m, opts), checkpoint=e.path,
-                                          **opts.engine_options(m))
+            e.untrained[m] = registry.run(
+                m, model, untrained_data(data, m, opts), checkpoint=e.path, **opts.engine_options(m)
+            )
         except (DepthlensError, ValueError) as err:
             e.notes.append(f"{m} (untrained): not computed ({str(err).splitlines()[0]})")
     e.seconds["untrained"] = round(time.perf_counter() - t0, 3)
@@ -298,9 +330,14 @@ def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
 # the whole study, in one process or spread over torchrun ranks
 
 
-def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before: Callable[[], None] | None = None,
-                   progress: Progress = _noop,
-                   on_loaded: Callable[[int], None] | None = None) -> tuple[list[Entry], Any, float, int] | None:
+def compute_spread(
+    paths: Sequence[str | os.PathLike],
+    opts: StudyOptions,
+    *,
+    before: Callable[[], None] | None = None,
+    progress: Progress = _noop,
+    on_loaded: Callable[[int], None] | None = None,
+) -> tuple[list[Entry], Any, float, int] | None:
     """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (runtime.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
     step every rank `agree`s ok/error, so one failing rank stops them all with its line."""
@@ -324,8 +361,9 @@ def compute_spread(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, be
         return assign(paths, n)
 
     def load() -> tuple[list[Entry], list[tuple[str, int]]]:
-        own = load_entries(paths, device=device_for_rank(opts.device), only=mine, dtype=opts.dtype,
-                           device_map=opts.device_map)
+        own = load_entries(
+            paths, device=device_for_rank(opts.device), only=mine, dtype=opts.dtype, device_map=opts.device_map
+        )
         return own, tokenizer_facts(own, opts)[1]
 
     # 1. rank 0 runs `before` (report: checks --out) and assigns the models (every rank uses its assignment)
@@ -371,8 +409,14 @@ class Study:
     world_size: int = 1
 
 
-def run_study(paths: Sequence[str | os.PathLike], opts: StudyOptions, *, before: Callable[[], None] | None = None,
-              progress: Progress = _noop, on_loaded: Callable[[int], None] | None = None) -> Study | None:
+def run_study(
+    paths: Sequence[str | os.PathLike],
+    opts: StudyOptions,
+    *,
+    before: Callable[[], None] | None = None,
+    progress: Progress = _noop,
+    on_loaded: Callable[[int], None] | None = None,
+) -> Study | None:
     """Load every model, build the shared eval data, run every applicable diagnostic. `before` runs first (on
     rank 0 under torchrun; report checks its output location there), `on_loaded(n_steps)` once the models are
     validated. Under torchrun the ranks other than 0 return None."""

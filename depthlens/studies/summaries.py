@@ -25,11 +25,18 @@ UNTRAINED_RECORD_FIELDS = registry.UNTRAINED_RECORD_FIELDS  # read off the untra
 
 SHARE_FIELDS = ("share", "ci_low", "ci_high", "shard_mean", "shard_sd")  # of a headline, under `<prefix>_*`
 # what the interval is (method, unit of resampling, subsample size for max) and the eval-size curve
-INTERVAL_FIELDS = ("ci_method", "ci_unit", "share_full", "subsample_m", "eval_sizes", "eval_size_tokens",
-                   "eval_size_shares", "still_rising")
+INTERVAL_FIELDS = (
+    "ci_method",
+    "ci_unit",
+    "share_full",
+    "subsample_m",
+    "eval_sizes",
+    "eval_size_tokens",
+    "eval_size_shares",
+    "still_rising",
+)
 # the same headline on the untrained model, and trained − untrained with its paired interval (report.build)
-UNTRAINED_FIELDS = ("share_untrained", "untrained_n_seq", "untrained_diff", "untrained_diff_low",
-                    "untrained_diff_high")
+UNTRAINED_FIELDS = ("share_untrained", "untrained_n_seq", "untrained_diff", "untrained_diff_low", "untrained_diff_high")
 
 
 class SummaryOptions(Protocol):
@@ -39,8 +46,9 @@ class SummaryOptions(Protocol):
     seed: int
 
 
-def headline_of(ds: xr.Dataset, key: str, *, theta: float | None = None, n_boot: int = 1000, seed: int = 0,
-                start: str = "quarter") -> dict[str, Any] | None:
+def headline_of(
+    ds: xr.Dataset, key: str, *, theta: float | None = None, n_boot: int = 1000, seed: int = 0, start: str = "quarter"
+) -> dict[str, Any] | None:
     """`sweep.headline` of score `key`, None where the depth has no late pairs (fewer than 2 late layers)."""
     from depthlens.diagnostics.sweep import headline
 
@@ -54,8 +62,9 @@ def headline_of(ds: xr.Dataset, key: str, *, theta: float | None = None, n_boot:
 # the report row
 
 
-def record_keys(base: tuple[str, ...], end: tuple[str, ...],
-                diagnostics: tuple[registry.Diagnostic, ...] | None = None) -> tuple[str, ...]:
+def record_keys(
+    base: tuple[str, ...], end: tuple[str, ...], diagnostics: tuple[registry.Diagnostic, ...] | None = None
+) -> tuple[str, ...]:
     """Every field of a report row, in summary.json order: `base`, each diagnostic's (its share columns, its
     own fields, its definition and crossings), then `end`. diagnostics None: the registry's current ones."""
     keys = list(base)
@@ -80,8 +89,9 @@ def share_fields(d: registry.Diagnostic, h: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def record_fields(d: registry.Diagnostic, ds: xr.Dataset, row: Mapping[str, Any], opts: SummaryOptions
-                  ) -> dict[str, Any]:
+def record_fields(
+    d: registry.Diagnostic, ds: xr.Dataset, row: Mapping[str, Any], opts: SummaryOptions
+) -> dict[str, Any]:
     """Diagnostic `d`'s fields of one report row: its headline share (if any), then its own `record` hook's."""
     out: dict[str, Any] = {}
     if d.headline:
@@ -112,8 +122,10 @@ def permutation_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]
 
 
 def rank_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    out = {"erank_full": _f(ds["erank"].sel(product="full", statistic="mean").values),
-           "erank_late": _f(ds["erank"].sel(product="late", statistic="mean").values)}
+    out = {
+        "erank_full": _f(ds["erank"].sel(product="full", statistic="mean").values),
+        "erank_late": _f(ds["erank"].sel(product="late", statistic="mean").values),
+    }
     if "n_streams" in ds.coords:
         out["n_streams"] = int(ds["n_streams"].values)
     return out
@@ -157,8 +169,9 @@ def track_theta(opts: TrackSummaryOptions, key: str) -> float:
 
 
 def _track_headline(ds: xr.Dataset, key: str, opts: TrackSummaryOptions) -> dict[str, Any]:
-    return headline_of(ds, key, theta=track_theta(opts, key), n_boot=opts.n_boot, seed=opts.seed,
-                       start=opts.window) or {}
+    return (
+        headline_of(ds, key, theta=track_theta(opts, key), n_boot=opts.n_boot, seed=opts.seed, start=opts.window) or {}
+    )
 
 
 def _scalar(v: Any, name: str, units: str = "1") -> xr.DataArray:
@@ -172,11 +185,13 @@ def _keep(da: xr.DataArray, long_name: str, units: str = "1") -> xr.DataArray:
 
 def share_vars(prefix: str, h: Mapping[str, Any], label: str) -> dict[str, xr.DataArray]:
     """The share, its bootstrap CI and its shard mean/sd as scalar variables `<prefix>_*`."""
-    return {f"{prefix}_share": _scalar(h.get("share"), f"share of late pairs with {label}"),
-            f"{prefix}_ci_low": _scalar(h.get("ci_low"), f"{label}: bootstrap CI low (95%, over sequences)"),
-            f"{prefix}_ci_high": _scalar(h.get("ci_high"), f"{label}: bootstrap CI high (95%, over sequences)"),
-            f"{prefix}_shard_mean": _scalar(h.get("shard_mean"), f"{label}: mean share over 5 disjoint eval shards"),
-            f"{prefix}_shard_sd": _scalar(h.get("shard_sd"), f"{label}: sd of the share over 5 eval shards")}
+    return {
+        f"{prefix}_share": _scalar(h.get("share"), f"share of late pairs with {label}"),
+        f"{prefix}_ci_low": _scalar(h.get("ci_low"), f"{label}: bootstrap CI low (95%, over sequences)"),
+        f"{prefix}_ci_high": _scalar(h.get("ci_high"), f"{label}: bootstrap CI high (95%, over sequences)"),
+        f"{prefix}_shard_mean": _scalar(h.get("shard_mean"), f"{label}: mean share over 5 disjoint eval shards"),
+        f"{prefix}_shard_sd": _scalar(h.get("shard_sd"), f"{label}: sd of the share over 5 eval shards"),
+    }
 
 
 def track_vars(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
@@ -205,8 +220,9 @@ def causal_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.Data
 
     h = _track_headline(ds, "causal", opts)
     out = share_vars("causal", h, f"causal score > {opts.causal_threshold}")
-    out["causal_score"] = _keep(score_matrix(ds, "causal", "max", "current"),
-                                "causal score C(s, t), current variant, max over tokens")
+    out["causal_score"] = _keep(
+        score_matrix(ds, "causal", "max", "current"), "causal score C(s, t), current variant, max over tokens"
+    )
     out["causal_noise_floor"] = _scalar(h.get("noise_floor"), "causal score of a null intervention")
     out["eval_loss"] = _scalar(float(ds["clean_loss_seq"].mean()), "clean next-token loss on the eval tokens", "nat")
     return out
@@ -219,15 +235,20 @@ def permutation_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr
 
 
 def rank_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    return {"erank": _keep(ds["erank"].sel(statistic="mean"),
-                           "effective rank of the residual-mixing product (token mean)")}
+    return {
+        "erank": _keep(ds["erank"].sel(statistic="mean"), "effective rank of the residual-mixing product (token mean)")
+    }
 
 
 def attnres_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
     dead = _dead_prefix_at(ds, opts.eps, 1e-12)
-    return {"self_weight": _keep(ds["self_weight"], "AttnRes self-weight per layer (token mean)"),
-            "dead_prefix": _scalar(np.nan if dead is None else dead,
-                                   f"dead prefix k*({opts.eps:g}): leading layers with self-weight below {opts.eps:g}")}
+    return {
+        "self_weight": _keep(ds["self_weight"], "AttnRes self-weight per layer (token mean)"),
+        "dead_prefix": _scalar(
+            np.nan if dead is None else dead,
+            f"dead prefix k*({opts.eps:g}): leading layers with self-weight below {opts.eps:g}",
+        ),
+    }
 
 
 def angular_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:

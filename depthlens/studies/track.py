@@ -57,8 +57,18 @@ def tracked() -> tuple[str, ...]:
 
 # of the shipped registry: causal, permutation, erank, attnres, angular
 METRICS = tuple(d.track_name for d in registry.DIAGNOSTICS if d.tracked)
-HF_SIGNATURE = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-                "intermediate_size", "vocab_size", "n_layer", "n_embd", "n_head")
+HF_SIGNATURE = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "n_layer",
+    "n_embd",
+    "n_head",
+)
 
 
 def _fail(msg: str) -> DepthlensError:
@@ -102,8 +112,11 @@ def requested_steps(recipe: Mapping[str, Any]) -> list[int] | None:
 
     if not (recipe.get("snapshots") or recipe.get("snapshot_every_log2")) or recipe.get("steps") is None:
         return None
-    fields = SimpleNamespace(snapshots=[int(s) for s in recipe.get("snapshots") or []], steps=int(recipe["steps"]),
-                             snapshot_every_log2=bool(recipe.get("snapshot_every_log2")))
+    fields = SimpleNamespace(
+        snapshots=[int(s) for s in recipe.get("snapshots") or []],
+        steps=int(recipe["steps"]),
+        snapshot_every_log2=bool(recipe.get("snapshot_every_log2")),
+    )
     return list(RunConfig.snapshot_steps.fget(fields))
 
 
@@ -130,8 +143,11 @@ def _snapshot_record(d: Path) -> dict[str, Any]:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / SNAPSHOTS).is_dir() or (path.name == SNAPSHOTS and path.is_dir()
-                                                                and not (path / "config.json").exists())
+    return (
+        path.is_dir()
+        and (path / SNAPSHOTS).is_dir()
+        or (path.name == SNAPSHOTS and path.is_dir() and not (path / "config.json").exists())
+    )
 
 
 def recipes_in(path: Path) -> dict[str, dict[str, Any]]:
@@ -150,8 +166,9 @@ def recipes_in(path: Path) -> dict[str, dict[str, Any]]:
         raise _fail(str(e)) from None
 
 
-def _run_recipe(run: Path, run_name: str, recipes: Sequence[Path], snap_dirs: Sequence[Path]
-                ) -> tuple[dict[str, Any] | None, str]:
+def _run_recipe(
+    run: Path, run_name: str, recipes: Sequence[Path], snap_dirs: Sequence[Path]
+) -> tuple[dict[str, Any] | None, str]:
     """The run's recipe (RunConfig fields): the first of `recipes` (--recipe) that names the run (or names no
     run at all), else the train.json of the run's final export or of a snapshot, else the resume state's
     trajectory."""
@@ -213,8 +230,10 @@ def describe(sig: Mapping[str, Any]) -> str:
     if sig.get("kind") == "depthlens":
         return f"{sig.get('arch')} L={sig.get('n_layer')} d={sig.get('d_model')}"
     if sig.get("kind") == "hf":
-        return f"{sig.get('model_type')} L={sig.get('num_hidden_layers', sig.get('n_layer'))} " \
-               f"d={sig.get('hidden_size', sig.get('n_embd'))}"
+        return (
+            f"{sig.get('model_type')} L={sig.get('num_hidden_layers', sig.get('n_layer'))} "
+            f"d={sig.get('hidden_size', sig.get('n_embd'))}"
+        )
     return f"{sig.get('architecture')} L={sig.get('n_layer')}"
 
 
@@ -222,16 +241,19 @@ def _check_same_arch(paths: Sequence[Path], sigs: Sequence[dict[str, Any]], wher
     for p, s in zip(paths[1:], sigs[1:]):
         if s != sigs[0]:
             diff = sorted(k for k in set(s) | set(sigs[0]) if s.get(k) != sigs[0].get(k))
-            raise _fail(f"{where}: mixed architectures in one series: {paths[0].name} is {describe(sigs[0])}, "
-                        f"{p.name} is {describe(s)} (differs in {', '.join(diff[:4])})")
+            raise _fail(
+                f"{where}: mixed architectures in one series: {paths[0].name} is {describe(sigs[0])}, "
+                f"{p.name} is {describe(s)} (differs in {', '.join(diff[:4])})"
+            )
     return sigs[0]
 
 
 def _check_order(snaps: Sequence[Snapshot], where: str) -> None:
     for a, b in zip(snaps, snaps[1:]):
         if b.step <= a.step:
-            raise _fail(f"{where}: steps must increase: {b.path.name} (step {b.step}) comes after "
-                        f"{a.path.name} (step {a.step})")
+            raise _fail(
+                f"{where}: steps must increase: {b.path.name} (step {b.step}) comes after {a.path.name} (step {a.step})"
+            )
         if np.isfinite(a.tokens) and np.isfinite(b.tokens) and b.tokens < a.tokens:
             raise _fail(f"{where}: tokens go backwards: {b.path.name} has {b.tokens:.0f} < {a.tokens:.0f}")
 
@@ -240,11 +262,19 @@ def scan_run(run: Path, recipes: Sequence[Path] = ()) -> Series:
     """One trainer run directory (or its `snapshots/` folder) → a validated Series."""
     run = run.parent if run.name == SNAPSHOTS and not (run / SNAPSHOTS).is_dir() else run
     root = run / SNAPSHOTS
-    found = sorted(((int(m.group(1)), d) for d in (root.iterdir() if root.is_dir() else [])
-                    if d.is_dir() and (m := SNAPSHOT_DIR.match(d.name))), key=lambda t: t[0])
+    found = sorted(
+        (
+            (int(m.group(1)), d)
+            for d in (root.iterdir() if root.is_dir() else [])
+            if d.is_dir() and (m := SNAPSHOT_DIR.match(d.name))
+        ),
+        key=lambda t: t[0],
+    )
     if not found:
-        raise _fail(f"{run}: no snapshots (expected {root}/step_*/; train with `snapshot_every_log2: true` "
-                    "or `snapshots: [...]` in the recipe)")
+        raise _fail(
+            f"{run}: no snapshots (expected {root}/step_*/; train with `snapshot_every_log2: true` "
+            "or `snapshots: [...]` in the recipe)"
+        )
     snaps, names = [], set()
     for step, d in found:
         if not (d / SNAPSHOT_JSON).is_file():
@@ -268,8 +298,7 @@ def scan_run(run: Path, recipes: Sequence[Path] = ()) -> Series:
             raise _fail(f"{root}: snapshot at step {extra[0]} was not requested by the recipe ({source})")
         missing = [s for s in req if s <= have[-1] and s not in have]
         if missing:
-            raise _fail(f"{root}: gap in steps: step {missing[0]} requested by the recipe ({source}) has no "
-                        "snapshot")
+            raise _fail(f"{root}: gap in steps: step {missing[0]} requested by the recipe ({source}) has no snapshot")
     return Series(name=name, source=str(run), snapshots=snaps, signature=sig, requested=req, requested_from=source)
 
 
@@ -292,16 +321,24 @@ def scan_list(paths: Sequence[Path], name: str, tokens_per_step: float | None = 
     snaps = []
     for k, (p, s, rec) in enumerate(zip(paths, steps, records)):
         step = s if s is not None else k + 1
-        tokens = _number(rec.get("tokens")) if "tokens" in rec else \
-            (step * tokens_per_step if tokens_per_step and s is not None else float("nan"))
+        tokens = (
+            _number(rec.get("tokens"))
+            if "tokens" in rec
+            else (step * tokens_per_step if tokens_per_step and s is not None else float("nan"))
+        )
         snaps.append(Snapshot(p, step, tokens, _number(rec.get("val_loss"))))
     _check_order(snaps, "checkpoint list")
     sig = _check_same_arch(list(paths), [signature(p) for p in paths], "checkpoint list")
     return Series(name=name, source="list", snapshots=snaps, signature=sig, step_kind=kind)
 
 
-def scan(paths: Sequence[str | os.PathLike], *, recipes: Sequence[str | os.PathLike] = (), name: str | None = None,
-         tokens_per_step: float | None = None) -> list[Series]:
+def scan(
+    paths: Sequence[str | os.PathLike],
+    *,
+    recipes: Sequence[str | os.PathLike] = (),
+    name: str | None = None,
+    tokens_per_step: float | None = None,
+) -> list[Series]:
     """Every run directory is its own series; checkpoints given directly form one series, in order."""
     if not paths:
         raise _fail("give at least one run directory or checkpoint")
@@ -364,8 +401,11 @@ def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     names = [_track_name(s.strip()) for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     bad = [n for n in names if n not in every]
     if bad or not names:
-        raise UsageError(f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
-                         if bad else f"--metrics: give at least one of {','.join(every)}")
+        raise UsageError(
+            f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
+            if bad
+            else f"--metrics: give at least one of {','.join(every)}"
+        )
     return tuple(m for m in every if m in names)
 
 
@@ -401,8 +441,9 @@ def weights_id(path: Path) -> str:
 
 
 def cache_key(wid: str, eval_sha: str, metric: str, opts: Mapping[str, Any]) -> str:
-    blob = json.dumps({"weights": wid, "eval": eval_sha, "metric": metric, "options": opts}, sort_keys=True,
-                      default=str)
+    blob = json.dumps(
+        {"weights": wid, "eval": eval_sha, "metric": metric, "options": opts}, sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -457,8 +498,10 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions):
         tok = _tokenizer_for(c, m)
         names[s.name] = str(getattr(tok, "name", tok))
         if len(set(names.values())) > 1:
-            raise _fail(f"the series use different tokenizers ({', '.join(f'{k}: {v}' for k, v in names.items())}); "
-                        "one eval set needs one tokenizer: track them separately")
+            raise _fail(
+                f"the series use different tokenizers ({', '.join(f'{k}: {v}' for k, v in names.items())}); "
+                "one eval set needs one tokenizer: track them separately"
+            )
     model, ck = load_model(series[0].snapshots[0].path, device=opts.device)
     max_lens = [s.signature.get("max_seq_len") for s in series]
     max_lens = [int(m) for m in max_lens if isinstance(m, int)]
@@ -468,8 +511,9 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions):
     return eval_data_for(model, opts.data, ck, n_seq=opts.n_seq, seq_len=T, seed=opts.seed)
 
 
-def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cache: Path, progress: Progress = _noop
-            ) -> tuple[dict[str, xr.Dataset], str, int]:
+def analyse(
+    snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cache: Path, progress: Progress = _noop
+) -> tuple[dict[str, xr.Dataset], str, int]:
     """Engine results of one snapshot (from the cache when its key matches), its design slug and L.
     Computes only what is missing; each result is written to the cache atomically as soon as it exists."""
     from depthlens.io.dataset import write_netcdf
@@ -515,8 +559,9 @@ def analyse(snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cach
         if ds is None:
             _discard(cache / f"{stem}.{m}.nc")  # a stale or damaged part of our own cache: recomputed, replaced
             with torch.no_grad():  # the registry is the one dispatch path (as for report, API and CLI)
-                ds = registry.run(diagnostic(m).name, model, ev, checkpoint=snap.path, batch_size=opts.batch_size,
-                                  **engine_options(m))
+                ds = registry.run(
+                    diagnostic(m).name, model, ev, checkpoint=snap.path, batch_size=opts.batch_size, **engine_options(m)
+                )
             ds.attrs["track_key"] = key
             write_netcdf(ds, cache / f"{stem}.{m}.nc", overwrite=True)
         progress(f"{snap.path.name}: {m}")
@@ -529,8 +574,9 @@ def _metric_opts(metric: str, opts: TrackOptions) -> dict[str, Any]:
     return {**engine_options(metric), "batch_size": None, **({} if opts.dtype == "fp32" else {"dtype": opts.dtype})}
 
 
-def change_from_init(first: Mapping[str, xr.Dataset], last: Mapping[str, xr.Dataset], opts: TrackOptions
-                     ) -> dict[str, xr.DataArray]:
+def change_from_init(
+    first: Mapping[str, xr.Dataset], last: Mapping[str, xr.Dataset], opts: TrackOptions
+) -> dict[str, xr.DataArray]:
     """Last snapshot minus the step-0 (untrained) one for each headline share, with its 95 % interval paired
     over the eval sequences (`sweep.paired_share_difference`): what training changed."""
     from depthlens.diagnostics.sweep import paired_share_difference
@@ -543,8 +589,15 @@ def change_from_init(first: Mapping[str, xr.Dataset], last: Mapping[str, xr.Data
             continue
         key = diag.headline.key
         try:
-            d = paired_share_difference(last[metric], first[metric], key, track_theta(opts, key), start=opts.window,
-                                        n_boot=opts.n_boot, seed=opts.seed)
+            d = paired_share_difference(
+                last[metric],
+                first[metric],
+                key,
+                track_theta(opts, key),
+                start=opts.window,
+                n_boot=opts.n_boot,
+                seed=opts.seed,
+            )
         except (DepthlensError, ValueError):
             d = None
         label = f"{prefix} share, last snapshot minus step 0 (untrained)"
@@ -567,15 +620,19 @@ def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr
         rows = [r if r is not None else xr.full_like(proto, np.nan, dtype=float) for r in rows]
         data[k] = xr.concat(rows, dim="step", join="outer", combine_attrs="override")
     ds = xr.Dataset(data).assign_coords(step=steps)
-    ds["val_loss"] = ("step", [sn.val_loss for sn in s.snapshots],
-                      {"long_name": "validation loss at the snapshot (trainer)", "units": "nat"})
+    ds["val_loss"] = (
+        "step",
+        [sn.val_loss for sn in s.snapshots],
+        {"long_name": "validation loss at the snapshot (trainer)", "units": "nat"},
+    )
     ds["tokens"] = ("step", [sn.tokens for sn in s.snapshots], {"long_name": "training tokens seen", "units": "1"})
     ds["snapshot"] = ("step", [str(sn.path) for sn in s.snapshots], {"long_name": "snapshot path", "units": "1"})
     return ds
 
 
-def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike, ev=None,
-          progress: Progress = _noop) -> xr.Dataset:
+def track(
+    series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike, ev=None, progress: Progress = _noop
+) -> xr.Dataset:
     """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
     from depthlens.io.atomic import claim_dir
     from depthlens.io.dataset import depthlens_version, make_dataset
@@ -609,19 +666,36 @@ def track(series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike
         depths.append(L)
     merged = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="override")
     merged = merged.reindex(run=[s.name for s in series]).sortby("step")  # input order, steps ascending
-    coords = {"design": ("run", designs), "n_layer": ("run", depths),
-              "run_source": ("run", [s.source for s in series]),
-              "requested_steps": ("run", [json.dumps(s.requested) for s in series]),
-              "step_kind": ("run", [s.step_kind for s in series])}
+    coords = {
+        "design": ("run", designs),
+        "n_layer": ("run", depths),
+        "run_source": ("run", [s.source for s in series]),
+        "requested_steps": ("run", [json.dumps(s.requested) for s in series]),
+        "step_kind": ("run", [s.step_kind for s in series]),
+    }
     merged["snapshot"] = merged["snapshot"].fillna("").astype(str)  # steps a run does not have: ""
     data_vars = {k: merged[k] for k in merged.data_vars if k not in ("tokens",)}
     out = make_dataset(
-        data_vars, {**{k: merged.coords[k] for k in merged.coords}, "tokens": merged["tokens"], **coords},
-        metric="track", title="depthlens depth over training",
+        data_vars,
+        {**{k: merged.coords[k] for k in merged.coords}, "tokens": merged["tokens"], **coords},
+        metric="track",
+        title="depthlens depth over training",
         options={**opts.as_dict(), "notes": notes or None},
-        provenance={**ev.provenance(), "depthlens_version": depthlens_version(),
-                    "series": [{"run": s.name, "source": s.source, "snapshots": len(s.snapshots),
-                                "requested_from": s.requested_from, "pending": s.pending} for s in series]})
+        provenance={
+            **ev.provenance(),
+            "depthlens_version": depthlens_version(),
+            "series": [
+                {
+                    "run": s.name,
+                    "source": s.source,
+                    "snapshots": len(s.snapshots),
+                    "requested_from": s.requested_from,
+                    "pending": s.pending,
+                }
+                for s in series
+            ],
+        },
+    )
     out["step"].attrs.update(long_name="optimizer step of the snapshot", units="1")
     out["tokens"].attrs.update(long_name="training tokens seen", units="1")
     return out

@@ -54,8 +54,10 @@ def check_out(out: str | os.PathLike, overwrite: bool, held: contextlib.ExitStac
         if not out.is_dir() or out.is_symlink():
             raise DepthlensError(f"{out} exists and is not a directory")
         if any(out.iterdir()) and recognise(out) != "report":
-            raise DepthlensError(f"{out} exists and is not a depthlens report (no {MARKER} marker of one); "
-                                 "refusing to replace it, even with --overwrite")
+            raise DepthlensError(
+                f"{out} exists and is not a depthlens report (no {MARKER} marker of one); "
+                "refusing to replace it, even with --overwrite"
+            )
     check_target(out, overwrite, kinds=("report",), make_parents=True)  # --overwrite, name length, writable
     if held is not None:
         held.enter_context(output_lock(out, "report"))
@@ -112,27 +114,48 @@ def merged_datasets(entries: Sequence[Entry], metric: str) -> list[tuple[str, li
     return out
 
 
-
-
 def manifest(rep: Report) -> dict[str, Any]:
     from depthlens.io.dataset import depthlens_version
 
     d = rep.data
-    return jsonable({
-        "title": "depthlens report", "depthlens_version": depthlens_version(), "command": rep.command,
-        "world_size": rep.world_size,
-        "options": rep.options.as_dict(),
-        "eval_data": {"name": d.name, "source": d.source, "sha256": d.sha256, "n_seq": d.n_seq,
-                      "seq_len": d.seq_len, "n_tokens": d.n_tokens, "seed": d.seed, "tokenizer": d.tokenizer},
-        "checkpoints": [{"checkpoint": e.name, "path": str(e.path), "design": e.slug, "n_layer": e.n_layer,
-                         "figures": e.figures, "notes": e.notes} for e in rep.entries],
-        "datasets": rep.files, "figures": rep.figures, "robustness": rep.robustness,
-        "comparisons": rep.comparisons,
-        "notes": rep.notes,
-        "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
-                      "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
-                      "<metric>_l<L>[_<design>].nc)",
-    })
+    return jsonable(
+        {
+            "title": "depthlens report",
+            "depthlens_version": depthlens_version(),
+            "command": rep.command,
+            "world_size": rep.world_size,
+            "options": rep.options.as_dict(),
+            "eval_data": {
+                "name": d.name,
+                "source": d.source,
+                "sha256": d.sha256,
+                "n_seq": d.n_seq,
+                "seq_len": d.seq_len,
+                "n_tokens": d.n_tokens,
+                "seed": d.seed,
+                "tokenizer": d.tokenizer,
+            },
+            "checkpoints": [
+                {
+                    "checkpoint": e.name,
+                    "path": str(e.path),
+                    "design": e.slug,
+                    "n_layer": e.n_layer,
+                    "figures": e.figures,
+                    "notes": e.notes,
+                }
+                for e in rep.entries
+            ],
+            "datasets": rep.files,
+            "figures": rep.figures,
+            "robustness": rep.robustness,
+            "comparisons": rep.comparisons,
+            "notes": rep.notes,
+            "merge_rule": "per metric, checkpoints with identical dims and index coordinates are concatenated along "
+            "`checkpoint` (one file per group; <metric>.nc when there is one group, else "
+            "<metric>_l<L>[_<design>].nc)",
+        }
+    )
 
 
 def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:

@@ -42,9 +42,27 @@ Beta = Annotated[float, Ge(0), Lt(1)]
 
 # Fields that shape the optimisation trajectory: a resume must match them exactly (micro_batch and the
 # world size may differ, because the data order and the averaged gradient do not depend on them).
-TRAJECTORY_FIELDS = ("model", "data", "tokenizer", "seq_len", "global_batch", "steps", "lr", "min_lr_factor",
-                     "warmup", "schedule", "decay_frac", "weight_decay", "decay_mixing", "betas", "eps", "grad_clip", "seed",
-                     "data_seed", "dtype")
+TRAJECTORY_FIELDS = (
+    "model",
+    "data",
+    "tokenizer",
+    "seq_len",
+    "global_batch",
+    "steps",
+    "lr",
+    "min_lr_factor",
+    "warmup",
+    "schedule",
+    "decay_frac",
+    "weight_decay",
+    "decay_mixing",
+    "betas",
+    "eps",
+    "grad_clip",
+    "seed",
+    "data_seed",
+    "dtype",
+)
 
 
 @dataclass
@@ -53,8 +71,12 @@ class RunConfig:
 
     # --- what to train on -----------------------------------------------------------------------
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields: the architecture is data, not code
-    data: Annotated[str, PATH_TEXT] = "data/corpus-bytes"  # directory of token shards (train_*.bin / val_*.bin + manifest.json)
-    tokenizer: Annotated[str, PATH_TEXT] = "bytes"  # tokenizer spec (get_tokenizer); must match the shards, exported with the checkpoint
+    data: Annotated[str, PATH_TEXT] = (
+        "data/corpus-bytes"  # directory of token shards (train_*.bin / val_*.bin + manifest.json)
+    )
+    tokenizer: Annotated[str, PATH_TEXT] = (
+        "bytes"  # tokenizer spec (get_tokenizer); must match the shards, exported with the checkpoint
+    )
     seq_len: Pos = 128  # tokens per training sequence (inputs; targets are shifted by one)
 
     # --- batch ----------------------------------------------------------------------------------
@@ -68,7 +90,9 @@ class RunConfig:
     warmup: Count = 10  # linear warmup steps from 0 (AdamW's second moment is unreliable early on)
     schedule: Annotated[str, OneOf(*SCHEDULES)] = "wsd"  # "wsd" (warmup-stable-decay, torchtitan) or "cosine" (nanoGPT)
     decay_frac: Fraction = 0.2  # WSD: fraction of steps in the final linear decay
-    weight_decay: Annotated[float, Ge(0)] = 0.1  # AdamW decoupled decay, applied to >= 2-D params only (not gains, not scalars)
+    weight_decay: Annotated[float, Ge(0)] = (
+        0.1  # AdamW decoupled decay, applied to >= 2-D params only (not gains, not scalars)
+    )
     # Decay the residual design's own parameters (every parameter of a Router: HC static/dynamic maps, mHC
     # maps and biases, AttnRes queries, DeepNorm/KEEL/Sandwich gains) like weight matrices? Off, so every
     # design follows one recipe: decay shrinks an identity-initialised 2-D map (HC's static alpha: 0.809 I
@@ -92,18 +116,28 @@ class RunConfig:
     resume: bool = True  # continue from <out>/resume if it exists (a preempted job just reruns its command)
     out: Annotated[str, MinLen(1), PATH_TEXT] = "runs/default"  # run directory: log.jsonl, resume/ state
     export: Annotated[str, PATH_TEXT] = ""  # where the final depthlens checkpoint goes ("" = <out>/checkpoint)
-    snapshots: list[Count] = field(default_factory=list)  # steps at which to keep a model-only analysis snapshot (0 = init)
+    snapshots: list[Count] = field(
+        default_factory=list
+    )  # steps at which to keep a model-only analysis snapshot (0 = init)
     snapshot_every_log2: bool = False  # snapshots at step 0, 16, 32, 64, ... and the last step: depth use over training
-    snapshot_eval_batches: Count = 4  # validation batches behind each snapshot's val_loss (cheap; the final eval is separate)
+    snapshot_eval_batches: Count = (
+        4  # validation batches behind each snapshot's val_loss (cheap; the final eval is separate)
+    )
     name: str = ""  # run name recorded in train.json (the recipe's run key)
-    meta: dict[str, Any] = field(default_factory=dict)  # free-form notes (iso-param target, planned counts) -> train.json
+    meta: dict[str, Any] = field(
+        default_factory=dict
+    )  # free-form notes (iso-param target, planned counts) -> train.json
 
     # --- hardware -------------------------------------------------------------------------------
     device: Annotated[str, OneOf(*DEVICES)] = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
-    dtype: Annotated[str, OneOf(*DTYPES)] = "fp32"  # "fp32" or "bf16" (autocast; master weights and optimizer state stay fp32)
+    dtype: Annotated[str, OneOf(*DTYPES)] = (
+        "fp32"  # "fp32" or "bf16" (autocast; master weights and optimizer state stay fp32)
+    )
     compile: bool = False  # torch.compile the model: ~2x on GPU, but a 10-25 s cold start on CPU
     fsdp: bool = False  # FSDP2 fully_shard (per block, then root) instead of DDP: for memory, not speed
-    threads: Annotated[int, Ge(0), Le(THREADS_MAX)] = 0  # torch CPU threads (0 = leave torch's default); 1 avoids OpenMP stalls on shared CPUs
+    threads: Annotated[int, Ge(0), Le(THREADS_MAX)] = (
+        0  # torch CPU threads (0 = leave torch's default); 1 avoids OpenMP stalls on shared CPUs
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.model, ModelConfig):
@@ -113,18 +147,32 @@ class RunConfig:
             model = self.model_config()
         except SchemaError as e:
             raise e.within("model") from None
-        require(self.seq_len <= model.max_seq_len, "seq_len", f"{self.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
-        require(self.micro_batch == 0 or self.global_batch % self.micro_batch == 0, "micro_batch",
-                f"must divide global_batch={self.global_batch}, got {self.micro_batch}")
+        require(
+            self.seq_len <= model.max_seq_len,
+            "seq_len",
+            f"{self.seq_len} exceeds model.max_seq_len={model.max_seq_len}",
+        )
+        require(
+            self.micro_batch == 0 or self.global_batch % self.micro_batch == 0,
+            "micro_batch",
+            f"must divide global_batch={self.global_batch}, got {self.micro_batch}",
+        )
         require(self.warmup <= self.steps, "warmup", f"{self.warmup} exceeds steps={self.steps}")
-        require(all(s <= self.steps for s in self.snapshots), "snapshots",
-                f"must be a list of steps in [0, steps={self.steps}], got {self.snapshots!r}")
+        require(
+            all(s <= self.steps for s in self.snapshots),
+            "snapshots",
+            f"must be a list of steps in [0, steps={self.steps}], got {self.snapshots!r}",
+        )
         out, export = Path(self.out).resolve(), self.export_dir.resolve()
         inside = out in export.parents  # fine only as a new entry of <out> (the default <out>/checkpoint)
-        require(export != out and export not in out.parents and (not inside or (export.parent == out and
-                                                                             export.name not in RUN_FILES)),
-                "export", f"{self.export!r} would replace the run directory {self.out!r} or its resume state/log; "
-                "export to a path of its own (or leave it empty for <out>/checkpoint)")
+        require(
+            export != out
+            and export not in out.parents
+            and (not inside or (export.parent == out and export.name not in RUN_FILES)),
+            "export",
+            f"{self.export!r} would replace the run directory {self.out!r} or its resume state/log; "
+            "export to a path of its own (or leave it empty for <out>/checkpoint)",
+        )
 
     # ---------------------------------------------------------------------------------------------
     def model_config(self) -> ModelConfig:
@@ -140,7 +188,7 @@ class RunConfig:
         and the last step. Log-spaced because depth use changes fastest early in training."""
         steps = set(self.snapshots)
         if self.snapshot_every_log2:
-            steps |= {0, self.steps} | {2 ** k for k in range(4, max(4, self.steps.bit_length())) if 2 ** k < self.steps}
+            steps |= {0, self.steps} | {2**k for k in range(4, max(4, self.steps.bit_length())) if 2**k < self.steps}
         return sorted(steps)
 
     @property
@@ -173,7 +221,9 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     """`over` on top of `base`; nested dicts (the `model` block) merge key by key."""
     out = copy.deepcopy(dict(base))
     for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else copy.deepcopy(v)
+        out[k] = (
+            deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else copy.deepcopy(v)
+        )
     return out
 
 
@@ -186,8 +236,9 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         path = key.split(".")
         if not sep or not all(path):
-            raise SchemaError(f"override {item!r} is not key=value (key: a field name, dotted for model.<field>)",
-                              usage=True)
+            raise SchemaError(
+                f"override {item!r} is not key=value (key: a field name, dotted for model.<field>)", usage=True
+            )
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -199,7 +250,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         for i, p in enumerate(parents):
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise SchemaError(f"override {item!r}: {'.'.join(path[:i + 1])} was already given a value", usage=True)
+                raise SchemaError(f"override {item!r}: {'.'.join(path[: i + 1])} was already given a value", usage=True)
         if isinstance(node.get(leaf), dict):
             raise SchemaError(f"override {item!r}: {key} already has fields set by another override", usage=True)
         node[leaf] = value
@@ -247,16 +298,20 @@ def read_recipe(path: str | os.PathLike) -> dict[str, Any]:
     return read_json(path, "a recipe")
 
 
-def load_recipe(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = (),
-                run: str | None = None) -> RunConfig:
+def load_recipe(
+    path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = (), run: str | None = None
+) -> RunConfig:
     """RunConfig from a recipe file (+ overrides). A grid recipe needs `run` (one of its run names)."""
     over = parse_overrides(overrides) if not isinstance(overrides, Mapping) else dict(overrides)
     recipe = read_recipe(path)
     runs = recipe_runs(recipe, path)
     if run is None:
         if len(runs) != 1:
-            raise SchemaError(f"recipe has {len(runs)} runs; pick one with run=NAME ({', '.join(list(runs)[:5])}, ...)",
-                              where=str(path), usage=True)
+            raise SchemaError(
+                f"recipe has {len(runs)} runs; pick one with run=NAME ({', '.join(list(runs)[:5])}, ...)",
+                where=str(path),
+                usage=True,
+            )
         run = next(iter(runs))
     if run not in runs:
         raise SchemaError(f"no run named {run!r}", where=str(path), usage=True)

@@ -56,8 +56,11 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30),
-                                **({"device_id": device} if device.type == "cuda" else {}))
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=30),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device)
 
 
@@ -88,8 +91,11 @@ def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool) -> nn.Module:
 
     # DDP's default reducer waits for every gradient; some designs leave parameters out of the loss
     # (MoDA's last-layer depth K/V are read only by later layers), so turn on detection just for them
-    return DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
-               find_unused_parameters=bool(unused_parameters(model, info.device)))
+    return DDP(
+        model,
+        device_ids=[info.device.index] if info.device.type == "cuda" else None,
+        find_unused_parameters=bool(unused_parameters(model, info.device)),
+    )
 
 
 def replicated_params(model: nn.Module) -> list[nn.Parameter]:
@@ -172,6 +178,7 @@ def barrier(info: DistInfo) -> None:
 # -------------------------------------------------------------------------------------------------
 # full state dicts (work for plain modules, DDP and FSDP2 alike; keys are the unwrapped module's FQNs)
 
+
 def _options(**kw: Any):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -182,8 +189,10 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     """(model state, optimizer state) gathered to full CPU tensors, keyed by parameter FQN."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    return (get_model_state_dict(model, options=_options()),
-            get_optimizer_state_dict(model, optimizer, options=_options()))
+    return (
+        get_model_state_dict(model, options=_options()),
+        get_optimizer_state_dict(model, optimizer, options=_options()),
+    )
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -195,8 +204,9 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_options())
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, torch.Tensor],
-                    optim_sd: dict[str, Any]) -> None:
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, torch.Tensor], optim_sd: dict[str, Any]
+) -> None:
     """Inverse of `full_state` (every rank passes the same full state; FSDP2 keeps its own shard)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 

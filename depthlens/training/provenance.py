@@ -36,8 +36,11 @@ def git_sha() -> str | None:
 def code_version() -> dict[str, Any]:
     """What train.json records about the code: package version, commit, and whether training code was edited."""
     dirty = _git("status", "--porcelain", "--", *TRAINING_CODE)
-    return {"depthlens_version": __version__, "git_sha": git_sha(),
-            "git_training_code_dirty": None if dirty is None else bool(dirty.strip())}
+    return {
+        "depthlens_version": __version__,
+        "git_sha": git_sha(),
+        "git_training_code_dirty": None if dirty is None else bool(dirty.strip()),
+    }
 
 
 def training_code_changes(sha: str) -> list[str] | None:
@@ -65,6 +68,8 @@ def code_version_warning(train: dict[str, Any]) -> str | None:
         return None
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        return (f"training code changed since commit {sha[:10]} that trained this checkpoint "
-                f"({', '.join(changed[:3])}{more}); a retrain from its recipe may not reproduce it bit for bit")
+        return (
+            f"training code changed since commit {sha[:10]} that trained this checkpoint "
+            f"({', '.join(changed[:3])}{more}); a retrain from its recipe may not reproduce it bit for bit"
+        )
     return None

@@ -55,8 +55,17 @@ PAPER_SEQ = 2048
 PAPER_BATCH = 256  # sequences: 2^19 tokens per step (build-nanogpt's FineWeb-Edu batch)
 
 
-def iso_shape(design: str, n_layer: int, target: int, vocab_size: int, *, multiple: int = 16, head_dim: int = 16,
-              ffn_step: int = 16, ffn_ratio: tuple[float, float] = (1.0, 6.0)) -> dict[str, Any]:
+def iso_shape(
+    design: str,
+    n_layer: int,
+    target: int,
+    vocab_size: int,
+    *,
+    multiple: int = 16,
+    head_dim: int = 16,
+    ffn_step: int = 16,
+    ffn_ratio: tuple[float, float] = (1.0, 6.0),
+) -> dict[str, Any]:
     """Width d (a multiple of `multiple`, from the planner) and d_ff (a multiple of `ffn_step` with
     d_ff/d in `ffn_ratio`) whose total params are nearest `target`; ties prefer d_ff/d near 8/3."""
     d = solve_width(target, n_layer, design, vocab_size, multiple, head_dim=head_dim, ffn_multiple=ffn_step)
@@ -68,8 +77,14 @@ def iso_shape(design: str, n_layer: int, target: int, vocab_size: int, *, multip
 
     d_ff = min((k * ffn_step for k in range(lo, hi + 1)), key=cost)
     c = param_counts(design, n_layer, d, vocab_size, d_ff=d_ff, head_dim=head_dim)
-    return {"d_model": d, "n_head": d // head_dim, "d_ff": d_ff, "planned_total": c["total"],
-            "planned_rel_error": round(c["total"] / target - 1, 4), "ffn_ratio": round(d_ff / d, 3)}
+    return {
+        "d_model": d,
+        "n_head": d // head_dim,
+        "d_ff": d_ff,
+        "planned_total": c["total"],
+        "planned_rel_error": round(c["total"] / target - 1, 4),
+        "ffn_ratio": round(d_ff / d, 3),
+    }
 
 
 def zoo_lr_results(path: Path | None = None) -> dict[str, Any]:
@@ -81,15 +96,34 @@ def zoo_lr_results(path: Path | None = None) -> dict[str, Any]:
 def _zoo_base() -> dict[str, Any]:
     return {
         "model": {"vocab_size": 257, "max_seq_len": 128},
-        "data": ZOO_DATA, "tokenizer": "bytes", "seq_len": 128,
+        "data": ZOO_DATA,
+        "tokenizer": "bytes",
+        "seq_len": 128,
         # 400 steps x 16 x 128 = 819K tokens per model (~3.5 tokens/param): what one core affords for
         # 30 models in about an hour given the slowest designs (mHC, MoDA, AttnRes at L=16)
-        "global_batch": 16, "micro_batch": 0, "steps": 400,
+        "global_batch": 16,
+        "micro_batch": 0,
+        "steps": 400,
         # peak LR: per design from the sweep (zoo_cpu_lr_sweep.json); this default only until it has run
-        "lr": ZOO_DEFAULT_LR, "min_lr_factor": 0.1, "warmup": 20, "schedule": "wsd", "decay_frac": 0.2,
-        "weight_decay": 0.1, "decay_mixing": False, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0,
-        "data_seed": 0, "eval_every": 100, "eval_batches": 4, "final_eval_batches": 64, "log_every": 10, "save_every": 100,
-        "device": "cpu", "dtype": "fp32", "threads": 1,
+        "lr": ZOO_DEFAULT_LR,
+        "min_lr_factor": 0.1,
+        "warmup": 20,
+        "schedule": "wsd",
+        "decay_frac": 0.2,
+        "weight_decay": 0.1,
+        "decay_mixing": False,
+        "betas": [0.9, 0.95],
+        "grad_clip": 1.0,
+        "seed": 0,
+        "data_seed": 0,
+        "eval_every": 100,
+        "eval_batches": 4,
+        "final_eval_batches": 64,
+        "log_every": 10,
+        "save_every": 100,
+        "device": "cpu",
+        "dtype": "fp32",
+        "threads": 1,
     }
 
 
@@ -97,8 +131,10 @@ def _zoo_model(design: str, L: int) -> tuple[dict[str, Any], dict[str, Any]]:
     # head_dim 8 and width/FFN steps of 8: at L = 32 the budget leaves d = 16-24, where steps of 16 miss the
     # target by up to 18 %; with 8 every design and depth lands within 4 % of it
     shape = iso_shape(design, L, ZOO_TARGET, 257, multiple=8, head_dim=8, ffn_step=8)
-    return ({"arch": design, "n_layer": L, "d_model": shape["d_model"], "n_head": shape["n_head"],
-             "d_ff": shape["d_ff"]}, shape)
+    return (
+        {"arch": design, "n_layer": L, "d_model": shape["d_model"], "n_head": shape["n_head"], "d_ff": shape["d_ff"]},
+        shape,
+    )
 
 
 def lr_sweep_name(design: str, n_layer: int, lr: float) -> str:
@@ -118,13 +154,22 @@ def zoo_lr_recipe() -> dict[str, Any]:
             for lr in ZOO_LR_CANDIDATES:
                 name = lr_sweep_name(design, L, lr)
                 out = f".cache/depthlens/runs/zoo_lr/{name}"
-                runs[name] = {"model": model, "lr": lr, "out": out, "export": f"{out}/checkpoint",
-                              "meta": {"iso_target_params": ZOO_TARGET, "sweep": "zoo_lr", **shape}}
-    return {"description": f"Per-design peak-LR sweep for the CPU zoo: {ZOO_SWEEP_STEPS} steps at L={ZOO_SWEEP_DEPTH} "
-                           f"(every design) and L={ZOO_CONFIRM_DEPTH} (the designs the paper's claims name), LR on "
-                           "a x2 grid extended until the optimum is interior. Run by `scripts/train_zoo.sh --sweep`; "
-                           "results in zoo_cpu_lr_sweep.json.",
-            "corpus": ZOO_CORPUS, "base": base, "runs": runs}
+                runs[name] = {
+                    "model": model,
+                    "lr": lr,
+                    "out": out,
+                    "export": f"{out}/checkpoint",
+                    "meta": {"iso_target_params": ZOO_TARGET, "sweep": "zoo_lr", **shape},
+                }
+    return {
+        "description": f"Per-design peak-LR sweep for the CPU zoo: {ZOO_SWEEP_STEPS} steps at L={ZOO_SWEEP_DEPTH} "
+        f"(every design) and L={ZOO_CONFIRM_DEPTH} (the designs the paper's claims name), LR on "
+        "a x2 grid extended until the optimum is interior. Run by `scripts/train_zoo.sh --sweep`; "
+        "results in zoo_cpu_lr_sweep.json.",
+        "corpus": ZOO_CORPUS,
+        "base": base,
+        "runs": runs,
+    }
 
 
 def _sweep_losses(recipe: dict[str, Any]) -> dict[str, dict[str, dict[float, float]]]:
@@ -134,8 +179,9 @@ def _sweep_losses(recipe: dict[str, Any]) -> dict[str, dict[str, dict[float, flo
         train = Path(run["export"]) / "train.json"
         if train.exists():
             design, L = run["model"]["arch"], str(run["model"]["n_layer"])
-            losses.setdefault(design, {}).setdefault(L, {})[float(run["lr"])] = \
-                json.loads(train.read_text())["final_val_loss"]
+            losses.setdefault(design, {}).setdefault(L, {})[float(run["lr"])] = json.loads(train.read_text())[
+                "final_val_loss"
+            ]
     return losses
 
 
@@ -182,15 +228,22 @@ def collect_lr_sweep(recipe: dict[str, Any] | None = None, path: Path | None = N
     losses = _sweep_losses(recipe)
     chosen = {d: {L: min(v, key=v.__getitem__) for L, v in by_depth.items()} for d, by_depth in losses.items()}
     interior = {d: {L: min(v) < chosen[d][L] < max(v) for L, v in by_depth.items()} for d, by_depth in losses.items()}
-    res = {"description": f"Final validation loss (nats/byte, 32 val batches) after {ZOO_SWEEP_STEPS} steps, per "
-                          f"design and depth (L={ZOO_SWEEP_DEPTH}: every design; L={ZOO_CONFIRM_DEPTH}: the designs "
-                          "the paper's claims name). `chosen` = the argmin, used by zoo_cpu.json at that depth (other "
-                          f"depths use L={ZOO_SWEEP_DEPTH}'s); `interior` says the optimum is not at an edge of the "
-                          "grid. A short-budget proxy: the best LR at 400 steps may be one notch lower.",
-           "steps": ZOO_SWEEP_STEPS, "decay_mixing": _zoo_base()["decay_mixing"],
-           "val_loss": {d: {L: {f"{lr:g}": v for lr, v in sorted(by_lr.items())} for L, by_lr in by_depth.items()}
-                        for d, by_depth in losses.items()},
-           "chosen": chosen, "interior": interior, "pending": lr_sweep_pending(recipe)}
+    res = {
+        "description": f"Final validation loss (nats/byte, 32 val batches) after {ZOO_SWEEP_STEPS} steps, per "
+        f"design and depth (L={ZOO_SWEEP_DEPTH}: every design; L={ZOO_CONFIRM_DEPTH}: the designs "
+        "the paper's claims name). `chosen` = the argmin, used by zoo_cpu.json at that depth (other "
+        f"depths use L={ZOO_SWEEP_DEPTH}'s); `interior` says the optimum is not at an edge of the "
+        "grid. A short-budget proxy: the best LR at 400 steps may be one notch lower.",
+        "steps": ZOO_SWEEP_STEPS,
+        "decay_mixing": _zoo_base()["decay_mixing"],
+        "val_loss": {
+            d: {L: {f"{lr:g}": v for lr, v in sorted(by_lr.items())} for L, by_lr in by_depth.items()}
+            for d, by_depth in losses.items()
+        },
+        "chosen": chosen,
+        "interior": interior,
+        "pending": lr_sweep_pending(recipe),
+    }
     path = path or RECIPES_DIR / "zoo_cpu_lr_sweep.json"
     atomic_write_text(path, json.dumps(res, indent=1, sort_keys=True) + "\n")
     return res
@@ -220,20 +273,26 @@ def zoo_recipe() -> dict[str, Any]:
             for seed in seeds:
                 name = checkpoint_name(design, L) + (f"_s{seed}" if seed else "")
                 runs[name] = {
-                    "model": model, "lr": lr,
-                    "out": f".cache/depthlens/runs/zoo/{name}", "export": f"checkpoints/{name}",
+                    "model": model,
+                    "lr": lr,
+                    "out": f".cache/depthlens/runs/zoo/{name}",
+                    "export": f"checkpoints/{name}",
                     "meta": {"iso_target_params": ZOO_TARGET, **shape, "lr_source": source},
                 }
                 if seed:  # a training run's seed: its init and its data order
                     runs[name].update(seed=seed, data_seed=seed)
                 if seed == 0 and design in ZOO_SNAPSHOT_DESIGNS and L in ZOO_SNAPSHOT_DEPTHS:
                     runs[name]["snapshot_every_log2"] = True
-    return {"description": "CPU zoo v3: 10 designs x L in {4, 8, 16, 32} at ~230K total params (bytes corpus, "
-                           "seq 128), per-design peak LR from zoo_cpu_lr_sweep.json, training seeds "
-                           f"{list(ZOO_SEEDS)} (init and data order) for {list(ZOO_SEED_DESIGNS)} at L in "
-                           f"{list(ZOO_SEED_DEPTHS)} (`<name>_s<seed>`). Generated by "
-                           "`python -m depthlens.training.recipes`; run with scripts/train_zoo.sh.",
-            "corpus": ZOO_CORPUS, "base": base, "runs": runs}
+    return {
+        "description": "CPU zoo v3: 10 designs x L in {4, 8, 16, 32} at ~230K total params (bytes corpus, "
+        "seq 128), per-design peak LR from zoo_cpu_lr_sweep.json, training seeds "
+        f"{list(ZOO_SEEDS)} (init and data order) for {list(ZOO_SEED_DESIGNS)} at L in "
+        f"{list(ZOO_SEED_DEPTHS)} (`<name>_s<seed>`). Generated by "
+        "`python -m depthlens.training.recipes`; run with scripts/train_zoo.sh.",
+        "corpus": ZOO_CORPUS,
+        "base": base,
+        "runs": runs,
+    }
 
 
 def paper_recipe() -> dict[str, Any]:
@@ -241,12 +300,31 @@ def paper_recipe() -> dict[str, Any]:
     steps = math.ceil(tokens / (PAPER_BATCH * PAPER_SEQ))
     base = {
         "model": {"vocab_size": GPT2_VOCAB, "max_seq_len": 4096, "ffn_multiple": 64},
-        "data": "data/finewebedu10B", "tokenizer": "gpt2", "seq_len": PAPER_SEQ,
-        "global_batch": PAPER_BATCH, "micro_batch": 16, "steps": steps,
-        "lr": 3e-3, "min_lr_factor": 0.1, "warmup": 700, "schedule": "wsd", "decay_frac": 0.2,
-        "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "seed": 0, "data_seed": 0,
-        "eval_every": 500, "eval_batches": 20, "final_eval_batches": 80, "log_every": 10, "save_every": 500,
-        "device": "cuda", "dtype": "bf16", "compile": True, "fsdp": False,
+        "data": "data/finewebedu10B",
+        "tokenizer": "gpt2",
+        "seq_len": PAPER_SEQ,
+        "global_batch": PAPER_BATCH,
+        "micro_batch": 16,
+        "steps": steps,
+        "lr": 3e-3,
+        "min_lr_factor": 0.1,
+        "warmup": 700,
+        "schedule": "wsd",
+        "decay_frac": 0.2,
+        "weight_decay": 0.1,
+        "betas": [0.9, 0.95],
+        "grad_clip": 1.0,
+        "seed": 0,
+        "data_seed": 0,
+        "eval_every": 500,
+        "eval_batches": 20,
+        "final_eval_batches": 80,
+        "log_every": 10,
+        "save_every": 500,
+        "device": "cuda",
+        "dtype": "bf16",
+        "compile": True,
+        "fsdp": False,
     }
     runs = {}
     for design in SLUGS:
@@ -257,14 +335,22 @@ def paper_recipe() -> dict[str, Any]:
                 name = f"{checkpoint_name(design, L)}_lr{lr:g}"
                 runs[name] = {
                     "model": {"arch": design, "n_layer": L, "d_model": d, "n_head": d // 64},
-                    "lr": lr, "out": f"runs/paper/{name}", "export": f"checkpoints/paper/{name}",
-                    "meta": {"iso_target_params": PAPER_TARGET, "planned_total": c["total"],
-                             "planned_rel_error": round(c["total"] / PAPER_TARGET - 1, 4)},
+                    "lr": lr,
+                    "out": f"runs/paper/{name}",
+                    "export": f"checkpoints/paper/{name}",
+                    "meta": {
+                        "iso_target_params": PAPER_TARGET,
+                        "planned_total": c["total"],
+                        "planned_rel_error": round(c["total"] / PAPER_TARGET - 1, 4),
+                    },
                 }
-    return {"description": f"Paper-scale grid: 10 designs x L in {list(PAPER_DEPTHS)} at ~407M params, "
-                           f"x peak LR in {list(PAPER_LRS)}; FineWeb-Edu GPT-2 shards, {steps} steps of "
-                           f"{PAPER_BATCH}x{PAPER_SEQ} tokens (20 tokens/param). See docs/training.md.",
-            "base": base, "runs": runs}
+    return {
+        "description": f"Paper-scale grid: 10 designs x L in {list(PAPER_DEPTHS)} at ~407M params, "
+        f"x peak LR in {list(PAPER_LRS)}; FineWeb-Edu GPT-2 shards, {steps} steps of "
+        f"{PAPER_BATCH}x{PAPER_SEQ} tokens (20 tokens/param). See docs/training.md.",
+        "base": base,
+        "runs": runs,
+    }
 
 
 def corpus_command(spec: dict[str, Any], out: str | os.PathLike) -> str:
@@ -272,16 +358,29 @@ def corpus_command(spec: dict[str, Any], out: str | os.PathLike) -> str:
     import shlex
 
     if spec.get("source") != "packages":
-        raise ValueError(f"corpus source {spec.get('source')!r}: only the packaged offline corpus ('packages') is built")
-    words = ["depthlens", "prepare", "--out", str(out), "--tokenizer", str(spec["tokenizer"]),
-             "--val-fraction", f"{spec['val_fraction']:g}", "--seed", str(spec["seed"])]
+        raise ValueError(
+            f"corpus source {spec.get('source')!r}: only the packaged offline corpus ('packages') is built"
+        )
+    words = [
+        "depthlens",
+        "prepare",
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(spec["tokenizer"]),
+        "--val-fraction",
+        f"{spec['val_fraction']:g}",
+        "--seed",
+        str(spec["seed"]),
+    ]
     if spec.get("max_bytes") is not None:
         words += ["--max-bytes", str(spec["max_bytes"])]
     return shlex.join(words)
 
 
-def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | os.PathLike | None = None, *,
-                     log: Callable[[str], None] | None = None) -> Path:
+def prepare_zoo_data(
+    recipe: dict[str, Any], data_dir: str | os.PathLike | None = None, *, log: Callable[[str], None] | None = None
+) -> Path:
     """Build the zoo corpus described by the recipe's `corpus` block, unless it is already there.
     `log` (e.g. a stderr writer) hears one line before a build starts and one when it is done."""
     import time
@@ -294,15 +393,23 @@ def prepare_zoo_data(recipe: dict[str, Any], data_dir: str | os.PathLike | None 
     out = Path(data_dir or recipe["base"]["data"])
     m = read_manifest(out)
     opts = (m or {}).get("options", {})
-    if m is not None and all(opts.get(k) == spec[k] for k in ("source", "max_bytes", "val_fraction", "seed")) \
-            and m.get("tokenizer", {}).get("name") == get_tokenizer(spec["tokenizer"]).name:
+    if (
+        m is not None
+        and all(opts.get(k) == spec[k] for k in ("source", "max_bytes", "val_fraction", "seed"))
+        and m.get("tokenizer", {}).get("name") == get_tokenizer(spec["tokenizer"]).name
+    ):
         return out
     if log is not None:
         log(f"building the recipe's corpus into {out} (once; the same as `{corpus_command(spec, out)}`) ...")
     t0 = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    manifest = build_corpus(out, get_tokenizer(spec["tokenizer"]), max_bytes=spec["max_bytes"],
-                            val_fraction=spec["val_fraction"], seed=spec["seed"])
+    manifest = build_corpus(
+        out,
+        get_tokenizer(spec["tokenizer"]),
+        max_bytes=spec["max_bytes"],
+        val_fraction=spec["val_fraction"],
+        seed=spec["seed"],
+    )
     if log is not None:
         n = {k: v.get("n_tokens") for k, v in manifest.get("splits", {}).items()}
         log(f"corpus ready: {', '.join(f'{k} {v:,} tokens' for k, v in n.items())} in {time.perf_counter() - t0:.1f} s")
@@ -321,8 +428,9 @@ def stale_runs(recipe_path: Path, names: list[str]) -> list[str]:
         train = Path(want["export"]) / "train.json"
         have = json.loads(train.read_text(encoding="utf-8")).get("recipe", {}) if train.is_file() else None
         ignore = ("resume", "out")
-        if have is None or {k: v for k, v in have.items() if k not in ignore} != \
-                {k: v for k, v in want.items() if k not in ignore}:
+        if have is None or {k: v for k, v in have.items() if k not in ignore} != {
+            k: v for k, v in want.items() if k not in ignore
+        }:
             out.append(name)
     return out
 
@@ -330,8 +438,11 @@ def stale_runs(recipe_path: Path, names: list[str]) -> list[str]:
 def write_recipes(directory: Path = RECIPES_DIR) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, recipe in (("zoo_cpu.json", zoo_recipe()), ("zoo_cpu_lr.json", zoo_lr_recipe()),
-                         ("paper_gpu.json", paper_recipe())):
+    for name, recipe in (
+        ("zoo_cpu.json", zoo_recipe()),
+        ("zoo_cpu_lr.json", zoo_lr_recipe()),
+        ("paper_gpu.json", paper_recipe()),
+    ):
         path = directory / name
         atomic_write_text(path, json.dumps(recipe, indent=1) + "\n")
         paths.append(path)

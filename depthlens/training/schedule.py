@@ -13,8 +13,15 @@ from __future__ import annotations
 import math
 
 
-def lr_factor(step: int, steps: int, *, warmup: int = 0, schedule: str = "wsd", decay_frac: float = 0.2,
-              min_lr_factor: float = 0.1) -> float:
+def lr_factor(
+    step: int,
+    steps: int,
+    *,
+    warmup: int = 0,
+    schedule: str = "wsd",
+    decay_frac: float = 0.2,
+    min_lr_factor: float = 0.1,
+) -> float:
     """Multiplier of the peak LR at `step` (0 <= step < steps)."""
     if not 0 <= step < steps:
         raise ValueError(f"step {step} outside [0, {steps})")
@@ -36,5 +43,11 @@ def lr_factor(step: int, steps: int, *, warmup: int = 0, schedule: str = "wsd", 
 
 def lr_at(step: int, cfg) -> float:
     """The learning rate of a RunConfig at `step`."""
-    return cfg.lr * lr_factor(step, cfg.steps, warmup=cfg.warmup, schedule=cfg.schedule,
-                              decay_frac=cfg.decay_frac, min_lr_factor=cfg.min_lr_factor)
+    return cfg.lr * lr_factor(
+        step,
+        cfg.steps,
+        warmup=cfg.warmup,
+        schedule=cfg.schedule,
+        decay_frac=cfg.decay_frac,
+        min_lr_factor=cfg.min_lr_factor,
+    )

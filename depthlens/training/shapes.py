@@ -32,8 +32,9 @@ GPT2_VOCAB = 50257  # GPT-2 BPE ids; the vocab that makes both paper endpoints ~
 # parameter counts
 
 
-def design_overhead(design: str, n_layer: int, d_model: float, *, kv_dim: float | None = None,
-                    hc_streams: int = 4) -> float:
+def design_overhead(
+    design: str, n_layer: int, d_model: float, *, kv_dim: float | None = None, hc_streams: int = 4
+) -> float:
     """Extra parameters of `design` over Pre-LN (docs/designs.md#overhead), for L layers of width d.
 
     `kv_dim` = H_kv·d_h (defaults to d, i.e. MHA); `hc_streams` = n for HC/mHC. Works on float widths
@@ -69,8 +70,17 @@ def _ffn_dim(d_model: Any, d_ff: float | None, ffn_multiple: int | None) -> Any:
     return exact
 
 
-def _raw_counts(design: str, n_layer: int, d_model: Any, vocab_size: int, *, d_ff: Any, kv_dim: Any,
-                tie_embeddings: bool, hc_streams: int) -> dict[str, Any]:
+def _raw_counts(
+    design: str,
+    n_layer: int,
+    d_model: Any,
+    vocab_size: int,
+    *,
+    d_ff: Any,
+    kv_dim: Any,
+    tie_embeddings: bool,
+    hc_streams: int,
+) -> dict[str, Any]:
     """Parameter groups for width `d_model` (int, Fraction or float): the one formula used everywhere."""
     L, d = n_layer, d_model
     attention = L * (2 * d * d + 2 * d * kv_dim)
@@ -102,9 +112,19 @@ def _heads(d_model: int, n_head: int | None, head_dim: int) -> tuple[int, int]:
     return n_head, d_model // n_head
 
 
-def param_counts(design: str, n_layer: int, d_model: int, vocab_size: int, d_ff: float | None = None,
-                 n_head: int | None = None, n_kv_head: int | None = None, tie_embeddings: bool = False,
-                 head_dim: int = 64, hc_streams: int = 4, ffn_multiple: int | None = None) -> dict[str, Any]:
+def param_counts(
+    design: str,
+    n_layer: int,
+    d_model: int,
+    vocab_size: int,
+    d_ff: float | None = None,
+    n_head: int | None = None,
+    n_kv_head: int | None = None,
+    tie_embeddings: bool = False,
+    head_dim: int = 64,
+    hc_streams: int = 4,
+    ffn_multiple: int | None = None,
+) -> dict[str, Any]:
     """Exact parameter counts of one model, grouped, plus the resolved shape.
 
     Keys: `total`, `embedding` (V·d, ×2 if untied), `non_embedding` (= `backbone` + `overhead`),
@@ -118,13 +138,28 @@ def param_counts(design: str, n_layer: int, d_model: int, vocab_size: int, d_ff:
     if n_head % n_kv_head:
         raise ValueError(f"n_head={n_head} is not a multiple of n_kv_head={n_kv_head}")
     ffn = _ffn_dim(d_model, d_ff, ffn_multiple)
-    raw = _raw_counts(design, n_layer, d_model, vocab_size, d_ff=ffn, kv_dim=n_kv_head * head_dim,
-                      tie_embeddings=tie_embeddings, hc_streams=hc_streams)
+    raw = _raw_counts(
+        design,
+        n_layer,
+        d_model,
+        vocab_size,
+        d_ff=ffn,
+        kv_dim=n_kv_head * head_dim,
+        tie_embeddings=tie_embeddings,
+        hc_streams=hc_streams,
+    )
     counts = {k: int(round(v)) for k, v in raw.items()}  # exact already unless an odd explicit d_ff
     counts.update(
         lm_head=vocab_size * d_model,
-        design=design, n_layer=n_layer, d_model=d_model, n_head=n_head, n_kv_head=n_kv_head,
-        head_dim=head_dim, d_ff=float(ffn), vocab_size=vocab_size, tie_embeddings=tie_embeddings,
+        design=design,
+        n_layer=n_layer,
+        d_model=d_model,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        head_dim=head_dim,
+        d_ff=float(ffn),
+        vocab_size=vocab_size,
+        tie_embeddings=tie_embeddings,
         hc_streams=hc_streams,
     )
     return counts
@@ -164,10 +199,19 @@ def kv_cache_bytes(counts: dict[str, Any], seq_len: int, bytes_per_element: int 
 # iso-parameter solver
 
 
-def solve_width_continuous(target_params: float, n_layer: int, design: str = "preln",
-                           vocab_size: int = GPT2_VOCAB, *, d_ff: float | None = None,
-                           n_kv_head: int | None = None, head_dim: int = 64, tie_embeddings: bool = False,
-                           hc_streams: int = 4, ffn_multiple: int | None = None) -> float:
+def solve_width_continuous(
+    target_params: float,
+    n_layer: int,
+    design: str = "preln",
+    vocab_size: int = GPT2_VOCAB,
+    *,
+    d_ff: float | None = None,
+    n_kv_head: int | None = None,
+    head_dim: int = 64,
+    tie_embeddings: bool = False,
+    hc_streams: int = 4,
+    ffn_multiple: int | None = None,
+) -> float:
     """Real width d with total params == target (bisection; total is non-decreasing in d).
 
     With `n_kv_head` given, the K/V width H_kv·d_h stays fixed as d varies (GQA); otherwise MHA.
@@ -176,8 +220,16 @@ def solve_width_continuous(target_params: float, n_layer: int, design: str = "pr
 
     def total(d: float) -> float:
         kv_dim = d if n_kv_head is None else n_kv_head * head_dim
-        return _raw_counts(design, n_layer, d, vocab_size, d_ff=_ffn_dim(d, d_ff, ffn_multiple), kv_dim=kv_dim,
-                           tie_embeddings=tie_embeddings, hc_streams=hc_streams)["total"]
+        return _raw_counts(
+            design,
+            n_layer,
+            d,
+            vocab_size,
+            d_ff=_ffn_dim(d, d_ff, ffn_multiple),
+            kv_dim=kv_dim,
+            tie_embeddings=tie_embeddings,
+            hc_streams=hc_streams,
+        )["total"]
 
     lo, hi = 0.0, 1.0
     while total(hi) < target_params:
@@ -188,8 +240,14 @@ def solve_width_continuous(target_params: float, n_layer: int, design: str = "pr
     return (lo + hi) / 2
 
 
-def solve_width(target_params: float, n_layer: int, design: str = "preln", vocab_size: int = GPT2_VOCAB,
-                multiple: int = 64, **shape_kw: Any) -> int:
+def solve_width(
+    target_params: float,
+    n_layer: int,
+    design: str = "preln",
+    vocab_size: int = GPT2_VOCAB,
+    multiple: int = 64,
+    **shape_kw: Any,
+) -> int:
     """Width d for `n_layer` layers whose total params are nearest `target_params`, as the continuous
     solution rounded to the nearest multiple of `multiple` (at least `multiple`).
 
@@ -254,33 +312,73 @@ class ShapeRow:
         return {**asdict(self), "aspect_ratio": self.aspect_ratio, "rel_error": self.rel_error}
 
 
-def shape_row(target: float, n_layer: int, d_model: int, *, design: str = "preln", vocab_size: int = GPT2_VOCAB,
-              d_continuous: float | None = None, seq_len: int = 2048, prefill_len: int = 4096,
-              kv_bytes: int = 2, **shape_kw: Any) -> ShapeRow:
+def shape_row(
+    target: float,
+    n_layer: int,
+    d_model: int,
+    *,
+    design: str = "preln",
+    vocab_size: int = GPT2_VOCAB,
+    d_continuous: float | None = None,
+    seq_len: int = 2048,
+    prefill_len: int = 4096,
+    kv_bytes: int = 2,
+    **shape_kw: Any,
+) -> ShapeRow:
     """Build the `ShapeRow` of a given (L, d); `shape_kw` are `param_counts` keyword options."""
     c = param_counts(design, n_layer, d_model, vocab_size, **shape_kw)
     return ShapeRow(
-        design=design, n_layer=n_layer, d_model=d_model, n_head=c["n_head"], n_kv_head=c["n_kv_head"],
-        head_dim=c["head_dim"], d_ff=c["d_ff"], d_continuous=float(d_model if d_continuous is None else d_continuous),
-        target=int(target), total=c["total"], non_embedding=c["non_embedding"], embedding=c["embedding"],
-        overhead=c["overhead"], seq_len=seq_len, train_flops_per_token=train_flops_per_token(c, seq_len),
-        prefill_len=prefill_len, prefill_flops=prefill_flops(c, prefill_len),
+        design=design,
+        n_layer=n_layer,
+        d_model=d_model,
+        n_head=c["n_head"],
+        n_kv_head=c["n_kv_head"],
+        head_dim=c["head_dim"],
+        d_ff=c["d_ff"],
+        d_continuous=float(d_model if d_continuous is None else d_continuous),
+        target=int(target),
+        total=c["total"],
+        non_embedding=c["non_embedding"],
+        embedding=c["embedding"],
+        overhead=c["overhead"],
+        seq_len=seq_len,
+        train_flops_per_token=train_flops_per_token(c, seq_len),
+        prefill_len=prefill_len,
+        prefill_flops=prefill_flops(c, prefill_len),
         kv_cache_bytes=kv_cache_bytes(c, prefill_len, kv_bytes),
     )
 
 
-def _solved_row(target: float, n_layer: int, design: str, vocab_size: int, multiple: int,
-                row_kw: dict[str, Any], shape_kw: dict[str, Any]) -> ShapeRow:
+def _solved_row(
+    target: float,
+    n_layer: int,
+    design: str,
+    vocab_size: int,
+    multiple: int,
+    row_kw: dict[str, Any],
+    shape_kw: dict[str, Any],
+) -> ShapeRow:
     """Solve the width for one depth and build its row."""
     d_c = solve_width_continuous(target, n_layer, design, vocab_size, **shape_kw)
     d = solve_width(target, n_layer, design, vocab_size, multiple, **shape_kw)
     return shape_row(target, n_layer, d, design=design, vocab_size=vocab_size, d_continuous=d_c, **row_kw, **shape_kw)
 
 
-def plan(target: float, depths: Sequence[int] | None = None, aspect_ratios: Sequence[float] | None = None, *,
-         design: str = "preln", vocab_size: int = GPT2_VOCAB, multiple: int = 64, seq_len: int = 2048,
-         prefill_len: int = 4096, kv_bytes: int = 2, max_layers: int = 128, ar_weight: float = 1.0,
-         **shape_kw: Any) -> list[ShapeRow]:
+def plan(
+    target: float,
+    depths: Sequence[int] | None = None,
+    aspect_ratios: Sequence[float] | None = None,
+    *,
+    design: str = "preln",
+    vocab_size: int = GPT2_VOCAB,
+    multiple: int = 64,
+    seq_len: int = 2048,
+    prefill_len: int = 4096,
+    kv_bytes: int = 2,
+    max_layers: int = 128,
+    ar_weight: float = 1.0,
+    **shape_kw: Any,
+) -> list[ShapeRow]:
     """Iso-parameter sweep at `target` total params, one row per depth or per target aspect ratio.
 
     * `depths`: solve d for each L (default: the depths of the paper's grid).
@@ -294,10 +392,13 @@ def plan(target: float, depths: Sequence[int] | None = None, aspect_ratios: Sequ
         raise ValueError("give depths or aspect_ratios, not both")
     row_kw = dict(seq_len=seq_len, prefill_len=prefill_len, kv_bytes=kv_bytes)
     if aspect_ratios is None:
-        return [_solved_row(target, L, design, vocab_size, multiple, row_kw, shape_kw)
-                for L in (DEFAULT_DEPTHS if depths is None else depths)]
-    candidates = [_solved_row(target, L, design, vocab_size, multiple, row_kw, shape_kw)
-                  for L in range(1, max_layers + 1)]
+        return [
+            _solved_row(target, L, design, vocab_size, multiple, row_kw, shape_kw)
+            for L in (DEFAULT_DEPTHS if depths is None else depths)
+        ]
+    candidates = [
+        _solved_row(target, L, design, vocab_size, multiple, row_kw, shape_kw) for L in range(1, max_layers + 1)
+    ]
 
     def score(row: ShapeRow, ar: float) -> float:
         return abs(row.rel_error) + ar_weight * abs(math.log(row.aspect_ratio / ar))
@@ -305,6 +406,8 @@ def plan(target: float, depths: Sequence[int] | None = None, aspect_ratios: Sequ
     lo, hi = min(r.aspect_ratio for r in candidates), max(r.aspect_ratio for r in candidates)
     for ar in aspect_ratios:  # refused, not clamped to the nearest end: the row would not be the asked shape
         if not lo / 2 <= ar <= hi * 2:
-            raise ValueError(f"--aspect-ratios {ar:g}: at this target the depths 1..{max_layers} give d/L in "
-                             f"[{lo:.3g}, {hi:.3g}]; ask for a ratio within a factor 2 of that range")
+            raise ValueError(
+                f"--aspect-ratios {ar:g}: at this target the depths 1..{max_layers} give d/L in "
+                f"[{lo:.3g}, {hi:.3g}]; ask for a ratio within a factor 2 of that range"
+            )
     return [min(candidates, key=lambda row: score(row, ar)) for ar in aspect_ratios]

@@ -40,9 +40,14 @@ def digest(t: torch.Tensor) -> str:
 
 
 def make_manifest(tensors: dict[str, torch.Tensor], step: int) -> dict[str, Any]:
-    return {"format": FORMAT, "step": step,
-            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."), "sha256": digest(v)}
-                        for k, v in sorted(tensors.items())}}
+    return {
+        "format": FORMAT,
+        "step": step,
+        "tensors": {
+            k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."), "sha256": digest(v)}
+            for k, v in sorted(tensors.items())
+        },
+    }
 
 
 def _manifest_sha(manifest: dict[str, Any]) -> str:
@@ -83,8 +88,9 @@ def read_meta(path: Path) -> dict[str, Any]:
         raise StateError(f"{f}: not valid JSON ({e.__class__.__name__}): corrupt resume state") from None
     man = meta.get("manifest") if isinstance(meta, dict) else None
     if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("tensors"), dict):
-        raise StateError(f"{f}: no {FORMAT!r} manifest (written by an older depthlens or edited); "
-                         f"delete {path} or use resume=false")
+        raise StateError(
+            f"{f}: no {FORMAT!r} manifest (written by an older depthlens or edited); delete {path} or use resume=false"
+        )
     if not isinstance(meta.get("step"), int) or meta["step"] != man.get("step") or meta["step"] < 0:
         raise StateError(f"{f}: step {meta.get('step')!r} disagrees with the manifest's step {man.get('step')!r}")
     return meta
@@ -107,8 +113,10 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise StateError(f"{f}: unreadable (truncated or corrupt: {str(e).splitlines()[0][:120]})") from None
     if header.get("step") != str(meta["step"]) or header.get("manifest_sha256") != _manifest_sha(man):
-        raise StateError(f"{f}: does not belong to {STATE_JSON} next to it (step {header.get('step')} vs "
-                         f"{meta['step']}, or a different manifest)")
+        raise StateError(
+            f"{f}: does not belong to {STATE_JSON} next to it (step {header.get('step')} vs "
+            f"{meta['step']}, or a different manifest)"
+        )
     want = man["tensors"]
     if set(tensors) != set(want):
         missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
@@ -116,35 +124,46 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     for k, v in tensors.items():
         w = want[k]
         if list(v.shape) != w["shape"] or str(v.dtype).removeprefix("torch.") != w["dtype"]:
-            raise StateError(f"{f}: tensor {k} is {str(v.dtype)}{list(v.shape)}, manifest says {w['dtype']}{w['shape']}")
+            raise StateError(
+                f"{f}: tensor {k} is {str(v.dtype)}{list(v.shape)}, manifest says {w['dtype']}{w['shape']}"
+            )
         if digest(v) != w["sha256"]:
             raise StateError(f"{f}: tensor {k} fails its checksum (corrupt resume state)")
     return tensors, meta
 
 
-def check_complete(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
-                   model_shapes: dict[str, tuple[int, ...]], trainable: set[str], updated: set[str]) -> None:
+def check_complete(
+    path: Path,
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    model_shapes: dict[str, tuple[int, ...]],
+    trainable: set[str],
+    updated: set[str],
+) -> None:
     """The state holds exactly this model's tensors and a coherent optimizer state at `meta["step"]`:
     after step 0, AdamW state for exactly the `updated` parameters (trainable ones that get a gradient)."""
     f = path / STATE_TENSORS
-    have = {k[len("model/"):]: tuple(v.shape) for k, v in tensors.items() if k.startswith("model/")}
+    have = {k[len("model/") :]: tuple(v.shape) for k, v in tensors.items() if k.startswith("model/")}
     if set(have) != set(model_shapes):
         missing, extra = sorted(set(model_shapes) - set(have)), sorted(set(have) - set(model_shapes))
-        raise StateError(f"{f}: model tensors do not match the run's model (missing {missing[:2]}, "
-                         f"unexpected {extra[:2]})")
+        raise StateError(
+            f"{f}: model tensors do not match the run's model (missing {missing[:2]}, unexpected {extra[:2]})"
+        )
     for k, shape in model_shapes.items():
         if have[k] != tuple(shape):
             raise StateError(f"{f}: model tensor {k} has shape {list(have[k])}, the run's model needs {list(shape)}")
     optim: dict[str, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
         if k.startswith("optim/"):
-            fqn, key = k[len("optim/"):].rsplit("/", 1)
+            fqn, key = k[len("optim/") :].rsplit("/", 1)
             optim.setdefault(fqn, {})[key] = v
     step = meta["step"]
     if step > 0 and set(optim) != updated:
         missing, extra = sorted(updated - set(optim)), sorted(set(optim) - updated)
-        raise StateError(f"{f}: optimizer state does not cover the model's parameters (missing {len(missing)} "
-                         f"e.g. {missing[:1]}, unexpected {extra[:2]})")
+        raise StateError(
+            f"{f}: optimizer state does not cover the model's parameters (missing {len(missing)} "
+            f"e.g. {missing[:1]}, unexpected {extra[:2]})"
+        )
     for fqn, st in optim.items():
         if fqn not in trainable:
             raise StateError(f"{f}: optimizer state for {fqn}, which is not a trainable parameter")
@@ -154,7 +173,9 @@ def check_complete(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str,
             if tuple(st[key].shape) != tuple(model_shapes[fqn]):
                 raise StateError(f"{f}: optimizer {key} of {fqn} has shape {list(st[key].shape)}")
     if optim and int(max(float(st["step"]) for st in optim.values())) != step:
-        raise StateError(f"{f}: the optimizer has taken {int(max(float(s['step']) for s in optim.values()))} "
-                         f"steps but the state says step {step}")
+        raise StateError(
+            f"{f}: the optimizer has taken {int(max(float(s['step']) for s in optim.values()))} "
+            f"steps but the state says step {step}"
+        )
     if "rng/cpu" not in tensors:
         raise StateError(f"{f}: no RNG state")

@@ -68,6 +68,7 @@ LOG = "log.jsonl"
 class TrainingDiverged(DepthlensError):
     """The training loss became NaN or infinite (the run stops; its last good resume state stays)."""
 
+
 SNAPSHOTS = "snapshots"
 SNAPSHOT_JSON = "snapshot.json"
 
@@ -76,10 +77,20 @@ def snapshot_dir(out: str | os.PathLike, step: int) -> Path:
     """Where the analysis snapshot of `step` lives: zero-padded so a plain sort is step order."""
     return Path(out) / SNAPSHOTS / f"step_{step:07d}"
 
+
 # Dense bf16 peak FLOP/s per device for MFU (torchtitan's table); None = no meaningful peak (CPU).
 PEAK_FLOPS: dict[str, float | None] = {
-    "H200": 989e12, "H100": 989e12, "H800": 989e12, "B200": 2250e12, "A100": 312e12, "A800": 312e12,
-    "L40S": 362e12, "L4": 121e12, "A10": 125e12, "V100": 125e12, "cpu": None,
+    "H200": 989e12,
+    "H100": 989e12,
+    "H800": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "V100": 125e12,
+    "cpu": None,
 }
 
 Callback = Callable[[int, dict[str, Any]], None]
@@ -108,13 +119,13 @@ def train_bytes(cfg: RunConfig, micro: int, world: int = 1, device: str = "cpu")
     (2·V per token), and on CPU the attention probabilities (H·T² per layer: the math attention path
     materialises them; CUDA's flash path does not)."""
     c = cfg.model_config().resolved()
-    n = 12 * c.n_layer * c.d_model ** 2 + c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
+    n = 12 * c.n_layer * c.d_model**2 + c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
     state = 16.0 * n / (world if cfg.fsdp else 1)
     streams = c.hc_streams if c.arch in ("hc", "mhc") else 0
     elem = 2.0 if cfg.dtype == "bf16" else 4.0
     tokens = micro * cfg.seq_len
     acts = elem * tokens * ((16 + 2 * streams) * c.d_model * c.n_layer + 2 * c.vocab_size)
-    attn = elem * micro * c.n_head * cfg.seq_len ** 2 * c.n_layer if device == "cpu" else 0.0
+    attn = elem * micro * c.n_head * cfg.seq_len**2 * c.n_layer if device == "cpu" else 0.0
     return state + acts + attn
 
 
@@ -133,9 +144,11 @@ def check_memory(cfg: RunConfig, micro: int, dist: DistInfo) -> None:
     10^6 must fail here, not with an out-of-memory kill after minutes."""
     need, have = train_bytes(cfg, micro, dist.world, dist.device.type), device_bytes(dist.device)
     if have is not None and need > have:
-        raise ValueError(f"run config: training needs at least {need / 2**30:,.1f} GiB per rank (micro_batch={micro}, "
-                         f"seq_len={cfg.seq_len}, model {cfg.model_config().n_layer}x{cfg.model_config().d_model}) but "
-                         f"{dist.device.type} memory is {have / 2**30:,.1f} GiB; lower micro_batch or seq_len")
+        raise ValueError(
+            f"run config: training needs at least {need / 2**30:,.1f} GiB per rank (micro_batch={micro}, "
+            f"seq_len={cfg.seq_len}, model {cfg.model_config().n_layer}x{cfg.model_config().d_model}) but "
+            f"{dist.device.type} memory is {have / 2**30:,.1f} GiB; lower micro_batch or seq_len"
+        )
 
 
 def param_groups(model: nn.Module, weight_decay: float, *, decay_mixing: bool = False) -> list[dict[str, Any]]:
@@ -148,24 +161,27 @@ def param_groups(model: nn.Module, weight_decay: float, *, decay_mixing: bool = 
         mixing = {id(p) for m in model.modules() if isinstance(m, Router) for p in m.parameters()}
     params = [p for p in model.parameters() if p.requires_grad]
     decayed = [p for p in params if p.dim() >= 2 and id(p) not in mixing]
-    return [{"params": decayed, "weight_decay": weight_decay},
-            {"params": [p for p in params if not (p.dim() >= 2 and id(p) not in mixing)], "weight_decay": 0.0}]
+    return [
+        {"params": decayed, "weight_decay": weight_decay},
+        {"params": [p for p in params if not (p.dim() >= 2 and id(p) not in mixing)], "weight_decay": 0.0},
+    ]
 
 
 def open_data(data: str | os.PathLike | TokenDataset, split: str) -> TokenDataset:
     return data if isinstance(data, TokenDataset) else TokenDataset.from_dir(data, split)
 
 
-def micro_batch_ids(step: int, global_batch: int, data_seed: int, n_sequences: int, *, rank: int = 0,
-                    world: int = 1, micro: int = 0) -> list[np.ndarray]:
+def micro_batch_ids(
+    step: int, global_batch: int, data_seed: int, n_sequences: int, *, rank: int = 0, world: int = 1, micro: int = 0
+) -> list[np.ndarray]:
     """Sequence ids of each micro-step of `rank` at `step`: rank r takes the r-th contiguous slice of the
     step's global ids, micro-step a the a-th contiguous slice of that. Concatenated over ranks and
     micro-steps they are always the step's global batch, in order."""
     ids = batch_indices(step, global_batch, data_seed, n_sequences)
     local = global_batch // world
     micro = micro or local
-    mine = ids[rank * local:(rank + 1) * local]
-    return [mine[a:a + micro] for a in range(0, local, micro)]
+    mine = ids[rank * local : (rank + 1) * local]
+    return [mine[a : a + micro] for a in range(0, local, micro)]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -177,8 +193,16 @@ def autocast(device: torch.device, dtype: str):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: str | os.PathLike | TokenDataset, seq_len: int, *, batch_size: int = 16,
-             max_sequences: int = 0, dtype: str = "fp32", dist: DistInfo | None = None) -> float:
+def evaluate(
+    model: nn.Module,
+    data: str | os.PathLike | TokenDataset,
+    seq_len: int,
+    *,
+    batch_size: int = 16,
+    max_sequences: int = 0,
+    dtype: str = "fp32",
+    dist: DistInfo | None = None,
+) -> float:
     """Mean next-token loss (nats/token) over the first `max_sequences` windows of the val split (all when 0),
     `batch_size` windows per forward. Ranks take every world-th batch and sum in float64, so the result does
     not depend on the world size; all ranks run the same number of forwards (padding with a zero-weight
@@ -214,8 +238,9 @@ def evaluate(model: nn.Module, data: str | os.PathLike | TokenDataset, seq_len: 
 # resume state: safetensors for tensors, JSON for the rest, with a checksummed manifest (state.py)
 
 
-def save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
-               dist: DistInfo) -> None:
+def save_state(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], dist: DistInfo
+) -> None:
     """Every rank joins the gather (FSDP); rank 0 writes <path>/ as a whole directory swap."""
     model_sd, optim_sd = full_state(model, optimizer)
     if not dist.is_main:
@@ -240,11 +265,11 @@ def load_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, d
     trainable = {n for n, p in raw.named_parameters() if p.requires_grad}
     updated = trainable - set(unused_parameters(raw, dist.device)) if meta.get("step") else trainable
     check_complete(path, tensors, meta, {k: tuple(v.shape) for k, v in raw.state_dict().items()}, trainable, updated)
-    model_sd = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    model_sd = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
     state: dict[str, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
         if k.startswith("optim/"):
-            fqn, key = k[len("optim/"):].rsplit("/", 1)
+            fqn, key = k[len("optim/") :].rsplit("/", 1)
             state.setdefault(fqn, {})[key] = v
     load_full_state(model, optimizer, model_sd, {"state": state, "param_groups": meta["param_groups"]})
     torch.set_rng_state(tensors["rng/cpu"])
@@ -268,8 +293,10 @@ class Trainer:
         self.local_batch = cfg.global_batch // dist.world
         self.micro = cfg.micro_batch or self.local_batch
         if self.local_batch % self.micro:
-            raise ValueError(f"micro_batch={self.micro} must divide the per-rank batch {self.local_batch} "
-                             f"(global_batch={cfg.global_batch} / world={dist.world})")
+            raise ValueError(
+                f"micro_batch={self.micro} must divide the per-rank batch {self.local_batch} "
+                f"(global_batch={cfg.global_batch} / world={dist.world})"
+            )
         self.accum = self.local_batch // self.micro
         check_memory(cfg, self.micro, dist)  # before the data is opened or the model allocated
 
@@ -278,7 +305,8 @@ class Trainer:
         # the corpus builder's hash covers every split + the manifest; else hash the train shards ourselves,
         # on rank 0 only (FineWeb-Edu is ~20 GB: one read, not one per rank)
         self.data_hash = (self.train_data.manifest or {}).get("data_hash") or broadcast_object(
-            self.train_data.data_hash() if dist.is_main else None, dist)
+            self.train_data.data_hash() if dist.is_main else None, dist
+        )
         mcfg = cfg.model_config()
         self._check_tokenizer(mcfg.vocab_size)
 
@@ -295,8 +323,13 @@ class Trainer:
             for block in self.raw.blocks:
                 block.compile()
         self.model = wrap_model(self.raw, dist, fsdp=cfg.fsdp)
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay, decay_mixing=cfg.decay_mixing), lr=cfg.lr, betas=cfg.betas,
-                                           eps=cfg.eps, fused=dist.device.type == "cuda" or None)
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, cfg.weight_decay, decay_mixing=cfg.decay_mixing),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            fused=dist.device.type == "cuda" or None,
+        )
         self.step = 0
         self.elapsed = 0.0  # training wall time summed over resumes
         self.last_val: float | None = None
@@ -306,20 +339,33 @@ class Trainer:
 
         self.tokenizer = get_tokenizer(self.cfg.tokenizer)
         if self.tokenizer.vocab_size > vocab_size:
-            raise ValueError(f"tokenizer {self.tokenizer.name!r} has {self.tokenizer.vocab_size} ids but "
-                             f"model.vocab_size={vocab_size}")
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name!r} has {self.tokenizer.vocab_size} ids but "
+                f"model.vocab_size={vocab_size}"
+            )
         manifest_tok = (self.train_data.manifest or {}).get("tokenizer")
         name = manifest_tok.get("name") if isinstance(manifest_tok, dict) else manifest_tok
         if name is not None and name != self.tokenizer.name:
-            raise ValueError(f"{self.cfg.data}: shards were tokenized with {name!r}, recipe says {self.tokenizer.name!r}")
+            raise ValueError(
+                f"{self.cfg.data}: shards were tokenized with {name!r}, recipe says {self.tokenizer.name!r}"
+            )
 
     # --- pieces --------------------------------------------------------------------------------------
     def micro_batches(self, step: int) -> list[torch.Tensor]:
         """This rank's micro-batches of `step`: (micro, seq_len + 1) token windows each."""
-        ids = micro_batch_ids(step, self.cfg.global_batch, self.cfg.data_seed, self.n_train, rank=self.dist.rank,
-                              world=self.dist.world, micro=self.micro)
-        return [torch.from_numpy(self.train_data.batch(i, self.cfg.seq_len)).to(self.dist.device, non_blocking=True)
-                for i in ids]
+        ids = micro_batch_ids(
+            step,
+            self.cfg.global_batch,
+            self.cfg.data_seed,
+            self.n_train,
+            rank=self.dist.rank,
+            world=self.dist.world,
+            micro=self.micro,
+        )
+        return [
+            torch.from_numpy(self.train_data.batch(i, self.cfg.seq_len)).to(self.dist.device, non_blocking=True)
+            for i in ids
+        ]
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -354,8 +400,15 @@ class Trainer:
             atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
     def state_meta(self) -> dict[str, Any]:
-        return {"step": self.step, "elapsed_s": self.elapsed, "last_val": self.last_val, "world": self.dist.world,
-                "trajectory": self.cfg.trajectory(), "data_hash": self.data_hash, "torch": torch.__version__}
+        return {
+            "step": self.step,
+            "elapsed_s": self.elapsed,
+            "last_val": self.last_val,
+            "world": self.dist.world,
+            "trajectory": self.cfg.trajectory(),
+            "data_hash": self.data_hash,
+            "torch": torch.__version__,
+        }
 
     def save(self) -> None:
         save_state(self.out / "resume", self.model, self.optimizer, self.state_meta(), self.dist)
@@ -367,8 +420,10 @@ class Trainer:
         meta = read_meta(path)
         if meta["trajectory"] != self.cfg.trajectory():
             diff = sorted(k for k in meta["trajectory"] if meta["trajectory"][k] != self.cfg.trajectory().get(k))
-            raise ValueError(f"{path}: resume state was written by a different run (differs in: {', '.join(diff)}); "
-                             "use another out= or resume=false")
+            raise ValueError(
+                f"{path}: resume state was written by a different run (differs in: {', '.join(diff)}); "
+                "use another out= or resume=false"
+            )
         if meta["data_hash"] != self.data_hash:
             raise ValueError(f"{path}: resume state was trained on different data (hash mismatch)")
         meta = load_state(path, self.model, self.optimizer, self.dist)
@@ -398,8 +453,13 @@ class Trainer:
             self.elapsed += dt
             self.step += 1
             tok_s = cfg.tokens_per_step / dt
-            rec = {"step": self.step, **rec, "tokens": self.step * cfg.tokens_per_step, "tok_s": tok_s,
-                   "mfu": tok_s * self.flops_per_token / (self.peak * dist.world) if self.peak else None}
+            rec = {
+                "step": self.step,
+                **rec,
+                "tokens": self.step * cfg.tokens_per_step,
+                "tok_s": tok_s,
+                "mfu": tok_s * self.flops_per_token / (self.peak * dist.world) if self.peak else None,
+            }
             # a non-finite gradient norm poisons the update just made even when the loss was still finite: stop
             # before that state could be saved
             if not (math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])):
@@ -424,18 +484,29 @@ class Trainer:
         to go on from it."""
         state = self.out / "resume"
         at = read_meta(state)["step"] if has_state(state) else None
-        kept = (f"the last good resume state (step {at}) is kept in {state}: rerun the same command to resume from "
-                "it" if at is not None else f"no resume state was saved before it (save_every={self.cfg.save_every}): "
-                "a rerun starts from step 0")
+        kept = (
+            f"the last good resume state (step {at}) is kept in {state}: rerun the same command to resume from it"
+            if at is not None
+            else f"no resume state was saved before it (save_every={self.cfg.save_every}): a rerun starts from step 0"
+        )
         what = f"loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
-        raise TrainingDiverged(f"training stopped: {what} at step {self.step}; {kept} (a deterministic run "
-                               "diverges again there: to change lr, warmup or grad_clip start anew with resume=false "
-                               "or another out=)")
+        raise TrainingDiverged(
+            f"training stopped: {what} at step {self.step}; {kept} (a deterministic run "
+            "diverges again there: to change lr, warmup or grad_clip start anew with resume=false "
+            "or another out=)"
+        )
 
     def evaluate(self, batches: int) -> float:
         model = self.model if self.cfg.fsdp else self.raw  # DDP replicas are identical: no collectives needed
-        return evaluate(model, self.cfg.data, self.cfg.seq_len, batch_size=self.micro,
-                        max_sequences=batches * self.cfg.global_batch, dtype=self.cfg.dtype, dist=self.dist)
+        return evaluate(
+            model,
+            self.cfg.data,
+            self.cfg.seq_len,
+            batch_size=self.micro,
+            max_sequences=batches * self.cfg.global_batch,
+            dtype=self.cfg.dtype,
+            dist=self.dist,
+        )
 
     def snapshot(self, val_loss: float | None = None) -> Path:
         """Write the model as it is now to <out>/snapshots/step_NNNNNNN/ (a normal depthlens checkpoint,
@@ -450,9 +521,15 @@ class Trainer:
         if self.dist.is_main:
             model = build_model(cfg.model_config(), seed=None)
             model.load_state_dict(model_sd)
-            info = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "val_loss": val_loss,
-                    "val_batches": cfg.snapshot_eval_batches or "all", "run": cfg.name, "seed": cfg.seed,
-                    "data_hash": self.data_hash}
+            info = {
+                "step": self.step,
+                "tokens": self.step * cfg.tokens_per_step,
+                "val_loss": val_loss,
+                "val_batches": cfg.snapshot_eval_batches or "all",
+                "run": cfg.name,
+                "seed": cfg.seed,
+                "data_hash": self.data_hash,
+            }
             files = {**self.tokenizer_files(), SNAPSHOT_JSON: json.dumps(info, indent=1, sort_keys=True) + "\n"}
             checkpoint.save(model, path, extra_files=files, owner=run_owner(cfg))
         barrier(self.dist)
@@ -470,8 +547,11 @@ class Trainer:
 
             export = build_model(cfg.model_config(), seed=None)
             export.load_state_dict(model_sd)
-            record["checkpoint"] = str(checkpoint.save(export, cfg.export_dir, train=record,
-                                                       extra_files=self.tokenizer_files(), owner=run_owner(cfg)))
+            record["checkpoint"] = str(
+                checkpoint.save(
+                    export, cfg.export_dir, train=record, extra_files=self.tokenizer_files(), owner=run_owner(cfg)
+                )
+            )
             self.log({"step": self.step, "final_val_loss": val})
         barrier(self.dist)
         return record
@@ -488,15 +568,29 @@ class Trainer:
         c = self.raw.config
         emb = c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
         return {
-            "name": cfg.name, "recipe": cfg.to_dict(), "meta": cfg.meta, "seed": cfg.seed, "data_seed": cfg.data_seed,
-            "data": cfg.data, "data_hash": self.data_hash, "tokenizer": self.tokenizer.name,
-            "steps": self.step, "tokens": self.step * cfg.tokens_per_step, "final_val_loss": val,
-            "val_batches": cfg.final_eval_batches or "all", "eval_s": eval_s,
+            "name": cfg.name,
+            "recipe": cfg.to_dict(),
+            "meta": cfg.meta,
+            "seed": cfg.seed,
+            "data_seed": cfg.data_seed,
+            "data": cfg.data,
+            "data_hash": self.data_hash,
+            "tokenizer": self.tokenizer.name,
+            "steps": self.step,
+            "tokens": self.step * cfg.tokens_per_step,
+            "final_val_loss": val,
+            "val_batches": cfg.final_eval_batches or "all",
+            "eval_s": eval_s,
             "params": {"total": self.n_params, "embedding": emb, "non_embedding": self.n_params - emb},
-            "flops_per_token": self.flops_per_token, "wall_time_s": self.elapsed,
+            "flops_per_token": self.flops_per_token,
+            "wall_time_s": self.elapsed,
             "tokens_per_s": self.step * cfg.tokens_per_step / self.elapsed if self.elapsed else None,
-            "world_size": self.dist.world, "device": str(self.dist.device), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), **code_version(),
+            "world_size": self.dist.world,
+            "device": str(self.dist.device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            **code_version(),
         }
 
 
@@ -575,8 +669,9 @@ def split_run_name(overrides: Sequence[str], run: str | None = None) -> tuple[li
     return rest, (names[0] if names else None)
 
 
-def run_recipe(recipe: str | os.PathLike, overrides: Sequence[str] = (), run: str | None = None,
-               callback: Callback | None = None) -> dict[str, Any]:
+def run_recipe(
+    recipe: str | os.PathLike, overrides: Sequence[str] = (), run: str | None = None, callback: Callback | None = None
+) -> dict[str, Any]:
     """`depthlens train`: load a recipe (one run of it, named by `run` or a `run=NAME` argument), apply
     key=value overrides, train. One call per process under torchrun: it leaves the process group at the end."""
     try:
@@ -587,11 +682,17 @@ def run_recipe(recipe: str | os.PathLike, overrides: Sequence[str] = (), run: st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m depthlens.training.trainer", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m depthlens.training.trainer",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("recipe", help="recipe JSON (one run, or a grid with base + runs)")
-    p.add_argument("overrides", nargs="*", help="run=NAME (a grid recipe's run) and key=value overrides "
-                                                "(model.n_layer=8, lr=1e-3, steps=200)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="run=NAME (a grid recipe's run) and key=value overrides (model.n_layer=8, lr=1e-3, steps=200)",
+    )
     p.add_argument("--run", help="run name in a grid recipe (under torchrun write run=NAME: torchrun reads --run)")
     p.add_argument("--list", action="store_true", help="list the recipe's runs and exit")
     args = p.parse_intermixed_args(argv)  # overrides may follow --run NAME

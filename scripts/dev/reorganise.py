@@ -153,13 +153,15 @@ class Plan:
                     moves[mod] = f"{PKG}.{places[key]}.{p.stem}"
                 elif mod not in moves:
                     unknown.append(key)
-            if (root / PKG / old).is_dir() and any(d.is_dir() and d.name != "__pycache__"
-                                                   for d in (root / PKG / old).iterdir()):
+            if (root / PKG / old).is_dir() and any(
+                d.is_dir() and d.name != "__pycache__" for d in (root / PKG / old).iterdir()
+            ):
                 raise SystemExit(f"reorganise: {PKG}/{old}/ has a subpackage; add it to the table by hand")
         if unknown:
-            raise SystemExit("reorganise: modules not in the table (add them to MOVES, or pass "
-                             "--place OLD=FOLDER, FOLDER one of " + ", ".join(NEW_PACKAGES) + "):\n  "
-                             + "\n  ".join(unknown))
+            raise SystemExit(
+                "reorganise: modules not in the table (add them to MOVES, or pass "
+                "--place OLD=FOLDER, FOLDER one of " + ", ".join(NEW_PACKAGES) + "):\n  " + "\n  ".join(unknown)
+            )
         self.moves = moves
         self.reexports: dict[str, dict[str, str]] = {}  # old package -> {name: old defining module}
         for old in OLD_PACKAGES:
@@ -230,7 +232,9 @@ class Rewriter:
             paths["/".join(o)] = "/".join(n)
         self._paths = paths
         keys = sorted(paths, key=len, reverse=True)
-        self._path_re = re.compile(r"(?<![\w.-])((?:depthlens/)?)(" + "|".join(re.escape(k) for k in keys) + r")(?=\.py\b|[.:`\s)]|$)")
+        self._path_re = re.compile(
+            r"(?<![\w.-])((?:depthlens/)?)(" + "|".join(re.escape(k) for k in keys) + r")(?=\.py\b|[.:`\s)]|$)"
+        )
 
     # --- text -----------------------------------------------------------------------------------
     _NEW_ENGINE = re.compile(r"(?<![\w.])depthlens([./])analysis\1(?=[a-z_]\w*)")
@@ -241,13 +245,17 @@ class Rewriter:
         return self._NEW_ENGINE.sub(lambda m: f"depthlens{m.group(1)}{NEW_ENGINE_FOLDER}{m.group(1)}", s)
 
     # --- imports --------------------------------------------------------------------------------
-    def _targets(self, node: ast.ImportFrom, package: str,
-                 moving: bool = False) -> list[tuple[str, str, str | None]] | None:
+    def _targets(
+        self, node: ast.ImportFrom, package: str, moving: bool = False
+    ) -> list[tuple[str, str, str | None]] | None:
         """For each alias: (new 'from' module, imported name, asname), absolute; None if nothing moves
         (`moving`: the importing file itself moves, so a relative import is written again anyway)."""
         base = _resolve(node.module, node.level, package)
-        if not base.startswith(f"{PKG}.") or not (moving and node.level) and not any(
-                base == o or base.startswith(o + ".") or o.startswith(base + ".") for o in self.old_modules):
+        if (
+            not base.startswith(f"{PKG}.")
+            or not (moving and node.level)
+            and not any(base == o or base.startswith(o + ".") or o.startswith(base + ".") for o in self.old_modules)
+        ):
             return None
         out, moved = [], False
         for a in node.names:
@@ -261,8 +269,10 @@ class Rewriter:
             elif self.plan.is_old_package(base) and a.name != "*":
                 src = self.plan.reexports.get(base, {}).get(a.name)
                 if src is None:
-                    raise SystemExit(f"reorganise: `from {base} import {a.name}`: not a module and not a "
-                                     f"re-export of {base}/__init__.py; rewrite it by hand")
+                    raise SystemExit(
+                        f"reorganise: `from {base} import {a.name}`: not a module and not a "
+                        f"re-export of {base}/__init__.py; rewrite it by hand"
+                    )
                 out.append((self.plan.map(src), a.name, a.asname))
                 moved = True
             else:
@@ -336,19 +346,22 @@ class Rewriter:
                 # plain `import a.b.c [as x]`: the dotted-name pass below rewrites it in place
                 for a in node.names:
                     if self.plan.is_old_package(a.name):
-                        raise SystemExit(f"reorganise: `import {a.name}` imports a package that is removed; "
-                                         "rewrite it by hand")
+                        raise SystemExit(
+                            f"reorganise: `import {a.name}` imports a package that is removed; rewrite it by hand"
+                        )
         out = src
         for start, end, new_text in sorted(edits, reverse=True):
             out = out[:start] + new_text + out[end:]
         return self.text(out)
 
-    _IMPORT_LINE = re.compile(r"^(\s*)(from\s+depthlens\.(?:analysis|report)\b[^\n]*|import\s+depthlens\.[^\n]*)$",
-                              re.M)
+    _IMPORT_LINE = re.compile(
+        r"^(\s*)(from\s+depthlens\.(?:analysis|report)\b[^\n]*|import\s+depthlens\.[^\n]*)$", re.M
+    )
 
     def lines(self, s: str) -> str:
         """Non-Python text (Markdown code, notebook cells that do not parse): one-line absolute imports, then
         dotted names and paths."""
+
         def one(m: re.Match[str]) -> str:
             indent, stmt = m.group(1), m.group(2)
             code, hash_, comment = stmt.partition("  #")
@@ -364,6 +377,7 @@ class Rewriter:
                         groups.setdefault(mod, []).append((name, asname))
                     return indent + self._emit(groups, None, indent) + (hash_ + comment if hash_ else "")
             return m.group(0)
+
         return self.text(self._IMPORT_LINE.sub(one, s))
 
     def notebook(self, raw: str) -> str:
@@ -373,7 +387,7 @@ class Rewriter:
             new = self.python(src, PKG, PKG) if cell.get("cell_type") == "code" else self.text(src)
             if new != src:
                 cell["source"] = new.splitlines(keepends=True)
-        indent = 1 if raw.startswith("{\n \"") else 2
+        indent = 1 if raw.startswith('{\n "') else 2
         return json.dumps(nb, indent=indent, ensure_ascii=False) + ("\n" if raw.endswith("\n") else "")
 
 
@@ -388,8 +402,11 @@ def _files(root: Path) -> list[Path]:
         if p.is_file():
             out.append(p)
         elif p.is_dir():
-            out += [f for f in sorted(p.rglob("*")) if f.is_file() and "__pycache__" not in f.parts
-                    and (f.suffix == ".py" or f.suffix in TEXT_SUFFIXES)]
+            out += [
+                f
+                for f in sorted(p.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts and (f.suffix == ".py" or f.suffix in TEXT_SUFFIXES)
+            ]
     return [f for f in out if f.resolve() != THIS and LEAVE not in f.read_text(encoding="utf-8")]
 
 
@@ -402,8 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path, help="the repository root")
     ap.add_argument("--dry-run", action="store_true", help="print the moves, change nothing")
-    ap.add_argument("--place", action="append", default=[], metavar="OLD=FOLDER",
-                    help="put a module the table lacks, e.g. analysis/foo.py=diagnostics")
+    ap.add_argument(
+        "--place",
+        action="append",
+        default=[],
+        metavar="OLD=FOLDER",
+        help="put a module the table lacks, e.g. analysis/foo.py=diagnostics",
+    )
     ap.add_argument("--no-git", action="store_true", help="plain renames instead of `git mv` (tests)")
     args = ap.parse_args(argv)
     root = args.root.resolve()

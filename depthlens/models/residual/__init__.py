@@ -13,8 +13,9 @@ from .mhc import MHC
 from .moda import MoDA
 from .single import KEEL, LNS, DeepNorm, PreLN, Sandwich
 
-_DESIGNS: dict[str, type[Design]] = {cls.slug: cls for cls in (PreLN, LNS, Sandwich, DeepNorm, KEEL, HC, MHC,
-                                                                FullAttnRes, BlockAttnRes, MoDA)}
+_DESIGNS: dict[str, type[Design]] = {
+    cls.slug: cls for cls in (PreLN, LNS, Sandwich, DeepNorm, KEEL, HC, MHC, FullAttnRes, BlockAttnRes, MoDA)
+}
 
 
 def design_for(cfg: ModelConfig) -> Design:

@@ -53,8 +53,9 @@ class AttnResOperator(nn.Module):
         """The folded query gamma * w (d,), fp32."""
         return self.key_norm.weight.float() * self.pseudo_query.float()
 
-    def mix(self, v: torch.Tensor, valid: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def mix(
+        self, v: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """v (B, T, S, d) raw sources, valid (B, T, S) bool or None -> x (B, T, d), alpha, logits (B, T, S).
 
         Runs in fp32 even under autocast. Invalid sources get logit -inf (alpha exactly 0).
@@ -70,8 +71,16 @@ class AttnResOperator(nn.Module):
             x = einsum(alpha, v32, "b t s, b t s d -> b t d")
         return x.to(v.dtype), alpha, logits
 
-    def put(self, ctx: RunContext, j: int | None, v: torch.Tensor, alpha: torch.Tensor, logits: torch.Tensor,
-            labels: list[str], own: bool) -> None:
+    def put(
+        self,
+        ctx: RunContext,
+        j: int | None,
+        v: torch.Tensor,
+        alpha: torch.Tensor,
+        logits: torch.Tensor,
+        labels: list[str],
+        own: bool,
+    ) -> None:
         """Record the per-token readouts of sublayer j (None: the final operator);
         docs/concepts.md#attnres-dead-prefix."""
         at = {"sublayer": j, "final": j is None}
@@ -84,9 +93,12 @@ class AttnResOperator(nn.Module):
         ctx.put("source_rms", v.float().pow(2).mean(-1).sqrt().mean((0, 1)), **at)  # (S,)
 
     def readout(self) -> dict[str, Any]:
-        return {"query_norm": float(self.pseudo_query.detach().norm()),
-                "effective_query_norm": float(self.query().detach().norm()),
-                "w": self.pseudo_query.detach().clone(), "gamma": self.key_norm.weight.detach().clone()}
+        return {
+            "query_norm": float(self.pseudo_query.detach().norm()),
+            "effective_query_norm": float(self.query().detach().norm()),
+            "w": self.pseudo_query.detach().clone(),
+            "gamma": self.key_norm.weight.detach().clone(),
+        }
 
 
 class AttnResRouter(AttnResOperator, Router):
@@ -117,8 +129,10 @@ class _AttnResDesign(Design):
 
     editable_view = False
     norm_reads_view = final_reads_view = False  # every norm reads a depth-softmax mix, not the virtual residual
-    view_name = ("virtual residual: embedding + every sublayer output so far (read-only; AttnRes has no "
-                 "single stream, branch inputs are at hook_attn_in / hook_mlp_in)")
+    view_name = (
+        "virtual residual: embedding + every sublayer output so far (read-only; AttnRes has no "
+        "single stream, branch inputs are at hook_attn_in / hook_mlp_in)"
+    )
 
     def make_router(self, j: int) -> Router:
         return AttnResRouter(self)
@@ -171,7 +185,9 @@ class _AttnResDesign(Design):
         B, T = ref.shape[:2]
         M = torch.zeros(B, T, n_sub + 1, n_sub + 1, dtype=torch.float64, device=ref.device)
         for j in range(n_sub + 1):
-            alpha = record[readout_key("alpha", final=True) if j == n_sub else readout_key("alpha", j)].double()  # (B, T, S_j)
+            alpha = record[
+                readout_key("alpha", final=True) if j == n_sub else readout_key("alpha", j)
+            ].double()  # (B, T, S_j)
             slots = torch.tensor([self.source_slot(i) for i in range(j + 1)], device=ref.device)
             M[..., : j + 1, j] = alpha[..., slots]
         return M

@@ -79,13 +79,13 @@ def apply_keep(y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
 class SublayerCall:
     """What a router needs to run one sublayer (the record `Block.forward` hands every router).
 
-      branch: callable x -> y running the body (with hooks); extra kwargs go to the body
-      sub:    the body module (`Sublayer`), for designs that reuse its norm (DeepNorm)
-      j:      sublayer position 0..2L-1 (2l = attention, 2l+1 = MLP of layer l) where this runs
-      pos:    layer position l where this runs (differs from the router's home only under swaps)
-      ctx:    the forward's RunContext (RoPE tables, readout recorder)
-      keep:   (B, T) mask, 0 = drop this sublayer's write at that token, or None
-      carry:  the layer's accumulated *update* u_l so far (None before the first sublayer)
+    branch: callable x -> y running the body (with hooks); extra kwargs go to the body
+    sub:    the body module (`Sublayer`), for designs that reuse its norm (DeepNorm)
+    j:      sublayer position 0..2L-1 (2l = attention, 2l+1 = MLP of layer l) where this runs
+    pos:    layer position l where this runs (differs from the router's home only under swaps)
+    ctx:    the forward's RunContext (RoPE tables, readout recorder)
+    keep:   (B, T) mask, 0 = drop this sublayer's write at that token, or None
+    carry:  the layer's accumulated *update* u_l so far (None before the first sublayer)
     """
 
     branch: Branch

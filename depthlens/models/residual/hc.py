@@ -72,8 +72,14 @@ class HCRouter(StreamRouter):
         A_m0, A_r0, B0 = self.static_alpha[:, 0], self.static_alpha[:, 1:], self.static_beta
         hc = torch.zeros(n + 1, n + 1, dtype=A_r0.dtype, device=A_r0.device)  # [[0, B], [A_m, A_r]]
         hc[0, 1:], hc[1:, 0], hc[1:, 1:] = B0, A_m0, A_r0
-        out = {"A_m": A_m0.clone(), "A_r": A_r0.clone(), "B": B0.clone(), "hc_matrix": hc,
-               "res_map": A_r0.T.clone(), "dynamic": self.norm is not None}
+        out = {
+            "A_m": A_m0.clone(),
+            "A_r": A_r0.clone(),
+            "B": B0.clone(),
+            "hc_matrix": hc,
+            "res_map": A_r0.T.clone(),
+            "dynamic": self.norm is not None,
+        }
         if self.norm is not None:
             out.update(s_alpha=float(self.dynamic_alpha_scale), s_beta=float(self.dynamic_beta_scale))
         return out

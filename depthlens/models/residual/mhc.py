@@ -68,7 +68,7 @@ class MHCRouter(StreamRouter):
             nn.init.normal_(self.phi, std=1e-2)
             with torch.no_grad():
                 self.bias[:n] = -math.log(n - 1) if n > 1 else 0.0
-                self.bias[2 * n:] = (5.0 * (torch.eye(n) - 1.0)).flatten()
+                self.bias[2 * n :] = (5.0 * (torch.eye(n) - 1.0)).flatten()
         self.alpha_pre = nn.Parameter(torch.tensor(float(gating_init)))
         self.alpha_post = nn.Parameter(torch.tensor(float(gating_init)))
         self.alpha_res = nn.Parameter(torch.tensor(float(gating_init)))
@@ -76,7 +76,7 @@ class MHCRouter(StreamRouter):
     def _split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(..., n^2+2n) -> pre (..., n), post (..., n), res (..., n, n) [dest, source]."""
         n = self.n
-        return v[..., :n], v[..., n:2 * n], rearrange(v[..., 2 * n:], "... (i k) -> ... i k", i=n)
+        return v[..., :n], v[..., n : 2 * n], rearrange(v[..., 2 * n :], "... (i k) -> ... i k", i=n)
 
     def _project(self, pre_l, post_l, res_l):
         return torch.sigmoid(pre_l), 2.0 * torch.sigmoid(post_l), sinkhorn(res_l, self.t_max)
@@ -90,8 +90,14 @@ class MHCRouter(StreamRouter):
         post_l = self.alpha_post.to(dt) * z_post + b_post  # (B, T, n)
         res_l = self.alpha_res.to(dt) * z_res + b_res  # (B, T, n, n) [dest, source]
         H_pre, H_post, H_res = self._project(pre_l, post_l, res_l)
-        for name, v in (("H_pre_logits", pre_l), ("H_post_logits", post_l), ("H_res_logits", res_l),
-                        ("H_pre", H_pre), ("H_post", H_post), ("H_res", H_res)):
+        for name, v in (
+            ("H_pre_logits", pre_l),
+            ("H_post_logits", post_l),
+            ("H_res_logits", res_l),
+            ("H_pre", H_pre),
+            ("H_post", H_post),
+            ("H_res", H_res),
+        ):
             ctx.put(name, v, sublayer=j)
         if ctx.record is not None:
             ctx.put("sinkhorn_row_err", (H_res.sum(-1) - 1).abs().amax(-1), sublayer=j)  # (B, T)
@@ -102,9 +108,16 @@ class MHCRouter(StreamRouter):
     def readout(self) -> dict[str, Any]:
         """Static part: the maps at zero dynamic input, σ(b_pre), 2σ(b_post), SK(exp(b_res))."""
         H_pre, H_post, H_res = self._project(*self._split(self.bias.double()))
-        return {"H_pre": H_pre, "H_post": H_post, "H_res": H_res, "res_map": H_res.clone(),
-                "alpha_pre": float(self.alpha_pre), "alpha_post": float(self.alpha_post),
-                "alpha_res": float(self.alpha_res), "t_max": self.t_max}
+        return {
+            "H_pre": H_pre,
+            "H_post": H_post,
+            "H_res": H_res,
+            "res_map": H_res.clone(),
+            "alpha_pre": float(self.alpha_pre),
+            "alpha_post": float(self.alpha_post),
+            "alpha_res": float(self.alpha_res),
+            "t_max": self.t_max,
+        }
 
 
 class MHC(MultiStreamDesign):

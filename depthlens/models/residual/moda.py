@@ -39,9 +39,14 @@ from .base import Design, Router, State, SublayerCall, apply_keep
 DepthKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dk, dv (B, T, S, H_kv, d_h); dvalid (B, T, S)
 
 
-def depth_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_depth: torch.Tensor,
-                    depth: DepthKV | None,
-                    hooks: Sublayer | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def depth_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_depth: torch.Tensor,
+    depth: DepthKV | None,
+    hooks: Sublayer | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One softmax over causal sequence keys and the same token's valid depth slots.
 
     q (B, Hq, T, e) and k, v (B, Hkv, T, e) for the sequence part; q_depth (B, Hq, T, e) the query used
@@ -56,8 +61,11 @@ def depth_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_depth: 
     B, Hq, T, e = q.shape
     G = Hq // k.shape[1]
     if depth is None:
-        depth = (k.new_zeros(B, T, 0, k.shape[1], e), v.new_zeros(B, T, 0, k.shape[1], e),
-                 torch.zeros(B, T, 0, dtype=torch.bool, device=q.device))
+        depth = (
+            k.new_zeros(B, T, 0, k.shape[1], e),
+            v.new_zeros(B, T, 0, k.shape[1], e),
+            torch.zeros(B, T, 0, dtype=torch.bool, device=q.device),
+        )
     dk, dv, dvalid = depth
     scale = 1.0 / math.sqrt(e)
     qg = rearrange(q, "b (h g) t e -> b h g t e", g=G)  # query head h*G+g reads KV head h
@@ -79,8 +87,12 @@ def depth_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_depth: 
         a_seq = groups(pattern) if edited else a_seq
     o_seq = einsum(a_seq.to(v.dtype), v, "b h g t s, b h s e -> b h g t e")
     o_dep = einsum(a_dep.to(dv.dtype), dv, "b h g t s, b t s h e -> b h g t e")
-    return heads(o_seq + o_dep), {"a_seq": heads(a_seq), "a_depth": heads(a_dep),
-                                  "o_seq": heads(o_seq), "o_depth": heads(o_dep)}
+    return heads(o_seq + o_dep), {
+        "a_seq": heads(a_seq),
+        "a_depth": heads(a_dep),
+        "o_seq": heads(o_seq),
+        "o_depth": heads(o_dep),
+    }
 
 
 class MoDAAttentionBody(Sublayer):
@@ -94,9 +106,18 @@ class MoDAAttentionBody(Sublayer):
         super().__init__(cfg, "attn")
         self.depth_rope = cfg.moda_depth_rope
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, depth: DepthKV | None = None,
-                out: dict[str, Any] | None = None, hooks: Sublayer | None = None, ln: NormHooks | None = None,
-                **_: Any) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        depth: DepthKV | None = None,
+        out: dict[str, Any] | None = None,
+        hooks: Sublayer | None = None,
+        ln: NormHooks | None = None,
+        **_: Any,
+    ) -> torch.Tensor:
         hooks = hooks if hooks is not None else self
         q, k, v = self.fn.project(self.norm(x, ln), hooks)  # un-rotated (B, Hq, T, e), (B, Hkv, T, e)
         qr, kr = self.fn.rotate(q, k, cos, sin, hooks)
@@ -122,16 +143,27 @@ class MoDAMLPBody(Sublayer):
         for lin in (self.depth_k_proj, self.depth_v_proj):
             nn.init.normal_(lin.weight, std=cfg.init_std)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, depth: DepthKV | None = None,
-                out: dict[str, Any] | None = None, hooks: Sublayer | None = None, ln: NormHooks | None = None,
-                **_: Any) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        depth: DepthKV | None = None,
+        out: dict[str, Any] | None = None,
+        hooks: Sublayer | None = None,
+        ln: NormHooks | None = None,
+        **_: Any,
+    ) -> torch.Tensor:
         xn = self.norm(x, ln)  # x~ = N_l2(u)
         if out is not None:  # the MLP only writes depth KV; `depth` is accepted for a uniform call
             kf = rearrange(self.depth_k_proj(xn), "b t (h e) -> b h t e", h=self.n_kv_head)
             if self.rotate_depth:
                 kf = apply_rope(kf, cos, sin)
-            out.update(k=rearrange(kf, "b h t e -> b t h e"),
-                       v=rearrange(self.depth_v_proj(xn), "b t (h e) -> b t h e", h=self.n_kv_head))
+            out.update(
+                k=rearrange(kf, "b h t e -> b t h e"),
+                v=rearrange(self.depth_v_proj(xn), "b t (h e) -> b t h e", h=self.n_kv_head),
+            )
         return self.fn(xn, hooks=hooks if hooks is not None else self)
 
 
@@ -146,8 +178,12 @@ class MoDARouter(Router):
         ok = torch.ones_like(h[..., :1], dtype=torch.bool) if keep is None else (keep != 0)[..., None]  # (B, T, 1)
         if ctx.record is not None and "a_depth" in out:
             _put_depth_readouts(ctx, j, out, dk.shape[2])
-        state = {"h": h + y, "dk": torch.cat([dk, out["k"][:, :, None]], 2),
-                 "dv": torch.cat([dv, out["v"][:, :, None]], 2), "dvalid": torch.cat([dvalid, ok], 2)}
+        state = {
+            "h": h + y,
+            "dk": torch.cat([dk, out["k"][:, :, None]], 2),
+            "dv": torch.cat([dv, out["v"][:, :, None]], 2),
+            "dvalid": torch.cat([dvalid, ok], 2),
+        }
         return state, y if carry is None else carry + y  # u_l = h_{l+1} - h_l
 
 
@@ -182,5 +218,9 @@ class MoDA(Design):
     def init_state(self, h0: torch.Tensor) -> State:
         B, T, _ = h0.shape
         empty = h0.new_zeros(B, T, 0, self.cfg.kv_heads, self.cfg.head_dim)
-        return {"h": h0, "dk": empty, "dv": empty.clone(),
-                "dvalid": torch.zeros(B, T, 0, dtype=torch.bool, device=h0.device)}
+        return {
+            "h": h0,
+            "dk": empty,
+            "dv": empty.clone(),
+            "dvalid": torch.zeros(B, T, 0, dtype=torch.bool, device=h0.device),
+        }

@@ -65,8 +65,9 @@ class PostNormRouter(Router):
             out = torch.where(keep.bool()[..., None], out, h)
         ctx.put("skip_gain", self.alpha, sublayer=j)
         ctx.put("rms", r, sublayer=j)
-        ctx.put("branch_share", y.float().norm(dim=-1) / (self.alpha * h.float().norm(dim=-1)).clamp_min(1e-12),
-                sublayer=j)
+        ctx.put(
+            "branch_share", y.float().norm(dim=-1) / (self.alpha * h.float().norm(dim=-1)).clamp_min(1e-12), sublayer=j
+        )
         u = out - h
         return {**state, "h": out}, u if carry is None else carry + u
 
@@ -81,7 +82,10 @@ class SingleStreamDesign(Design):
         ref = record["h0"]  # (B, T, d)
         B, T = ref.shape[:2]
         ones = torch.ones(B, T, dtype=torch.float64, device=ref.device)
-        a = [torch.as_tensor(float(record[readout_key("skip_gain", k)]), dtype=torch.float64) * ones for k in range(n_sub)]
+        a = [
+            torch.as_tensor(float(record[readout_key("skip_gain", k)]), dtype=torch.float64) * ones
+            for k in range(n_sub)
+        ]
         r = [record[readout_key("rms", k)].double() if readout_key("rms", k) in record else ones for k in range(n_sub)]
         M = torch.zeros(B, T, n_sub + 1, n_sub + 1, dtype=torch.float64, device=ref.device)
         # M[..., i, j] = weight of source i in x_j (the input of 0-based sublayer j; j = n_sub: final).
@@ -158,4 +162,3 @@ class KEEL(SingleStreamDesign):
             return AdditiveRouter()
         alpha = 1.0 if j == 1 else self.cfg.keel_alpha
         return PostNormRouter(alpha, trunk_norm=RMSNorm(self.cfg.d_model, self.cfg.norm_eps), branch_prenorm=True)
-

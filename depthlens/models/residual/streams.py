@@ -110,8 +110,10 @@ class MultiStreamDesign(Design):
         return state["x"].sum(-2)  # (B, T, d)
 
     def set_view(self, state: State, value: torch.Tensor) -> State:
-        raise RuntimeError(f"design {self.slug!r}: the residual view is the {self.view_name} and is read-only; "
-                           "edit hook_streams_* instead")
+        raise RuntimeError(
+            f"design {self.slug!r}: the residual view is the {self.view_name} and is read-only; "
+            "edit hook_streams_* instead"
+        )
 
     def streams(self, state: State) -> torch.Tensor:
         return state["x"]
