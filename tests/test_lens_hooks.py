@@ -124,12 +124,13 @@ def test_attention_mlp_and_norm_hooks_match_numpy():
     # RoPE (HF rotate-half layout) at position t with frequencies theta^(-2i/dh)
     inv = c.rope_theta ** (-np.arange(0, dh, 2) / dh)
     ang = np.arange(T)[:, None] * np.concatenate([inv, inv])[None]  # (T, dh)
-    rot = (
-        lambda a: (  # noqa: E731
+
+    def rot(a):
+        return (
             a * np.cos(ang)[None, :, None]
             + np.concatenate([-a[..., dh // 2 :], a[..., : dh // 2]], -1) * np.sin(ang)[None, :, None]
         )
-    )  # noqa: E731
+
     qr, kr = rot(q), rot(_np(cache["blocks.1.attn.hook_k"]))
     np.testing.assert_allclose(_np(cache["blocks.1.attn.hook_rot_q"]), qr, atol=1e-5)
     # the pattern: softmax(q k^T / sqrt(dh) + causal mask), query head h reading KV head h // G
