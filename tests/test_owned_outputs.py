@@ -182,6 +182,23 @@ def test_rerun_replaces_its_own_export_only(corpus, tmp_path):  # noqa: F811
     assert not (tmp_path / "b").exists()
 
 
+def test_a_cloned_checkpoint_of_the_same_recipe_run_is_retrained(corpus, tmp_path):  # noqa: F811
+    """A clone carries no markers (git-ignores them): the shipped checkpoint a recipe run names is replaced by
+    that run (its train.json names the run and the export path), any other marker-less checkpoint is not."""
+    from depthlens.io.atomic import MARKER
+    from depthlens.training.trainer import train
+
+    export = tmp_path / "ckpt"
+    train(tiny(corpus, tmp_path / "a", steps=2, final_eval_batches=1, export=str(export), name="toy"))
+    (export / MARKER).unlink()  # as a fresh clone has it
+    out = train(tiny(corpus, tmp_path / "b", steps=2, final_eval_batches=1, export=str(export), name="toy"))
+    assert out["final_val_loss"] > 0 and (export / MARKER).is_file()
+    (export / MARKER).unlink()
+    with pytest.raises(DepthlensError, match="not recognisably depthlens output"):  # another run's checkpoint
+        train(tiny(corpus, tmp_path / "c", steps=2, final_eval_batches=1, export=str(export), name="other"))
+    assert not (export / MARKER).exists()
+
+
 def test_a_second_trainer_on_one_run_directory_refuses_naming_the_first(corpus, tmp_path):  # noqa: F811
     from depthlens.training.trainer import train
 

@@ -612,6 +612,28 @@ def run_owner(cfg: RunConfig) -> dict[str, str]:
     return {"run": str(Path(cfg.out).resolve())}
 
 
+def adopt_recipe_export(cfg: RunConfig) -> bool:
+    """A shipped checkpoint is this run's own export when its train.json says that this very recipe run made it
+    there (the same run name and the same `export` path as the recipe writes it): a clone carries no ownership
+    markers (they are git-ignored), yet `depthlens train <recipe> --run NAME` must retrain the zoo checkpoint the
+    recipe names. Such a checkpoint is marked as this run's; anything else is left for the refusal."""
+    from ..io.atomic import legacy_kind, read_marker, write_marker
+    from ..io.files import read_json
+
+    d = cfg.export_dir
+    if not cfg.name or not d.is_dir() or read_marker(d) is not None or legacy_kind(d) != "checkpoint":
+        return False
+    try:
+        record = read_json(d / "train.json", "training record")
+    except DepthlensError:
+        return False
+    recipe = record.get("recipe") if isinstance(record, dict) else None
+    if not isinstance(recipe, dict) or record.get("name") != cfg.name or recipe.get("export") != cfg.export:
+        return False
+    write_marker(d, "checkpoint", **run_owner(cfg))
+    return True
+
+
 @contextmanager
 def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
     """Before any work, rank 0 checks that the run directory is new, empty or a depthlens run directory (its
@@ -625,6 +647,7 @@ def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
     with ExitStack() as held:
         if dist.is_main:
             try:
+                adopt_recipe_export(cfg)
                 claim_dir(cfg.out, "run", create=False)  # created (and marked) by run(), after the setup
                 check_target(cfg.export_dir, False, kinds=("checkpoint",), flag="", owner=owner, make_parents=True)
                 held.enter_context(output_lock(cfg.out, "run directory"))
