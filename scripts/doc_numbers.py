@@ -69,24 +69,8 @@ def zoo_losses(root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def track_cost(root: Path) -> str:
-    """The per-snapshot cost sentence of docs/depth-over-training.md, from the zoo report's manifest."""
-    man = json.loads((root / "reports" / "zoo" / "manifest.json").read_text(encoding="utf-8"))
-    sec = next(c["seconds"] for c in man["checkpoints"] if c["checkpoint"] == "hc_l32")
-    n = man["eval_data"]
-    parts = [
-        f"{m} {sec[k]:.1f} s"
-        for m, k in (("causal", "causal"), ("permutation", "permutation"), ("erank", "rank"), ("angular", "angular"))
-        if k in sec
-    ]
-    return (
-        f"Measured in the committed zoo report (`reports/zoo/manifest.json`, one process, 1 thread) for the "
-        f"trained `hc_l32` on its {n['n_seq']} × {n['seq_len']} eval tokens: {', '.join(parts)} "
-        "(the late pairs of the permutation dominate).\n"
-    )
-
-
-GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses, "track-cost": track_cost}
+# timings are not generated into the docs: they live in the git-ignored reports/zoo/timings.json (machine facts)
+GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses}
 
 
 def render(text: str, root: Path = ROOT) -> str:

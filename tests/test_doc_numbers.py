@@ -77,7 +77,7 @@ def test_performance_causal_rows_and_like_for_like_ratio():
 
 def test_generated_fragments_match_the_committed_data():
     """docs/training.md's zoo table and docs/depth-over-training.md's cost line are generated from
-    checkpoints/*/train.json and reports/zoo/manifest.json (scripts/doc_numbers.py)."""
+    checkpoints/*/train.json (scripts/doc_numbers.py)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("doc_numbers", ROOT / "scripts" / "doc_numbers.py")
