@@ -52,17 +52,9 @@ def input_path(path: Path | None, option: str) -> Path | None:
     except OSError as e:
         raise DepthlensError(f"{option} {path}: {e.strerror or e}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a character device"
-            if stat.S_ISCHR(mode)
-            else "a block device"
-            if stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "not a file"
-        )
+        from ..io.files import _kind  # one wording of what a path is, for every refusal
+
+        kind = _kind(mode)
         raise UsageError(f"{option} {path}: is {kind}; give a regular file or a directory")
     return path
 
