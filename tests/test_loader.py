@@ -64,6 +64,29 @@ def test_gguf_logits_match_the_source_model(tmp_path, quant, tol):
     assert opened_of(op.model) is op and depthlens.open is open_model
 
 
+def test_gguf_parsed_once_loads_the_same_model(tmp_path, monkeypatch):
+    """`gguf_parsed_once` (one parse per file, one tensor-name map per arch) changes nothing but the time: the
+    same weights and tokenizer as transformers' own repeated parses, one parse counted, `gguf` restored."""
+    import contextlib
+
+    import gguf
+
+    from depthlens.adapters import load as L
+
+    path = write_tiny_gguf(tiny_llama(seed=2), tmp_path / "t.Q8_0.gguf", quant="Q8_0")
+    parses = []
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: parses.append(a) or real(*a, **k))
+    fast = open_model(path)
+    assert len(parses) == 1 and gguf.GGUFReader is not real  # our counter is back in place, not the memo
+    monkeypatch.setattr(L, "gguf_parsed_once", contextlib.nullcontext)
+    slow = open_model(path)
+    assert len(parses) >= 3  # what transformers does on its own: a parse for each of config, weights, tokenizer
+    a, b = fast.model.state_dict(), slow.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert fast.tokenizer.name == slow.tokenizer.name
+
+
 def test_gguf_tokenizer_comes_from_the_file(sources):
     op = open_model(sources["gguf"])
     tok = op.tokenizer

@@ -23,6 +23,7 @@ the tokenizer with its BOS id. Every result dataset built from this model carrie
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -312,28 +313,29 @@ def _open_gguf(
     from .hf import _quiet_hf, place_model, wrap
     from .structure import structure_of
 
-    info = gguf_header(p)
-    try:
-        from transformers import AutoModelForCausalLM
+    with gguf_parsed_once():
+        info = gguf_header(p)
+        try:
+            from transformers import AutoModelForCausalLM
 
-        with _quiet_hf(progress):
-            hf = AutoModelForCausalLM.from_pretrained(
-                str(p.parent),
-                gguf_file=p.name,
-                local_files_only=True,
-                trust_remote_code=False,
-                dtype=dtype or torch.float32,
-            )
-    except CheckpointError:
-        raise
-    except Exception as e:  # transformers/gguf raise many types for a file they cannot read
-        first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
-        raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
-    if device_map is None:
-        hf.to(device)
-    hf.eval()
-    check_finite(hf.named_parameters(), p)
-    tok = _gguf_tokenizer(p)
+            with _quiet_hf(progress):
+                hf = AutoModelForCausalLM.from_pretrained(
+                    str(p.parent),
+                    gguf_file=p.name,
+                    local_files_only=True,
+                    trust_remote_code=False,
+                    dtype=dtype or torch.float32,
+                )
+        except CheckpointError:
+            raise
+        except Exception as e:  # transformers/gguf raise many types for a file they cannot read
+            first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+            raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
+        if device_map is None:
+            hf.to(device)
+        hf.eval()
+        check_finite(hf.named_parameters(), p)
+        tok = _gguf_tokenizer(p)
     model = wrap(hf, tok)
     structure = structure_of(model)  # before a device_map spreads the weights
     model = place_model(model, device_map)
@@ -344,6 +346,35 @@ def _open_gguf(
         "gguf_architecture": info["architecture"],
     }
     return _hf_opened(model, p, raw, source="gguf", weights_format="gguf", structure=structure, extra=extra)
+
+
+@contextlib.contextmanager
+def gguf_parsed_once() -> Any:
+    """Within one GGUF load, each file is parsed once and llama.cpp's tensor-name map built once per (arch,
+    layers). transformers' loader parses the whole file separately for the config, the weights and the
+    tokenizer (plus our header check: 4 parses of a 100k-field header), and rebuilds the name map for every
+    module it walks (~400 times for SmolLM2), which was most of a GGUF load's CPU time. Both readers are
+    read-only memory maps and the map is a pure function of its arguments, so the results are the same
+    (tests/test_loader.py); the `gguf` module's own functions are restored on exit."""
+    try:
+        import gguf
+    except ImportError:  # gguf_header says what is missing
+        yield
+        return
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: str | os.PathLike, mode: str = "r") -> Any:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map  # type: ignore[misc]
 
 
 def gguf_header(p: Path) -> dict[str, Any]:
