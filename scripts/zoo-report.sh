@@ -19,8 +19,18 @@ fi
 [ -d reports/zoo ] && .venv/bin/python -m depthlens.io.atomic adopt reports/zoo > /dev/null
 # progress goes to stderr: a bar on a terminal, one line per step in a log (`2>log`); --quiet silences it.
 # Timings and machine facts go to reports/zoo/timings.json (git-ignored): a rerun leaves the tracked files unchanged.
-echo "zoo-report: ${#ckpts[@]} checkpoints -> reports/zoo/" >&2
-.venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "$@"
+# One process per core (at most 2: torchrun ranks split the checkpoints by estimated cost and write the report one
+# process writes, tests/test_distributed_report.py); RANKS=1 runs it in this process.
+# --perm-n-seq 16: the trained permutation on the first 16 of the 32 eval sequences: at L = 32 every late pair
+# re-runs the layers after it, so it is most of the job; the report states the prefix beside its numbers.
+RANKS=${RANKS:-$(n=$(nproc 2>/dev/null || echo 1); echo $(( n < 2 ? 1 : 2 )))}
+echo "zoo-report: ${#ckpts[@]} checkpoints -> reports/zoo/ ($RANKS process(es))" >&2
+if [ "$RANKS" -gt 1 ]; then
+  OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node "$RANKS" -m depthlens.cli report \
+    "${ckpts[@]}" --out reports/zoo --overwrite --perm-n-seq 16 "$@"
+else
+  .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite --perm-n-seq 16 "$@"
+fi
 # depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them.
 # TRACK_ARGS go to `depthlens track`, e.g. TRACK_ARGS="--device cuda" or "--n-seq 16" (JOBS: runs in parallel)
 # shellcheck disable=SC2086  # TRACK_ARGS is a list of options

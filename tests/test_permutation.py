@@ -144,3 +144,19 @@ def test_all_designs(arch, data):
         assert np.all(np.isfinite(d.perm_abs.values)) and np.all(d.perm_kl.values >= -1e-7)
     d, kl, _ = _full_run_delta(m, data.tokens, swapped_order(3, 0, 2))
     assert body.perm_abs.values[0, 2] == pytest.approx(d, abs=5e-6)
+
+
+def test_report_permutation_prefix_is_the_first_sequences_of_the_full_run(preln, data, ds):
+    """`--perm-n-seq k` (StudyOptions.perm_n_seq): the trained permutation runs on the first k eval sequences, the
+    same per-sequence numbers as the full run's first k; an untrained run takes the smaller of its two prefixes;
+    other diagnostics keep every sequence."""
+    from depthlens.studies.study import StudyOptions, metric_data
+
+    opts = StudyOptions(perm_n_seq=2, untrained_perm_n_seq=1)
+    assert metric_data(data, "causal", opts) is data
+    assert metric_data(data, "permutation", opts).n_seq == 2
+    assert metric_data(data, "permutation", opts, untrained=True).n_seq == 1
+    assert metric_data(data, "permutation", StudyOptions(perm_n_seq=99)) is data
+    part = permutation_scores(preln, metric_data(data, "permutation", opts), pairs="all", batch_size=4, seq_batch=1)
+    np.testing.assert_allclose(part.delta_loss_seq.values, ds.delta_loss_seq.values[..., :2], atol=2e-6)
+    assert StudyOptions(perm_n_seq=2).as_dict()["perm_n_seq"] == 2

@@ -139,6 +139,24 @@ def test_summary_records(report):
             assert share == pytest.approx(by[design][f"{key}_share_full"])
 
 
+def test_trained_with_groups_checkpoints_by_training_code_and_decay_rule():
+    """The report's "Trained with" table: one row per (git sha, decay_mixing), largest group first; a checkpoint
+    that recorded neither (trained before the option) is its own group, never merged into a recorded one."""
+    from depthlens.render.pages import TRAINED_WITH_HEAD, trained_with_rows
+
+    recs = [
+        {"checkpoint": "a_l4", "train_git_sha": "79267f7998d4", "decay_mixing": False},
+        {"checkpoint": "b_l4", "train_git_sha": "79267f7998d4", "decay_mixing": False},
+        {"checkpoint": "c_l4", "train_git_sha": "530027e00000", "decay_mixing": None},
+        {"checkpoint": "d_l4", "train_git_sha": None, "decay_mixing": None},
+    ]
+    rows = trained_with_rows(recs)
+    assert len(TRAINED_WITH_HEAD) == 3 and [len(r) for r in rows] == [3, 3, 3]
+    assert rows[0] == ["79267f7998d4", "false", "2: a_l4, b_l4"]
+    assert sorted(r[2] for r in rows[1:]) == ["1: c_l4", "1: d_l4"]
+    assert {r[1] for r in rows[1:]} == {"not recorded"}
+
+
 def test_netcdf_datasets_read_back(report):
     from depthlens.io.dataset import read_netcdf
 
@@ -270,16 +288,16 @@ CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_doc
     "sweep": "depthlens sweep checkpoints/preln_l8 checkpoints/hc_l8 checkpoints/mhc_l8 --metric causal \\\n"
     "    --order preln_l8,mhc_l8,hc_l8 --plot depthlens-out/sweep.png",
     "report": "depthlens report checkpoints/*_l4/ --out depthlens-out/report_l4",
-    "track": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 \\\n"
-    "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'     # a run with snapshots (2 min)\n"
+    "track": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 steps=100 \\\n"
+    "    export=depthlens-out/hc_l4 'snapshots=[25,50,100]'     # 100 steps of hc_l4's recipe, with snapshots (30 s)\n"
     "depthlens track .cache/depthlens/runs/docs/hc_l4 --n-seq 8 --out depthlens-out/track",
     "compare": "depthlens compare checkpoints/preln_l8 checkpoints/hc_l8 --metrics causal,perm_abs",
     "shapes": "depthlens shapes --target 407M --design hc",
     "prepare": "depthlens prepare --out data/offline --max-bytes 1000000           # the packaged offline corpus, capped\n"
     "python -c 'import this' > data/zen.txt                               # or your .txt/.jsonl/.parquet files\n"
     "depthlens prepare data/zen.txt --out data/zen --tokenizer bytes",
-    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 \\\n"
-    "    export=depthlens-out/hc_l4 'snapshots=[50,100,200,400]'",
+    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 steps=100 \\\n"
+    "    export=depthlens-out/hc_l4 'snapshots=[25,50,100]'     # its first 100 of 400 steps",
     "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
 }
 

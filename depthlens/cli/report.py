@@ -62,6 +62,14 @@ def report(
             "--untrained-perm-n-seq", min=0, help="Eval sequences (a prefix) for the untrained permutation; 0 = all."
         ),
     ] = 8,
+    perm_n_seq: Annotated[
+        int,
+        typer.Option(
+            "--perm-n-seq",
+            min=0,
+            help="Eval sequences (a prefix) for the trained permutation, its main cost at depth; 0 = all --n-seq.",
+        ),
+    ] = 0,
     threads: Annotated[
         int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")
     ] = 1,
@@ -105,6 +113,7 @@ def report(
         threads=threads or None,
         untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
         untrained_perm_n_seq=untrained_perm_n_seq or None,
+        perm_n_seq=perm_n_seq or None,
     )
     t0 = time.perf_counter()
     with Progress("report") as bar:  # under torchrun only rank 0 shows progress (feedback.mode)

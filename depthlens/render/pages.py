@@ -242,6 +242,29 @@ LR_NOTE = (
 )
 
 
+TRAINED_WITH_NOTE = (
+    "The code each checkpoint was trained with (train.json `git_sha`; `depthlens info` warns when the training "
+    "code changed since) and its weight-decay rule for residual-mixing and scaling parameters (`decay_mixing`; "
+    "'not recorded': trained before the option existed, when every parameter with ≥ 2 dims was decayed, "
+    "HC's static maps included). A different decay rule (or LR, table above) is a different recipe: "
+    "compare designs within one rule."
+)
+TRAINED_WITH_HEAD = ("training code (git)", "decay_mixing", "checkpoints")
+
+
+def trained_with_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    """Checkpoints grouped by (training code, decay_mixing), largest group first."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in records:
+        dm = r.get("decay_mixing")
+        key = (r.get("train_git_sha") or NA, "not recorded" if dm is None else str(dm).lower())
+        groups.setdefault(key, []).append(str(r["checkpoint"]))
+    return [
+        [sha, dm, f"{len(names)}: {', '.join(names)}"]
+        for (sha, dm), names in sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    ]
+
+
 def _eval_size_head() -> tuple[str, ...]:
     return tuple(h.format(c=registry.CAUSAL.theta, p=registry.PERM_ABS.theta) for h in EVAL_SIZE_HEAD)
 
@@ -275,13 +298,17 @@ def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
+def _perm_prefix(k: int | None, n: int) -> str:
+    return f", on the first {k} of the {n} sequences" if k and k < n else ""
+
+
 def _eval_line(rep) -> str:
     d, o = rep.data, rep.options
     return (
         f"{len(rep.entries)} checkpoints · eval data `{d.name}` ({d.n_seq} sequences × {d.seq_len} tokens, "
         f"seed {d.seed}, sha256 {d.sha256[:12]}…, the same tokens for every checkpoint) · causal: current "
         f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
-        f"swap · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
+        f"swap{_perm_prefix(o.perm_n_seq, d.n_seq)} · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
         f"⌈N/2⌉) and {o.n_boot} bootstrap resamples (permutation) · untrained baselines: "
         f"{', '.join(o.untrained) or 'none'}"
     )
@@ -356,6 +383,9 @@ def render_html(rep) -> str:
     parts.append('<h2 id="lr">Learning rates</h2>')
     parts.append(f"<p>{_h(LR_NOTE)}</p>")
     parts.append(_html_table(lr_head, [[_h(c) for c in row] for row in lr_body]))
+    parts.append('<h2 id="trained-with">Trained with</h2>')
+    parts.append(f"<p>{_h(TRAINED_WITH_NOTE)}</p>")
+    parts.append(_html_table(TRAINED_WITH_HEAD, [[_h(c) for c in row] for row in trained_with_rows(recs)]))
     if "summary" in rep.figures:
         parts.append(f'<div class="grid">{_img(rep.figures["summary"], "headline numbers against depth")}</div>')
     checked = orderings.check_all(rep.records, rep.comparisons)
@@ -464,6 +494,7 @@ def render_markdown(rep) -> str:
         ]
     lr_head, lr_body = lr_rows(lr_sweep(), recs)
     out += ["## Learning rates", "", LR_NOTE, "", _md_table(lr_head, lr_body), ""]
+    out += ["## Trained with", "", TRAINED_WITH_NOTE, "", _md_table(TRAINED_WITH_HEAD, trained_with_rows(recs)), ""]
     if "summary" in rep.figures:
         out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
     out += [orderings.markdown(orderings.check_all(recs, rep.comparisons)), ""]

@@ -50,6 +50,7 @@ from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as rep
     _noop,
     compute,
     load_entries,
+    metric_data,
     n_steps,
     parse_metrics,
     run_study,
@@ -57,7 +58,6 @@ from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as rep
     study_eval_data,
     tasks,
     tokenizer_facts,
-    untrained_data,
     untrained_model,
 )
 from depthlens.studies.summaries import UNTRAINED_RECORD_FIELDS, headline_of, record_fields, record_keys
@@ -100,6 +100,8 @@ RECORD_BASE = (
     "params_non_embedding",
     "seed",
     "lr",
+    "train_git_sha",
+    "decay_mixing",
     "val_loss",
     "eval_loss",
     "eval_loss_untrained",
@@ -126,6 +128,8 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
         path=str(e.path),
         seed=e.seed,
         lr=_f((e.train.get("recipe") or {}).get("lr")),
+        train_git_sha=str(e.train["git_sha"])[:12] if e.train.get("git_sha") else None,
+        decay_mixing=(e.train.get("recipe") or {}).get("decay_mixing"),
     )
     base_row: dict[str, Any] = {"n_layer": e.n_layer, "eval_loss": None}  # the untrained model's own row
     for d in registry.diagnostics():

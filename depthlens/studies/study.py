@@ -77,6 +77,9 @@ class StudyOptions:
     # init every swap moves a near-uniform prediction by a hair, and the permutation engine is most of a
     # report's cost; the trained − untrained difference pairs the same sequences
     untrained_perm_n_seq: int | None = 8
+    # the trained permutation on the first `perm_n_seq` eval sequences (None: all): a report's main cost at
+    # L = 32 (every late pair re-runs the layers after it); the other diagnostics keep all `n_seq`
+    perm_n_seq: int | None = None
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this study's choices."""
@@ -106,6 +109,7 @@ class StudyOptions:
             "dead_prefix_eps": registry.DEAD_PREFIX_EPS,
             "untrained": list(self.untrained),
             "untrained_perm_n_seq": self.untrained_perm_n_seq,
+            "perm_n_seq": self.perm_n_seq,
             **({} if self.device_map is None else {"device_map": self.device_map}),
             **({} if self.tokens is None else {"tokens": self.tokens}),
         }
@@ -273,7 +277,9 @@ def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progr
         for e, m in tasks(entries, opts):
             t0 = time.perf_counter()
             try:
-                e.datasets[m] = registry.run(m, e.model, data, checkpoint=e.path, **opts.engine_options(m))
+                e.datasets[m] = registry.run(
+                    m, e.model, metric_data(data, m, opts), checkpoint=e.path, **opts.engine_options(m)
+                )
             except (DepthlensError, ValueError) as err:
                 e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
             e.seconds[m] = round(time.perf_counter() - t0, 3)
@@ -297,14 +303,15 @@ def untrained_model(e: Entry):
     return build_model(cfg, seed=e.seed).to(device=p.device, dtype=p.dtype).eval()
 
 
-def untrained_data(data, metric: str, opts: StudyOptions):
-    """The eval data an untrained diagnostic runs on: all of it, or a prefix for the permutation."""
+def metric_data(data, metric: str, opts: StudyOptions, untrained: bool = False):
+    """The eval data a diagnostic runs on: all of it, or a prefix of the sequences for the permutation
+    (`perm_n_seq`, `untrained_perm_n_seq`; an untrained run never sees more than the trained one)."""
     import dataclasses
 
-    k = opts.untrained_perm_n_seq
-    if metric != "permutation" or not k or k >= data.n_seq:
+    ks = [k for k in (opts.perm_n_seq, opts.untrained_perm_n_seq if untrained else None) if k]
+    if metric != "permutation" or not ks or min(ks) >= data.n_seq:
         return data
-    return dataclasses.replace(data, tokens=data.tokens[:k])
+    return dataclasses.replace(data, tokens=data.tokens[: min(ks)])
 
 
 def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
@@ -319,7 +326,7 @@ def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
     for m in todo:
         try:
             e.untrained[m] = registry.run(
-                m, model, untrained_data(data, m, opts), checkpoint=e.path, **opts.engine_options(m)
+                m, model, metric_data(data, m, opts, untrained=True), checkpoint=e.path, **opts.engine_options(m)
             )
         except (DepthlensError, ValueError) as err:
             e.notes.append(f"{m} (untrained): not computed ({str(err).splitlines()[0]})")
