@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (if needed), then the checks CI runs, in order: lint, format, types, the test suite on the CPU.
-# Arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`).
+# Arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`); TEST_WORKERS sets the pytest-xdist workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,4 +8,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRA
 .venv/bin/ruff check depthlens tests bench scripts
 .venv/bin/ruff format --check depthlens tests bench scripts
 .venv/bin/mypy  # the package, configured in pyproject.toml ([tool.mypy])
+# one worker per core, 2 at most (TEST_WORKERS=1: in this process); worksteal: the long docs pages do not queue
+# behind each other
+workers=${TEST_WORKERS:-$(n=$(nproc 2>/dev/null || echo 1); echo $(( n < 2 ? 1 : 2 )))}
+if [ "$workers" -gt 1 ]; then
+  exec .venv/bin/python -m pytest -n "$workers" --dist worksteal "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
