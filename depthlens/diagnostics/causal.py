@@ -46,17 +46,20 @@ from depthlens.diagnostics.causal_arms import (  # noqa: F401  (Arm, _CellStore,
     future_cuts,
     make_arms,
 )
+from depthlens.diagnostics.causal_dataset import (  # noqa: F401  (AGGREGATORS: re-exported)
+    AGGREGATORS,
+    _dataset,
+    _Results,
+)
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import State, state_cat, state_repeat
 from depthlens.runtime.distributed import agree, merge, shard, world
-from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import late_window, loss_log_probs, loss_logits
 
 VARIANTS = ("current", "future")
-AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
 UNITS = ("block", "attn", "mlp")
 NORMS = ("update", "resid")
 NORM_DEFINITIONS = {
@@ -121,18 +124,6 @@ def skip_mode(model) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the engine
-
-
-@dataclass
-class _Results:
-    """Everything accumulated over batches."""
-
-    store: dict[str, _CellStore]  # variant -> ratios of C(s, t)
-    null_store: dict[str, _CellStore]  # variant -> ratios of the skip-nothing arm
-    dstore: dict[str, _CellStore]  # variant -> ratios of C_dir(s, t)
-    O: dict[str, np.ndarray]  # variant -> (L, N) per-sequence output effect
-    dloss: np.ndarray  # (L, N) per-sequence ΔL_skip
-    clean_loss: np.ndarray  # (N,)
 
 
 @dataclass
@@ -570,132 +561,3 @@ def _direct(
             diff_sq, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
             for (_, variant), idx in _groups(chunk).items():
                 dstore[variant].add([chunk[i] for i in idx], t, seqs, ratio[idx], diff_sq[idx], clean_sq)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# dataset
-
-
-def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options) -> xr.Dataset:
-    L, N = model.n_layer, data.n_seq
-    store, null_store, dstore, O, dloss, clean_loss = (
-        res.store,
-        res.null_store,
-        res.dstore,
-        res.O,
-        res.dloss,
-        res.clean_loss,
-    )
-    LL = ("layer", "layer_other")
-    dv: dict[str, Any] = {}
-    if store:
-        agg = {v: store[v].aggregate() for v in variants}
-        C = np.stack([np.stack([store[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
-        dv["causal_score"] = (
-            ("variant", "aggregator", *LL),
-            C,
-            {"long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped", "units": "1"},
-        )
-        later = np.triu(np.ones((L, L), bool), 1)  # t > s
-        with np.errstate(invalid="ignore"):
-            mean_down = np.where(later, C, 0).sum(-1) / np.maximum(later.sum(-1), 1)
-        mean_down[..., L - 1] = np.nan  # the last layer has no later layer
-        mean_down[..., [l for l in range(L) if l not in S]] = np.nan
-        dv["mean_downstream_effect"] = (
-            ("variant", "aggregator", "layer"),
-            mean_down,
-            {
-                "long_name": "mean causal score on later layers, mean_{t>s} C(s,t) (Csordas skip_max_depth)",
-                "units": "1",
-            },
-        )
-        per = {v: store[v].per_sequence() for v in variants}
-        names = {
-            "max": ("seq_max", "per-sequence max of the token ratios"),
-            "sum": ("seq_sum", "per-sequence sum of the token ratios"),
-            "count": ("seq_count", "per-sequence number of measured tokens"),
-            "num": ("seq_sq_change", "per-sequence sum of squared update changes"),
-            "den": (
-                "seq_sq_update",
-                "per-sequence sum of squared denominators (clean |u_t|, or |h_t| under norm=resid)",
-            ),
-        }
-        for key, (name, long) in names.items():
-            lower = 0.0 if key in ("max", "sum", "num") else np.nan
-            arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=lower) for v in variants])
-            dv[name] = (("variant", *LL, "sequence"), arr, {"long_name": long, "units": "1"})
-    if null_store:
-        dv["null_score"] = (
-            ("variant",),
-            np.array([np.nanmax(null_store[v].aggregate()["max"]) for v in variants]),
-            {"long_name": "noise floor: max causal score of a skip-nothing intervention", "units": "1"},
-        )
-    if dstore:
-        agg = {v: dstore[v].aggregate() for v in variants}
-        Cd = np.stack([np.stack([dstore[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
-        for i in range(L):
-            if i in S:
-                Cd[..., i, i] = 0.0  # the direct effect has a zero diagonal (docs/concepts.md#causal-score)
-        dv["direct_score"] = (
-            ("variant", "aggregator", *LL),
-            Cd,
-            {"long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s", "units": "1"},
-        )
-    if options["outputs"]:
-        Os = np.stack([O[v] for v in variants])
-        dv["output_effect_seq"] = (
-            ("variant", "layer", "sequence"),
-            Os,
-            {"long_name": "per-sequence max L2 change of the next-token distribution", "units": "1"},
-        )
-        dv["output_effect"] = (
-            ("variant", "layer"),
-            _nanmax(Os, axis=2),
-            {"long_name": "output effect O[s]: max L2 change of the next-token distribution", "units": "1"},
-        )
-        if "current" in variants:
-            dv["skip_delta_loss_seq"] = (
-                ("layer", "sequence"),
-                dloss,
-                {"long_name": "per-sequence loss increase when the layer is skipped", "units": "nat"},
-            )
-            with np.errstate(invalid="ignore"):
-                mean = np.where(
-                    np.isnan(dloss).all(1), np.nan, np.nansum(dloss, 1) / np.maximum((~np.isnan(dloss)).sum(1), 1)
-                )
-            dv["skip_delta_loss"] = (
-                ("layer",),
-                mean,
-                {"long_name": "loss increase when the layer is skipped", "units": "nat"},
-            )
-    dv["clean_loss_seq"] = (
-        ("sequence",),
-        clean_loss,
-        {"long_name": "per-sequence clean next-token loss", "units": "nat"},
-    )
-    coords = {
-        "layer": np.arange(L),
-        "layer_other": np.arange(L),
-        "variant": list(variants),
-        "aggregator": list(AGGREGATORS),
-        "sequence": np.arange(N),
-    }
-    opts = {
-        **options,
-        "cut_positions": {v: cuts[v].tolist() for v in variants if v == "future"},
-        "cut_sampling": "Csordas test_future_max_effect: one random.Random(cut_seed) per run; each sequence "
-        "(eval order) reshuffles range(8, T-4, 8) and takes the first n_cuts",
-        "intervened_positions": {"current": "[1, T)", "future": "[1, c)"},
-        "measured_positions": {"current": "[1, T)", "future": "[c, T)"},
-        "loss_positions": "tau in [1, T-2] predicting token tau+1",
-        "late_window_start": late_window(L),
-        "aggregation": "max/mean/p95/p99 over pooled (sequence, cut, token); pooled = sqrt(sum|du|^2/sum|u|^2)",
-    }
-    return make_dataset(
-        dv,
-        coords,
-        metric="causal",
-        options=opts,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens causal score (skip layer s, change of update u_t)",
-    )

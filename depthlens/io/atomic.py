@@ -25,216 +25,95 @@ edited in place). A non-empty directory without the marker is never modified, wi
 --overwrite and only when recognisably ours. `output_lock` lets one writer at a time work on an output (the
 holder's pid, host and command are in a side file, so a second writer's refusal names it). Temp and hidden
 names are shortened (with a hash of the full name) to fit the filesystem's name limit.
+
+Here: the writers, marking a directory as ours, the output lock and `python -m depthlens.io.atomic adopt`;
+temps.py: temp names, signal-safe cleanup and `recover`; ownership.py: reading the marker and the checks made
+before a write. Everything is importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import shutil
-import signal
 import socket
-import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import DepthlensError
+from .ownership import (
+    MARKER,
+    MARKER_FORMAT,
+    _json,
+    _not_owner,
+    _now,
+    check_name,
+    check_target,
+    check_unedited,
+    check_writable,
+    distinct_outputs,
+    file_hashes,
+    legacy_kind,
+    marker_payload,
+    read_marker,
+    recognise,
+)
+from .temps import (
+    _LIVE,
+    _guard,
+    _hidden,
+    _lock,
+    _missing_parents,
+    _remove,
+    _signals_held,
+    _temp_prefix,  # noqa: F401  (re-exported: tests check the temp names it makes)
+    fit_name,
+    name_max,
+    parents_made,
+    recover,
+    stale_temps,
+    temp_name,
+)
 
-_HOST = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
-_LIVE: set[Path] = set()  # temps of this process not yet renamed into place
-_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
-_depth = 0
-_previous: dict[int, object] = {}
-_lock = threading.Lock()
-
-
-# -------------------------------------------------------------------------------------------------
-# temp names and signal-safe cleanup
-
-
-def name_max(directory: Path) -> int:
-    """The longest file name (bytes) the filesystem of `directory` (or its nearest existing ancestor) allows."""
-    d = directory
-    while not d.exists() and d != d.parent:
-        d = d.parent
-    try:
-        return int(os.pathconf(d, "PC_NAME_MAX"))
-    except (OSError, ValueError, AttributeError):
-        return 255
-
-
-def fit_name(name: str, room: int) -> str:
-    """`name`, or when longer than `room` bytes a prefix of it plus a hash of the whole (so two long names
-    that share a prefix still get different temps)."""
-    raw = os.fsencode(name)
-    if len(raw) <= room:
-        return name
-    tag = "~" + hashlib.sha256(raw).hexdigest()[:12]
-    head = raw[: max(1, room - len(tag))]
-    return os.fsdecode(head).encode("utf-8", "ignore").decode("utf-8", "ignore") + tag
-
-
-def _temp_prefix(path: Path) -> str:
-    # `.NAME.tmp-HOST-` + PID (<= 10) + `-` + 8 hex: the name part is shortened to keep the whole <= NAME_MAX
-    room = name_max(path.parent) - len(os.fsencode(f"..tmp-{_HOST}-")) - 10 - 1 - 8
-    return f".{fit_name(path.name, max(16, room))}.tmp-{_HOST}-"
-
-
-def temp_name(path: Path) -> Path:
-    return path.parent / f"{_temp_prefix(path)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            p.unlink()
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    """Remove this process's temps, then let the signal act as it would have without us."""
-    for p in list(_LIVE):
-        _remove(p)
-    _LIVE.clear()
-    prev = _previous.get(signum, signal.SIG_DFL)
-    if callable(prev):
-        prev(signum, frame)
-        return
-    signal.signal(signum, signal.SIG_DFL if prev in (None, signal.SIG_DFL) else prev)
-    if prev != signal.SIG_IGN:
-        os.kill(os.getpid(), signum)
-
-
-@contextlib.contextmanager
-def _guard(tmp: Path) -> Iterator[None]:
-    """Register `tmp` for removal on SIGTERM/SIGHUP while the block runs (handlers only in the main thread)."""
-    global _depth
-    main = threading.current_thread() is threading.main_thread()
-    with _lock:
-        _LIVE.add(tmp)
-        if main:
-            if _depth == 0:
-                for s in _SIGNALS:
-                    _previous[s] = signal.getsignal(s)
-                    signal.signal(s, _on_signal)
-            _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _LIVE.discard(tmp)
-            if main:
-                _depth -= 1
-                if _depth == 0:
-                    for s in _SIGNALS:
-                        signal.signal(s, _previous.pop(s, signal.SIG_DFL))  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM/SIGHUP back for a few renames (they are delivered right after)."""
-    sigs = {signal.SIGINT, *_SIGNALS}
-    can = hasattr(signal, "pthread_sigmask")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if can else None
-    try:
-        yield
-    finally:
-        if can:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stale_temps(path: Path) -> list[Path]:
-    """Temps for `path` left by dead processes of this host (a SIGKILL during a write)."""
-    out = []
-    prefix = _temp_prefix(path)
-    with contextlib.suppress(OSError):
-        for p in path.parent.iterdir():
-            if p.name.startswith(prefix):
-                pid = p.name[len(prefix) :].split("-")[0]
-                if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                    out.append(p)
-    return out
-
-
-def recover(path: str | os.PathLike) -> str | None:
-    """Repair what a kill left next to `path`; return a one-line note of what was done (None if nothing).
-
-    `.NAME.new` is always complete; `.NAME.old` is the copy being replaced. Killed ... before the first
-    rename: `NAME` (old) and `.NAME.new` -> finish the swap; between the renames: only the two hidden
-    copies -> `.NAME.new` becomes `NAME`; after the second: `NAME` and `.NAME.old` -> drop `.NAME.old`."""
-    path = Path(path)
-    new, old = _hidden(path, "new"), _hidden(path, "old")
-    notes = []
-    for p in stale_temps(path):
-        _remove(p)
-        notes.append(f"removed {p.name} left by a killed writer")
-    try:
-        if new.exists():
-            if path.exists() or path.is_symlink():
-                _remove(old)
-                os.replace(path, old)
-            os.replace(new, path)
-            notes.append(f"completed an interrupted replacement of {path} (newest complete copy kept)")
-        elif old.exists() and not path.exists():
-            os.replace(old, path)
-            notes.append(f"restored {path} from {old.name} (an interrupted replacement)")
-        if old.exists():
-            _remove(old)
-    except OSError as e:
-        raise DepthlensError(
-            f"{path}: an interrupted replacement left {new.name}/{old.name} and could not be "
-            f"repaired ({e.strerror or e}); fix by hand"
-        ) from e
-    return "; ".join(notes) or None
-
-
-def _hidden(path: Path, what: str) -> Path:
-    room = name_max(path.parent) - len(os.fsencode(f"..{what}"))
-    return path.parent / f".{fit_name(path.name, room)}.{what}"
+# The whole API of atomic output, wherever it is defined (temps.py: temp names and cleanup; ownership.py: the
+# marker and the checks before a write): callers import it from here.
+__all__ = [
+    "MARKER",
+    "MARKER_FORMAT",
+    "adopt",
+    "atomic_dir",
+    "atomic_target",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_name",
+    "check_target",
+    "check_unedited",
+    "check_writable",
+    "claim_dir",
+    "distinct_outputs",
+    "file_hashes",
+    "fit_name",
+    "follow_umask",
+    "legacy_kind",
+    "main",
+    "marker_payload",
+    "name_max",
+    "output_lock",
+    "parents_made",
+    "read_marker",
+    "recognise",
+    "record_files",
+    "recover",
+    "stale_temps",
+    "swap_in",
+    "temp_name",
+    "write_marker",
+    "write_with",
+]
 
 
 # -------------------------------------------------------------------------------------------------
-# what may be replaced: the ownership marker
-
-MARKER = ".depthlens-output"
-MARKER_FORMAT = "depthlens output v1"
-
-
-def read_marker(directory: str | os.PathLike) -> dict | None:
-    """The marker of a directory depthlens wrote (None when absent or not a marker we wrote)."""
-    p = Path(directory) / MARKER
-    if p.is_symlink() or not p.is_file():
-        return None
-    m = _json(p)
-    return m if isinstance(m, dict) and m.get("format") == MARKER_FORMAT and isinstance(m.get("kind"), str) else None
-
-
-def marker_payload(kind: str, **owner: object) -> dict:
-    from .._version import __version__
-    from .provenance import command_line
-
-    return {
-        "format": MARKER_FORMAT,
-        "kind": kind,
-        "made_by": f"depthlens {__version__}",
-        "command": command_line(),
-        "created": _now(),
-        **({"owner": owner} if owner else {}),
-    }
+# marking a directory as ours (what ownership.py reads and checks)
 
 
 def write_marker(
@@ -245,57 +124,6 @@ def write_marker(
     if files:
         m["files"] = files
     atomic_write_text(Path(directory) / MARKER, json.dumps(m, indent=1, sort_keys=True) + "\n")
-
-
-def _now() -> str:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def recognise(path: str | os.PathLike) -> str | None:
-    """What depthlens output `path` is: a directory by its marker ("checkpoint", "resume state", "report",
-    "dataset", "run", "track", ...), a file by its content ("netCDF dataset", "figure"); None when it is not
-    recognisably ours (then --overwrite will not touch it)."""
-    path = Path(path)
-    if path.is_symlink() or not path.exists():
-        return None
-    if path.is_dir():
-        m = read_marker(path)
-        return m["kind"] if m else None
-    if not path.is_file():
-        return None
-    head = _head(path, 8)
-    if path.suffix == ".nc" and head.startswith(b"\x89HDF\r\n\x1a\n") and _nc_is_ours(path):
-        return "netCDF dataset"
-    if path.suffix in (".png", ".svg", ".pdf") and b"depthlens" in _head(path, 4096) + _tail(path, 4096):
-        return "figure"
-    return None
-
-
-def legacy_kind(path: str | os.PathLike) -> str | None:
-    """What a directory without a marker looks like by its content, for output of a depthlens from before
-    markers (used only by `adopt` and to word a refusal; it never makes a directory replaceable)."""
-    path = Path(path)
-    if path.is_symlink() or not path.is_dir():
-        return None
-    if (path / "state.json").is_file() and (path / "state.safetensors").is_file():
-        return "resume state"
-    if isinstance(_json(path / "depthlens_export.json"), dict):  # adapters.convert.export_llama
-        return "converted checkpoint"
-    cfg = _json(path / "config.json")
-    if isinstance(cfg, dict) and "depthlens_version" in cfg:
-        return "checkpoint"
-    man = _json(path / "manifest.json")
-    if isinstance(man, dict) and (path / "index.html").is_file() and man.get("title") == "depthlens report":
-        return "report"
-    if isinstance(man, dict) and ("shards" in man or "data_hash" in man):
-        return "dataset"
-    if (path / "track.nc").is_file() and _nc_is_ours(path / "track.nc"):
-        return "track"
-    if legacy_kind(path / "resume") == "resume state" or legacy_kind(path / "checkpoint") == "checkpoint":
-        return "run"
-    return None
 
 
 def adopt(path: str | os.PathLike, owner: dict | None = None) -> str:
@@ -327,161 +155,6 @@ def adopt(path: str | os.PathLike, owner: dict | None = None) -> str:
             write_marker(path / "parts", "track cache", adopted=True)
     write_marker(path, kind, files=files, adopted=True, **owner)
     return f"{path}: marked as depthlens {kind}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m depthlens.io.atomic adopt PATH...`: mark output of a depthlens from before markers."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2 or args[0] != "adopt":
-        sys.stderr.write("usage: python -m depthlens.io.atomic adopt PATH...\n")
-        return 2
-    code = 0
-    for p in args[1:]:
-        try:
-            print(adopt(p))
-        except DepthlensError as e:
-            sys.stderr.write(f"depthlens: error: {e}\n")
-            code = 1
-    return code
-
-
-def _json(p: Path) -> object:
-    try:
-        if p.is_symlink() or not p.is_file() or p.stat().st_size > 1 << 20:
-            return None
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
-def _head(p: Path, n: int) -> bytes:
-    try:
-        with open(p, "rb") as f:
-            return f.read(n)
-    except OSError:
-        return b""
-
-
-def _tail(p: Path, n: int) -> bytes:
-    try:
-        with open(p, "rb") as f:
-            f.seek(max(0, p.stat().st_size - n))
-            return f.read(n)
-    except OSError:
-        return b""
-
-
-def _nc_is_ours(path: Path) -> bool:
-    try:
-        import netCDF4
-
-        with netCDF4.Dataset(path) as ds:
-            return str(getattr(ds, "source", "")).startswith("depthlens")  # written by analysis.dataset
-    except Exception:  # noqa: BLE001 - unreadable means "not recognisably ours"
-        return False
-
-
-def check_name(path: Path) -> None:
-    """Refuse a name the filesystem cannot hold (one line instead of ENAMETOOLONG after the work)."""
-    n, limit = len(os.fsencode(path.name)), name_max(path.parent)
-    if n > limit:
-        raise DepthlensError(f"{str(path)[:80]}...: the file name is {n} bytes; this filesystem allows {limit}")
-
-
-def check_writable(path: Path) -> None:
-    """Refuse, before any work, a target whose directory (or nearest existing ancestor, for one still to be
-    created) does not take new files: a probe file is created and removed (permission bits lie for root and
-    read-only mounts)."""
-    anc = path.parent
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if not anc.is_dir():
-        raise DepthlensError(f"cannot write {path}: {anc} is not a directory")
-    probe = temp_name(anc / ".probe")
-    try:
-        with _guard(probe):
-            fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as e:
-        raise DepthlensError(f"cannot write {path}: directory {anc} is not writable ({e.strerror or e})") from None
-
-
-def check_target(
-    path: str | os.PathLike,
-    overwrite: bool,
-    *,
-    kinds: tuple[str, ...] | None = None,
-    flag: str = "--overwrite",
-    owner: dict | None = None,
-    make_parents: bool = False,
-) -> Path:
-    """Refuse (DepthlensError, one line) to write `path` when it exists and may not be replaced: without
-    `overwrite`, or when it is not depthlens output of one of `kinds` (a directory: no marker; a file: not
-    recognisably ours), or, given `owner`, when its marker names another owner. Also refuses a name too long
-    for the filesystem and a directory that takes no new files, or (unless `make_parents`: the writer creates
-    them) a missing one. Repairs an interrupted swap first. Returns `path`."""
-    path = Path(path)
-    check_name(path)
-    recover(path)
-    if not (path.exists() or path.is_symlink()):
-        if not path.parent.is_dir() and (path.parent.exists() or not make_parents):
-            raise DepthlensError(
-                f"cannot write {path}: directory {path.parent} does not exist"
-                if not path.parent.exists()
-                else f"cannot write {path}: {path.parent} is not a directory"
-            )
-        check_writable(path)
-        return path
-    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-        check_writable(path)
-        return path  # an empty directory: nothing to lose
-    if path.is_dir() and not path.is_symlink():
-        m = read_marker(path)
-        if m is None:
-            old = legacy_kind(path)
-            hint = (
-                f" (it looks like a {old} from a depthlens before markers: mark it once with "
-                f"`python -m depthlens.io.atomic adopt {path}`)"
-                if old
-                else ""
-            )
-            raise DepthlensError(
-                f"{path}: already exists and is not recognisably depthlens output (no {MARKER} "
-                f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{hint}"
-            )
-        if kinds is not None and m["kind"] not in kinds:
-            raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {' / '.join(kinds)}; refusing to replace it")
-        if owner is not None:
-            mine = m.get("owner") if isinstance(m.get("owner"), dict) else {}
-            if any(mine.get(k) != v for k, v in owner.items()):
-                return _not_owner(path, m, owner)
-        elif not overwrite:
-            raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
-        check_writable(path)
-        return path
-    if not overwrite:
-        raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
-    kind = recognise(path)
-    if kind is None or (kinds is not None and kind not in kinds):
-        what = f"a {kind}" if kind else "not recognisably depthlens output"
-        raise DepthlensError(
-            f"{path}: {what}; {flag} replaces only depthlens "
-            f"{' / '.join(kinds) if kinds else 'output'}, refusing to delete it"
-        )
-    check_writable(path)
-    return path
-
-
-def _not_owner(path: Path, m: dict, owner: dict) -> Path:
-    made = (m.get("owner") or {}).get("run") if isinstance(m.get("owner"), dict) else None
-    by = f"the run in {made}" if made else (m.get("command") or "another command")
-    raise DepthlensError(
-        f"{path}: a depthlens {m['kind']} made by {by}, not by this run; refusing to replace it "
-        f"(choose another path or remove it yourself)"
-    )
 
 
 def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owner: object) -> Path:
@@ -521,25 +194,6 @@ def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owne
     return path
 
 
-def file_hashes(directory: Path, names: tuple[str, ...]) -> dict[str, str]:
-    return {n: hashlib.sha256((directory / n).read_bytes()).hexdigest() for n in names if (directory / n).is_file()}
-
-
-def check_unedited(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
-    """Refuse to rewrite in place a file of an owned directory that is not the one depthlens wrote there (a
-    README the user edited, a file the user put there): the marker keeps the hash of what we wrote."""
-    directory = Path(directory)
-    m = read_marker(directory) or {}
-    ours = m.get("files") if isinstance(m.get("files"), dict) else {}
-    for n in names:
-        p = directory / n
-        if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise DepthlensError(f"{p}: not a file depthlens wrote; refusing to replace it")
-        if p.is_file() and ours.get(n) != hashlib.sha256(p.read_bytes()).hexdigest():
-            what = "was edited since depthlens wrote it" if n in ours else "was not written by depthlens"
-            raise DepthlensError(f"{p}: {what}; refusing to replace it (move it away, or write to another --out)")
-
-
 def record_files(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
     """Keep the hashes of the files just written in place in the marker (see `check_unedited`)."""
     directory = Path(directory)
@@ -548,35 +202,6 @@ def record_files(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
         raise DepthlensError(f"{directory}: no {MARKER} marker")
     files = {**(m.get("files") or {}), **file_hashes(directory, names)}
     atomic_write_text(directory / MARKER, json.dumps({**m, "files": files}, indent=1, sort_keys=True) + "\n")
-
-
-def distinct_outputs(outputs: dict[str, str | os.PathLike | None]) -> None:
-    """Two outputs of one command never share a path (`sweep -o X --plot X` wrote the dataset, then replaced it
-    with the figure): refuse up front, naming both options."""
-    seen: dict[str, str] = {}
-    for opt, p in outputs.items():
-        if p is None:
-            continue
-        key = os.path.realpath(p)
-        if key in seen:
-            raise DepthlensError(f"{seen[key]} and {opt} name the same file {p}; give each output its own path")
-        seen[key] = opt
-
-
-@contextlib.contextmanager
-def parents_made(path: Path) -> Iterator[None]:
-    """Create the missing parent directories of `path`; remove those this call created if the block fails."""
-    created = _missing_parents(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        yield
-    except BaseException:
-        for d in created:  # innermost first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
 
 
 # -------------------------------------------------------------------------------------------------
@@ -753,14 +378,6 @@ def swap_in(tmp: Path, path: Path) -> None:
     _remove(old)
 
 
-def _missing_parents(path: Path) -> list[Path]:
-    out, anc = [], path.parent
-    while not anc.exists() and anc != anc.parent:
-        out.append(anc)
-        anc = anc.parent
-    return out
-
-
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = False) -> Path:
     """Write `data` to `path` atomically (optionally fsync'ed before the rename)."""
     with atomic_target(path) as tmp, open(tmp, "wb") as f:
@@ -780,6 +397,24 @@ def write_with(path: str | os.PathLike, writer: Callable[[Path], object]) -> Pat
     with atomic_target(path) as tmp:
         writer(tmp)
     return Path(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m depthlens.io.atomic adopt PATH...`: mark output of a depthlens from before markers."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] != "adopt":
+        sys.stderr.write("usage: python -m depthlens.io.atomic adopt PATH...\n")
+        return 2
+    code = 0
+    for p in args[1:]:
+        try:
+            print(adopt(p))
+        except DepthlensError as e:
+            sys.stderr.write(f"depthlens: error: {e}\n")
+            code = 1
+    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,266 @@
+"""What is ours and what may be replaced, read but never written: the ownership marker (`.depthlens-output`)
+every directory depthlens writes carries (`read_marker`), how a file or directory is recognised as depthlens
+output (`recognise`; `legacy_kind` for output of a depthlens from before markers), and the checks a writer makes
+before any work (`check_name`, `check_writable`, `check_target`, `check_unedited`, `distinct_outputs`): a
+non-empty directory without the marker is never modified. Writing the marker (`write_marker`, `claim_dir`,
+`adopt`) and the writers that use these checks are in `atomic.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..errors import DepthlensError
+from .temps import _guard, name_max, recover, temp_name
+
+# -------------------------------------------------------------------------------------------------
+# what may be replaced: the ownership marker
+
+MARKER = ".depthlens-output"
+MARKER_FORMAT = "depthlens output v1"
+
+
+def read_marker(directory: str | os.PathLike) -> dict | None:
+    """The marker of a directory depthlens wrote (None when absent or not a marker we wrote)."""
+    p = Path(directory) / MARKER
+    if p.is_symlink() or not p.is_file():
+        return None
+    m = _json(p)
+    return m if isinstance(m, dict) and m.get("format") == MARKER_FORMAT and isinstance(m.get("kind"), str) else None
+
+
+def marker_payload(kind: str, **owner: object) -> dict:
+    from .._version import __version__
+    from .provenance import command_line
+
+    return {
+        "format": MARKER_FORMAT,
+        "kind": kind,
+        "made_by": f"depthlens {__version__}",
+        "command": command_line(),
+        "created": _now(),
+        **({"owner": owner} if owner else {}),
+    }
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def recognise(path: str | os.PathLike) -> str | None:
+    """What depthlens output `path` is: a directory by its marker ("checkpoint", "resume state", "report",
+    "dataset", "run", "track", ...), a file by its content ("netCDF dataset", "figure"); None when it is not
+    recognisably ours (then --overwrite will not touch it)."""
+    path = Path(path)
+    if path.is_symlink() or not path.exists():
+        return None
+    if path.is_dir():
+        m = read_marker(path)
+        return m["kind"] if m else None
+    if not path.is_file():
+        return None
+    head = _head(path, 8)
+    if path.suffix == ".nc" and head.startswith(b"\x89HDF\r\n\x1a\n") and _nc_is_ours(path):
+        return "netCDF dataset"
+    if path.suffix in (".png", ".svg", ".pdf") and b"depthlens" in _head(path, 4096) + _tail(path, 4096):
+        return "figure"
+    return None
+
+
+def legacy_kind(path: str | os.PathLike) -> str | None:
+    """What a directory without a marker looks like by its content, for output of a depthlens from before
+    markers (used only by `adopt` and to word a refusal; it never makes a directory replaceable)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return None
+    if (path / "state.json").is_file() and (path / "state.safetensors").is_file():
+        return "resume state"
+    if isinstance(_json(path / "depthlens_export.json"), dict):  # adapters.convert.export_llama
+        return "converted checkpoint"
+    cfg = _json(path / "config.json")
+    if isinstance(cfg, dict) and "depthlens_version" in cfg:
+        return "checkpoint"
+    man = _json(path / "manifest.json")
+    if isinstance(man, dict) and (path / "index.html").is_file() and man.get("title") == "depthlens report":
+        return "report"
+    if isinstance(man, dict) and ("shards" in man or "data_hash" in man):
+        return "dataset"
+    if (path / "track.nc").is_file() and _nc_is_ours(path / "track.nc"):
+        return "track"
+    if legacy_kind(path / "resume") == "resume state" or legacy_kind(path / "checkpoint") == "checkpoint":
+        return "run"
+    return None
+
+
+def _json(p: Path) -> object:
+    try:
+        if p.is_symlink() or not p.is_file() or p.stat().st_size > 1 << 20:
+            return None
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _head(p: Path, n: int) -> bytes:
+    try:
+        with open(p, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def _tail(p: Path, n: int) -> bytes:
+    try:
+        with open(p, "rb") as f:
+            f.seek(max(0, p.stat().st_size - n))
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def _nc_is_ours(path: Path) -> bool:
+    try:
+        import netCDF4
+
+        with netCDF4.Dataset(path) as ds:
+            return str(getattr(ds, "source", "")).startswith("depthlens")  # written by analysis.dataset
+    except Exception:  # noqa: BLE001 - unreadable means "not recognisably ours"
+        return False
+
+
+def check_name(path: Path) -> None:
+    """Refuse a name the filesystem cannot hold (one line instead of ENAMETOOLONG after the work)."""
+    n, limit = len(os.fsencode(path.name)), name_max(path.parent)
+    if n > limit:
+        raise DepthlensError(f"{str(path)[:80]}...: the file name is {n} bytes; this filesystem allows {limit}")
+
+
+def check_writable(path: Path) -> None:
+    """Refuse, before any work, a target whose directory (or nearest existing ancestor, for one still to be
+    created) does not take new files: a probe file is created and removed (permission bits lie for root and
+    read-only mounts)."""
+    anc = path.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise DepthlensError(f"cannot write {path}: {anc} is not a directory")
+    probe = temp_name(anc / ".probe")
+    try:
+        with _guard(probe):
+            fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        raise DepthlensError(f"cannot write {path}: directory {anc} is not writable ({e.strerror or e})") from None
+
+
+def check_target(
+    path: str | os.PathLike,
+    overwrite: bool,
+    *,
+    kinds: tuple[str, ...] | None = None,
+    flag: str = "--overwrite",
+    owner: dict | None = None,
+    make_parents: bool = False,
+) -> Path:
+    """Refuse (DepthlensError, one line) to write `path` when it exists and may not be replaced: without
+    `overwrite`, or when it is not depthlens output of one of `kinds` (a directory: no marker; a file: not
+    recognisably ours), or, given `owner`, when its marker names another owner. Also refuses a name too long
+    for the filesystem and a directory that takes no new files, or (unless `make_parents`: the writer creates
+    them) a missing one. Repairs an interrupted swap first. Returns `path`."""
+    path = Path(path)
+    check_name(path)
+    recover(path)
+    if not (path.exists() or path.is_symlink()):
+        if not path.parent.is_dir() and (path.parent.exists() or not make_parents):
+            raise DepthlensError(
+                f"cannot write {path}: directory {path.parent} does not exist"
+                if not path.parent.exists()
+                else f"cannot write {path}: {path.parent} is not a directory"
+            )
+        check_writable(path)
+        return path
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        check_writable(path)
+        return path  # an empty directory: nothing to lose
+    if path.is_dir() and not path.is_symlink():
+        m = read_marker(path)
+        if m is None:
+            old = legacy_kind(path)
+            hint = (
+                f" (it looks like a {old} from a depthlens before markers: mark it once with "
+                f"`python -m depthlens.io.atomic adopt {path}`)"
+                if old
+                else ""
+            )
+            raise DepthlensError(
+                f"{path}: already exists and is not recognisably depthlens output (no {MARKER} "
+                f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{hint}"
+            )
+        if kinds is not None and m["kind"] not in kinds:
+            raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {' / '.join(kinds)}; refusing to replace it")
+        if owner is not None:
+            mine = m.get("owner") if isinstance(m.get("owner"), dict) else {}
+            if any(mine.get(k) != v for k, v in owner.items()):
+                return _not_owner(path, m, owner)
+        elif not overwrite:
+            raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
+        check_writable(path)
+        return path
+    if not overwrite:
+        raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
+    kind = recognise(path)
+    if kind is None or (kinds is not None and kind not in kinds):
+        what = f"a {kind}" if kind else "not recognisably depthlens output"
+        raise DepthlensError(
+            f"{path}: {what}; {flag} replaces only depthlens "
+            f"{' / '.join(kinds) if kinds else 'output'}, refusing to delete it"
+        )
+    check_writable(path)
+    return path
+
+
+def _not_owner(path: Path, m: dict, owner: dict) -> Path:
+    made = (m.get("owner") or {}).get("run") if isinstance(m.get("owner"), dict) else None
+    by = f"the run in {made}" if made else (m.get("command") or "another command")
+    raise DepthlensError(
+        f"{path}: a depthlens {m['kind']} made by {by}, not by this run; refusing to replace it "
+        f"(choose another path or remove it yourself)"
+    )
+
+
+def file_hashes(directory: Path, names: tuple[str, ...]) -> dict[str, str]:
+    return {n: hashlib.sha256((directory / n).read_bytes()).hexdigest() for n in names if (directory / n).is_file()}
+
+
+def check_unedited(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
+    """Refuse to rewrite in place a file of an owned directory that is not the one depthlens wrote there (a
+    README the user edited, a file the user put there): the marker keeps the hash of what we wrote."""
+    directory = Path(directory)
+    m = read_marker(directory) or {}
+    ours = m.get("files") if isinstance(m.get("files"), dict) else {}
+    for n in names:
+        p = directory / n
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise DepthlensError(f"{p}: not a file depthlens wrote; refusing to replace it")
+        if p.is_file() and ours.get(n) != hashlib.sha256(p.read_bytes()).hexdigest():
+            what = "was edited since depthlens wrote it" if n in ours else "was not written by depthlens"
+            raise DepthlensError(f"{p}: {what}; refusing to replace it (move it away, or write to another --out)")
+
+
+def distinct_outputs(outputs: dict[str, str | os.PathLike | None]) -> None:
+    """Two outputs of one command never share a path (`sweep -o X --plot X` wrote the dataset, then replaced it
+    with the figure): refuse up front, naming both options."""
+    seen: dict[str, str] = {}
+    for opt, p in outputs.items():
+        if p is None:
+            continue
+        key = os.path.realpath(p)
+        if key in seen:
+            raise DepthlensError(f"{seen[key]} and {opt} name the same file {p}; give each output its own path")
+        seen[key] = opt
