@@ -10,6 +10,8 @@
                    and future (late s)
   causal_resid     C(s,t), norm=resid, current and future, late s (measure only)
   permutation      P_abs / P_rel / P_KL over the late pairs
+  untrained_*      causal_update (late s) and permutation on the untrained twin (the same config, freshly
+                   initialised by its family's own init, seed 0; adapters/twin.py): what training did
   reference        (only with --stages reference) C(s,t), norm=update, current and future, late s, on
                    8 × 128 tokens: the eval set of the reference measurements quoted in issue 10
 
@@ -30,7 +32,7 @@ if str(HERE) not in sys.path:
 
 from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table  # noqa: E402
 
-STAGES = ("angular", "causal_update", "causal_resid", "permutation")
+STAGES = ("angular", "causal_update", "causal_resid", "permutation", "untrained_causal_update", "untrained_permutation")
 OPTIONAL = ("reference",)  # issue 10's reference table: 8 x 128 tokens, norm=update, late s, current and future
 
 
@@ -81,11 +83,22 @@ def compute(
         seconds[name] = round(time.time() - t, 1)
         print(f"[{name}] {seconds[name]} s -> {path}", flush=True)
 
-    def causal(norm: str, ev=data, reference: bool = False, progress=None):
+    twin: list = []  # built on first use: the untrained twin of `model`
+
+    def untrained():
+        if not twin:
+            from depthlens.adapters.twin import untrained_twin
+
+            twin.append(untrained_twin(model, seed=0))
+        return twin[0]
+
+    def causal(norm: str, ev=data, reference: bool = False, progress=None, m=None):
         import xarray as xr
 
-        # current on every s (heatmap, O[s], ΔL_skip) for the default norm; the rest on the late s only
-        full = norm == "update" and not reference
+        # current on every s (heatmap, O[s], ΔL_skip) for the default norm of the trained model; the rest
+        # (other norms, the reference eval set, the untrained twin) on the late s only
+        full = norm == "update" and not reference and m is None
+        m = model if m is None else m
         first = [0]  # skip runs of the current-variant run: the future run's count continues from there
 
         def current(done: int, total: int) -> None:
@@ -93,7 +106,7 @@ def compute(
             progress(done, total)
 
         cur = causal_scores(
-            model,
+            m,
             ev,
             variants=("current",),
             layers="all" if full else "late",
@@ -102,7 +115,7 @@ def compute(
             progress=current if progress else None,
         )
         fut = causal_scores(
-            model,
+            m,
             ev,
             variants=("future",),
             layers="late",
@@ -140,6 +153,11 @@ def compute(
     stage("causal_update", lambda p: causal("update", progress=p))
     stage("causal_resid", lambda p: causal("resid", progress=p))
     stage("permutation", lambda p: permutation_scores(model, data, pairs="late", checkpoint=model_path, progress=p))
+    stage("untrained_causal_update", lambda p: causal("update", progress=p, m=untrained()))
+    stage(
+        "untrained_permutation",
+        lambda p: permutation_scores(untrained(), data, pairs="late", checkpoint=model_path, progress=p),
+    )
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
@@ -173,7 +191,24 @@ def summarise(out: Path, run: dict) -> dict:
     if perm is not None:
         heads["permutation"] = headline(perm, "perm_abs", 0.15, n_boot=200, seed=0)
     cu = causal.get("update")
+    from depthlens.diagnostics.sweep import paired_share_difference
     from depthlens.stats.metrics import late_window
+
+    untrained = {}  # the twin's headline, and trained − twin paired over the same eval sequences
+    for key, trained, twin, metric, theta in (
+        ("causal", cu, d.get("untrained_causal_update"), "causal", 0.45),
+        ("permutation", perm, d.get("untrained_permutation"), "perm_abs", 0.15),
+    ):
+        if trained is None or twin is None:
+            continue
+        diff = paired_share_difference(trained, twin, metric, theta, n_boot=200, seed=0)
+        untrained[key] = {
+            **headline(twin, metric, theta, n_boot=200, seed=0),
+            "trained_minus_untrained": diff.estimate,
+            "diff_ci_low": diff.low,
+            "diff_ci_high": diff.high,
+            "diff_ci_method": diff.method,  # names its pairing
+        }
 
     a = late_window(L)
     return {
@@ -181,6 +216,7 @@ def summarise(out: Path, run: dict) -> dict:
         "late_window_start": a,
         "n_late_pairs": (L - a) * (L - a - 1) // 2,
         "headlines": heads,
+        "untrained_twin": untrained,
         "missing_stages": [x for x in STAGES if x not in d],
         "causal_definitions": causal_definition_table(causal, thresholds=(0.45,)),
         "permutation_definitions": permutation_definition_table(perm, thresholds=(0.15,)) if perm is not None else [],
@@ -246,9 +282,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"choose from {', '.join(STAGES + OPTIONAL)}"
             )
         run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages)
+        wall = round(time.time() - t, 1)
         if run_file.exists():  # keep the timings of stages computed by earlier (or parallel) runs
-            run["seconds"] = {**json.loads(run_file.read_text()).get("seconds", {}), **run["seconds"]}
-        run["wall_seconds"] = round(time.time() - t, 1)
+            before = json.loads(run_file.read_text())
+            run["seconds"] = {**before.get("seconds", {}), **run["seconds"]}
+            wall += before.get("wall_seconds", 0) if a.resume else 0  # a resumed report's total
+        run["wall_seconds"] = round(wall, 1)
         from depthlens.io.atomic import atomic_write_text
 
         atomic_write_text(run_file, json.dumps(run, indent=1, default=str))

@@ -211,11 +211,19 @@ def test_report_script_end_to_end(tmp_path):
     assert not (out / "README.md").exists()  # stages missing: nothing rendered yet
     assert mod.main(args + ["--render-only"]) == 0
     s = json.loads((out / "summary.json").read_text())
-    assert s["missing_stages"] == ["permutation"] and s["permutation_definitions"] == []
+    twin_stages = ["untrained_causal_update", "untrained_permutation"]
+    assert s["missing_stages"] == ["permutation", *twin_stages] and s["permutation_definitions"] == []
     assert "Missing stages: permutation" in (out / "README.md").read_text()
-    assert mod.main(args + ["--resume", "--stages", "permutation"]) == 0
+    assert s["untrained_twin"] == {}
+    assert mod.main(args + ["--resume", "--stages", ",".join(["permutation", *twin_stages])]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["missing_stages"] == [] and len(s["causal_definitions"]) == 20 and len(s["permutation_definitions"]) == 3
+    # this checkpoint IS build_model(config, seed=0), so its untrained twin is itself: every difference is 0
+    for key in ("causal", "permutation"):
+        u = s["untrained_twin"][key]
+        assert u["share"] == s["headlines"][key]["share"] and u["trained_minus_untrained"] == 0
+        assert u["diff_ci_low"] <= 0 <= u["diff_ci_high"]
+    assert "untrained twin" in (out / "README.md").read_text()
     with xr.open_dataset(out / "data" / "causal_resid.nc") as ds:
         m = ds["causal_score"].sel(variant="future", aggregator="mean").values
     row = next(

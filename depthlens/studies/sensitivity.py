@@ -262,6 +262,24 @@ def render_real_model_report(out, summary: dict[str, Any], calibration=None, rep
         atomic_write_text(calibration, render_calibration(summary, report_dir=str(report_name or out)))
 
 
+def _untrained_lines(u: dict[str, Any]) -> list[str]:
+    """The headlines on the untrained twin (same config, the family's own init) and trained − twin."""
+    if not u:
+        return ["* Untrained twin: not computed (stages `untrained_*`)."]
+    out = []
+    for key, theta in (("causal", C_THETA), ("permutation", P_THETA)):
+        r = u.get(key)
+        if r is None:
+            continue
+        out.append(
+            f"* **{key.capitalize()}, untrained twin** (same config, freshly initialised, seed 0): "
+            f"{_pct(r['share'])} (95 % interval {_pct(r['ci_low'])} – {_pct(r['ci_high'])}); trained − twin "
+            f"{r['trained_minus_untrained']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}] "
+            f"({r['diff_ci_method']}, θ = {theta:g})."
+        )
+    return out
+
+
 def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
     from pathlib import Path
 
@@ -309,6 +327,7 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
         f"≈{_pct(ref['Pre-LN']['permutation'])} permutation; HC {_pct(ref['HC']['causal'])} / "
         f"{_pct(ref['HC']['permutation'])}; Full AttnRes {_pct(ref['Full AttnRes']['causal'])} / "
         f"{_pct(ref['Full AttnRes']['permutation'])}.",
+        *_untrained_lines(s.get("untrained_twin") or {}),
         "",
         "## Definition sensitivity: one model, every definition",
         "",
@@ -509,14 +528,17 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
         "Keeping it is argued from what the evidence can and cannot show. Matching one number (Pre-LN ≈1 %) "
         "on a model that is not the paper's does not identify the paper's definition: several readings above "
         "land near 0 and several near 1, and the gap could be the model as well as the definition. "
-        "Identifying it needs the paper's *ordering and magnitudes across designs* (Pre-LN ≈1 % < HC ≈7 % < "
-        "Full AttnRes ≈16 %) reproduced under one definition on comparable trained models; the zoo report's "
-        "orderings check does this for the shipped CPU models. Until such evidence exists, the Csordás-exact "
+        "Identifying it would need the paper's *ordering and magnitudes across designs* (Pre-LN ≈1 % < HC ≈7 % "
+        "< Full AttnRes ≈16 %) reproduced under one definition on comparable trained models. The zoo report's "
+        "claims check does not do that: it is ordinal (signs of differences, not magnitudes), on one "
+        "definition, on CPU models whose shares are 5–50× the paper's, so it can be consistent with the "
+        "paper's orderings but cannot identify its definition. Until such evidence exists, the Csordás-exact "
         "definition is the only one with a verified source, so it stays the default, and this table travels "
         "with every comparison to the paper.",
         "",
-        "Reproduce: `bash scripts/real-model-report.sh` (default 4 × 64 tokens, estimated at about 10 minutes on 2 idle "
-        "cores from the measured cost of one stage, not timed end to end; `--stages reference` adds the 8 × 128 reference stage; `--resume` keeps finished stages; "
+        "Reproduce: `bash scripts/real-model-report.sh` (default 4 × 64 tokens, the trained model and its "
+        "untrained twin; the stage times are in reports/smollm2/README.md; `--stages reference` adds the 8 × 128 "
+        "reference stage; `--resume` keeps finished stages; "
         "`--render-only` rebuilds the text and figures from the stored datasets).",
         "",
     ]
