@@ -34,6 +34,8 @@ def test_readme_smollm2_range(smollm2):
         f"definition and {round(100 * min(others))}–{round(100 * max(others))} % under the other definitions"
     )
     assert want in text, want
+    twin = smollm2["untrained_twin"]["causal"]["share"]
+    assert f"its untrained\ntwin (same config, fresh init) scores {round(100 * twin)} %" in text
 
 
 def test_calibration_table_matches_the_report(smollm2):
