@@ -93,3 +93,26 @@ def test_generated_fragments_match_the_committed_data():
         f"{t['final_val_loss']:.3f} ({round(t['params']['total'] / 1000)}K, LR {t['recipe']['lr']:g}"
         in mod.zoo_losses(ROOT)
     )
+
+
+def test_decay_mixing_report_shows_the_erank_its_dataset_holds():
+    """reports/decay_mixing (HC L = 16 with decay_mixing off and on): the README's erank column is the first and
+    last snapshot of track.nc, and training moved both runs off the identity-initialised rank 4."""
+    import numpy as np
+    import xarray as xr
+
+    from depthlens.render.track import track_markdown
+
+    path = ROOT / "reports" / "decay_mixing" / "track.nc"
+    if not path.is_file():
+        pytest.skip("reports/decay_mixing not generated")
+    ds = xr.load_dataset(path)
+    text = (ROOT / "reports" / "decay_mixing" / "README.md").read_text()
+    rows = [line for line in track_markdown(ds).splitlines() if line.startswith("| HC ")]
+    assert len(rows) == 2 and all(r in text for r in rows)  # the README is this dataset's table
+    for run in ds["run"].values:
+        e = ds["erank"].sel(run=run).values  # (step, product)
+        first, last = "/".join(f"{v:.2f}" for v in e[0]), "/".join(f"{v:.2f}" for v in e[-1])
+        assert f"{first} → {last}" in text
+        np.testing.assert_allclose(e[0], 4.0, rtol=1e-6)  # HC's maps start at the identity: every stream
+        assert (e[-1] < 2).all()

@@ -172,6 +172,15 @@ def _change(ds: xr.Dataset, prefix: str, run: str) -> str:
     return f"{100 * v:+.0f} pts" + ("" if math.isnan(lo) else f" [{100 * lo:+.0f}, {100 * hi:+.0f}]")
 
 
+def _erank(ds: xr.Dataset, run: str, a: int, b: int) -> str:
+    """Effective rank of each mixing product (product coordinate order), first → last snapshot; — when the
+    design has none (not HC/mHC)."""
+    e = np.asarray(ds["erank"].sel(run=run).values, dtype=float)  # (step, product)
+    if not np.isfinite(e[[a, b]]).any():
+        return "—"
+    return " → ".join("/".join(_fmt(v, ".2f") for v in e[k]) for k in (a, b))
+
+
 def track_rows(ds: xr.Dataset) -> list[list[str]]:
     out = []
     for run in (str(r) for r in ds["run"].values):
@@ -194,6 +203,8 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
                     f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; {curve_summary(x[have], y[have])}"
                 )
                 row.append(_change(ds, prefix, run))
+        if "erank" in ds:
+            row.append(_erank(ds, run, a, b))
         v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
         row.append(f"{_fmt(v[a])} → {_fmt(v[b])}")
         out.append(row)
@@ -210,6 +221,9 @@ def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: st
         if f"{prefix}_share" in ds:
             head.append(f"share {label} [95%], first → last; min, max (at tokens), last − first")
             head.append(f"{label}: trained − untrained (step 0) [95%, paired over sequences]")
+    if "erank" in ds:
+        products = "/".join(str(v) for v in ds["product"].values) if "product" in ds.coords else "each product"
+        head.append(f"erank of the mixing products ({products}), first → last")
     head.append("val loss first → last")
     lines = [
         f"{heading} Depth over training",
