@@ -23,7 +23,7 @@ fi
 # process writes, tests/test_distributed_report.py); RANKS=1 runs it in this process.
 # --perm-n-seq 16: the trained permutation on the first 16 of the 32 eval sequences: at L = 32 every late pair
 # re-runs the layers after it, so it is most of the job; the report states the prefix beside its numbers.
-RANKS=${RANKS:-$(n=$(nproc 2>/dev/null || echo 1); echo $(( n < 2 ? 1 : 2 )))}
+RANKS=${RANKS:-$(n=$(env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 1); echo $(( n < 2 ? 1 : 2 )))}  # nproc reports OMP_NUM_THREADS when set
 echo "zoo-report: ${#ckpts[@]} checkpoints -> reports/zoo/ ($RANKS process(es))" >&2
 if [ "$RANKS" -gt 1 ]; then
   OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node "$RANKS" -m depthlens.cli report \
