@@ -293,14 +293,12 @@ def untrained_model(e: Entry):
     """The model of `e`'s config as the trainer initialises it for `e`'s training seed (`build_model(config,
     seed)`, exactly the trainer's step-0 weights), on `e`'s device and dtype; None when the seed or a
     depthlens config is unknown."""
+    from depthlens.adapters.twin import untrained_twin
     from depthlens.models.config import ModelConfig
-    from depthlens.models.model import build_model
 
-    cfg = getattr(e.model, "config", None)
-    if e.seed is None or not isinstance(cfg, ModelConfig):
+    if e.seed is None or not isinstance(getattr(e.model, "config", None), ModelConfig):
         return None
-    p = next(e.model.parameters())
-    return build_model(cfg, seed=e.seed).to(device=p.device, dtype=p.dtype).eval()
+    return untrained_twin(e.model, seed=e.seed)
 
 
 def metric_data(data, metric: str, opts: StudyOptions, untrained: bool = False):
