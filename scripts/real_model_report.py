@@ -12,6 +12,8 @@
   permutation      P_abs / P_rel / P_KL over the late pairs
   untrained_*      causal_update (late s) and permutation on the untrained twin (the same config, freshly
                    initialised by its family's own init, seed 0; adapters/twin.py): what training did
+  pruning          (only with --stages pruning; needs angular and causal_update) loss against k removed layers,
+                   k = 1 .. L/2, per criterion of `diagnostics/pruning.py` and a random baseline
   reference        (only with --stages reference) C(s,t), norm=update, current and future, late s, on
                    8 × 128 tokens: the eval set of the reference measurements quoted in issue 10
 
@@ -33,7 +35,10 @@ if str(HERE) not in sys.path:
 from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table  # noqa: E402
 
 STAGES = ("angular", "causal_update", "causal_resid", "permutation", "untrained_causal_update", "untrained_permutation")
-OPTIONAL = ("reference",)  # issue 10's reference table: 8 x 128 tokens, norm=update, late s, current and future
+# the reference table of the calibration page (8 x 128 tokens, norm=update, late s, current and future), and the
+# layer-pruning curves of the atlas (scripts/real-model-atlas.sh)
+OPTIONAL = ("reference", "pruning")
+N_RANDOM = 3  # random-removal draws per k in the pruning stage (mean, min and max are reported)
 
 
 def compute(
@@ -67,6 +72,7 @@ def compute(
         None, op.tokenizer, n_seq=n_seq, seq_len=seq_len, seed=seed, max_seq_len=model.config.max_seq_len
     )
     seconds = {"load": round(time.time() - t0, 1)}
+    costs = {"load": {"wall_s": seconds["load"], "cpu_s": round(time.process_time(), 1), "peak_rss_mib": _peak_rss()}}
 
     def stage(name: str, fn) -> None:
         path = data_dir / f"{name}.nc"
@@ -75,12 +81,18 @@ def compute(
         if resume and path.exists():
             print(f"[{name}] kept {path}", flush=True)
             return
-        t = time.time()
+        t, cpu = time.time(), time.process_time()
         with Progress(f"{name}", None, every=10.0) as p:  # a bar on a terminal, a line every 10 s in a log
             ds = fn(p.engine())
         ds.attrs["command"] = f"scripts/real_model_report.py {model_path.name} --n-seq {n_seq} --seq-len {seq_len}"
         write_netcdf(ds, path, overwrite=True)
         seconds[name] = round(time.time() - t, 1)
+        # the process's peak resident memory so far (ru_maxrss never falls: a stage's own peak is at most this)
+        costs[name] = {
+            "wall_s": seconds[name],
+            "cpu_s": round(time.process_time() - cpu, 1),
+            "peak_rss_mib": _peak_rss(),
+        }
         print(f"[{name}] {seconds[name]} s -> {path}", flush=True)
 
     twin: list = []  # built on first use: the untrained twin of `model`
@@ -158,11 +170,25 @@ def compute(
         "untrained_permutation",
         lambda p: permutation_scores(untrained(), data, pairs="late", checkpoint=model_path, progress=p),
     )
+    if "pruning" in stages:
+        import xarray as xr
+
+        from depthlens.diagnostics.pruning import pruning_curves
+
+        def prune(_progress):
+            need = {n: data_dir / f"{n}.nc" for n in ("angular", "causal_update")}
+            if not all(f.exists() for f in need.values()):
+                raise SystemExit(f"pruning: run the stages {', '.join(need)} first (their rankings pick the layers)")
+            ang, cau = (xr.load_dataset(f) for f in need.values())
+            return pruning_curves(model, data, angular=ang, causal=cau, n_random=N_RANDOM, checkpoint=model_path)
+
+        stage("pruning", prune)
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
     return {
         "seconds": seconds,
+        "costs": costs,
         "provenance": {k: v for k, v in op.provenance.items()},
         "n_seq": data.n_seq,
         "seq_len": data.seq_len,
@@ -171,6 +197,12 @@ def compute(
         "n_layer": int(model.n_layer),
         "family": op.meta.family,
     }
+
+
+def _peak_rss() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
 
 def summarise(out: Path, run: dict) -> dict:
@@ -249,7 +281,7 @@ def _reference(out: Path) -> list[dict] | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", type=Path, help="GGUF file or model directory")
+    ap.add_argument("model", type=Path, nargs="?", help="GGUF file or model directory (not with --render-only)")
     ap.add_argument("--out", type=Path, default=Path("reports/smollm2"))
     ap.add_argument("--n-seq", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=64)
@@ -259,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "--calibration",
         type=Path,
         default=HERE / "docs" / "calibration.md",
-        help="also write this calibration page (docs/calibration.md)",
+        help="also write this calibration page (docs/calibration.md); 'none': do not",
     )
     ap.add_argument("--resume", action="store_true", help="keep stages already written under <out>/data")
     ap.add_argument(
@@ -271,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     run_file = a.out / "data" / "run.json"
+    if a.model is None and not a.render_only:
+        ap.error("give the model (a GGUF file or model directory), or --render-only")
     if a.render_only:
         run = json.loads(run_file.read_text())
     else:
@@ -286,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         if run_file.exists():  # keep the timings of stages computed by earlier (or parallel) runs
             before = json.loads(run_file.read_text())
             run["seconds"] = {**before.get("seconds", {}), **run["seconds"]}
+            run["costs"] = {**before.get("costs", {}), **run.get("costs", {})}
             wall += before.get("wall_seconds", 0) if a.resume else 0  # a resumed report's total
         run["wall_seconds"] = round(wall, 1)
         from depthlens.io.atomic import atomic_write_text
@@ -300,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(a.out, run)
     from depthlens.studies.sensitivity import render_real_model_report
 
-    render_real_model_report(a.out, summary, calibration=a.calibration, report_name="reports/smollm2")
+    calibration = None if str(a.calibration) == "none" else a.calibration
+    render_real_model_report(a.out, summary, calibration=calibration, report_name=str(a.out))
     print(f"wrote {a.out}/README.md, summary.json and figures", flush=True)
     return 0
 

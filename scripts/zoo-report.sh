@@ -21,15 +21,19 @@ fi
 # Timings and machine facts go to reports/zoo/timings.json (git-ignored): a rerun leaves the tracked files unchanged.
 # One process per core (at most 2: torchrun ranks split the checkpoints by estimated cost and write the report one
 # process writes, tests/test_distributed_report.py); RANKS=1 runs it in this process.
-# --perm-n-seq 16: the trained permutation on the first 16 of the 32 eval sequences: at L = 32 every late pair
-# re-runs the layers after it, so it is most of the job; the report states the prefix beside its numbers.
+# The sizes keep the main job within 15 minutes on 2 cores (docs/performance.md#the-main-job): the permutation is
+# most of the cost (at L = 32 every late pair re-runs the layers after it, and the fused attention kernel on
+# head_dim 8 is half of every forward), so it runs on the first 8 of the 16 eval sequences, and on the untrained
+# models only where a permutation claim of the orderings check needs it; the report states all of it beside its
+# numbers. Larger runs: `bash scripts/zoo-report.sh --n-seq 32 --perm-n-seq 16 --untrained-perm-for all`.
+SIZES=(--n-seq 16 --perm-n-seq 8 --untrained-perm-for claims)
 RANKS=${RANKS:-$(n=$(env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 1); echo $(( n < 2 ? 1 : 2 )))}  # nproc reports OMP_NUM_THREADS when set
 echo "zoo-report: ${#ckpts[@]} checkpoints -> reports/zoo/ ($RANKS process(es))" >&2
 if [ "$RANKS" -gt 1 ]; then
   OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node "$RANKS" -m depthlens.cli report \
-    "${ckpts[@]}" --out reports/zoo --overwrite --perm-n-seq 16 "$@"
+    "${ckpts[@]}" --out reports/zoo --overwrite "${SIZES[@]}" "$@"
 else
-  .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite --perm-n-seq 16 "$@"
+  .venv/bin/depthlens report "${ckpts[@]}" --out reports/zoo --overwrite "${SIZES[@]}" "$@"
 fi
 # depth over training (reports/track/) from the zoo runs' snapshots when present; else it says how to get them.
 # TRACK_ARGS go to `depthlens track`, e.g. TRACK_ARGS="--device cuda" or "--n-seq 16" (JOBS: runs in parallel)

@@ -89,3 +89,12 @@ def test_bad_options(setup):
         pruning_curves(model, data, k_max=L)
     with pytest.raises(DepthlensError, match="unknown pruning criteria"):
         pruning_curves(model, data, criteria=("magic",))
+
+
+def test_curves_on_eval_data_that_records_its_seed(setup):
+    """Loaded eval data carries its draw seed in the provenance; the random draws' seed is an option of its own."""
+    import dataclasses
+
+    _, model, data = setup
+    ds = pruning_curves(model, dataclasses.replace(data, seed=7), k_max=1, n_random=2, seed=5, criteria=("random",))
+    assert ds.attrs["seed"] == 7 and ds.attrs["random_seed"] == 5

@@ -105,3 +105,24 @@ def test_report_pools_seeds_and_checks_claims_at_init(trained, tmp_path):
     assert res["interval"]["estimate"] == pytest.approx(np.mean([r["diff"] for r in rows]))
     text = (tmp_path / "rep" / "README.md").read_text()
     assert "Share against eval-set size" in text and "DepthBench's claims" in text
+
+
+@pytest.mark.slow
+def test_untrained_permutation_only_where_a_claim_needs_it(trained, tmp_path, monkeypatch):
+    from depthlens.stats import orderings
+
+    data, runs = trained
+    monkeypatch.setattr(orderings, "CLAIMS", (Claim("order", "perm", "hc", "full_attnres", 4, "test"),))
+    assert orderings.claim_cells("perm") == {("hc", 4), ("full_attnres", 4)}
+    opts = B.ReportOptions(
+        data=data / "eval.txt", n_seq=4, seq_len=32, n_boot=20, metrics=("permutation",), untrained_perm_for="claims"
+    )
+    rep = B.build_report([runs[("hc", 0)] / "checkpoint", runs[("preln", 0)] / "checkpoint"], tmp_path / "r", opts)
+    by = {r["design"]: r for r in rep.records}
+    assert by["hc"]["perm_share_untrained"] is not None and by["hc"]["perm_untrained_diff"] is not None
+    assert by["preln"]["perm_share_untrained"] is None and by["preln"]["perm_share"] is not None
+    (pre,) = [e for e in rep.entries if e.slug == "preln"]
+    assert any("--untrained-perm-for claims" in n for n in pre.notes) and "permutation" not in pre.untrained
+    assert rep.options.as_dict()["untrained_perm_for"] == "claims"
+    with pytest.raises(Exception, match="untrained_perm_for"):
+        B.ReportOptions(untrained_perm_for="some")

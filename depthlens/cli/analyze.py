@@ -138,18 +138,11 @@ def angular(
             **_opts(c),
         )
     write(ds, path, ow)
-    import numpy as np
+    from ..diagnostics.angular import profile_summary
 
-    prof = ds["profile"].values
-    prof = prof[np.isfinite(prof)]  # D_1(l) exists for l = 0..L-1
-    head = {
-        "metric": "angular",
-        "positions": positions,
-        "repr": repr,
-        "profile": [float(x) for x in prof],
-        "most_prunable_block": int(np.argmin(prof)) if len(prof) else None,
-        "out": str(path),
-    }
+    summary = profile_summary(ds)
+    prof = summary["profile"]
+    head = {"metric": "angular", "positions": positions, "repr": repr, **summary, "out": str(path)}
     lines = [
         f"[bold]{ckpt}[/bold] angular distance d(h_l, h_l+1), positions={positions}, repr={repr}:",
         "  " + " ".join(f"{x:.3f}" for x in prof),
@@ -248,15 +241,15 @@ def causal(
 
 def _skip_loss_lines(ds) -> list[str]:
     """With --outputs: the layer whose skip costs most, in loss and in output distribution."""
-    if "skip_delta_loss" not in ds:
-        return []
-    import numpy as np
+    from ..diagnostics.causal_dataset import skip_summary
 
-    dl, o = ds.skip_delta_loss.values, ds.output_effect.sel(variant="current").values
-    s, so = int(np.nanargmax(dl)), int(np.nanargmax(o))
+    k = skip_summary(ds)
+    if k is None:
+        return []
     return [
-        f"layer-skip loss ΔL_skip: max {dl[s]:.3f} nats at layer {s}, mean {np.nanmean(dl):.3f}; "
-        f"output effect O: max {o[so]:.3f} at layer {so}"
+        f"layer-skip loss ΔL_skip: max {k['max_skip_loss']:.3f} nats at layer {k['max_skip_loss_layer']}, "
+        f"mean {k['mean_skip_loss']:.3f}; output effect O: max {k['max_output_effect']:.3f} at layer "
+        f"{k['max_output_effect_layer']}"
     ]
 
 

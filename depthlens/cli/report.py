@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,24 @@ import typer
 
 from ..diagnostics import registry  # stdlib-only: the diagnostics' names for the help text
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, rank0_errors
+from .common import (
+    DTYPES,
+    BootOpt,
+    DataOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    NSeqOpt,
+    SeedOpt,
+    SeqLenOpt,
+    ThreadsOpt,
+    check_choice,
+)
+
+
+class UntrainedPermFor(StrEnum):  # StudyOptions.untrained_perm_for (a real choice type for --help and errors)
+    all = "all"
+    claims = "claims"
 
 
 @app.command()
@@ -20,36 +39,18 @@ def report(
         Path,
         typer.Option("--out", "-o", help="Report directory (index.html, README.md, figures/, *.nc, summary.json)."),
     ],
-    data: Annotated[
-        Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")
-    ] = None,
-    n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences (the same for every checkpoint).")] = 32,
-    seq_len: Annotated[
-        int | None,
-        typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len))."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N | mps")] = "cpu",
-    device_map: Annotated[
-        str | None,
-        typer.Option(
-            "--device-map",
-            help="HF/GGUF models over several GPUs: auto (balanced by parameters over the visible GPUs) or a JSON map {embed, layers, head} (inline or a .json file); replaces --device.",
-        ),
-    ] = None,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            "--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64)."
-        ),
-    ] = "fp32",
+    data: DataOpt = None,
+    n_seq: NSeqOpt = 32,
+    seq_len: SeqLenOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    dtype: DtypeOpt = "fp32",
     metrics: Annotated[
         str | None,
         typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic)."),
     ] = None,
-    n_boot: Annotated[
-        int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")
-    ] = 1000,
+    n_boot: BootOpt = 1000,
     untrained: Annotated[
         str,
         typer.Option(
@@ -62,6 +63,13 @@ def report(
             "--untrained-perm-n-seq", min=0, help="Eval sequences (a prefix) for the untrained permutation; 0 = all."
         ),
     ] = 8,
+    untrained_perm_for: Annotated[
+        UntrainedPermFor,
+        typer.Option(
+            "--untrained-perm-for",
+            help="Where the untrained permutation runs: every checkpoint (all), or only the designs and depths a permutation claim of the orderings check names (claims).",
+        ),
+    ] = UntrainedPermFor.all,
     perm_n_seq: Annotated[
         int,
         typer.Option(
@@ -70,9 +78,7 @@ def report(
             help="Eval sequences (a prefix) for the trained permutation, its main cost at depth; 0 = all --n-seq.",
         ),
     ] = 0,
-    threads: Annotated[
-        int, typer.Option(min=0, help="torch CPU threads (1 is fastest for small models; 0 = torch default).")
-    ] = 1,
+    threads: ThreadsOpt = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout.")] = False,
     quiet: QuietOpt = False,
@@ -94,10 +100,7 @@ def report(
 
     if not ckpts:
         fail("give at least one checkpoint directory", 2)
-    from ..diagnostics.registry import DTYPES
-
-    if dtype not in DTYPES:
-        fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
+    check_choice(dtype, DTYPES, "--dtype")
     if in_default_dir(out):  # `--out depthlens-out/x`: the git-ignored output folder is made on first use
         out.parent.mkdir(exist_ok=True)
     opts = ReportOptions(
@@ -113,6 +116,7 @@ def report(
         threads=threads or None,
         untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
         untrained_perm_n_seq=untrained_perm_n_seq or None,
+        untrained_perm_for=untrained_perm_for.value,
         perm_n_seq=perm_n_seq or None,
     )
     t0 = time.perf_counter()

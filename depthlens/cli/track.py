@@ -8,6 +8,19 @@ from typing import Annotated
 import typer
 
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, invoked_command
+from .common import (
+    DTYPES,
+    BatchOpt,
+    BootOpt,
+    DataOpt,
+    DeviceOpt,
+    DtypeOpt,
+    NSeqOpt,
+    SeedOpt,
+    SeqLenOpt,
+    ThreadsOpt,
+    check_choice,
+)
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -89,29 +102,15 @@ def track(
             "--tokens-per-step", min=1, help="Tokens per step for a checkpoint list whose steps come from names."
         ),
     ] = None,
-    data: Annotated[
-        Path | None, typer.Option(help="Eval text/JSONL/shard dir (default: held-out split of the offline corpus).")
-    ] = None,
-    n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences (the same for every snapshot).")] = 32,
-    seq_len: Annotated[
-        int | None,
-        typer.Option("--seq-len", min=3, help="Tokens per sequence (default: min(128, smallest max_seq_len))."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the eval-window draw and of the bootstrap.")] = 0,
-    n_boot: Annotated[
-        int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences for the share CIs (0 = none).")
-    ] = 1000,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")
-    ] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
-    dtype: Annotated[
-        str,
-        typer.Option(
-            "--dtype", help="fp32 | bf16 | fp64 (weights and activations; norms, losses and sums stay fp32/fp64)."
-        ),
-    ] = "fp32",
-    threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0 = torch default).")] = 1,
+    data: DataOpt = None,
+    n_seq: NSeqOpt = 32,
+    seq_len: SeqLenOpt = None,
+    seed: SeedOpt = 0,
+    n_boot: BootOpt = 1000,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "fp32",
+    threads: ThreadsOpt = 1,
     check: Annotated[
         bool,
         typer.Option(
@@ -137,10 +136,7 @@ def track(
 
     if not runs:
         fail("give at least one run directory or checkpoint", 2)
-    from ..diagnostics.registry import DTYPES
-
-    if dtype not in DTYPES:
-        fail(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", 2)
+    check_choice(dtype, DTYPES, "--dtype")
     metrics = parse_metrics(metric) if metric is not None else TrackOptions().metrics
     opts = TrackOptions(
         metrics=metrics,

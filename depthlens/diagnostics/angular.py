@@ -149,3 +149,11 @@ def angular_distances(
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens angular distance between residual states",
     )
+
+
+def profile_summary(ds: xr.Dataset) -> dict[str, Any]:
+    """The one-block profile D_1(l), l = 0..L−1 (the finite entries), and the most prunable single block: the layer
+    whose output is closest in angle to its input (argmin D_1; None when nothing is finite)."""
+    prof = ds["profile"].values
+    prof = prof[np.isfinite(prof)]  # D_1(l) exists for l = 0..L-1
+    return {"profile": [float(x) for x in prof], "most_prunable_block": int(np.argmin(prof)) if len(prof) else None}

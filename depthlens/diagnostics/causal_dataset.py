@@ -155,3 +155,19 @@ def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options)
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens causal score (skip layer s, change of update u_t)",
     )
+
+
+def skip_summary(ds: xr.Dataset) -> dict[str, Any] | None:
+    """With the skip companions (`outputs=True`): the layer whose skip costs most in loss (ΔL_skip, nats) and in
+    output distribution (O, current variant), and the mean ΔL_skip; None without them."""
+    if "skip_delta_loss" not in ds:
+        return None
+    dl, o = ds["skip_delta_loss"].values, ds["output_effect"].sel(variant="current").values
+    s, so = int(np.nanargmax(dl)), int(np.nanargmax(o))
+    return {
+        "max_skip_loss": float(dl[s]),
+        "max_skip_loss_layer": s,
+        "mean_skip_loss": float(np.nanmean(dl)),
+        "max_output_effect": float(o[so]),
+        "max_output_effect_layer": so,
+    }

@@ -180,7 +180,7 @@ def pruning_curves(
         k_max=k_max,
         criteria=list(criteria),
         n_random=n_random,
-        seed=seed,
+        random_seed=seed,  # of the random draws ("seed" is the eval data's, in the provenance)
         positions=positions,
         batch_size=batch_size,
         removal="block-level skip (keep[l] = 0): the layer's whole write dropped",

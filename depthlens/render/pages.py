@@ -310,8 +310,20 @@ def _eval_line(rep) -> str:
         f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
         f"swap{_perm_prefix(o.perm_n_seq, d.n_seq)} · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
         f"⌈N/2⌉) and {o.n_boot} bootstrap resamples (permutation) · untrained baselines: "
-        f"{', '.join(o.untrained) or 'none'}"
+        f"{', '.join(o.untrained) or 'none'}{_untrained_perm_scope(o, d.n_seq)}"
     )
+
+
+def _untrained_perm_scope(o, n: int) -> str:
+    if "permutation" not in o.untrained:
+        return ""
+    k = min(x for x in (o.untrained_perm_n_seq, o.perm_n_seq, n) if x)
+    where = (
+        " at the designs and depths a permutation claim names (--untrained-perm-for claims)"
+        if o.untrained_perm_for == "claims"
+        else ""
+    )
+    return f" (the untrained permutation on the first {k} sequences{where})"
 
 
 def _timing_line(rep) -> str:

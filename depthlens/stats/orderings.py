@@ -81,6 +81,13 @@ CLAIMS: tuple[Claim, ...] = (
 SHARE_SCORES = ("causal", "perm")
 
 
+def claim_cells(score: str, claims: Sequence[Claim] | None = None) -> frozenset[tuple[str, int]]:
+    """The (design, depth) cells the claims on `score` name (default: `CLAIMS`): where a study limited to the
+    claims computes it."""
+    cs = CLAIMS if claims is None else claims
+    return frozenset((d, c.L) for c in cs if c.score == score for d in (c.higher, c.lower) if d is not None)
+
+
 def runs(records: Sequence[dict[str, Any]], design: str, L: int) -> list[dict[str, Any]]:
     """The records of one (design, depth), one per training seed, in seed order."""
     return sorted(

