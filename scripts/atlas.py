@@ -207,7 +207,7 @@ def _iv(h: dict[str, Any] | None) -> str:
     return f"{_pct(h['share'])} [{_pct(h['ci_low'])}, {_pct(h['ci_high'])}]"
 
 
-def readme(summaries: list[dict[str, Any]], figs: dict[str, str]) -> str:
+def readme(summaries: list[dict[str, Any]], figs: dict[str, str], exactness: dict[str, Any] | None = None) -> str:
     ev = summaries[0]["eval"] if summaries else {}
     lines = [
         "# Real-model atlas: how three pretrained families use their depth, and what pruning it costs",
@@ -233,6 +233,21 @@ def readme(summaries: list[dict[str, Any]], figs: dict[str, str]) -> str:
             f"| {s['name']} | {s['family']} | {s['n_layer']} | {s['design']} | {_cell(s['block_order'])} | "
             f"{s.get('quantization') or '—'} | {'—' if cl is None else f'{cl:.3f}'} |"
         )
+    ex = exactness or {}
+    if ex:
+        lines += [
+            "",
+            "Exact against Hugging Face on the real weights (`tests/test_real_models_exact.py`, run by the atlas "
+            "script; 2 × 12 random tokens, fp32): the largest |logit difference| of depthlens' layered forward and "
+            "of a one-layer skip against the HF forward with a hook that passes the layer's input through.",
+            "",
+            "| model | forward | layer skip | largest |logit| |",
+            "|---|---|---|---|",
+        ]
+        for s in summaries:
+            e = ex.get(s["name"], {})
+            cells = [e.get(k) for k in ("max_abs_logit_diff", "max_abs_logit_diff_skip", "max_abs_logit")]
+            lines.append(f"| {s['name']} | " + " | ".join("—" if c is None else f"{c:.2e}" for c in cells) + " |")
     lines += [
         "",
         "## Causal share, trained and untrained twin, under every definition",
@@ -339,8 +354,11 @@ def main(argv: list[str]) -> int:
         return 1
     summaries = [model_summary(d) for d in dirs]
     figs = figures(atlas, dirs, summaries)
-    atomic_write_text(atlas / "atlas.json", json.dumps({"models": summaries, "figures": figs}, indent=1) + "\n")
-    atomic_write_text(atlas / "README.md", readme(summaries, figs))
+    ex_path = atlas / "exactness.json"
+    exactness = json.loads(ex_path.read_text()) if ex_path.exists() else None
+    doc = {"models": summaries, "figures": figs, "exactness": exactness}
+    atomic_write_text(atlas / "atlas.json", json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness))
     print(f"wrote {atlas}/README.md, atlas.json and figures/")
     return 0
 

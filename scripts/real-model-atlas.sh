@@ -10,7 +10,8 @@
 # installed or imported). Every model is read on the same English characters (each through its own tokenizer),
 # N_SEQ x SEQ_LEN tokens, one process per model (JOBS at a time, one thread each). Each stage is written as soon
 # as it is done and kept on a rerun (--resume), so a killed run continues where it stopped.
-# Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three).
+# Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three), EXACT (1: run the
+# exactness tests first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
@@ -25,6 +26,14 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANS
 if [ "${1:-}" != "--render-only" ]; then
   # shellcheck disable=SC2086  # MODELS is a list
   paths=$(bash scripts/fetch-real-models.sh $MODELS)  # "name<TAB>path" per model; stops on a bad hash
+  # exact against Hugging Face on the real weights first (forward and a layer skip; the design read from the
+  # block structure): tests/test_real_models_exact.py, its largest logit differences into exactness.json
+  mkdir -p "$OUT"
+  if [ "${EXACT:-1}" = 1 ]; then  # EXACT=0 skips it (e.g. when adding stages to a run already checked)
+    rm -f "$OUT/exactness.json"
+    DEPTHLENS_EXACTNESS_OUT="$OUT/exactness.json" "$PY" -m pytest -q -p no:cacheprovider -m real_models \
+      tests/test_real_models_exact.py
+  fi
   one() {  # name path: every stage of one model, into reports/atlas/<name>/data, resumable
     mkdir -p "$OUT/$1"
     "$PY" scripts/real_model_report.py "$2" --out "$OUT/$1" --n-seq "$N_SEQ" --seq-len "$SEQ_LEN" --threads 1 \

@@ -85,6 +85,7 @@ def test_two_processes_equal_one(tmp_path, single):
         assert got.attrs["batch_size"] == ref.attrs["batch_size"] and got.attrs["seq_batch"] == ref.attrs["seq_batch"]
 
 
+@pytest.mark.slow
 def test_failing_rank_fails_the_run_and_writes_nothing(tmp_path):
     with pytest.raises(Exception, match="failed on purpose"):
         mp.spawn(_worker, args=(2, _port(), str(tmp_path), 1), nprocs=2, join=True)

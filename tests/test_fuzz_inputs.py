@@ -150,6 +150,7 @@ def _run_dicts():
     return field_dicts(RunConfig, values=near)
 
 
+@pytest.mark.slow
 @fuzz(N_CONFIG)
 @given(
     st.one_of(
@@ -292,6 +293,7 @@ def test_threshold_grid_grammar(text):
 # --- records, device maps ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @fuzz(N_CONFIG)
 @given(
     st.dictionaries(

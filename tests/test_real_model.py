@@ -159,6 +159,7 @@ def test_smollm2_loads_through_gguf(smollm2):
     assert smollm2.tokenizer.decode([int(logits[0, -1].argmax())]).strip() == "Paris"
 
 
+@pytest.mark.slow
 @needs_wheel
 @pytest.mark.parametrize("norm", ["update", "resid"])
 def test_smollm2_causal_equals_hooks(smollm2, norm):
@@ -180,6 +181,7 @@ def test_smollm2_causal_equals_hooks(smollm2, norm):
         np.testing.assert_allclose(ours[layers, layers], 1.0, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_report_script_end_to_end(tmp_path):
     """scripts/real_model_report.py on a tiny saved checkpoint: stages, a missing stage listed (not faked), then
     every stage; summary, README, figures and the calibration page agree with the datasets."""

@@ -166,6 +166,7 @@ def test_killed_writer_temps_are_removed_on_the_next_save(corpus, stopped):  # n
     assert not stale.exists() and foreign.read_text() == "not ours"
 
 
+@pytest.mark.slow
 def test_random_kill_then_rerun_is_bit_identical(corpus, straight, tmp_path):  # noqa: F811
     """SIGKILL a real training process at a random instant (saving every step, so the kill often lands in a
     write), rerun the same command: the final weights equal the straight run's bit for bit."""

@@ -163,6 +163,7 @@ def test_infinite_gradient_norm_stops_before_the_poisoned_update_is_saved(corpus
     assert not (tmp_path / "run" / "resume").exists()
 
 
+@pytest.mark.slow
 def test_a_diverging_run_through_the_cli_says_one_line(corpus, tmp_path):  # noqa: F811
     """lr=1e30 really diverges: `depthlens train` and `python -m depthlens.training.trainer` exit 1 with one
     line naming the step (was a FloatingPointError traceback)."""
@@ -180,6 +181,7 @@ def test_a_diverging_run_through_the_cli_says_one_line(corpus, tmp_path):  # noq
         assert re.search(r"training stopped: (loss|the gradient norm) is (nan|inf) at step \d", lines[0]), lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_signal_stops_training_and_the_rerun_resumes_bit_exactly(corpus, tmp_path, sig):  # noqa: F811
     """SIGINT (Ctrl-C) and SIGTERM (timeout, Slurm) during `depthlens train`: the process stops (SIGINT: exit 130,

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..errors import DepthlensError
 from ..io.atomic import atomic_dir, recover
+from .distributed import DistInfo, barrier, full_state, load_full_state, unused_parameters
 
 STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
@@ -179,3 +181,47 @@ def check_complete(
         )
     if "rng/cpu" not in tensors:
         raise StateError(f"{f}: no RNG state")
+
+
+# -------------------------------------------------------------------------------------------------
+# a run's model, optimizer and RNG into and out of that format (every rank joins: FSDP gathers)
+
+
+def save_state(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], dist: DistInfo
+) -> None:
+    """Every rank joins the gather (FSDP); rank 0 writes <path>/ as a whole directory swap."""
+    model_sd, optim_sd = full_state(model, optimizer)
+    if not dist.is_main:
+        barrier(dist)
+        return
+    tensors = {f"model/{k}": v.contiguous() for k, v in model_sd.items()}
+    for fqn, st in optim_sd["state"].items():
+        for key, v in st.items():
+            tensors[f"optim/{fqn}/{key}"] = v.detach().cpu().contiguous() if torch.is_tensor(v) else torch.tensor(v)
+    tensors["rng/cpu"] = torch.get_rng_state()
+    if dist.device.type == "cuda":
+        tensors["rng/cuda"] = torch.cuda.get_rng_state(dist.device)
+    write_state(path, tensors, {**meta, "param_groups": optim_sd["param_groups"]})
+    barrier(dist)
+
+
+def load_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo) -> dict[str, Any]:
+    """Restore model, optimizer and RNG from <path> after checking it against its manifest and against
+    this run's model; returns the JSON metadata (step, trajectory, ...)."""
+    tensors, meta = read_state(path)
+    raw = getattr(model, "module", model)  # DDP wraps; FSDP2 keeps the module (and its global shapes)
+    trainable = {n for n, p in raw.named_parameters() if p.requires_grad}
+    updated = trainable - set(unused_parameters(raw, dist.device)) if meta.get("step") else trainable
+    check_complete(path, tensors, meta, {k: tuple(v.shape) for k, v in raw.state_dict().items()}, trainable, updated)
+    model_sd = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        if k.startswith("optim/"):
+            fqn, key = k[len("optim/") :].rsplit("/", 1)
+            state.setdefault(fqn, {})[key] = v
+    load_full_state(model, optimizer, model_sd, {"state": state, "param_groups": meta["param_groups"]})
+    torch.set_rng_state(tensors["rng/cpu"])
+    if dist.device.type == "cuda" and "rng/cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["rng/cuda"], dist.device)
+    return meta

@@ -27,8 +27,8 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from ..data.shards import TokenDataset, batch_indices
 from ..errors import DepthlensError
 from ..io.atomic import atomic_write_text
 from ..models.model import build_model
+from .budget import PEAK_FLOPS, check_memory, device_bytes, flops_per_token, peak_flops, train_bytes  # noqa: F401
 from .config import RunConfig, load_recipe, read_recipe, recipe_runs
 from .distributed import (
     DistInfo,
@@ -52,15 +53,14 @@ from .distributed import (
     full_state,
     grad_sync,
     init_distributed,
-    load_full_state,
     shutdown,
     sync_replicated_grads,
-    unused_parameters,
     wrap_model,
 )
+from .outputs import adopt_recipe_export, owned_outputs, run_owner  # noqa: F401
 from .provenance import code_version
 from .schedule import lr_at
-from .state import STATE_JSON, STATE_TENSORS, check_complete, has_state, read_meta, read_state, write_state  # noqa: F401
+from .state import STATE_JSON, STATE_TENSORS, has_state, load_state, read_meta, save_state  # noqa: F401
 
 LOG = "log.jsonl"
 
@@ -78,77 +78,7 @@ def snapshot_dir(out: str | os.PathLike, step: int) -> Path:
     return Path(out) / SNAPSHOTS / f"step_{step:07d}"
 
 
-# Dense bf16 peak FLOP/s per device for MFU (torchtitan's table); None = no meaningful peak (CPU).
-PEAK_FLOPS: dict[str, float | None] = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "H800": 989e12,
-    "B200": 2250e12,
-    "A100": 312e12,
-    "A800": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "A10": 125e12,
-    "V100": 125e12,
-    "cpu": None,
-}
-
 Callback = Callable[[int, dict[str, Any]], None]
-
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return PEAK_FLOPS["cpu"]
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k != "cpu" and k in name), None)
-
-
-def flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """6·N_matmul + 12·L·d·T (nanoGPT / torchtitan): every parameter but the input embedding table is
-    a matmul weight (the LM head counts even when tied); attention adds 12·L·(H·d_h)·T, causality not discounted."""
-    cfg = model.config
-    n = sum(p.numel() for p in model.parameters())  # unique parameters: a tied table counts once
-    n_matmul = n - cfg.vocab_size * cfg.d_model + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)
-    return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
-
-
-def train_bytes(cfg: RunConfig, micro: int, world: int = 1, device: str = "cpu") -> float:
-    """A deliberately low estimate of one rank's training memory, so only runs that cannot fit are refused:
-    fp32 weights + grads + AdamW moments (16 B per parameter, sharded under FSDP), plus what one micro-batch
-    keeps for backward: >= 16·d per token and layer (2·n·d more for the n streams of HC/mHC), the logits
-    (2·V per token), and on CPU the attention probabilities (H·T² per layer: the math attention path
-    materialises them; CUDA's flash path does not)."""
-    c = cfg.model_config().resolved()
-    n = 12 * c.n_layer * c.d_model**2 + c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
-    state = 16.0 * n / (world if cfg.fsdp else 1)
-    streams = c.hc_streams if c.arch in ("hc", "mhc") else 0
-    elem = 2.0 if cfg.dtype == "bf16" else 4.0
-    tokens = micro * cfg.seq_len
-    acts = elem * tokens * ((16 + 2 * streams) * c.d_model * c.n_layer + 2 * c.vocab_size)
-    attn = elem * micro * c.n_head * cfg.seq_len**2 * c.n_layer if device == "cpu" else 0.0
-    return state + acts + attn
-
-
-def device_bytes(device: torch.device) -> float | None:
-    """Total memory of `device` (physical RAM for the CPU); None when unknown."""
-    if device.type == "cuda":
-        return float(torch.cuda.get_device_properties(device).total_memory)
-    try:
-        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_memory(cfg: RunConfig, micro: int, dist: DistInfo) -> None:
-    """Refuse up front (one line) a run whose memory estimate exceeds the device: seq_len or global_batch of
-    10^6 must fail here, not with an out-of-memory kill after minutes."""
-    need, have = train_bytes(cfg, micro, dist.world, dist.device.type), device_bytes(dist.device)
-    if have is not None and need > have:
-        raise ValueError(
-            f"run config: training needs at least {need / 2**30:,.1f} GiB per rank (micro_batch={micro}, "
-            f"seq_len={cfg.seq_len}, model {cfg.model_config().n_layer}x{cfg.model_config().d_model}) but "
-            f"{dist.device.type} memory is {have / 2**30:,.1f} GiB; lower micro_batch or seq_len"
-        )
 
 
 def param_groups(model: nn.Module, weight_decay: float, *, decay_mixing: bool = False) -> list[dict[str, Any]]:
@@ -232,50 +162,6 @@ def evaluate(
     model.train(was)
     total, count = all_reduce([total, float(count)], dist, op="sum")
     return total / count
-
-
-# -------------------------------------------------------------------------------------------------
-# resume state: safetensors for tensors, JSON for the rest, with a checksummed manifest (state.py)
-
-
-def save_state(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], dist: DistInfo
-) -> None:
-    """Every rank joins the gather (FSDP); rank 0 writes <path>/ as a whole directory swap."""
-    model_sd, optim_sd = full_state(model, optimizer)
-    if not dist.is_main:
-        barrier(dist)
-        return
-    tensors = {f"model/{k}": v.contiguous() for k, v in model_sd.items()}
-    for fqn, st in optim_sd["state"].items():
-        for key, v in st.items():
-            tensors[f"optim/{fqn}/{key}"] = v.detach().cpu().contiguous() if torch.is_tensor(v) else torch.tensor(v)
-    tensors["rng/cpu"] = torch.get_rng_state()
-    if dist.device.type == "cuda":
-        tensors["rng/cuda"] = torch.cuda.get_rng_state(dist.device)
-    write_state(path, tensors, {**meta, "param_groups": optim_sd["param_groups"]})
-    barrier(dist)
-
-
-def load_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, dist: DistInfo) -> dict[str, Any]:
-    """Restore model, optimizer and RNG from <path> after checking it against its manifest and against
-    this run's model; returns the JSON metadata (step, trajectory, ...)."""
-    tensors, meta = read_state(path)
-    raw = getattr(model, "module", model)  # DDP wraps; FSDP2 keeps the module (and its global shapes)
-    trainable = {n for n, p in raw.named_parameters() if p.requires_grad}
-    updated = trainable - set(unused_parameters(raw, dist.device)) if meta.get("step") else trainable
-    check_complete(path, tensors, meta, {k: tuple(v.shape) for k, v in raw.state_dict().items()}, trainable, updated)
-    model_sd = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
-    state: dict[str, dict[str, torch.Tensor]] = {}
-    for k, v in tensors.items():
-        if k.startswith("optim/"):
-            fqn, key = k[len("optim/") :].rsplit("/", 1)
-            state.setdefault(fqn, {})[key] = v
-    load_full_state(model, optimizer, model_sd, {"state": state, "param_groups": meta["param_groups"]})
-    torch.set_rng_state(tensors["rng/cpu"])
-    if dist.device.type == "cuda" and "rng/cuda" in tensors:
-        torch.cuda.set_rng_state(tensors["rng/cuda"], dist.device)
-    return meta
 
 
 # -------------------------------------------------------------------------------------------------
@@ -605,62 +491,6 @@ def _log_step(line: str) -> float:
 
 # -------------------------------------------------------------------------------------------------
 # entry points
-
-
-def run_owner(cfg: RunConfig) -> dict[str, str]:
-    """Who owns what a run writes (its marker's owner): the run directory, as an absolute path."""
-    return {"run": str(Path(cfg.out).resolve())}
-
-
-def adopt_recipe_export(cfg: RunConfig) -> bool:
-    """A shipped checkpoint is this run's own export when its train.json says that this very recipe run made it
-    there (the same run name and the same `export` path as the recipe writes it): a clone carries no ownership
-    markers (they are git-ignored), yet `depthlens train <recipe> --run NAME` must retrain the zoo checkpoint the
-    recipe names. Such a checkpoint is marked as this run's; anything else is left for the refusal."""
-    from ..io.atomic import legacy_kind, read_marker, write_marker
-    from ..io.files import read_json
-
-    d = cfg.export_dir
-    if not cfg.name or not d.is_dir() or read_marker(d) is not None or legacy_kind(d) != "checkpoint":
-        return False
-    try:
-        record = read_json(d / "train.json", "training record")
-    except DepthlensError:
-        return False
-    recipe = record.get("recipe") if isinstance(record, dict) else None
-    if not isinstance(recipe, dict) or record.get("name") != cfg.name or recipe.get("export") != cfg.export:
-        return False
-    write_marker(d, "checkpoint", **run_owner(cfg))
-    return True
-
-
-@contextmanager
-def owned_outputs(cfg: RunConfig, dist: DistInfo) -> Iterator[None]:
-    """Before any work, rank 0 checks that the run directory is new, empty or a depthlens run directory (its
-    marker), and that the export is new, empty or this run's own export (a user's directory or a checkpoint
-    made elsewhere is never replaced); then it holds both for the whole run (one trainer per run directory
-    and per export: a second refuses naming the first). Every rank raises the same one-line refusal."""
-    from ..io.atomic import check_target, claim_dir, output_lock
-
-    owner = run_owner(cfg)
-    error: Exception | None = None
-    with ExitStack() as held:
-        if dist.is_main:
-            try:
-                adopt_recipe_export(cfg)
-                claim_dir(cfg.out, "run", create=False)  # created (and marked) by run(), after the setup
-                check_target(cfg.export_dir, False, kinds=("checkpoint",), flag="", owner=owner, make_parents=True)
-                held.enter_context(output_lock(cfg.out, "run directory"))
-                if cfg.export_dir.resolve().parent != Path(cfg.out).resolve():  # else the run directory's lock holds it
-                    held.enter_context(output_lock(cfg.export_dir, "export"))
-            except DepthlensError as e:
-                error = e
-        message = broadcast_object(None if error is None else str(error), dist)
-        if error is not None:
-            raise error
-        if message is not None:
-            raise DepthlensError(message)
-        yield
 
 
 def train(cfg: RunConfig, *, callback: Callback | None = None) -> dict[str, Any]:

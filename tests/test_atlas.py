@@ -1,0 +1,88 @@
+"""The committed real-model atlas (reports/atlas/) against its own committed datasets, recounted independently.
+
+* the causal share at all N sequences (current variant, max aggregator) is recounted from each model's
+  C(s, t) matrix by a plain loop over the late pairs;
+* the pruning table (mean excess loss, wins, the least harmful criterion) is recomputed from the loss curves;
+* every interval of the page contains its estimate and names its method;
+* the README sentence about the atlas quotes numbers that are in atlas.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+ROOT = Path(__file__).resolve().parents[1]
+ATLAS = ROOT / "reports" / "atlas"
+pytestmark = pytest.mark.skipif(not (ATLAS / "atlas.json").exists(), reason="reports/atlas not generated")
+
+
+def _atlas() -> dict:
+    return json.loads((ATLAS / "atlas.json").read_text())
+
+
+def _late_share(m: np.ndarray, theta: float) -> float:
+    L = m.shape[0]
+    a = L // 4
+    pairs = [(s, t) for s in range(a, L) for t in range(s + 1, L)]
+    return sum(bool(m[s, t] > theta) for s, t in pairs) / len(pairs)
+
+
+def test_causal_shares_recount_from_the_matrices():
+    for s in _atlas()["models"]:
+        rows = {(r["variant"], r["aggregator"]): r for r in s.get("causal_definitions", [])}
+        for (variant, agg), r in rows.items():
+            with xr.open_dataset(ATLAS / s["name"] / "data" / "causal_update.nc") as ds:
+                m = ds["causal_score"].sel(variant=variant, aggregator=agg).values
+            assert r["trained"]["share_full"] == pytest.approx(_late_share(m, 0.45)), (s["name"], variant, agg)
+            for key in ("trained", "untrained"):
+                h = r.get(key)
+                if h and h.get("ci_low") is not None:
+                    assert h["ci_low"] <= h["share"] <= h["ci_high"] and h["ci_method"] and h["ci_unit"]
+            d = r.get("trained_minus_untrained")
+            if d:
+                assert d["low"] <= d["estimate"] <= d["high"] and "paired" in d["method"]
+
+
+def test_pruning_table_recomputes_from_the_curves():
+    for s in _atlas()["models"]:
+        p = s.get("pruning")
+        if not p:
+            continue
+        with xr.open_dataset(ATLAS / s["name"] / "data" / "pruning.nc") as ds:
+            loss = ds["loss"].load()
+            clean = float(ds["loss_clean"])
+        assert p["clean_loss"] == pytest.approx(clean)
+        ks = list(range(1, s["n_layer"] // 2 + 1))
+        assert p["k"] == ks
+        excess = {str(c): float(np.mean(loss.sel(criterion=c).values[1:] - clean)) for c in loss["criterion"].values}
+        assert p["mean_excess_loss"] == pytest.approx(excess)
+        det = [c for c in excess if c != "random"]
+        assert p["winner"] == min(det, key=excess.get)
+        best = [min(det, key=lambda c: float(loss.sel(criterion=c, k=k))) for k in ks]
+        assert p["wins"] == {c: best.count(c) for c in det}
+
+
+def test_readme_sentence_quotes_the_atlas():
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- atlas -->(.*?)<!-- /atlas -->", text, re.S)
+    assert m, "README has no atlas sentence"
+    sentence = m.group(1)
+    atlas = _atlas()
+    for s in atlas["models"]:
+        if s.get("pruning"):
+            assert s["pruning"]["winner"] in sentence or s["name"] not in sentence
+    quoted = re.findall(r"(\d+(?:\.\d+)?) %", sentence)
+    shares = {
+        f"{100 * r[k]['share']:.0f}"
+        for s in atlas["models"]
+        for r in s.get("causal_definitions", [])
+        for k in ("trained", "untrained")
+        if r.get(k)
+    }
+    assert all(q in shares for q in quoted), (quoted, sorted(shares))
