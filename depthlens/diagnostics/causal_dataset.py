@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics.causal_arms import _CellStore, _nanmax
 from depthlens.io.dataset import make_dataset
-from depthlens.models.protocol import LayeredLM
 from depthlens.runtime.evaldata import EvalData, model_provenance
 from depthlens.stats.metrics import late_window
+
+if TYPE_CHECKING:  # typing only: the protocol module is not needed to build a Dataset
+    from depthlens.models.protocol import LayeredLM
 
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
 
