@@ -150,8 +150,9 @@ def check_dataclass(obj: Any) -> None:
     from pydantic import ValidationError
 
     values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    cls: type = type(obj)  # a plain `type` (mypy takes type[Any] for no Hashable, the cache's argument type)
     try:
-        checked = mirror(type(obj)).model_validate(values)
+        checked = mirror(cls).model_validate(values)
     except ValidationError as e:
         raise one_line(e) from None
     for name in values:

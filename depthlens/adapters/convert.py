@@ -62,7 +62,8 @@ def hf_llama_config(cfg: Any, *, bos_id: int | None = None) -> Any:
         num_key_value_heads=cfg.kv_heads,
         head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_seq_len,
-        rope_theta=float(cfg.rope_theta),
+        # transformers 5 still takes the legacy keyword at run time (into rope_parameters) but no longer types it
+        rope_theta=float(cfg.rope_theta),  # type: ignore[call-arg]
         rms_norm_eps=cfg.norm_eps,
         tie_word_embeddings=cfg.tie_embeddings,
         hidden_act="silu",
@@ -75,7 +76,7 @@ def hf_llama_config(cfg: Any, *, bos_id: int | None = None) -> Any:
     )
 
 
-def export_llama(model_or_path: Any, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def export_llama(model_or_path: Any, out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write a depthlens `preln`/`lns` model (or checkpoint directory) as an HF `LlamaForCausalLM` directory."""
     from safetensors.torch import save_file
 
@@ -176,7 +177,11 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def import_llama(
-    hf_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, arch: str = "preln", overwrite: bool = False
+    hf_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    arch: str = "preln",
+    overwrite: bool = False,
 ) -> Any:
     """Read an HF LLaMA/Mistral directory as a depthlens model (`preln`, or `lns` to unfold exported gains).
 

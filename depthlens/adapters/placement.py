@@ -117,7 +117,8 @@ def resolve_device_map(
     elif isinstance(spec, dict):
         from ..schema import validate
 
-        spec = validate(_map_schema(), spec, "device_map").model_dump()  # keys, types, device names: one line
+        checked: dict[str, Any] = validate(_map_schema(), spec, "device_map").model_dump()  # keys, types, device names
+        spec = checked  # (a typed name: the dump is Any, which would leave `spec` its declared union)
         layers = spec["layers"]
         if isinstance(layers, str):
             layers = [layers] * L
@@ -180,8 +181,13 @@ def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
             else loads_json(text, "--device-map", "the map")
         )
         where = text if text.endswith(".json") else "--device-map"
-        out = validate(_map_schema(), raw, where, usage=True).model_dump(exclude_unset=True)
-        names = [out["embed"], out["head"], *([out["layers"]] if isinstance(out["layers"], str) else out["layers"])]
+        checked: dict[str, Any] = validate(_map_schema(), raw, where, usage=True).model_dump(exclude_unset=True)
+        out: str | dict[str, Any] = checked
+        names = [
+            checked["embed"],
+            checked["head"],
+            *([checked["layers"]] if isinstance(checked["layers"], str) else checked["layers"]),
+        ]
     else:
         import re
 

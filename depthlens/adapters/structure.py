@@ -16,12 +16,15 @@ calls a block something it is not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from ..designs import DESIGNS
+
+if TYPE_CHECKING:  # typing only: transformers is imported where a foreign model is loaded
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ def classify(order: list[str]) -> tuple[str, str]:
     return "other", f"other ({' '.join(order)})"
 
 
-def residual_structure(hf_model: nn.Module, block: nn.Module) -> ResidualStructure:
+def residual_structure(hf_model: PreTrainedModel, block: nn.Module) -> ResidualStructure:
     """Run `hf_model` on three tokens and classify `block` (one of its decoder layers) by its call order."""
     order: list[str] = []
     handles = []
@@ -68,7 +71,7 @@ def residual_structure(hf_model: nn.Module, block: nn.Module) -> ResidualStructu
         if kind is not None:
             handles.append(child.register_forward_pre_hook(lambda m, a, k=kind: order.append(k)))
     try:
-        dev = hf_model.get_input_embeddings().weight.device
+        dev = cast(torch.Tensor, hf_model.get_input_embeddings().weight).device
         with torch.no_grad():
             hf_model(input_ids=torch.tensor([[1, 2, 3]], device=dev), use_cache=False)
     finally:

@@ -8,7 +8,7 @@ and writes the labelled dataset (netCDF) atomically. `--json` prints the headlin
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -48,6 +48,9 @@ from .common import (
     resolve_out,
     write,
 )
+
+if TYPE_CHECKING:  # typing only: the CLI imports xarray where a command needs it
+    import xarray as xr
 
 # The analysis commands and what they share, wherever defined (common.py: options and helpers; compare.py: the
 # commands over several checkpoints): other commands and tests import them from here.
@@ -239,7 +242,7 @@ def causal(
     emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", agg, variant)), 1.0))
 
 
-def _skip_loss_lines(ds) -> list[str]:
+def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
     """With --outputs: the layer whose skip costs most, in loss and in output distribution."""
     from ..diagnostics.causal_dataset import skip_summary
 

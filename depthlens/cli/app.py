@@ -40,6 +40,7 @@ class OneLineErrors(TyperGroup):
         prog_name: str | None = None,
         complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,  # click's default, passed on (the signature of the method overridden)
         **extra: Any,
     ) -> Any:
         sanitise_thread_env()
@@ -49,7 +50,14 @@ class OneLineErrors(TyperGroup):
                     "stdout is closed: nothing could be printed; redirect it to a "
                     "file (or /dev/null) instead of closing it"
                 )
-            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
+            rv = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
         except _click.exceptions.NoArgsIsHelpError as e:
             sys.stdout.write(e.format_message() + "\n")
             rv = 2

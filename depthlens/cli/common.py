@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
 from .app import fail, in_default_dir
+
+if TYPE_CHECKING:  # typing only: feedback (rich) is imported where a command shows progress
+    from .feedback import Progress
 
 # --- shared options ------------------------------------------------------------------------------------
 CkptArg = Annotated[
@@ -89,7 +93,7 @@ def check_threshold(value: float, name: str = "--threshold") -> float:
     return value
 
 
-def check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
+def check_choice(value: str, choices: Collection[str], name: str) -> str:
     if value not in choices:
         fail(f"{name} must be one of {', '.join(choices)}; got {value!r}", 2)
     return value
@@ -108,7 +112,7 @@ def open_model(ckpt: Path, c: Common) -> tuple[Any, Path]:
     from .feedback import spinner
 
     ctx = declared_context(ckpt) if c.seq_len else None  # from the header: refused before a minute-long load
-    if ctx is not None and c.seq_len > ctx:
+    if ctx is not None and c.seq_len is not None and c.seq_len > ctx:  # ctx is None when seq_len is unset
         from ..errors import DataError
 
         raise DataError(f"--seq-len {c.seq_len} exceeds the {ctx} tokens of context {ckpt} declares")
@@ -240,7 +244,18 @@ def _matrix_view(da: Any, vmax: float | None = None) -> Any:
     return terminal_heatmap(m, labels, labels, vmin=0.0, vmax=max(hi, 1e-12))
 
 
-def _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads=1, device_map=None) -> Common:
+def _common(
+    data: Path | None,
+    tokens: int | None,
+    n_seq: int,
+    seq_len: int | None,
+    batch_size: int | None,
+    seed: int,
+    device: str,
+    dtype: str,
+    threads: int = 1,
+    device_map: str | None = None,
+) -> Common:
     from ..runtime.distributed import device_for_rank
 
     # under torchrun `--device cuda` is cuda:LOCAL_RANK: one GPU per rank
@@ -270,7 +285,7 @@ def _opts(c: Common) -> dict[str, Any]:
     return {} if c.batch_size is None else {"batch_size": c.batch_size}
 
 
-def busy(what: str):
+def busy(what: str) -> Progress:
     """Progress of a single-checkpoint computation (`feedback.Progress`; its `engine()` is the engine's callback):
     fine-grained engine steps, so plain lines at most every 10 s."""
     from .feedback import Progress

@@ -182,6 +182,7 @@ def sweep(
             )
             h.setdefault("crossings", {})[name] = {str(float(q)): float(v) for q, v in zip(row["q"].values, row.values)}
     if rob is not None:
+        assert rank_order is not None  # api.sweep computes robustness only against a given order
         lines.append(f"ranking {' < '.join(rank_order)} holds on {100 * float(rob['fraction']):.0f}% of the θ grid")
     elif len(names) > 1:
         lines.append("ranking robustness: give the expected order with --order a,b,... (low to high)")

@@ -58,7 +58,9 @@ def parse_opts(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def generic_view(d: registry.Diagnostic, ds: Any, model: Any, n_boot: int, seed: int) -> tuple[dict, list[str]]:
+def generic_view(
+    d: registry.Diagnostic, ds: Any, model: Any, n_boot: int, seed: int
+) -> tuple[dict[str, Any], list[str]]:
     """The headline share (with its CI) of a diagnostic with a score, else the Dataset's variables."""
     head: dict[str, Any] = {
         "metric": d.name,
@@ -144,6 +146,6 @@ def registry_names(own: list[str]) -> list[str]:
     return [d.name for d in registry.diagnostics() if not {d.name, *d.aliases} & set(own)]
 
 
-OneLineErrors.extra_command = staticmethod(registry_command)  # type: ignore[assignment]
-OneLineErrors.extra_names = staticmethod(registry_names)  # type: ignore[assignment]
+OneLineErrors.extra_command = staticmethod(registry_command)
+OneLineErrors.extra_names = staticmethod(registry_names)
 _ = Path  # the CkptArg annotation's type

@@ -95,7 +95,8 @@ def report(
     matplotlib.use("Agg")
     from rich.console import Console
 
-    from ..studies.report import ReportOptions, build_report, parse_metrics
+    from ..studies.report import ReportOptions, build_report
+    from ..studies.study import parse_metrics
     from .feedback import Progress
 
     if not ckpts:

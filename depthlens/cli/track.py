@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +22,12 @@ from .common import (
     ThreadsOpt,
     check_choice,
 )
+
+if TYPE_CHECKING:  # typing only: the command imports these where it runs
+    import xarray as xr
+
+    from ..studies.snapshots import Series
+    from ..studies.track import TrackOptions
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
 CACHE = "parts"
@@ -132,7 +139,8 @@ def track(
     matplotlib.use("Agg")
     import torch
 
-    from ..studies.track import TrackOptions, parse_metrics, scan
+    from ..studies.snapshots import scan
+    from ..studies.track import TrackOptions, parse_metrics
 
     if not runs:
         fail("give at least one run directory or checkpoint", 2)
@@ -169,7 +177,9 @@ def track(
         _track_into(out, series, opts, runs, metric, as_json)
 
 
-def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json: bool) -> None:
+def _track_into(
+    out: Path, series: Sequence[Series], opts: TrackOptions, runs: list[Path], metric: str | None, as_json: bool
+) -> None:
     from rich.console import Console
 
     from ..io.atomic import atomic_write_text, claim_dir
@@ -213,7 +223,7 @@ def _track_into(out: Path, series, opts, runs: list[Path], metric: str, as_json:
     typer.echo(f"wrote {out / 'track.nc'}, {out / 'track.png'} and {out / 'README.md'}")
 
 
-def write_outputs(ds, out: Path, command: str) -> None:
+def write_outputs(ds: xr.Dataset, out: Path, command: str) -> None:
     """Dataset, figure and Markdown section, each written atomically; their hashes go into the directory's
     marker, so a rerun can tell a README the user edited (kept: refused) from the one it wrote (replaced)."""
     from ..io.atomic import atomic_write_text, check_unedited, record_files
@@ -231,19 +241,19 @@ def write_outputs(ds, out: Path, command: str) -> None:
     record_files(out, OUT_FILES)
 
 
-def summary(ds) -> list[dict]:
+def summary(ds: xr.Dataset) -> list[dict[str, Any]]:
     """Per run: design, L, and per step the headline shares with CIs and the validation loss (JSON-safe)."""
     import math
 
-    def f(v):
+    def f(v: Any) -> float | None:
         v = float(v)
         return None if math.isnan(v) else v
 
-    out = []
+    out: list[dict[str, Any]] = []
     for run in ds["run"].values:
         sel = ds.sel(run=run)
         keep = sel["snapshot"].values.astype(str) != ""
-        rec = {
+        rec: dict[str, Any] = {
             "run": str(run),
             "design": str(sel["design"].values),
             "n_layer": int(sel["n_layer"].values),

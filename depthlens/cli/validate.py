@@ -86,7 +86,8 @@ def check_options(params: dict[str, Any]) -> None:
     if isinstance(params.get("n_seq"), int):
         in_range(params["n_seq"], "--n-seq", 1, INT_OPTION_MAX)  # more than the source holds: capped, with a note
     if isinstance(params.get("threads"), int):
-        in_range(params["threads"], "--threads", 0, os.cpu_count() and 4 * os.cpu_count() or 1024)
+        cpus = os.cpu_count()
+        in_range(params["threads"], "--threads", 0, cpus and 4 * cpus or 1024)
     for name in ("tokens", "seq_len", "batch_size", "limit"):
         v = params.get(name)
         if isinstance(v, int) and not isinstance(v, bool):

@@ -17,7 +17,8 @@ Representations (`repr`):
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ import xarray as xr
 from depthlens.errors import DepthlensError
 from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
+from depthlens.models.residual.base import State
 from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import AngularAccumulator
@@ -43,16 +45,17 @@ def measured_positions(T: int, positions: str) -> slice:
     return slice(T - 1, T) if positions == "last" else slice(1, T)
 
 
-def _state_reader(model, repr: str):
+def _state_reader(model: LayeredLM, repr: str) -> Callable[[State], torch.Tensor]:
     """state -> (B, T, D) representation of a between-layer state."""
     design = model.design
     if repr == "flatten" and getattr(design, "multi_stream", False):
         return lambda state: design.streams(state).flatten(-2)
-    return design.view
+    view: Callable[[State], torch.Tensor] = design.view
+    return view
 
 
 @torch.no_grad()
-def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.Tensor:
+def _batch_states(model: LayeredLM, tokens: torch.Tensor, repr: str, pos: slice) -> torch.Tensor:
     """(L+1, B·P, D) float32 states of one batch at the measured positions P, on the tokens' device (a model
     placed over several devices hands back each layer's state on that layer's device)."""
     L = model.n_layer
@@ -80,7 +83,8 @@ def _batch_states(model, tokens: torch.Tensor, repr: str, pos: slice) -> torch.T
     if repr == "flatten" and getattr(model.design, "multi_stream", False):
         final = read(state)  # stay in the flattened stream space for the last state too
     keep(L, final)
-    return torch.stack(states)
+    # every slot is set by now: 0..L−1 by the forward (hooks or on_layer), L by the final state
+    return torch.stack(cast(list[torch.Tensor], states))
 
 
 def angular_distances(

@@ -50,7 +50,7 @@ def _alpha(record: Mapping[str, Any], j: int, labels: Sequence[str]) -> torch.Te
 class _Means:
     """NaN-aware running sums/counts of named arrays (averaged over tokens τ ≥ 1 across batches)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.sum: dict[Any, float] = {}
         self.count: dict[Any, int] = {}
 
@@ -127,7 +127,9 @@ def attnres_summary(
     }
 
 
-def attnres_from_record(record: Mapping[str, Any], n_layer: int, eps_grid: Sequence[float] = EPS_GRID):
+def attnres_from_record(
+    record: Mapping[str, Any], n_layer: int, eps_grid: Sequence[float] = EPS_GRID
+) -> dict[str, Any]:
     """Summary of one readout record (e.g. hand-built in tests)."""
     acc = _Means()
     labels = accumulate_record(acc, record, 2 * n_layer)
@@ -157,6 +159,7 @@ def attnres_dataset(
     for _, toks in batches:
         labels = accumulate_record(acc, model.readouts(toks.to(device)), 2 * L)
         count.add()
+    assert labels is not None  # EvalData is never empty, so the loop ran at least once
     r = attnres_summary(acc, labels, L, eps_grid)
     dv = {
         "self_weight_sublayer": (
@@ -243,7 +246,8 @@ def depth_mixing_dataset(
     L = model.n_layer
     n = 2 * L + 1
     device = model_device(model)
-    total, count, masses, note = np.zeros((n, n)), 0, {}, None
+    masses: dict[int, tuple[np.ndarray, int]] = {}  # sublayer -> (summed depth mass, tokens)
+    total, count, note = np.zeros((n, n)), 0, None
     batches = list(data.batches(batch_size or default_batch_size(data)))
     done = Count(progress, len(batches))
     for _, toks in batches:
@@ -258,9 +262,9 @@ def depth_mixing_dataset(
         for j in rec.sublayers_with("depth_mass"):
             if j < 2 * L:
                 m = torch.as_tensor(rec.sublayer("depth_mass", j)).double()
-                m = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
+                summed = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
                 prev = masses.get(j, (0, 0))
-                masses[j] = (prev[0] + m, prev[1] + toks.shape[0] * (toks.shape[1] - 1))
+                masses[j] = (prev[0] + summed, prev[1] + toks.shape[0] * (toks.shape[1] - 1))
         done.add()
     dv: dict[str, Any] = {}
     if count:

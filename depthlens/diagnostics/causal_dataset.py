@@ -6,16 +6,20 @@ layer-skip loss, clean loss), with the options and cut positions the run used in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics.causal_arms import _CellStore, _nanmax
 from depthlens.io.dataset import make_dataset
-from depthlens.runtime.evaldata import model_provenance
+from depthlens.runtime.evaldata import EvalData, model_provenance
 from depthlens.stats.metrics import late_window
+
+if TYPE_CHECKING:  # typing only: the protocol module is not needed to build a Dataset
+    from depthlens.models.protocol import LayeredLM
 
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
 
@@ -32,7 +36,16 @@ class _Results:
     clean_loss: np.ndarray  # (N,)
 
 
-def _dataset(model, data, checkpoint, S, variants, cuts, res: _Results, options) -> xr.Dataset:
+def _dataset(
+    model: LayeredLM,
+    data: EvalData,
+    checkpoint: Any,
+    S: list[int],
+    variants: Sequence[str],
+    cuts: dict[str, np.ndarray],
+    res: _Results,
+    options: dict[str, Any],
+) -> xr.Dataset:
     L, N = model.n_layer, data.n_seq
     store, null_store, dstore, O, dloss, clean_loss = (
         res.store,

@@ -28,7 +28,7 @@ from depthlens.diagnostics.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
 from depthlens.io.dataset import make_dataset
 from depthlens.models.protocol import LayeredLM
-from depthlens.models.residual.base import State, state_cat, state_select
+from depthlens.models.residual.base import RunContext, State, state_cat, state_select
 from depthlens.runtime.distributed import agree, merge, shard, world
 from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.runtime.progress import Count, ProgressFn
@@ -45,7 +45,7 @@ def resolve_pairs(L: int, pairs: str | Sequence[tuple[int, int]]) -> list[tuple[
     if isinstance(pairs, str):
         if pairs not in ("late", "all"):
             raise DepthlensError(f"pairs must be 'late', 'all' or a list of (i, j), got {pairs!r}")
-        return [tuple(map(int, p)) for p in late_pairs(L, "quarter" if pairs == "late" else 0)]
+        return [(int(i), int(j)) for i, j in late_pairs(L, "quarter" if pairs == "late" else 0)]  # rows (i, j)
     out = set()
     for p in pairs:
         i, j = sorted(int(x) for x in p)
@@ -64,7 +64,9 @@ def swapped_order(L: int, i: int, j: int) -> list[int]:
 
 
 @torch.no_grad()
-def _run_position(model, state: State, ctx, p: int, groups: list[tuple[torch.Tensor, list[int]]], swap: str) -> State:
+def _run_position(
+    model: LayeredLM, state: State, ctx: RunContext, p: int, groups: list[tuple[torch.Tensor, list[int]]], swap: str
+) -> State:
     """Run position p on row groups, each with its own order (a full permutation), and restore row order."""
     if len(groups) == 1:
         return model.run_layers(state, ctx, p, p + 1, order=groups[0][1], swap=swap)
@@ -74,7 +76,7 @@ def _run_position(model, state: State, ctx, p: int, groups: list[tuple[torch.Ten
 
 
 @torch.no_grad()
-def _run_pairs(model, ctx, cached: State, i: int, js: list[int], b: int, swap: str) -> State:
+def _run_pairs(model: LayeredLM, ctx: RunContext, cached: State, i: int, js: list[int], b: int, swap: str) -> State:
     """Rows: len(js) blocks of b sequences; block k runs π_{i, js[k]} from the cached state before layer i."""
     L = model.n_layer
     device = next(iter(cached.values())).device
@@ -182,7 +184,9 @@ def permutation_scores(
     )
 
 
-def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int, list[int]]]:
+def _my_share(
+    batches: list[tuple[int, torch.Tensor]], by_i: dict[int, list[int]]
+) -> tuple[list[tuple[int, torch.Tensor]], dict[int, list[int]]]:
     """This process's (sequence batches, pairs by i) under torchrun: the sequence batches split over ranks when
     there are enough of them, otherwise the pairs (round-robin over the sorted pairs). One process: all."""
     rank, n = world()
@@ -196,7 +200,7 @@ def _my_share(batches: list, by_i: dict[int, list[int]]) -> tuple[list, dict[int
     return batches, mine
 
 
-def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
+def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's (dl, kl, clean_loss) merged by fmax over NaN (each cell computed by one rank, or by every
     rank identically for clean_loss). One process: unchanged."""
     m = merge({"dl": dl, "kl": kl, "clean_loss": clean_loss}, {"dl": "fmax", "kl": "fmax", "clean_loss": "fmax"})
@@ -205,7 +209,7 @@ def _merge_ranks(dl: np.ndarray, kl: np.ndarray, clean_loss: np.ndarray):
 
 @torch.no_grad()
 def _batch(
-    model,
+    model: LayeredLM,
     toks: torch.Tensor,
     seqs: slice,
     by_i: dict[int, list[int]],
@@ -258,7 +262,16 @@ def _batch(
             count.add(len(chunk))
 
 
-def _dataset(model, data, checkpoint, P, dl, kl, clean_loss, options) -> xr.Dataset:
+def _dataset(
+    model: LayeredLM,
+    data: EvalData,
+    checkpoint: Any,
+    P: list[tuple[int, int]],
+    dl: np.ndarray,
+    kl: np.ndarray,
+    clean_loss: np.ndarray,
+    options: dict[str, Any],
+) -> xr.Dataset:
     L = model.n_layer
     LL = ("layer", "layer_other")
     base = float(clean_loss.mean())

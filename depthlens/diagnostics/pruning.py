@@ -45,7 +45,7 @@ CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "random")
 
 
 @torch.no_grad()
-def _sequence_nll(model: Any, ctx: Any, state: dict, toks: torch.Tensor) -> torch.Tensor:
+def _sequence_nll(model: Any, ctx: Any, state: dict[str, torch.Tensor], toks: torch.Tensor) -> torch.Tensor:
     """(b,) summed next-token NLL of each sequence from a state after the last layer (float64)."""
     targets = toks[:, 1:].reshape(-1)
     u = unembedding_of(model)
@@ -159,17 +159,25 @@ def pruning_curves(
                     loss[c, k] = rand[k].mean()
                     continue
                 if crit == "angular_block":
+                    assert angular is not None  # computed above for either angular criterion
                     start = int(angular["prune_start"].values[k])
                     layers = list(range(start, start + k))
                 elif crit == "block_influence":
+                    assert angular is not None  # computed above for either angular criterion
                     layers = _smallest(angular["profile"].values[:L], k)
                 elif crit == "skip_loss":
+                    assert skip is not None  # computed above when skip_loss is a criterion
                     layers = _smallest(skip, k)
                 else:  # causal
+                    assert causal is not None  # computed above when causal is a criterion
                     effect = causal["mean_downstream_effect"].sel(variant="current", aggregator="mean").values
                     layers = _smallest(effect, k)
                 removed[c, k, layers] = 1
-                loss[c, k] = skip[layers[0]] if crit == "skip_loss" and k == 1 else pruner.loss(layers)
+                if crit == "skip_loss" and k == 1:
+                    assert skip is not None  # computed above when skip_loss is a criterion
+                    loss[c, k] = skip[layers[0]]
+                else:
+                    loss[c, k] = pruner.loss(layers)
     deterministic = [i for i, c in enumerate(criteria) if c != "random"]
     best = np.array(
         [criteria[deterministic[int(np.argmin(loss[deterministic, k]))]] if deterministic else "" for k in ks],

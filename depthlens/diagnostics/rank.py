@@ -117,8 +117,9 @@ def structural_zero_grad(H: torch.Tensor, constrained: bool = True) -> np.ndarra
     return flags
 
 
-def _summaries(tok: dict[str, torch.Tensor], n_widths: int) -> dict[str, np.ndarray]:
-    """Statistics over tokens of the per-token quantities of `product_tokens`."""
+def _summaries(tok: Mapping[str, Any], n_widths: int) -> dict[str, np.ndarray]:
+    """Statistics over tokens of the per-token quantities of `product_tokens` (tensors), plus "zero_grad" (the
+    (K,) bool array of `structural_zero_grad`)."""
     return {
         "erank": np.stack([_stats(tok[f"erank_{p}"].numpy()) for p in PRODUCTS]),
         "gain_fwd": np.stack([_stats(tok[f"gain_fwd_{p}"].numpy()) for p in PRODUCTS]),

@@ -27,10 +27,12 @@ placed over several devices hands its head input over there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
-from depthlens.models.protocol import Unembedding, unembedding_of
+from depthlens.models.protocol import LayeredLM, Unembedding, unembedding_of
 from depthlens.models.residual.base import RunContext, State
 
 # one (rows, C) float32 logit block: on the CPU about an L2 cache, so each chunk is reduced in cache; on an
@@ -96,7 +98,11 @@ def expected_embedding(
     return pw, total
 
 
-def head_path(model, chunked: bool = True) -> str:
+# a chunked walk of the head: (h_block (r, d), weight, bias, per_row_block (r,)) -> two outputs per row
+_Walk = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def head_path(model: LayeredLM, chunked: bool = True) -> str:
     """How the loss reads the head, recorded with every result: 'vocab-chunked' or 'whole-logits'."""
     return "vocab-chunked" if chunked and unembedding_of(model) is not None else "whole-logits"
 
@@ -112,7 +118,7 @@ class LossAgainstReference:
     `chunked` tells which path runs (True: the head walked in vocabulary chunks; False: whole logits).
     """
 
-    def __init__(self, model, ctx: RunContext, tokens: torch.Tensor, *, chunked: bool | None = None):
+    def __init__(self, model: LayeredLM, ctx: RunContext, tokens: torch.Tensor, *, chunked: bool | None = None):
         self.model, self.ctx = model, ctx
         self.b, T = tokens.shape
         self.targets = tokens[:, 2:]  # (b, T−2)
@@ -123,19 +129,22 @@ class LossAgainstReference:
     # --- the chunked path ---------------------------------------------------------------------------------
     def _hidden(self, state: State) -> torch.Tensor:
         """Normed final hidden at the loss positions: (rows, T−2, d)."""
+        assert self.unembed is not None  # the chunked path: `chunked` is False without an Unembedding
         return self.unembed.hidden(state, self.ctx)[:, 1:]
 
-    def _by_row_blocks(self, walk, h: torch.Tensor, per_row: torch.Tensor) -> list[torch.Tensor]:
+    def _by_row_blocks(self, walk: _Walk, h: torch.Tensor, per_row: torch.Tensor) -> list[torch.Tensor]:
         """walk(h_block (r, d), weight, bias, per_row_block (r,)) over ROW_BLOCK rows at a time; its outputs
         concatenated and reshaped to h's leading dims (rows, T−2, ...)."""
         u, rb = self.unembed, ROW_BLOCK[_kind(h.device)]
+        assert u is not None  # the chunked path: `chunked` is False without an Unembedding
         flat, extra = h.reshape(-1, h.shape[-1]), per_row.reshape(-1)
         parts = [walk(flat[r : r + rb], u.weight, u.bias, extra[r : r + rb]) for r in range(0, flat.shape[0], rb)]
         return [torch.cat(outs).view(*h.shape[:2], *outs[0].shape[1:]) for outs in zip(*parts)]
 
     def _lse_target(self, h: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(lse, target logit), each (n·b, T−2), for hidden states h (n·b, T−2, d)."""
-        return tuple(self._by_row_blocks(logsumexp_and_target, h, self.targets.to(h.device).repeat(n, 1)))
+        lse, zt = self._by_row_blocks(logsumexp_and_target, h, self.targets.to(h.device).repeat(n, 1))
+        return lse, zt
 
     # --- the whole-logits path ----------------------------------------------------------------------------
     def _logits(self, state: State) -> torch.Tensor:

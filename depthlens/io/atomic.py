@@ -39,6 +39,8 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DepthlensError
 from .ownership import (
@@ -74,6 +76,9 @@ from .temps import (
     stale_temps,
     temp_name,
 )
+
+if TYPE_CHECKING:  # typing only: filelock is imported where a lock is taken
+    from filelock import BaseFileLock
 
 # The whole API of atomic output, wherever it is defined (temps.py: temp names and cleanup; ownership.py: the
 # marker and the checks before a write): callers import it from here.
@@ -117,7 +122,7 @@ __all__ = [
 
 
 def write_marker(
-    directory: str | os.PathLike, kind: str, *, files: dict[str, str] | None = None, **owner: object
+    directory: str | os.PathLike[str], kind: str, *, files: dict[str, str] | None = None, **owner: object
 ) -> None:
     """Mark `directory` as depthlens output of `kind` (owner: who may replace it, e.g. run=<run dir>)."""
     m = marker_payload(kind, **owner)
@@ -126,7 +131,7 @@ def write_marker(
     atomic_write_text(Path(directory) / MARKER, json.dumps(m, indent=1, sort_keys=True) + "\n")
 
 
-def adopt(path: str | os.PathLike, owner: dict | None = None) -> str:
+def adopt(path: str | os.PathLike[str], owner: dict[str, Any] | None = None) -> str:
     """Mark a directory written by a depthlens from before markers as ours (its kind read from its content);
     refuse anything else. A trainer's run directory is marked with what it holds (resume state, export,
     snapshots), each owned by the run. Returns a one-line note."""
@@ -157,7 +162,7 @@ def adopt(path: str | os.PathLike, owner: dict | None = None) -> str:
     return f"{path}: marked as depthlens {kind}"
 
 
-def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owner: object) -> Path:
+def claim_dir(path: str | os.PathLike[str], kind: str, *, create: bool = True, **owner: Any) -> Path:
     """Make `path` a directory of ours that is written in place (a run directory, a track output, a cache):
     create and mark it when it is new or empty (unless not `create`: then only check); else it must carry our
     marker of this `kind` (and `owner`). Refuses (one line) before anything is written."""
@@ -181,7 +186,8 @@ def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owne
             )
         if m["kind"] != kind:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {kind}; refusing to write into it")
-        mine = m.get("owner") if isinstance(m.get("owner"), dict) else {}
+        theirs = m.get("owner")
+        mine = theirs if isinstance(theirs, dict) else {}
         if any(mine.get(k) != v for k, v in owner.items()):
             _not_owner(path, m, owner)
         check_writable(path / MARKER)
@@ -194,7 +200,7 @@ def claim_dir(path: str | os.PathLike, kind: str, *, create: bool = True, **owne
     return path
 
 
-def record_files(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
+def record_files(directory: str | os.PathLike[str], names: tuple[str, ...]) -> None:
     """Keep the hashes of the files just written in place in the marker (see `check_unedited`)."""
     directory = Path(directory)
     m = read_marker(directory)
@@ -215,7 +221,7 @@ def _lock_paths(path: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def output_lock(path: str | os.PathLike, what: str = "output") -> Iterator[None]:
+def output_lock(path: str | os.PathLike[str], what: str = "output") -> Iterator[None]:
     """Hold `path` for this process while the block writes it: a second depthlens writing the same output
     refuses at once with one line naming the holder (pid, host, command, since when). The lock is a
     `filelock` (flock) on the hidden sibling `.NAME.lock`, so it works for outputs that are swapped in whole;
@@ -269,10 +275,10 @@ def output_lock(path: str | os.PathLike, what: str = "output") -> Iterator[None]
                 break
 
 
-def _acquire(filelock, lock_file: Path):
+def _acquire(filelock: ModuleType, lock_file: Path) -> BaseFileLock | None:
     """A held FileLock on `lock_file`, or None when another process holds it."""
     for _ in range(5):
-        lock = filelock.FileLock(str(lock_file), timeout=0, thread_local=False, is_singleton=False)
+        lock: BaseFileLock = filelock.FileLock(str(lock_file), timeout=0, thread_local=False, is_singleton=False)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -295,7 +301,7 @@ def _acquire(filelock, lock_file: Path):
 
 
 @contextlib.contextmanager
-def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_target(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a hidden temp path next to `path` (same filesystem, so `os.replace` is atomic); on success it
     replaces `path`, on an exception or SIGTERM it is removed. OSErrors become one-line DepthlensErrors."""
     path = Path(path)
@@ -314,14 +320,14 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     overwrite: bool = False,
     kinds: tuple[str, ...] | None = None,
     flag: str = "--overwrite",
     checked: bool = False,
     kind: str | None = None,
-    owner: dict | None = None,
+    owner: dict[str, Any] | None = None,
 ) -> Iterator[Path]:
     """Yield a fresh temp directory next to `path`; on success mark it (`kind`, default the first of `kinds`;
     `owner`) and swap it in as `path`, replacing a previous depthlens output of one of `kinds` only when
@@ -378,7 +384,7 @@ def swap_in(tmp: Path, path: Path) -> None:
     _remove(old)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = False) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> Path:
     """Write `data` to `path` atomically (optionally fsync'ed before the rename)."""
     with atomic_target(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
@@ -388,11 +394,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = Fa
     return Path(path)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def write_with(path: str | os.PathLike, writer: Callable[[Path], object]) -> Path:
+def write_with(path: str | os.PathLike[str], writer: Callable[[Path], object]) -> Path:
     """`writer(tmp)` writes the file; it lands at `path` atomically."""
     with atomic_target(path) as tmp:
         writer(tmp)

@@ -45,7 +45,7 @@ def _kind(mode: int) -> str:
 
 
 def regular_file(
-    path: str | os.PathLike, what: str, *, error: type[Exception] = DepthlensError, allow_stdin: bool = False
+    path: str | os.PathLike[str], what: str, *, error: type[Exception] = DepthlensError, allow_stdin: bool = False
 ) -> Path:
     """`path` if it is a regular file; else `error` naming what it is (missing, a directory, a FIFO, ...)."""
     path = Path(path)
@@ -63,7 +63,7 @@ def regular_file(
 
 
 def read_bytes(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     what: str,
     *,
     max_bytes: int = CONFIG_MAX,
@@ -91,7 +91,7 @@ def read_bytes(
 
 
 def read_text(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     what: str,
     *,
     max_bytes: int = CONFIG_MAX,
@@ -123,7 +123,7 @@ def loads_json(text: str | bytes, where: str, what: str, *, error: type[Exceptio
 
 
 def read_json(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     what: str,
     *,
     max_bytes: int = CONFIG_MAX,

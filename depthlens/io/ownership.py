@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import DepthlensError
 from .temps import _guard, name_max, recover, temp_name
@@ -23,7 +24,7 @@ MARKER = ".depthlens-output"
 MARKER_FORMAT = "depthlens output v1"
 
 
-def read_marker(directory: str | os.PathLike) -> dict | None:
+def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The marker of a directory depthlens wrote (None when absent or not a marker we wrote)."""
     p = Path(directory) / MARKER
     if p.is_symlink() or not p.is_file():
@@ -32,7 +33,7 @@ def read_marker(directory: str | os.PathLike) -> dict | None:
     return m if isinstance(m, dict) and m.get("format") == MARKER_FORMAT and isinstance(m.get("kind"), str) else None
 
 
-def marker_payload(kind: str, **owner: object) -> dict:
+def marker_payload(kind: str, **owner: object) -> dict[str, Any]:
     from .._version import __version__
     from .provenance import command_line
 
@@ -52,7 +53,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def recognise(path: str | os.PathLike) -> str | None:
+def recognise(path: str | os.PathLike[str]) -> str | None:
     """What depthlens output `path` is: a directory by its marker ("checkpoint", "resume state", "report",
     "dataset", "run", "track", ...), a file by its content ("netCDF dataset", "figure"); None when it is not
     recognisably ours (then --overwrite will not touch it)."""
@@ -72,7 +73,7 @@ def recognise(path: str | os.PathLike) -> str | None:
     return None
 
 
-def legacy_kind(path: str | os.PathLike) -> str | None:
+def legacy_kind(path: str | os.PathLike[str]) -> str | None:
     """What a directory without a marker looks like by its content, for output of a depthlens from before
     markers (used only by `adopt` and to word a refusal; it never makes a directory replaceable)."""
     path = Path(path)
@@ -160,12 +161,12 @@ def check_writable(path: Path) -> None:
 
 
 def check_target(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     overwrite: bool,
     *,
     kinds: tuple[str, ...] | None = None,
     flag: str = "--overwrite",
-    owner: dict | None = None,
+    owner: dict[str, Any] | None = None,
     make_parents: bool = False,
 ) -> Path:
     """Refuse (DepthlensError, one line) to write `path` when it exists and may not be replaced: without
@@ -205,7 +206,8 @@ def check_target(
         if kinds is not None and m["kind"] not in kinds:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {' / '.join(kinds)}; refusing to replace it")
         if owner is not None:
-            mine = m.get("owner") if isinstance(m.get("owner"), dict) else {}
+            theirs = m.get("owner")
+            mine = theirs if isinstance(theirs, dict) else {}
             if any(mine.get(k) != v for k, v in owner.items()):
                 return _not_owner(path, m, owner)
         elif not overwrite:
@@ -225,7 +227,7 @@ def check_target(
     return path
 
 
-def _not_owner(path: Path, m: dict, owner: dict) -> Path:
+def _not_owner(path: Path, m: dict[str, Any], owner: dict[str, Any]) -> Path:
     made = (m.get("owner") or {}).get("run") if isinstance(m.get("owner"), dict) else None
     by = f"the run in {made}" if made else (m.get("command") or "another command")
     raise DepthlensError(
@@ -238,12 +240,13 @@ def file_hashes(directory: Path, names: tuple[str, ...]) -> dict[str, str]:
     return {n: hashlib.sha256((directory / n).read_bytes()).hexdigest() for n in names if (directory / n).is_file()}
 
 
-def check_unedited(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
+def check_unedited(directory: str | os.PathLike[str], names: tuple[str, ...]) -> None:
     """Refuse to rewrite in place a file of an owned directory that is not the one depthlens wrote there (a
     README the user edited, a file the user put there): the marker keeps the hash of what we wrote."""
     directory = Path(directory)
     m = read_marker(directory) or {}
-    ours = m.get("files") if isinstance(m.get("files"), dict) else {}
+    files = m.get("files")
+    ours = files if isinstance(files, dict) else {}
     for n in names:
         p = directory / n
         if p.is_symlink() or (p.exists() and not p.is_file()):
@@ -253,7 +256,7 @@ def check_unedited(directory: str | os.PathLike, names: tuple[str, ...]) -> None
             raise DepthlensError(f"{p}: {what}; refusing to replace it (move it away, or write to another --out)")
 
 
-def distinct_outputs(outputs: dict[str, str | os.PathLike | None]) -> None:
+def distinct_outputs(outputs: dict[str, str | os.PathLike[str] | None]) -> None:
     """Two outputs of one command never share a path (`sweep -o X --plot X` wrote the dataset, then replaced it
     with the figure): refuse up front, naming both options."""
     seen: dict[str, str] = {}

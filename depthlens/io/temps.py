@@ -14,8 +14,10 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from ..errors import DepthlensError
 
@@ -23,7 +25,9 @@ _HOST = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
 _LIVE: set[Path] = set()  # temps of this process not yet renamed into place
 _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
 _depth = 0
-_previous: dict[int, object] = {}
+# what `signal.getsignal` returns (typeshed's private `signal._HANDLER`)
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+_previous: dict[int, _Handler] = {}
 _lock = threading.Lock()
 
 
@@ -71,7 +75,7 @@ def _remove(p: Path) -> None:
             p.unlink()
 
 
-def _on_signal(signum: int, frame: object) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     """Remove this process's temps, then let the signal act as it would have without us."""
     for p in list(_LIVE):
         _remove(p)
@@ -107,7 +111,7 @@ def _guard(tmp: Path) -> Iterator[None]:
                 _depth -= 1
                 if _depth == 0:
                     for s in _SIGNALS:
-                        signal.signal(s, _previous.pop(s, signal.SIG_DFL))  # type: ignore[arg-type]
+                        signal.signal(s, _previous.pop(s, signal.SIG_DFL))
 
 
 @contextlib.contextmanager
@@ -119,7 +123,7 @@ def _signals_held() -> Iterator[None]:
     try:
         yield
     finally:
-        if can:
+        if old is not None:  # `can`: pthread_sigmask returns a set
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
@@ -146,7 +150,7 @@ def stale_temps(path: Path) -> list[Path]:
     return out
 
 
-def recover(path: str | os.PathLike) -> str | None:
+def recover(path: str | os.PathLike[str]) -> str | None:
     """Repair what a kill left next to `path`; return a one-line note of what was done (None if nothing).
 
     `.NAME.new` is always complete; `.NAME.old` is the copy being replaced. Killed ... before the first

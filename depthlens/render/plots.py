@@ -11,23 +11,31 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import xarray as xr
 
+if TYPE_CHECKING:  # typing only: matplotlib and rich are imported where a figure or a heatmap is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
+    from rich.text import Text
+
 SEABORN_MAX_SIZE = 16  # per-cell seaborn heatmaps up to L = 16; imshow beyond (faster, no per-cell artists)
 
 
-def _label(da: xr.DataArray, fallback: str = "") -> str:
+def _label(da: xr.DataArray, fallback: Hashable = "") -> str:
     """`long_name [units]` from CF attrs (either part optional)."""
     name = da.attrs.get("long_name") or da.name or fallback
     units = da.attrs.get("units")
     return f"{name} [{units}]" if units else str(name)
 
 
-def axis_label(da: xr.DataArray, dim: str) -> str:
+def axis_label(da: xr.DataArray, dim: Hashable) -> str:
     """Axis label of `dim`: its coordinate's `long_name [units]`, else the dimension name."""
     if dim in da.coords and (da[dim].attrs.get("long_name") or da[dim].attrs.get("units")):
         return _label(da[dim], fallback=dim)
@@ -46,7 +54,7 @@ def upper_triangle(da: xr.DataArray, offset: int = 0) -> xr.DataArray:
 
 def color_norm(
     scale: str, vmin: float | None, vmax: float | None, linthresh: float | None = None, center: float | None = None
-):
+) -> Normalize:
     """A matplotlib Normalize for `scale` linear | log | symlog (log: vmin > 0 needed; symlog: linear within
     ±linthresh of 0, default 1e-2 × max |v|)."""
     from matplotlib import colors
@@ -66,7 +74,7 @@ def _scalar_coords_title(da: xr.DataArray) -> str:
     return ", ".join(f"{k} = {v.values.item()}" for k, v in da.coords.items() if v.ndim == 0)
 
 
-def _new_axes(figsize: tuple[float, float]):
+def _new_axes(figsize: tuple[float, float]) -> Axes:
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=figsize)[1]
@@ -74,7 +82,7 @@ def _new_axes(figsize: tuple[float, float]):
 
 def heatmap(
     da: xr.DataArray,
-    ax=None,
+    ax: Axes | None = None,
     *,
     vmin: float | None = None,
     vmax: float | None = None,
@@ -86,7 +94,7 @@ def heatmap(
     scale: str = "linear",
     linthresh: float | None = None,
     extend: str = "neither",
-):
+) -> Axes:
     """Draw a 2-D DataArray (rows = dims[0], columns = dims[1]) as a heatmap; returns the Axes.
 
     Uses seaborn when both sides are ≤ 16 (annotations off by default) and `imshow` beyond. NaN cells
@@ -142,7 +150,7 @@ def heatmap(
     return ax
 
 
-def _index_ticks(ax, da: xr.DataArray, max_ticks: int = 17) -> None:
+def _index_ticks(ax: Axes, da: xr.DataArray, max_ticks: int = 17) -> None:
     """Coordinate-valued ticks for imshow, thinned to at most ~max_ticks per axis."""
     for axis, dim, setter, labeller in (
         (0, da.dims[0], ax.set_yticks, ax.set_yticklabels),
@@ -155,7 +163,12 @@ def _index_ticks(ax, da: xr.DataArray, max_ticks: int = 17) -> None:
         labeller([str(v) for v in labels])
 
 
-def _curves_from(ds_or_dict, theta_dim: str, var: str | None, checkpoint_dim: str) -> dict[str, xr.DataArray]:
+def _curves_from(
+    ds_or_dict: xr.DataArray | xr.Dataset | Mapping[Any, xr.DataArray],
+    theta_dim: str,
+    var: str | None,
+    checkpoint_dim: str,
+) -> dict[str, xr.DataArray]:
     """Normalise the `share_curves` input to {label: 1-D DataArray along theta_dim}."""
     if isinstance(ds_or_dict, Mapping) and not isinstance(ds_or_dict, xr.Dataset):
         return {str(k): v for k, v in ds_or_dict.items()}
@@ -173,15 +186,15 @@ def _curves_from(ds_or_dict, theta_dim: str, var: str | None, checkpoint_dim: st
 
 
 def share_curves(
-    ds_or_dict,
+    ds_or_dict: xr.DataArray | xr.Dataset | Mapping[Any, xr.DataArray],
     theta_dim: str = "threshold",
     headline: float | None = None,
-    ax=None,
+    ax: Axes | None = None,
     *,
     var: str | None = None,
     checkpoint_dim: str = "checkpoint",
     logx: bool = False,
-):
+) -> Axes:
     """Plot the complementary-CDF curves S(θ), one per checkpoint, with the headline θ as a vertical line.
 
     ds_or_dict: a DataArray [checkpoint, threshold] or [threshold], a Dataset (with `var` or a single
@@ -214,10 +227,10 @@ FIGURE_METADATA = {
     "pdf": {"Creator": "depthlens", "Producer": None, "CreationDate": None},
     "svg": {"Creator": "depthlens", "Date": None},
 }
-REPRODUCIBLE_RC = {"svg.hashsalt": "depthlens", "svg.fonttype": "path", "pdf.fonttype": 42}
+REPRODUCIBLE_RC: dict[RcKeyType, Any] = {"svg.hashsalt": "depthlens", "svg.fonttype": "path", "pdf.fonttype": 42}
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
+def save_figure(fig: Figure | Axes, path: str | os.PathLike[str], dpi: int = 120) -> Path:
     """Save a Figure (or an Axes' figure) atomically — temp file in the same directory, then rename — and close it.
 
     The format follows the path suffix (.png, .pdf, .svg). Unwritable targets raise DepthlensError.
@@ -225,7 +238,7 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
     import matplotlib
     import matplotlib.pyplot as plt
 
-    fig = getattr(fig, "figure", fig)  # accept an Axes too
+    fig = cast("Figure", getattr(fig, "figure", fig))  # accept an Axes too (its figure)
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
     from depthlens.io.atomic import atomic_target
@@ -249,12 +262,12 @@ _CELL = 2  # characters per cell: square-ish in a terminal and 64 columns for L 
 
 
 def terminal_heatmap(
-    matrix,
-    row_labels: Sequence | None = None,
-    col_labels: Sequence | None = None,
+    matrix: Any,
+    row_labels: Sequence[object] | None = None,
+    col_labels: Sequence[object] | None = None,
     vmin: float = 0.0,
     vmax: float = 1.0,
-):
+) -> Text:
     """A compact coloured heatmap as `rich.text.Text`: one header line of column labels + one line per row.
 
     Each cell is two characters, shaded (" ░▒▓█") and coloured (viridis) by its value clipped to

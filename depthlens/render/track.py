@@ -39,7 +39,8 @@ def _x(ds: xr.Dataset, run: str) -> tuple[np.ndarray, str]:
 
 def _have(ds: xr.Dataset, run: str) -> np.ndarray:
     """Which steps of the shared `step` axis this run has a snapshot at (runs are outer-joined on step)."""
-    return np.asarray(ds["snapshot"].sel(run=run).values).astype(str) != ""
+    have: np.ndarray = np.asarray(ds["snapshot"].sel(run=run).values).astype(str) != ""
+    return have
 
 
 def _row_values(ds: xr.Dataset, var: str, run: str) -> np.ndarray:
@@ -109,7 +110,7 @@ def fig_track(ds: xr.Dataset) -> Any:
                 ax.set_xlabel(f"{xlabel} (log; 0 = initialisation)")
     from matplotlib.lines import Line2D
 
-    legend = {}  # one entry per design over all panels, below the grid, in registry order
+    legend: dict[str, Any] = {}  # one entry per design over all panels, below the grid, in registry order
     for ax in axes.ravel():
         for h, lab in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(lab, h)

@@ -19,7 +19,7 @@ from ..errors import DepthlensError
 from ..io.files import read_json
 
 
-def cost(path: str | os.PathLike) -> float:
+def cost(path: str | os.PathLike[str]) -> float:
     """Estimated compute of one checkpoint's report: n_layer² × weight bytes (a causal sweep skips each of L
     layers and re-runs up to L layers; a forward costs ∝ parameters). Read from config.json and file sizes
     only; a checkpoint that can't be read costs 0 (the rank it lands on reports the real error)."""
@@ -27,15 +27,18 @@ def cost(path: str | os.PathLike) -> float:
     try:
         weights = [p] if p.is_file() else [*p.glob("*.safetensors"), *p.glob("*.gguf")]
         size = sum(f.stat().st_size for f in weights)
-        raw = read_json(p / "config.json", "model config") if p.is_dir() else {}  # a FIFO would hang the rank
-        cfg = raw.get("model") if isinstance(raw.get("model"), dict) else raw  # depthlens nests it under "model"
+        raw: dict[str, Any] = (
+            read_json(p / "config.json", "model config") if p.is_dir() else {}
+        )  # a FIFO would hang the rank
+        nested = raw.get("model")
+        cfg = nested if isinstance(nested, dict) else raw  # depthlens nests it under "model"
         n_layer = int(cfg.get("n_layer") or cfg.get("num_hidden_layers") or 1)
     except (OSError, ValueError, TypeError, AttributeError, DepthlensError):
         return 0.0
     return float(n_layer) ** 2 * size
 
 
-def assign(paths: Sequence[str | os.PathLike], n: int) -> list[int]:
+def assign(paths: Sequence[str | os.PathLike[str]], n: int) -> list[int]:
     """The rank of every checkpoint (greedy longest-processing-time: largest cost first, each to the
     least-loaded rank; ties by position and by lowest rank, so rank 0 always has work)."""
     costs = [cost(p) for p in paths]

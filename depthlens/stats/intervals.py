@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any, overload
 
 import numpy as np
 from scipy import stats as _sps
@@ -55,7 +56,7 @@ class Interval:
     n_units: int  # how many of them
     level: float = LEVEL
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
@@ -124,6 +125,10 @@ def default_subsample(n: int) -> int:
     return max(1, (n + 1) // 2)
 
 
+@overload
+def subsampled_share(exceed: np.ndarray, m: int, counts: None = None) -> float: ...
+@overload
+def subsampled_share(exceed: np.ndarray, m: int, counts: np.ndarray) -> np.ndarray | float: ...
 def subsampled_share(exceed: np.ndarray, m: int, counts: np.ndarray | None = None) -> np.ndarray | float:
     """Mean over late pairs of P(some sequence of a random m-subset exceeds θ) = 1 − C(N−k, m)/C(N, m).
 
@@ -142,7 +147,8 @@ def subsampled_share(exceed: np.ndarray, m: int, counts: np.ndarray | None = Non
     if int(c.reshape(-1, N).sum(1).max()) != N or int(c.reshape(-1, N).sum(1).min()) != N:
         raise ValueError("every resample must draw exactly N sequences")
     K = c @ e.T.astype(np.int64)  # [B, P] or [P]
-    return np.mean(1.0 - table[K], axis=-1)
+    shares: np.ndarray | float = np.mean(1.0 - table[K], axis=-1)
+    return shares
 
 
 def jackknife_max_shares(exceed: np.ndarray, m: int) -> np.ndarray:
@@ -151,7 +157,8 @@ def jackknife_max_shares(exceed: np.ndarray, m: int) -> np.ndarray:
     N = e.shape[1]
     table = no_exceed_table(N - 1, min(m, N - 1))
     k = e.sum(1)
-    return np.mean(1.0 - table[k[:, None] - e.astype(np.int64)], axis=0)
+    reps: np.ndarray = np.mean(1.0 - table[k[:, None] - e.astype(np.int64)], axis=0)
+    return reps
 
 
 def jackknife_interval(
@@ -196,6 +203,10 @@ def max_share_interval(
 # shares of ratios of per-sequence sums (causal mean / pooled, permutation)
 
 
+@overload
+def ratio_share(num: np.ndarray, den: np.ndarray, theta: float, counts: None = None) -> float: ...
+@overload
+def ratio_share(num: np.ndarray, den: np.ndarray, theta: float, counts: np.ndarray) -> np.ndarray | float: ...
 def ratio_share(num: np.ndarray, den: np.ndarray, theta: float, counts: np.ndarray | None = None) -> np.ndarray | float:
     """Share of late pairs with Σ_n c_n·num[p, n] / Σ_n c_n·den[p, n] > θ (strict); c = 1 without counts.
 
@@ -364,4 +375,5 @@ def still_rising(sizes: Sequence[int], shares: Sequence[float], tol: float = RIS
 def prefix_max_shares(exceed: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
     """[len(sizes)]: the ordinary max share (some sequence exceeds θ) on each prefix of the eval set."""
     e = np.asarray(exceed, dtype=np.int64)
-    return ((prefix_counts(e.shape[1], sizes) @ e.T) > 0).mean(-1)
+    shares: np.ndarray = ((prefix_counts(e.shape[1], sizes) @ e.T) > 0).mean(-1)
+    return shares

@@ -88,7 +88,7 @@ def claim_cells(score: str, claims: Sequence[Claim] | None = None) -> frozenset[
     return frozenset((d, c.L) for c in cs if c.score == score for d in (c.higher, c.lower) if d is not None)
 
 
-def runs(records: Sequence[dict[str, Any]], design: str, L: int) -> list[dict[str, Any]]:
+def runs(records: Sequence[dict[str, Any]], design: str | None, L: int) -> list[dict[str, Any]]:
     """The records of one (design, depth), one per training seed, in seed order."""
     return sorted(
         (r for r in records if r.get("design") == design and r.get("n_layer") == L),

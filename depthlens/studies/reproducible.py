@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from depthlens.io.jsonsafe import jsonable
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 REPRO_DROPPED = ("created",)  # per-run dataset attrs/coords kept out of the report's tracked netCDF files
 
@@ -21,7 +25,7 @@ def timings(rep: Any) -> dict[str, Any]:
     metric), the machine, and the `created` stamps the datasets carried."""
     import platform
 
-    return jsonable(
+    out: dict[str, Any] = jsonable(
         {
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": rep.seconds,
@@ -38,6 +42,7 @@ def timings(rep: Any) -> dict[str, Any]:
             },
         }
     )
+    return out
 
 
 def _history_command(h: Any) -> str:
@@ -46,12 +51,12 @@ def _history_command(h: Any) -> str:
     return rest if first[:4].isdigit() and "T" in first else str(h)
 
 
-def _map_coord(ds, name: str, fn) -> Any:
+def _map_coord(ds: xr.Dataset, name: str, fn: Callable[[Any], str]) -> xr.Dataset:
     values = np.array([fn(v) for v in np.atleast_1d(ds[name].values)], dtype=object).reshape(ds[name].shape)
     return ds.assign_coords({name: (ds[name].dims, values)})
 
 
-def reproducible(ds):
+def reproducible(ds: xr.Dataset) -> xr.Dataset:
     """`ds` without its run-time stamps: `created` dropped, the ISO time in front of `history` removed
     (the command stays), `checkpoint_path` relative to the working directory when it lies below it (as the
     summary's `path`), so the same inputs give byte-identical netCDF files in any clone."""

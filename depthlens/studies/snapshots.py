@@ -83,14 +83,16 @@ def requested_steps(recipe: Mapping[str, Any]) -> list[int] | None:
         steps=int(recipe["steps"]),
         snapshot_every_log2=bool(recipe.get("snapshot_every_log2")),
     )
-    return list(RunConfig.snapshot_steps.fget(fields))
+    # the property's getter on a stand-in; mypy types a property read on the class as the getter itself
+    return list(RunConfig.snapshot_steps.fget(fields))  # type: ignore[attr-defined]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     from depthlens.io.files import read_json
 
     try:
-        return read_json(path, "a training record")
+        record: dict[str, Any] = read_json(path, "a training record")
+        return record
     except DepthlensError as e:
         raise _fail(str(e)) from None
 
@@ -299,9 +301,9 @@ def scan_list(paths: Sequence[Path], name: str, tokens_per_step: float | None = 
 
 
 def scan(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     *,
-    recipes: Sequence[str | os.PathLike] = (),
+    recipes: Sequence[str | os.PathLike[str]] = (),
     name: str | None = None,
     tokens_per_step: float | None = None,
 ) -> list[Series]:

@@ -197,7 +197,8 @@ def share_vars(prefix: str, h: Mapping[str, Any], label: str) -> dict[str, xr.Da
 def track_vars(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
     """The per-step variables `track` keeps from one engine result of `d` (no `step` dim yet)."""
     if d.track:
-        return registry.resolve(d.track)(ds, opts)
+        tracked: dict[str, xr.DataArray] = registry.resolve(d.track)(ds, opts)
+        return tracked
     if d.headline is None:
         raise DepthlensError(f"{d.name} is not tracked over training (no headline score and no track hook)")
     return headline_track(d, ds, opts)

@@ -35,14 +35,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
 from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-exported: callers import it from here)
     HF_SIGNATURE,
     SNAPSHOT_DIR,
@@ -196,7 +196,7 @@ def _noop(_: str) -> None:
     pass
 
 
-def eval_tokens(series: Sequence[Series], opts: TrackOptions):
+def eval_tokens(series: Sequence[Series], opts: TrackOptions) -> EvalData:
     """One EvalData for every snapshot of every series (same tokenizer required), built from the first
     snapshot; seq_len = min(128, the smallest max_seq_len) unless given."""
     from depthlens.studies.api import _tokenizer_for, eval_data_for, load_model
@@ -212,7 +212,7 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions):
                 "one eval set needs one tokenizer: track them separately"
             )
     model, ck = load_model(series[0].snapshots[0].path, device=opts.device)
-    max_lens = [s.signature.get("max_seq_len") for s in series]
+    max_lens: list[Any] = [s.signature.get("max_seq_len") for s in series]
     max_lens = [int(m) for m in max_lens if isinstance(m, int)]
     own = getattr(getattr(model, "config", None), "max_seq_len", None)
     max_lens += [int(own)] if own else [DEFAULT_SEQ_LEN]
@@ -221,7 +221,7 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions):
 
 
 def analyse(
-    snap: Snapshot, metrics: Sequence[str], ev, opts: TrackOptions, cache: Path, progress: Progress = _noop
+    snap: Snapshot, metrics: Sequence[str], ev: EvalData, opts: TrackOptions, cache: Path, progress: Progress = _noop
 ) -> tuple[dict[str, xr.Dataset], str, int]:
     """Engine results of one snapshot (from the cache when its key matches), its design slug and L.
     Computes only what is missing; each result is written to the cache atomically as soon as it exists."""
@@ -326,8 +326,8 @@ def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr
     for k in names:
         rows = [row.get(k) for row in per_step]
         proto = next(r for r in rows if r is not None)
-        rows = [r if r is not None else xr.full_like(proto, np.nan, dtype=float) for r in rows]
-        data[k] = xr.concat(rows, dim="step", join="outer", combine_attrs="override")
+        filled = [r if r is not None else xr.full_like(proto, np.nan, dtype=float) for r in rows]
+        data[k] = xr.concat(filled, dim="step", join="outer", combine_attrs="override")
     ds = xr.Dataset(data).assign_coords(step=steps)
     ds["val_loss"] = (
         "step",
@@ -340,7 +340,11 @@ def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr
 
 
 def track(
-    series: Sequence[Series], opts: TrackOptions, cache: str | os.PathLike, ev=None, progress: Progress = _noop
+    series: Sequence[Series],
+    opts: TrackOptions,
+    cache: str | os.PathLike[str],
+    ev: EvalData | None = None,
+    progress: Progress = _noop,
 ) -> xr.Dataset:
     """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
     from depthlens.io.atomic import claim_dir
@@ -385,8 +389,8 @@ def track(
     merged["snapshot"] = merged["snapshot"].fillna("").astype(str)  # steps a run does not have: ""
     data_vars = {k: merged[k] for k in merged.data_vars if k not in ("tokens",)}
     out = make_dataset(
-        data_vars,
-        {**{k: merged.coords[k] for k in merged.coords}, "tokens": merged["tokens"], **coords},
+        cast("dict[str, xr.DataArray]", data_vars),  # the variables are named by str keys (summaries)
+        cast("dict[str, Any]", {**{k: merged.coords[k] for k in merged.coords}, "tokens": merged["tokens"], **coords}),
         metric="track",
         title="depthlens depth over training",
         options={**opts.as_dict(), "notes": notes or None},
