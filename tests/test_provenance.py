@@ -50,3 +50,26 @@ def test_warning_lines(monkeypatch):
     assert "bbbbbbbbbb" in line and "depthlens/models/model.py" in line and "\n" not in line
     monkeypatch.setattr(provenance, "training_code_changes", lambda sha: [])
     assert code_version_warning({"git_sha": "b" * 40}) is None
+
+
+def test_a_listed_code_move_does_not_warn_and_anything_else_does(monkeypatch):
+    """recipes/code_moves.json: every listed commit exists in this history (when it is there at all) and
+    touched training code; a checkpoint trained just before a listed move does not warn, and it does as soon as
+    the list is empty (the list, nothing else, is what stops the warning)."""
+    moves = provenance.code_moves()
+    assert moves, "recipes/code_moves.json lists no move"
+    for sha in moves:
+        if _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
+            pytest.skip("the listed commits are not in this checkout's history (a shallow clone)")
+        assert _git("diff", "--name-only", f"{sha}^", sha, "--", *TRAINING_CODE), sha
+    if _git("diff", "--name-only", "HEAD", "--", *TRAINING_CODE):
+        pytest.skip("uncommitted training-code edits: every checkpoint warns")
+    before = _git("rev-parse", f"{sorted(moves)[0]}^")
+    later = _git("rev-list", f"{before}..HEAD", "--", *TRAINING_CODE).split()
+    if not set(later) <= moves:
+        pytest.skip("training code changed after the listed moves")
+    assert training_code_changes(before) == [] and code_version_warning({"git_sha": before}) is None
+    monkeypatch.setattr(provenance, "code_moves", set)
+    changed = training_code_changes(before)
+    assert changed and "depthlens/training/trainer.py" in changed
+    assert "a retrain from its recipe may not reproduce" in code_version_warning({"git_sha": before})

@@ -14,8 +14,14 @@ from typing import Any
 
 from .._version import __version__
 
-# The code that decides what training computes: a change here may change the weights a recipe produces.
-TRAINING_CODE = ("depthlens/models", "depthlens/training", "depthlens/data")
+# The code that decides what training computes: a change here may change the weights a recipe produces. This file
+# only records and compares code versions (git pathspecs: it is left out).
+TRAINING_CODE = (
+    "depthlens/models",
+    "depthlens/training",
+    "depthlens/data",
+    ":(exclude)depthlens/training/provenance.py",
+)
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -43,13 +49,37 @@ def code_version() -> dict[str, Any]:
     }
 
 
+# Commits that only moved training code between files (nothing it computes changed), each verified by a bit-exact
+# retrain: lives outside TRAINING_CODE, so that listing a commit is not itself a change to the training code.
+CODE_MOVES = _REPO / "depthlens" / "recipes" / "code_moves.json"
+
+
+def code_moves() -> set[str]:
+    """The full commit hashes listed in recipes/code_moves.json (empty when it is missing or unreadable)."""
+    import json
+
+    try:
+        return {str(m["commit"]) for m in json.loads(CODE_MOVES.read_text())["moves"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
 def training_code_changes(sha: str) -> list[str] | None:
     """Training-code files that differ between commit `sha` and the working tree (None: unknown - no git, or
-    `sha` is not in this checkout's history)."""
+    `sha` is not in this checkout's history). [] also when every commit since `sha` that touched the training
+    code is a verified move (`code_moves`) and the working tree has no edits there: the code computes the same."""
     if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
         return None
     out = _git("diff", "--name-only", sha, "--", *TRAINING_CODE)
-    return None if out is None else sorted(line for line in out.splitlines() if line.strip())
+    if out is None:
+        return None
+    changed = sorted(line for line in out.splitlines() if line.strip())
+    if changed:
+        commits = _git("rev-list", f"{sha}..HEAD", "--", *TRAINING_CODE)
+        edits = _git("diff", "--name-only", "HEAD", "--", *TRAINING_CODE)
+        if commits and edits is not None and not edits.strip() and set(commits.split()) <= code_moves():
+            return []
+    return changed
 
 
 def code_version_warning(train: dict[str, Any]) -> str | None:
