@@ -69,7 +69,8 @@ INTERVAL_NOTE = (
     "normal interval with a bootstrap standard error over sequences. 'untrained': the same diagnostic on the "
     "model of the same config and training seed at initialisation (the trainer's step-0 weights); the "
     "difference is paired over the same sequences (for the permutation, the first sequences of the eval set: "
-    "the untrained permutation runs on a prefix, since it is most of a report's cost). One row per checkpoint: these intervals exclude training "
+    "the untrained permutation runs on a prefix, since it is most of a report's cost; '—' where it did not run: "
+    "the eval line above says where it ran). One row per checkpoint: these intervals exclude training "
     "variance (seeds are pooled in the claims below)."
 )
 
