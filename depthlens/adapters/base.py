@@ -19,12 +19,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedRootModule
 
 KeyMap = Mapping[str, "str | None"]
 
@@ -116,13 +119,13 @@ class ForeignConfig:
         return dataclasses.asdict(self)
 
 
-def _lens_config(**kw: int) -> Any:
+def _lens_config(**kw: Any) -> Any:
     from transformer_lens.config import TransformerLensConfig
 
     return TransformerLensConfig(d_head=kw["d_model"] // kw["n_heads"], **kw)
 
 
-def setup_own_hooks(root: nn.Module) -> None:
+def setup_own_hooks(root: HookedRootModule) -> None:
     """HookedRootModule.setup over a wrapper's own modules and hook points, skipping the wrapped HF model
     under `root.hf` (its module names stay untouched)."""
     from transformer_lens.hook_points import HookPoint  # heavy: only when a wrapper is built

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..errors import CheckpointError
 
@@ -99,7 +99,7 @@ def opened_of(model: Any) -> Opened | None:
 
 
 def open_model(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     device: str = "cpu",
     dtype: Any = None,
@@ -162,7 +162,7 @@ def open_model(
     return op
 
 
-def load_any(path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None) -> tuple[Any, ModelMeta]:
+def load_any(path: str | os.PathLike[str], *, device: str = "cpu", dtype: Any = None) -> tuple[Any, ModelMeta]:
     """(model, meta) of a depthlens checkpoint, an HF directory or a GGUF file: `load.open_model` without
     the Opened record (the tokenizer is `meta.tokenizer`, the provenance `meta.provenance`).
 
@@ -331,9 +331,10 @@ def _open_gguf(
         except Exception as e:  # transformers/gguf raise many types for a file they cannot read
             first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
             raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
+        module = cast(torch.nn.Module, hf)  # as nn.Module: transformers types .to unbound (@wraps), .eval untyped
         if device_map is None:
-            hf.to(device)
-        hf.eval()
+            module.to(device)
+        module.eval()
         check_finite(hf.named_parameters(), p)
         tok = _gguf_tokenizer(p)
     model = wrap(hf, tok)
@@ -364,7 +365,7 @@ def gguf_parsed_once() -> Any:
     reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path: str | os.PathLike, mode: str = "r") -> Any:
+    def reader(path: str | os.PathLike[str], mode: Literal["r", "r+", "c"] = "r") -> Any:
         key = (os.path.realpath(path), mode)
         if key not in readers:
             readers[key] = reader_cls(path, mode)
@@ -458,7 +459,7 @@ def _gguf_schema() -> Any:
     return GGUFHeader
 
 
-def declared_context(path: str | os.PathLike) -> int | None:
+def declared_context(path: str | os.PathLike[str]) -> int | None:
     """The longest sequence a model file declares, read from its header or config only (nothing is loaded):
     GGUF `<arch>.context_length`, HF `max_position_embeddings`/`n_positions`, depthlens `max_seq_len`."""
     p = Path(path)
@@ -469,7 +470,8 @@ def declared_context(path: str | os.PathLike) -> int | None:
         from ..io.checkpoint import read_json_object
 
         raw = read_json_object(p / "config.json", "model config")
-        model = raw.get("model") if isinstance(raw.get("model"), dict) else raw
+        nested = raw.get("model")
+        model: dict[str, Any] = nested if isinstance(nested, dict) else raw
         for key in ("max_seq_len", "max_position_embeddings", "n_positions"):
             v = model.get(key)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
