@@ -12,8 +12,8 @@ resample, including the max, from the per-sequence summaries the engines store (
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import xarray as xr
@@ -23,6 +23,9 @@ from depthlens.errors import DepthlensError
 from depthlens.io.dataset import LAYER_DIMS
 from depthlens.stats.metrics import late_pairs, late_window
 from depthlens.stats.shares import bootstrap_ci, crossing_points, ranking_robustness, share_curve
+
+if TYPE_CHECKING:
+    from depthlens.stats.intervals import Interval
 
 METRICS = {k: registry.score(k).var for k in registry.SCORE_KEYS}  # shipped metric → dataset variable
 HEADLINE_THRESHOLD = registry.THRESHOLDS  # shipped metric → default headline θ (the registry's `Score.theta`)
@@ -70,7 +73,9 @@ def score_matrix(
     """The (…, layer, layer_other) score DataArray of `metric`, with aggregator/variant selected if present."""
     var = registry.score(metric).var
     if var not in ds:
-        raise DepthlensError(f"dataset has no {var!r} variable (metric {metric!r}); it holds {sorted(ds.data_vars)}")
+        raise DepthlensError(
+            f"dataset has no {var!r} variable (metric {metric!r}); it holds {sorted(str(v) for v in ds.data_vars)}"
+        )
     da = ds[var]
     sel = {k: v for k, v in (("aggregator", aggregator), ("variant", variant)) if k in da.dims and v is not None}
     return da.sel(sel)
@@ -80,7 +85,7 @@ def _window_start(L: int, rule: str) -> int:
     return late_window(L, rule)
 
 
-def _n_layer(ds: xr.Dataset, X: xr.DataArray, index: dict[str, int]) -> int:
+def _n_layer(ds: xr.Dataset, X: xr.DataArray, index: dict[Hashable, int]) -> int:
     """L of one matrix: the `n_layer` attr, or its per-checkpoint coordinate after `concat_checkpoints`."""
     if "n_layer" in ds.coords and ds["n_layer"].ndim == 1:
         dim = ds["n_layer"].dims[0]
@@ -208,13 +213,15 @@ def resampled_matrix(
     if metric in ("perm_abs", "perm_rel", "perm_kl"):
         n = c.sum()
         if metric == "perm_kl":
-            return (ds["kl_seq"].values @ c) / n
-        absm = (ds["delta_loss_seq"].values @ c) / n
+            kl: np.ndarray = (ds["kl_seq"].values @ c) / n
+            return kl
+        absm: np.ndarray = (ds["delta_loss_seq"].values @ c) / n
         return absm if metric == "perm_abs" else absm / ((ds["clean_loss_seq"].values @ c) / n)
     seq_var = registry.score(metric).seq_var  # any other score: the counted mean of its per-sequence matrices
     if seq_var is None or seq_var not in ds:
         raise DepthlensError(f"no per-sequence bootstrap for metric {metric!r}")
-    return (ds[seq_var].transpose(*LAYER_DIMS, "sequence").values @ c) / c.sum()
+    mean: np.ndarray = (ds[seq_var].transpose(*LAYER_DIMS, "sequence").values @ c) / c.sum()
+    return mean
 
 
 def bootstrap_share(
@@ -236,7 +243,8 @@ def bootstrap_share(
         m = resampled_matrix(ds, metric, np.bincount(idx, minlength=N), aggregator, variant)
         return float(share_curve(m, [threshold], start, nan_policy="omit")[0])
 
-    return bootstrap_ci(stat, N, n_boot=n_boot, seed=seed, level=level)
+    # stat is scalar, so the interval's ends are floats
+    return cast("tuple[float, float, np.ndarray]", bootstrap_ci(stat, N, n_boot=n_boot, seed=seed, level=level))
 
 
 def shard_shares(
@@ -326,7 +334,11 @@ def pair_arrays(
     i, j = pairs[ok, 0], pairs[ok, 1]
     if metric == "causal":
         sel = {"variant": variant} if "variant" in ds["seq_max"].dims else {}
-        get = lambda name: np.nan_to_num(ds[name].sel(sel).values[i, j], nan=0.0)  # noqa: E731
+
+        def get(name: str) -> np.ndarray:
+            filled: np.ndarray = np.nan_to_num(ds[name].sel(sel).values[i, j], nan=0.0)
+            return filled
+
         if aggregator == "max":
             return {"kind": "max", "values": ds["seq_max"].sel(sel).values[i, j]}
         if aggregator == "mean":
@@ -405,7 +417,7 @@ def paired_share_difference(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-):
+) -> Interval | None:
     """share(a) − share(b) (`share_interval`'s estimates) with its interval paired over the eval sequences the
     two share: the same sequence left out (jackknife) or the same resamples (bootstrap). When one ran on a
     prefix of the other's sequences, both use that prefix. None when either has no per-sequence interval."""

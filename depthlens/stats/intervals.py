@@ -363,7 +363,7 @@ def prefix_counts(n: int, sizes: Sequence[int]) -> np.ndarray:
     return (np.arange(n)[None, :] < np.asarray(sizes)[:, None]).astype(np.int64)
 
 
-def still_rising(sizes: Sequence[int], shares: Sequence[float], tol: float = RISING_TOL) -> bool:
+def still_rising(sizes: Sequence[int], shares: Sequence[float] | np.ndarray, tol: float = RISING_TOL) -> bool:
     """Whether the share grew by more than `tol` between the prefix of half the largest size (or the one before
     the largest) and the whole eval set."""
     s = np.asarray(shares, dtype=np.float64)

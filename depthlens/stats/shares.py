@@ -87,7 +87,7 @@ class RankingRobustness(NamedTuple):
 
 
 def ranking_robustness(
-    curves: Mapping[str, Sequence[float]], order: Sequence[str], headline_index: int | None = None
+    curves: Mapping[str, Sequence[float] | np.ndarray], order: Sequence[str], headline_index: int | None = None
 ) -> RankingRobustness:
     """How robust an architecture ordering is across the θ grid (docs/concepts.md#thresholds).
 

@@ -11,23 +11,30 @@ score's normalisation. These tables put every reading side by side, next to the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
 
-from depthlens.diagnostics.causal import AGGREGATORS, NORM_DEFINITIONS
+from depthlens.diagnostics.causal import NORM_DEFINITIONS
+from depthlens.diagnostics.causal_dataset import AGGREGATORS
 from depthlens.diagnostics.registry import CAUSAL, PERM_ABS
 from depthlens.diagnostics.sweep import PERM_DEFINITIONS, definition
 from depthlens.stats.shares import share_above
+
+if TYPE_CHECKING:
+    from os import PathLike
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
 
 C_THETA, P_THETA = CAUSAL.theta, PERM_ABS.theta  # the registry's defaults, which are also the paper's θ
 C_KEY, P_KEY = f"share_gt_{C_THETA:g}", f"share_gt_{P_THETA:g}"  # record keys of the headline shares
 
 # DepthBench claims (docs/calibration.md#the-papers-reference-values; the note below is data of the committed
 # reports/smollm2 summary, so it changes only when that report is regenerated): L = 32, late = last ¾ of the layers
-PAPER_REFERENCE = {
+PAPER_REFERENCE: dict[str, Any] = {
     "note": "DepthBench (arXiv 2609.32534, not retrieved; spec diagnostics): L = 32, late = last 3/4 of layers; "
     "its causal-score and permutation definitions are not known exactly",
     "causal_theta": C_THETA,
@@ -94,7 +101,7 @@ def _late(m: np.ndarray, start: str | int) -> np.ndarray:
 # the real-model report: figures and README from the stage datasets and the summary
 
 
-def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> dict[str, str]:
+def _figures(out: Path, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> dict[str, str]:
     """Small PNGs (dpi 72) of every diagnostic; returns {key: file name}."""
     import matplotlib.pyplot as plt
 
@@ -104,7 +111,7 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     files: dict[str, str] = {}
     a = summary["late_window_start"]
 
-    def save(fig, key: str) -> None:
+    def save(fig: Figure, key: str) -> None:
         files[key] = f"{key}.png"
         save_figure(fig, out / files[key], dpi=72)
 
@@ -181,7 +188,14 @@ def _figures(out, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any]) -> di
     return files
 
 
-def _definition_figures(d, rows, norms, a, save, design: str = "Pre-LN") -> None:
+def _definition_figures(
+    d: Mapping[str, xr.Dataset],
+    rows: Sequence[Mapping[str, Any]],
+    norms: Sequence[str],
+    a: int,
+    save: Callable[[Figure, str], None],
+    design: str = "Pre-LN",
+) -> None:
     """The share-above-θ bars for every definition (with the paper's value for the model's design) and the
     S(θ) sweeps."""
     import matplotlib.pyplot as plt
@@ -242,7 +256,12 @@ def _num(x: float | None, fmt: str = ".3f") -> str:
     return "not computed" if x is None or not np.isfinite(x) else format(x, fmt)
 
 
-def render_real_model_report(out, summary: dict[str, Any], calibration=None, report_name: str | None = None) -> None:
+def render_real_model_report(
+    out: str | PathLike[str],
+    summary: dict[str, Any],
+    calibration: str | PathLike[str] | None = None,
+    report_name: str | None = None,
+) -> None:
     """summary.json, the figures and README.md of a real-model report directory (scripts/real_model_report.py)."""
     import json
     from pathlib import Path
@@ -396,7 +415,9 @@ def _share(rows: list[dict[str, Any]], variant: str, agg: str, norm: str, key: s
     return next((r[key] for r in rows if (r["variant"], r["aggregator"], r["norm"]) == (variant, agg, norm)), None)
 
 
-ISSUE_QUOTE = {  # issue 10: SmolLM2-135M, 8 sequences × 128 tokens of the default corpus, L = 30, norm = update
+ISSUE_QUOTE: dict[
+    str, Any
+] = {  # issue 10: SmolLM2-135M, 8 sequences × 128 tokens of the default corpus, L = 30, norm = update
     "current": {"max": 0.99, "mean": 0.35, "p95": 0.76, "pooled": 0.37},
     "future": {"max": 0.64, "mean": 0.00, "p95": 0.02, "pooled": 0.00},
     "permutation_abs_quoted": 0.93,

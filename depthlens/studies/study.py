@@ -23,7 +23,7 @@ from typing import Any
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
 
 DEFAULT_N_BOOT = 1000
 UNTRAINED_METRICS = ("causal", "permutation", "rank", "attnres")  # those the report table and the orderings read
@@ -58,7 +58,7 @@ class StudyOptions:
     """What a study computes, and on what: one options object for report, track, compare, sweep and the API.
     seq_len None = min(DEFAULT_SEQ_LEN, the smallest max_seq_len of the models)."""
 
-    data: str | os.PathLike | None = None
+    data: str | os.PathLike[str] | None = None
     n_seq: int = DEFAULT_N_SEQ
     seq_len: int | None = None
     seed: int = 0
@@ -168,7 +168,8 @@ class Entry:
 def _names(paths: Sequence[Path]) -> list[str]:
     """Directory names, made unique (and file-name safe) with a numeric suffix where two collide."""
     raw = ["".join(c if c.isalnum() or c in "-_." else "_" for c in (p.resolve().name or "checkpoint")) for p in paths]
-    out, seen = [], {}
+    out: list[str] = []
+    seen: dict[str, int] = {}
     for n in raw:
         k = seen.get(n, 0)
         seen[n] = k + 1
@@ -177,7 +178,7 @@ def _names(paths: Sequence[Path]) -> list[str]:
 
 
 def load_entries(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     device: str = "cpu",
     only: Sequence[int] | None = None,
     dtype: str = "fp32",
@@ -191,10 +192,10 @@ def load_entries(
 
     if not paths:
         raise DepthlensError("a study needs at least one checkpoint")
-    paths = [Path(p) for p in paths]
-    keep = range(len(paths)) if only is None else set(only)
+    files = [Path(p) for p in paths]
+    keep = range(len(files)) if only is None else set(only)
     entries = []
-    for k, (name, p) in enumerate(zip(_names(paths), paths)):
+    for k, (name, p) in enumerate(zip(_names(files), files)):
         if k not in keep:
             continue
         op = open_model(p, device=device, dtype=registry.load_dtype(dtype), device_map=parse_device_map(device_map))
@@ -215,7 +216,7 @@ def load_entries(
     return entries
 
 
-def sort_key(e: Entry) -> tuple:
+def sort_key(e: Entry) -> tuple[int, str, int, str]:
     """Table order: design in registry order, then depth."""
     from depthlens.designs import SLUGS
 
@@ -234,7 +235,9 @@ def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[
     return toks, [(str(getattr(t, "name", t)), int(e.model.config.max_seq_len)) for t, e in zip(toks, entries)]
 
 
-def study_eval_data(entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None):
+def study_eval_data(
+    entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None
+) -> EvalData:
     """One EvalData for all checkpoints: same tokenizer required; checked against every model.
     facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (runtime.ranks)."""
     from depthlens.runtime.evaldata import load_eval_data
@@ -268,7 +271,7 @@ def tasks(entries: Sequence[Entry], opts: StudyOptions) -> list[tuple[Entry, str
     return [(e, m) for e in entries for m in opts.metrics if registry.get(m).applies(e.slug)]
 
 
-def compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progress = _noop) -> None:
+def compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progress: Progress = _noop) -> None:
     """Fill `entry.datasets` for every applicable metric. A metric that is undefined for a model (a
     DepthlensError from the engine, e.g. too few layers for late pairs) is recorded as a note, not fatal."""
     import torch
@@ -284,7 +287,7 @@ def compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progre
         torch.set_num_threads(prev)
 
 
-def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progress) -> None:
+def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progress: Progress) -> None:
     import torch
 
     with torch.no_grad():
@@ -303,7 +306,7 @@ def _compute(entries: Sequence[Entry], data, opts: StudyOptions, progress: Progr
                 _compute_untrained(e, data, opts)
 
 
-def untrained_model(e: Entry):
+def untrained_model(e: Entry) -> Any:
     """The model of `e`'s config as the trainer initialises it for `e`'s training seed (`build_model(config,
     seed)`, exactly the trainer's step-0 weights), on `e`'s device and dtype; None when the seed or a
     depthlens config is unknown."""
@@ -315,7 +318,7 @@ def untrained_model(e: Entry):
     return untrained_twin(e.model, seed=e.seed)
 
 
-def metric_data(data, metric: str, opts: StudyOptions, untrained: bool = False):
+def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool = False) -> EvalData:
     """The eval data a diagnostic runs on: all of it, or a prefix of the sequences for the permutation
     (`perm_n_seq`, `untrained_perm_n_seq`; an untrained run never sees more than the trained one)."""
     import dataclasses
@@ -326,7 +329,7 @@ def metric_data(data, metric: str, opts: StudyOptions, untrained: bool = False):
     return dataclasses.replace(data, tokens=data.tokens[: min(ks)])
 
 
-def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
+def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
     from depthlens.stats.orderings import claim_cells
 
     todo = [m for m in opts.metrics if m in opts.untrained and registry.get(m).applies(e.slug)]
@@ -357,7 +360,7 @@ def _compute_untrained(e: Entry, data, opts: StudyOptions) -> None:
 
 
 def compute_spread(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     opts: StudyOptions,
     *,
     before: Callable[[], None] | None = None,
@@ -436,7 +439,7 @@ class Study:
 
 
 def run_study(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     opts: StudyOptions,
     *,
     before: Callable[[], None] | None = None,
