@@ -98,7 +98,7 @@ def _n_layer(ds: xr.Dataset, X: xr.DataArray, index: dict[Hashable, int]) -> int
 def share_curves(
     ds: xr.Dataset,
     metric: str,
-    thresholds: Sequence[float] | None = None,
+    thresholds: Sequence[float] | np.ndarray | None = None,
     *,
     starts: Sequence[str] = WINDOW_STARTS,
     qs: Sequence[float] = CROSSING_QS,

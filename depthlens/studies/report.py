@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,10 +39,9 @@ from depthlens.io.atomic import atomic_write_text
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
 from depthlens.io.provenance import command_line
+from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData  # noqa: F401  (as report.build named them)
 from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as report.build named them)
     DEFAULT_N_BOOT,
-    DEFAULT_N_SEQ,
-    DEFAULT_SEQ_LEN,
     UNTRAINED_METRICS,
     Entry,
     Progress,
@@ -62,6 +61,11 @@ from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as rep
 )
 from depthlens.studies.summaries import UNTRAINED_RECORD_FIELDS, headline_of, record_fields, record_keys
 from depthlens.studies.write import check_out, manifest, merged_datasets, write_report  # noqa: F401
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+    from depthlens.stats.intervals import Interval
 
 METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
 DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS
@@ -145,10 +149,11 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
             r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
             r[f"{d.prefix}_theta_10"] = _f(cr.sel(q=0.1).values)
     r.update({f"{k}_untrained": base_row.get(k) for k in UNTRAINED_RECORD_FIELDS})
-    return jsonable(r)
+    safe: dict[str, Any] = jsonable(r)
+    return safe
 
 
-def paired_share_difference(a, b, metric: str, opts: ReportOptions):
+def paired_share_difference(a: xr.Dataset, b: xr.Dataset, metric: str, opts: ReportOptions) -> Interval | None:
     """share(a) − share(b) with its paired interval over the eval sequences (`sweep.paired_share_difference`
     with the report's θ, window and resampling seed); None when either has none."""
     from depthlens.diagnostics.sweep import paired_share_difference as paired
@@ -156,7 +161,7 @@ def paired_share_difference(a, b, metric: str, opts: ReportOptions):
     return paired(a, b, metric, start="quarter", n_boot=opts.n_boot, seed=opts.seed)
 
 
-def untrained_fields(d: registry.Diagnostic, ds, base, opts: ReportOptions) -> dict[str, Any]:
+def untrained_fields(d: registry.Diagnostic, ds: xr.Dataset, base: xr.Dataset, opts: ReportOptions) -> dict[str, Any]:
     """Diagnostic `d`'s headline share on the untrained model, and trained − untrained with its interval
     paired over the sequences the two share, under `<prefix>_*` record keys."""
     assert d.headline is not None
@@ -177,7 +182,9 @@ def untrained_fields(d: registry.Diagnostic, ds, base, opts: ReportOptions) -> d
     return out
 
 
-def _loss_changes(by: dict, design: str, L: int, opts: ReportOptions) -> list[dict[str, Any]]:
+def _loss_changes(
+    by: dict[tuple[str | None, int, int | None], Entry], design: str, L: int, opts: ReportOptions
+) -> list[dict[str, Any]]:
     """Per seed present at L and L/2: eval loss at L minus at L/2, paired over the same eval sequences."""
     from depthlens.stats.intervals import bootstrap_counts, mean_interval
 
@@ -215,7 +222,7 @@ def comparisons(
     pool them over seeds (one seed: this interval, which excludes training variance)."""
     from depthlens.stats.orderings import CLAIMS
 
-    by = {(e.slug, e.n_layer, e.seed): e for e in entries}
+    by: dict[tuple[str | None, int, int | None], Entry] = {(e.slug, e.n_layer, e.seed): e for e in entries}
     out = []
     for c in CLAIMS if claims is None else claims:
         if c.kind == "sign" and c.score == "loss_change":
@@ -248,7 +255,7 @@ def comparisons(
     return out
 
 
-def sweeps_for(entries: Sequence[Entry], metric: str):
+def sweeps_for(entries: Sequence[Entry], metric: str) -> xr.Dataset | None:
     """S(θ) on the default θ grid and crossing points, window start ⌊L/4⌋, stacked along `checkpoint`
     (with per-checkpoint `design` and `n_layer` coordinates). None when no checkpoint has the metric."""
     import xarray as xr
@@ -297,7 +304,7 @@ def sweeps_for(entries: Sequence[Entry], metric: str):
     return out
 
 
-def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
+def robustness_for(sw: xr.Dataset | None, metric: str) -> list[dict[str, Any]]:
     """Per depth (≥ 2 designs): the reference ranking = designs ordered by their headline share, ties broken
     by the mean of the curve (its integral over the grid, i.e. the mean score); the fraction of the θ grid
     on which that strict ordering holds (`sweep.robustness`), and Kendall τ-b between the shares at each θ
@@ -305,7 +312,7 @@ def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
     from depthlens.diagnostics.sweep import robustness
     from depthlens.stats.metrics import kendall_tau
 
-    out = []
+    out: list[dict[str, Any]] = []
     if sw is None:
         return out
     theta = sw["threshold"].values
@@ -343,7 +350,7 @@ def robustness_for(sw, metric: str) -> list[dict[str, Any]]:
     return out
 
 
-def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Progress = _noop) -> Report:
+def summarise(entries: Sequence[Entry], data: EvalData, opts: ReportOptions, progress: Progress = _noop) -> Report:
     rep = Report(entries=sorted(entries, key=sort_key), options=opts, data=data)
     for metric in (d.name for d in registry.diagnostics() if d.headline):
         if metric in opts.metrics:
@@ -359,8 +366,8 @@ def summarise(entries: Sequence[Entry], data, opts: ReportOptions, progress: Pro
 
 
 def build_report(
-    paths: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
+    paths: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
     opts: ReportOptions | None = None,
     *,
     overwrite: bool = False,
@@ -379,8 +386,8 @@ def build_report(
 
 
 def _build_report(
-    paths,
-    out,
+    paths: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
     opts: ReportOptions,
     overwrite: bool,
     progress: Progress,

@@ -363,7 +363,7 @@ def compute_spread(
     paths: Sequence[str | os.PathLike[str]],
     opts: StudyOptions,
     *,
-    before: Callable[[], None] | None = None,
+    before: Callable[[], object] | None = None,
     progress: Progress = _noop,
     on_loaded: Callable[[int], None] | None = None,
 ) -> tuple[list[Entry], Any, float, int] | None:
@@ -442,7 +442,7 @@ def run_study(
     paths: Sequence[str | os.PathLike[str]],
     opts: StudyOptions,
     *,
-    before: Callable[[], None] | None = None,
+    before: Callable[[], object] | None = None,
     progress: Progress = _noop,
     on_loaded: Callable[[int], None] | None = None,
 ) -> Study | None:
