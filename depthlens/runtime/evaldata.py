@@ -62,7 +62,7 @@ class EvalData:
 
     @classmethod
     def from_tokens(
-        cls, tokens, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens", **kw: Any
+        cls, tokens: Any, name: str = "tokens", *, bos: bool = False, source: str = "in-memory tokens", **kw: Any
     ) -> EvalData:
         """Wrap an existing (N, T) id array (e.g. random tokens in tests, or another tool's eval set)."""
         return cls(
@@ -177,7 +177,7 @@ def _select(windows: np.ndarray, n_seq: int, seed: int) -> np.ndarray:
     return windows[idx]
 
 
-def _stream_from_docs(docs: list[str], tokenizer) -> np.ndarray:
+def _stream_from_docs(docs: list[str], tokenizer: Any) -> np.ndarray:
     bos = getattr(tokenizer, "bos_id", None)
     parts = []
     for doc in docs:
@@ -227,7 +227,7 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "depthlens"
 
 
-def _build_corpus(out_dir: Path, tokenizer, max_bytes: int) -> None:
+def _build_corpus(out_dir: Path, tokenizer: Any, max_bytes: int) -> None:
     """Indirection so tests can substitute the corpus builder (another module, possibly absent)."""
     try:
         from depthlens.data.corpus import build_corpus
@@ -239,7 +239,7 @@ def _build_corpus(out_dir: Path, tokenizer, max_bytes: int) -> None:
     build_corpus(out_dir, tokenizer, max_bytes=max_bytes)
 
 
-def default_corpus_dir(tokenizer, max_bytes: int = DEFAULT_CORPUS_BYTES) -> Path:
+def default_corpus_dir(tokenizer: Any, max_bytes: int = DEFAULT_CORPUS_BYTES) -> Path:
     """The cached offline corpus for `tokenizer` (built on first use): `<cache>/corpus-<tokenizer.name>`."""
     out = cache_dir() / f"corpus-{tokenizer.name}"
     if not (out / "manifest.json").is_file():
@@ -248,7 +248,7 @@ def default_corpus_dir(tokenizer, max_bytes: int = DEFAULT_CORPUS_BYTES) -> Path
     return out
 
 
-def _resolve_tokenizer(tokenizer):
+def _resolve_tokenizer(tokenizer: Any) -> Any:
     if tokenizer is None or isinstance(tokenizer, str):
         from depthlens.data.tokenizers import get_tokenizer
 
@@ -257,7 +257,7 @@ def _resolve_tokenizer(tokenizer):
 
 
 def load_eval_data(
-    source: str | os.PathLike | None = None,
+    source: str | os.PathLike[str] | None = None,
     tokenizer: Any = "bytes",
     n_seq: int = DEFAULT_N_SEQ,
     seq_len: int = DEFAULT_SEQ_LEN,
@@ -341,7 +341,7 @@ def shard_eval_data(
         raise DataError(f"{directory} ({split} shards): {len(stream)} tokens are too few for one sequence of {seq_len}")
     chosen = _select(windows, n_seq, seed)
     bos = info.get("bos_id")
-    meta = {
+    meta: dict[str, Any] = {
         "n_seq_requested": n_seq,
         "n_windows_available": int(windows.shape[0]),
         "shard_tokenizer": str(info.get("name", "unknown")),
@@ -398,7 +398,7 @@ def random_eval_data(
 # what a result records about the model it was computed on
 
 
-def _weights_sha256(model) -> str | None:
+def _weights_sha256(model: Any) -> str | None:
     """Hash of the state dict (names, dtypes, shapes, bytes) for models that have no checkpoint directory."""
     from depthlens.io.dataset import data_sha256
 
@@ -410,7 +410,8 @@ def _weights_sha256(model) -> str | None:
     key = tuple((k, v.data_ptr(), v._version) for k, v in sorted(sd.items()))
     cached = getattr(model, "_depthlens_weights_sha256", None)
     if cached is not None and cached[0] == key:
-        return cached[1]
+        hit: str = cached[1]
+        return hit
     digest = data_sha256(b"".join(k.encode() + data_sha256(v.detach().cpu()).encode() for k, v in sorted(sd.items())))
     try:
         object.__setattr__(model, "_depthlens_weights_sha256", (key, digest))
@@ -419,12 +420,12 @@ def _weights_sha256(model) -> str | None:
     return digest
 
 
-def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None = None) -> dict[str, Any]:
+def model_provenance(model: Any, data: EvalData, checkpoint: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Provenance attrs: checkpoint path + SHA-256 (or a weights hash for in-memory and foreign models), config
     JSON, design, eval-data hash and size, seed, dtype, the design's skip modes (`dataset.provenance`)."""
     from depthlens.io.dataset import provenance
 
-    cfg = getattr(model, "config", None)
+    cfg: Any = getattr(model, "config", None)
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
     params = list(model.parameters()) if hasattr(model, "parameters") else []
     extra: dict[str, Any] = {k: getattr(cfg, k) for k in ("multistream_skip", "attnres_skip") if hasattr(cfg, k)}
@@ -440,6 +441,7 @@ def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None
     try:
         rec = provenance(checkpoint, **kw)
     except CheckpointError:  # not a depthlens checkpoint directory (e.g. a Hugging Face one via an adapter)
+        assert checkpoint is not None  # provenance raises CheckpointError only when reading a checkpoint directory
         rec = provenance(None, **kw, checkpoint_path=str(Path(checkpoint).resolve()))
     if "checkpoint_sha256" not in rec:
         rec["weights_sha256"] = _weights_sha256(model)
@@ -454,7 +456,7 @@ def model_provenance(model, data: EvalData, checkpoint: str | os.PathLike | None
 
 
 @contextlib.contextmanager
-def evaluating(model) -> Iterator[Any]:
+def evaluating(model: Any) -> Iterator[Any]:
     """eval() for the duration (no dropout noise in paired differences), then restore; no-op for models
     without train/eval modes (plain LayeredLM implementations)."""
     was = getattr(model, "training", None)
@@ -467,14 +469,15 @@ def evaluating(model) -> Iterator[Any]:
             model.train(was)
 
 
-def model_device(model) -> torch.device:
+def model_device(model: Any) -> torch.device:
     """Where token ids go: the model's `input_device` (the embedding's device when an adapter is placed over
     several devices), else the device of its first parameter (CPU for parameter-free test models)."""
     dev = getattr(model, "input_device", None)
     if dev is not None:
         return torch.device(dev)
     for p in model.parameters() if hasattr(model, "parameters") else ():
-        return p.device
+        first: torch.device = p.device
+        return first
     return torch.device("cpu")
 
 
