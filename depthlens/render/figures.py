@@ -10,10 +10,11 @@ backend (the CLI uses Agg); nothing here calls `plt.show()`.
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -23,13 +24,20 @@ from depthlens.diagnostics import registry
 from depthlens.render import plots
 from depthlens.stats.metrics import late_window
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from numpy.typing import ArrayLike
+
+    from depthlens.studies.report import Report
+    from depthlens.studies.study import Entry
+
 DPI = 100
 CAUSAL_VMAX = 1.5  # end of the causal θ grid: a larger maximum draws C on a log scale
 LOG_FLOOR = 1e-2  # lower end of a log colour scale (C, |M|): smaller values take the lowest colour
 MIXING_LINTHRESH = 1e-2  # symlog for M: linear within ±0.01 (negligible weights), decades beyond
 
 
-def design_color(slug: str):
+def design_color(slug: str) -> tuple[float, float, float, float]:
     """A fixed colour per design (tab10 in registry order), so every figure uses the same legend."""
     import matplotlib
 
@@ -42,11 +50,11 @@ def design_name(slug: str) -> str:
     return DESIGNS[slug].name if slug in DESIGNS else slug
 
 
-def _finite(a) -> bool:
+def _finite(a: ArrayLike) -> bool:
     return bool(np.isfinite(np.asarray(a, dtype=float)).any())
 
 
-def _span(values, floor: float = 1e-6) -> tuple[float, float]:
+def _span(values: ArrayLike, floor: float = 1e-6) -> tuple[float, float]:
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if v.size == 0:
@@ -55,13 +63,13 @@ def _span(values, floor: float = 1e-6) -> tuple[float, float]:
     return (lo, hi) if hi - lo > floor else (lo - 0.5 * max(abs(lo), 1.0) * 1e-3 - floor, hi + floor)
 
 
-def _subplots(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.4, 5.2), **kw):
+def _subplots(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.4, 5.2), **kw: Any) -> tuple[Figure, Any]:
     import matplotlib.pyplot as plt
 
     return plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, **kw)
 
 
-def _heading(e) -> str:
+def _heading(e: Entry) -> str:
     return f"{e.name} — {design_name(e.slug)}, L = {e.n_layer}, d = {e.d_model}"
 
 
@@ -69,7 +77,7 @@ def _heading(e) -> str:
 # per checkpoint
 
 
-def fig_angular(ds: xr.Dataset, e) -> Any:
+def fig_angular(ds: xr.Dataset, e: Entry) -> Any:
     """Angular distance d(h_ℓ, h_{ℓ+n}) over start state ℓ and block size n ≥ 1 (invalid ℓ+n > L blank)."""
     da = ds["angular_distance"].isel(block_size=slice(1, None))
     fig, ax = _subplots()
@@ -94,7 +102,7 @@ def causal_scale(top: float) -> dict[str, Any]:
     return {"vmin": 0.0, "vmax": max(1.0, top), "scale": "linear", "extend": "neither"}
 
 
-def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
+def fig_causal(ds: xr.Dataset, e: Entry, share: float | None = None) -> Any:
     """C(s, t) (current variant, max aggregator) for the skipped layers (rows) and measured layers (cols)."""
     from depthlens.diagnostics.sweep import score_matrix
 
@@ -116,7 +124,7 @@ def fig_causal(ds: xr.Dataset, e, share: float | None = None) -> Any:
     return fig
 
 
-def fig_permutation(ds: xr.Dataset, e, share: float | None = None) -> Any:
+def fig_permutation(ds: xr.Dataset, e: Entry, share: float | None = None) -> Any:
     """P_abs(i, j) on the late window (diverging scale about 0: a swap can also lower the loss)."""
     a = int(ds.attrs.get("late_window_start", late_window(e.n_layer)))
     da = ds["perm_abs"].isel(layer=slice(a, None), layer_other=slice(a, None))
@@ -130,7 +138,7 @@ def fig_permutation(ds: xr.Dataset, e, share: float | None = None) -> Any:
     return fig
 
 
-def fig_mixing(ds: xr.Dataset, e) -> Any | None:
+def fig_mixing(ds: xr.Dataset, e: Entry) -> Any | None:
     """M[i → j] (token mean); MoDA: depth-attention mass per sublayer instead. None if neither exists."""
     da = ds["depth_mixing"]
     if _finite(da):
@@ -162,7 +170,7 @@ def fig_mixing(ds: xr.Dataset, e) -> Any | None:
     return None
 
 
-def fig_attnres(ds: xr.Dataset, e) -> Any:
+def fig_attnres(ds: xr.Dataset, e: Entry) -> Any:
     """Self-weight s_ℓ per layer (with ε = 0.05 and the dead prefix k*) and α per sublayer over sources."""
     fig, axes = _subplots(2, size=(6.4, 5.2))
     ax0, ax1 = axes[0]
@@ -198,7 +206,7 @@ def fig_attnres(ds: xr.Dataset, e) -> Any:
     return fig
 
 
-def fig_rank(ds: xr.Dataset, e) -> Any:
+def fig_rank(ds: xr.Dataset, e: Entry) -> Any:
     """Effective rank of w-sublayer window products (mean, IQR band) and of each sublayer's residual map."""
     fig, axes = _subplots(2, size=(6.0, 4.4))
     ax0, ax1 = axes[0]
@@ -238,7 +246,7 @@ def fig_rank(ds: xr.Dataset, e) -> Any:
     return fig
 
 
-def checkpoint_figures(e, fig_dir: Path, record: dict[str, Any] | None = None) -> dict[str, str]:
+def checkpoint_figures(e: Entry, fig_dir: Path, record: dict[str, Any] | None = None) -> dict[str, str]:
     """Write every figure of one checkpoint; returns {metric: 'figures/<file>.png'}. `record` (its row of
     summary.json, from `build.record`) supplies the headline shares shown in the heatmap titles."""
     record = record or {}
@@ -326,7 +334,7 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
     slugs = [s for s in SLUGS if any(r["design"] == s for r in records)]
     slugs += sorted({r["design"] for r in records} - set(slugs))
     depths = sorted({r["n_layer"] for r in records})
-    handles = {}
+    handles: dict[str, Any] = {}
     for ax, (key, lo, hi, label) in zip(axes[0], panels):
         for k, s in enumerate(slugs):
             rows = sorted(
@@ -337,6 +345,7 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
             x = np.array([r["n_layer"] for r in rows], dtype=float) * (1 + 0.012 * (k - len(slugs) / 2))
             y = np.array([r[key] for r in rows], dtype=float)
             if lo is not None:
+                assert hi is not None  # the panels name both interval ends or neither
                 yl = np.array([r[lo] if r.get(lo) is not None else r[key] for r in rows], dtype=float)
                 yh = np.array([r[hi] if r.get(hi) is not None else r[key] for r in rows], dtype=float)
                 line = ax.errorbar(
@@ -373,7 +382,7 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def fig_overview(entries, metric: str) -> Any | None:
+def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
     """Grid of the causal (or permutation) heatmaps: rows = designs, columns = depths, one shared colour bar."""
     from depthlens.diagnostics.sweep import score_matrix
 
@@ -387,7 +396,7 @@ def fig_overview(entries, metric: str) -> Any | None:
     score = registry.get(metric).headline
     assert score is not None
 
-    def late(e) -> np.ndarray:
+    def late(e: Entry) -> np.ndarray:
         """The late-window block of the panel's matrix (causal: t < s, undefined, as NaN)."""
         ds, a = e.datasets[metric], late_window(e.n_layer)
         m = np.asarray(
@@ -447,17 +456,17 @@ def fig_overview(entries, metric: str) -> Any | None:
     return fig
 
 
-def cross_figures(rep, fig_dir: Path) -> dict[str, str]:
+def cross_figures(rep: Report, fig_dir: Path) -> dict[str, str]:
     """Share curves per metric, the depth summary and the overview grids; returns {key: relative path}."""
     out: dict[str, str] = {}
     jobs: list[tuple[str, Callable[[], Any]]] = []
     for metric, sw in rep.sweeps.items():
-        jobs.append((f"sweep_{metric}", lambda sw=sw, metric=metric: fig_share_curves(sw, metric)))
+        jobs.append((f"sweep_{metric}", functools.partial(fig_share_curves, sw, metric)))
     if rep.records:
         jobs.append(("summary", lambda: fig_summary(rep.records)))
     for metric in (d.name for d in registry.diagnostics() if d.headline):
         if any(metric in e.datasets for e in rep.entries):
-            jobs.append((f"overview_{metric}", lambda metric=metric: fig_overview(rep.entries, metric)))
+            jobs.append((f"overview_{metric}", functools.partial(fig_overview, rep.entries, metric)))
     for key, make in jobs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
