@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ from depthlens.diagnostics.causal_dataset import (  # noqa: F401  (AGGREGATORS: 
 )
 from depthlens.errors import DepthlensError
 from depthlens.models.protocol import LayeredLM
-from depthlens.models.residual.base import State, state_cat, state_repeat
+from depthlens.models.residual.base import RunContext, State, state_cat, state_repeat
 from depthlens.runtime.distributed import agree, merge, shard, world
 from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device
 from depthlens.runtime.progress import Count, ProgressFn
@@ -68,6 +68,7 @@ NORM_DEFINITIONS = {
     "(design view; Frobenius over all streams for HC/mHC)",
 }
 EPS = 1e-6
+_T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -99,14 +100,16 @@ def _flat_update(u: torch.Tensor, ndims: int) -> torch.Tensor:
     return u.float().flatten(start_dim=u.dim() - ndims) if ndims > 1 else u.float()
 
 
-def residual_sq(model, state: State) -> torch.Tensor:
+def residual_sq(model: LayeredLM, state: State) -> torch.Tensor:
     """‖h‖² per token (B, T) float32 of a between-layer state: the residual view, or all n streams (HC/mHC)."""
     design = model.design
-    x = design.streams(state).flatten(-2) if getattr(design, "multi_stream", False) else design.view(state)
+    x: torch.Tensor = (
+        design.streams(state).flatten(-2) if getattr(design, "multi_stream", False) else design.view(state)
+    )
     return x.float().square().sum(-1)
 
 
-def skip_mode(model) -> str:
+def skip_mode(model: LayeredLM) -> str:
     """How the design implements do(skip s) on I (docs/concepts.md#notation), recorded with every result."""
     cfg = getattr(model, "config", None)
     slug = getattr(model.design, "slug", "?")
@@ -148,8 +151,8 @@ def _keep_rows(arms: list[Arm], seqs: slice) -> torch.Tensor:
 
 @torch.no_grad()
 def _run_chunk(
-    model,
-    ctx,
+    model: LayeredLM,
+    ctx: RunContext,
     clean: _Clean,
     arms: list[Arm],
     seqs: slice,
@@ -171,14 +174,22 @@ def _run_chunk(
     L = model.n_layer
     b = seqs.stop - seqs.start
     nc = 0 if trunk is None else b
-    state, active = trunk, []
-    for p in range(arms[0].s if trunk is None else start, L):
+    state: State | None = trunk
+    active: list[Arm] = []
+    first = arms[0].s if trunk is None else start
+    assert first is not None  # `start` comes with `trunk`
+    for p in range(first, L):
         if trunk is not None and p in clean.need_states:
+            assert state is not None  # with `trunk`, state is the trunk rows' state from the start
             clean.states[p] = {k: v[:b].clone() for k, v in state.items()}  # a copy: outlives the batched rows
         new = [a for a in arms if a.s == p]
         keep = None
         if new:
-            src = clean.states[p] if trunk is None else {k: v[:b] for k, v in state.items()}
+            if trunk is None:
+                src = clean.states[p]
+            else:
+                assert state is not None  # with `trunk`, state is the trunk rows' state from the start
+                src = {k: v[:b] for k, v in state.items()}
             spawn = state_repeat(src, len(new))
             keep_new = _keep_rows(new, seqs).to(ctx.cos.device)
             if state is None:
@@ -192,6 +203,7 @@ def _run_chunk(
                 )
                 state = state_cat([state, spawn])
             active = active + new
+        assert state is not None  # `trunk`, or the spawn of the first arm (arms are sorted by s)
         if trunk is not None and clean.norm == "resid":
             clean.den_sq[p] = residual_sq(model, {k: v[:b] for k, v in state.items()})
         got: list[torch.Tensor] = []
@@ -211,12 +223,13 @@ def _run_chunk(
         if active:
             on_update(p, active, got[0][nc:])
     if trunk is not None:
+        assert state is not None  # with `trunk`, state is the trunk rows' state from the start
         clean.final = {k: v[:b] for k, v in state.items()}
         state = {k: v[b:] for k, v in state.items()} if active else None
     return state, active
 
 
-def _split(xs: list, n: int) -> list[list]:
+def _split(xs: list[_T], n: int) -> list[list[_T]]:
     return [xs[i : i + n] for i in range(0, len(xs), n)]
 
 
@@ -244,7 +257,7 @@ def _subtract_update(state: State, u: torch.Tensor, positions: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def _direct_unsupported(model) -> str | None:
+def _direct_unsupported(model: LayeredLM) -> str | None:
     """None if C_dir applies to the design (its state is one tensor shaped like the update), else why not."""
     device = model_device(model)
     ctx = model.context(2, device=device)
@@ -380,7 +393,9 @@ def causal_scores(
     )
 
 
-def _my_share(batches: list, arms: list[Arm], S: list[int]) -> tuple[list, list[Arm]]:
+def _my_share(
+    batches: list[tuple[int, torch.Tensor]], arms: list[Arm], S: list[int]
+) -> tuple[list[tuple[int, torch.Tensor]], list[Arm]]:
     """This process's (sequence batches, arms) under torchrun (depthlens.runtime.distributed): the sequence
     batches split over ranks when there are enough of them, otherwise the skipped layers (round-robin). One
     process: everything."""
@@ -418,8 +433,8 @@ def _merge_ranks(res: _Results) -> None:
 
 @torch.no_grad()
 def _batch(
-    model,
-    toks,
+    model: LayeredLM,
+    toks: torch.Tensor,
     seqs: slice,
     S: list[int],
     arms: list[Arm],
@@ -440,7 +455,9 @@ def _batch(
     # clean states are kept only where a later chunk (or C_dir, at every layer) branches off the trunk
     later = {a.s for chunk in chunks[1:] for a in chunk}
     clean = _Clean(need_states=set(range(S[0], L)) if res.dstore else later, norm=norm)
-    trunk = model.run_layers(model.embed(toks, ctx), ctx, 0, S[0])  # the clean prefix, shared by every arm
+    trunk: State | None = model.run_layers(
+        model.embed(toks, ctx), ctx, 0, S[0]
+    )  # the clean prefix, shared by every arm
 
     def on_update(p: int, active: list[Arm], u: torch.Tensor) -> None:
         if not measure:
@@ -449,10 +466,10 @@ def _batch(
         diff_sq = (U - clean.updates[p]).square().sum(-1)  # (arms, b, T)
         den_sq = clean.den_sq[p].to(diff_sq.device)  # norm=resid: the state's device (a placed model's layers differ)
         ratio = (diff_sq.sqrt() / den_sq.sqrt().clamp_min(eps)).cpu().numpy()
-        diff_sq, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
+        diff_np, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
         for (null, variant), idx in _groups(active).items():
             (res.null_store if null else res.store)[variant].add(
-                [active[i] for i in idx], p, seqs, ratio[idx], diff_sq[idx], clean_sq
+                [active[i] for i in idx], p, seqs, ratio[idx], diff_np[idx], clean_sq
             )
 
     for k, chunk in enumerate(chunks):
@@ -465,12 +482,15 @@ def _batch(
             trunk = None
             # the clean loss always (one head call per batch: the report's and track's eval loss); the clean
             # distribution only for the companions
+            assert clean.final is not None  # the first chunk ran the trunk, which sets it
+            probs: torch.Tensor | None
             probs, clean.nll = _probs_nll(model.head(clean.final, ctx), toks)
             clean.probs = probs if outputs else None
             if T > 2:
                 res.clean_loss[seqs] = clean.nll.mean(-1).double().cpu().numpy()
             clean.final = probs = None
         if outputs and active:
+            assert state is not None  # the arms' rows
             _outputs(model, ctx, state, active, b, toks, clean, seqs, res.O, res.dloss)
         del state
         count.add(sum(not a.null for a in chunk))
@@ -503,12 +523,12 @@ def _probs_nll(logits: torch.Tensor, toks: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _outputs(
-    model,
-    ctx,
+    model: LayeredLM,
+    ctx: RunContext,
     state: State,
     active: list[Arm],
     b: int,
-    toks,
+    toks: torch.Tensor,
     clean: _Clean,
     seqs: slice,
     O: dict[str, np.ndarray],
@@ -520,6 +540,7 @@ def _outputs(
     exceed one plain forward's), none for the null arm (it has no output effect). The vocabulary work is done
     in place on the logits (`_probs_nll`), then p' − p and its norm.
     """
+    assert clean.nll is not None and clean.probs is not None  # the first chunk set them (outputs=True)
     for i, a in enumerate(active):
         if a.null:
             continue
@@ -532,8 +553,8 @@ def _outputs(
 
 
 def _direct(
-    model,
-    ctx,
+    model: LayeredLM,
+    ctx: RunContext,
     clean: _Clean,
     arms: list[Arm],
     b: int,
@@ -558,6 +579,6 @@ def _direct(
             diff_sq = (U - clean.updates[t]).square().sum(-1)
             den_sq = clean.den_sq[t].to(diff_sq.device)
             ratio = (diff_sq.sqrt() / den_sq.sqrt().clamp_min(eps)).cpu().numpy()
-            diff_sq, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
+            diff_np, clean_sq = diff_sq.double().cpu().numpy(), den_sq.double().cpu().numpy()
             for (_, variant), idx in _groups(chunk).items():
-                dstore[variant].add([chunk[i] for i in idx], t, seqs, ratio[idx], diff_sq[idx], clean_sq)
+                dstore[variant].add([chunk[i] for i in idx], t, seqs, ratio[idx], diff_np[idx], clean_sq)
