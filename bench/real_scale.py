@@ -67,6 +67,9 @@ def smollm2_path() -> Path | None:
     return hits[0] if hits else None
 
 
+REAL_MODELS = {"qwen": "qwen2.5-coder-0.5b-instruct", "gemma": "gemma-3-270m"}  # --models name -> atlas file stem
+
+
 def load_models(which: list[str], preln_layers: int, preln_width: int, device: str = "cpu") -> dict[str, Any]:
     models = {}
     if "smollm2" in which:
@@ -76,6 +79,14 @@ def load_models(which: list[str], preln_layers: int, preln_width: int, device: s
         from depthlens.adapters.load import open_model
 
         models["smollm2"] = open_model(gguf).model.eval().to(device)
+    for name in [w for w in which if w in REAL_MODELS]:  # the atlas' GGUF files (scripts/fetch-real-models.sh)
+        from depthlens.adapters.load import open_model
+        from depthlens.data.real_models import model_path
+
+        path = model_path(REAL_MODELS[name])
+        if not path.exists():
+            raise SystemExit(f"{name}: fetch it first with `bash scripts/fetch-real-models.sh {REAL_MODELS[name]}`")
+        models[name] = open_model(path).model.eval().to(device)
     if "preln" in which:
         from depthlens.models.config import ModelConfig
         from depthlens.models.model import build_model
@@ -382,7 +393,7 @@ def bench_model(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["smollm2", "preln"], choices=["smollm2", "preln"])
+    ap.add_argument("--models", nargs="+", default=["smollm2", "preln"], choices=["smollm2", "preln", *REAL_MODELS])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-seq", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=64)
