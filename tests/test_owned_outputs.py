@@ -382,3 +382,24 @@ def test_distinct_outputs_compares_resolved_paths(tmp_path, monkeypatch):
     atomic.distinct_outputs({"--out": "a.nc", "--plot": "a.png", "--other": None})
     with pytest.raises(DepthlensError, match="--out and --plot"):
         atomic.distinct_outputs({"--out": "a.nc", "--plot": str(tmp_path / "sub" / ".." / "a.nc")})
+
+
+def test_a_forked_child_ended_by_sigterm_leaves_its_parents_temp(tmp_path):
+    """The report's figure workers are forked while the report's temp directory is live: a worker that is ended by
+    SIGTERM (a pool's terminate) must not remove it (io.temps forgets its parent's temps after a fork)."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import time
+
+    from depthlens.io.atomic import atomic_dir
+
+    with atomic_dir(tmp_path / "rep", kind="report") as tmp:
+        child = mp.get_context("fork").Process(target=time.sleep, args=(30,))
+        child.start()
+        time.sleep(0.3)
+        os.kill(child.pid, signal.SIGTERM)
+        child.join(10)
+        assert child.exitcode == -signal.SIGTERM and tmp.is_dir()
+        (tmp / "x").write_text("written after the child ended")
+    assert (tmp_path / "rep" / "x").is_file()

@@ -89,6 +89,16 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         os.kill(os.getpid(), signum)
 
 
+def _forget_after_fork() -> None:
+    """A forked child (e.g. a figure worker of `studies.write`) owns none of its parent's temps: a signal that ends
+    it must not remove the directory its parent is still writing."""
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 @contextlib.contextmanager
 def _guard(tmp: Path) -> Iterator[None]:
     """Register `tmp` for removal on SIGTERM/SIGHUP while the block runs (handlers only in the main thread)."""

@@ -384,6 +384,8 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
 
 def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
     """Grid of the causal (or permutation) heatmaps: rows = designs, columns = depths, one shared colour bar."""
+    import seaborn  # noqa: F401  (registers the "vlag" colour map used below; no other figure may have yet)
+
     from depthlens.diagnostics.sweep import score_matrix
 
     have = [e for e in entries if metric in e.datasets]

@@ -158,6 +158,55 @@ def manifest(rep: Report) -> dict[str, Any]:
     )
 
 
+# Per-checkpoint figures are drawn by forked worker processes (one per core, at most FIGURE_WORKERS) while this
+# process draws the cross-checkpoint ones: matplotlib is single-threaded, and in the main job the other core is
+# otherwise idle by then. The children only read the entries (inherited at the fork) and draw: the same code, so
+# the same bytes (tests/test_figures_repro.py).
+FIGURE_WORKERS = 2
+_FIGURE_JOB: tuple[Sequence[Entry], Path] | None = None  # what the forked workers draw from
+
+
+def _draw_checkpoint(i: int) -> tuple[dict[str, str], list[str]]:
+    """Worker: the figures of entry i, and the notes drawing added to it (the parent's copy gets them)."""
+    from ..render import figures
+
+    assert _FIGURE_JOB is not None
+    entries, fig_dir = _FIGURE_JOB
+    e = entries[i]
+    before = len(e.notes)
+    figs = figures.checkpoint_figures(e, fig_dir)
+    return figs, list(e.notes[before:])
+
+
+@contextlib.contextmanager
+def _figure_workers(entries: Sequence[Entry], fig_dir: Path):
+    """Yields an iterator of (figures, new notes) per entry, in order: from a pool of forked workers when there
+    are spare cores and fork is available, else drawn in this process."""
+    import multiprocessing as mp
+
+    global _FIGURE_JOB
+    n = min(FIGURE_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, len(entries))
+    if n < 2 or "fork" not in mp.get_all_start_methods():
+        yield (_draw_one(e, fig_dir) for e in entries)
+        return
+    _FIGURE_JOB = (entries, fig_dir)
+    try:
+        with mp.get_context("fork").Pool(n) as pool:
+            yield pool.imap(_draw_checkpoint, range(len(entries)))
+    finally:
+        _FIGURE_JOB = None
+
+
+def _draw_one(e: Entry, fig_dir: Path) -> tuple[dict[str, str], list[str]]:
+    from ..render import figures
+
+    before = len(e.notes)
+    figs = figures.checkpoint_figures(e, fig_dir)
+    new = list(e.notes[before:])
+    del e.notes[before:]  # the caller adds them back, as it does for a worker's
+    return figs, new
+
+
 def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, progress: Progress = _noop) -> Path:
     """Write figures, datasets, summary.json, manifest.json, index.html and README.md into `out`, atomically."""
     from depthlens.io.dataset import write_netcdf
@@ -172,11 +221,13 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
         with atomic_dir(out, overwrite=overwrite, checked=True, kind="report") as tmp:
             (tmp / "figures").mkdir()
             t0 = time.perf_counter()
-            for e in rep.entries:
-                e.figures = figures.checkpoint_figures(e, tmp / "figures")
-                progress(f"{e.name}: figures")
-            rep.figures = figures.cross_figures(rep, tmp / "figures")
-            progress("cross-checkpoint figures")
+            with _figure_workers(rep.entries, tmp / "figures") as pending:
+                rep.figures = figures.cross_figures(rep, tmp / "figures")  # while the workers draw the rest
+                progress("cross-checkpoint figures")
+                for e, (figs, notes) in zip(rep.entries, pending):
+                    e.figures = figs
+                    e.notes.extend(notes)
+                    progress(f"{e.name}: figures")
             rep.seconds["figures"] = round(time.perf_counter() - t0, 2)
             t0 = time.perf_counter()
             for metric in registry.names():
