@@ -118,6 +118,15 @@ def model_summary(d: Path) -> dict[str, Any]:
     return out
 
 
+def _finish(path: Path, ax: Any, **labels: str) -> str:
+    """Label one single-axes figure, add its legend, save it (atomically) and return its file name."""
+    from depthlens.render.plots import save_figure
+
+    ax.set(**labels)
+    ax.legend(fontsize=6)
+    return save_figure(ax.figure, path).name
+
+
 def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> dict[str, str]:
     """Angular distance by layer / L, causal share against θ (trained and twin), pruning curves."""
     import matplotlib
@@ -148,13 +157,13 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
                 label=f"{s['name']} (L = {L})",
                 color=colors[s["name"]],
             )
-    ax.set(
+    out["angular"] = _finish(
+        fig_dir / "angular_by_depth.png",
+        ax,
         xlabel="layer / L (layer l at (l + ½) / L)",
         ylabel="angular distance d(h_l, h_{l+1}) / π",
         title="Angular distance between consecutive residual states",
     )
-    ax.legend(fontsize=7)
-    out["angular"] = save_figure(fig, fig_dir / "angular_by_depth.png").name
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for d, s in zip(dirs, summaries):
@@ -167,13 +176,13 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
             lab = f"{s['name']}" + (" (untrained twin)" if name.startswith("untrained") else "")
             ax.plot(sc["threshold"].values, np.asarray(sh.values).ravel(), ls=ls, color=colors[s["name"]], label=lab)
     ax.axvline(C_THETA, color="grey", lw=0.8)
-    ax.set(
+    out["causal_share"] = _finish(
+        fig_dir / "causal_share_curves.png",
+        ax,
         xlabel="threshold θ on C(s, t) (current variant, max aggregator)",
         ylabel="share of late pairs with C > θ",
         title="Causal share against its threshold (late window ⌊L/4⌋…L−1)",
     )
-    ax.legend(fontsize=6)
-    out["causal_share"] = save_figure(fig, fig_dir / "causal_share_curves.png").name
 
     pruned = [s for s in summaries if "pruning" in s]
     if pruned:

@@ -14,7 +14,7 @@ import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import xarray as xr
@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from numpy.typing import ArrayLike
 
-    from depthlens.studies.report import Report
-    from depthlens.studies.study import Entry
+# studies.study.Entry and studies.report.Report: render sits below studies (tests/test_architecture.py), so they
+# are named here for the signatures, not imported
+Entry: TypeAlias = Any
+Report: TypeAlias = Any
 
 DPI = 100
 CAUSAL_VMAX = 1.5  # end of the causal θ grid: a larger maximum draws C on a log scale
