@@ -216,7 +216,12 @@ def _iv(h: dict[str, Any] | None) -> str:
     return f"{_pct(h['share'])} [{_pct(h['ci_low'])}, {_pct(h['ci_high'])}]"
 
 
-def readme(summaries: list[dict[str, Any]], figs: dict[str, str], exactness: dict[str, Any] | None = None) -> str:
+def readme(
+    summaries: list[dict[str, Any]],
+    figs: dict[str, str],
+    exactness: dict[str, Any] | None = None,
+    absent: list[str] | None = None,
+) -> str:
     ev = summaries[0]["eval"] if summaries else {}
     lines = [
         "# Real-model atlas: how three pretrained families use their depth, and what pruning it costs",
@@ -329,7 +334,9 @@ def readme(summaries: list[dict[str, Any]], figs: dict[str, str], exactness: dic
         "## Cost",
         "",
         "Per stage: wall and CPU seconds (one thread) and the process's peak resident memory after the stage "
-        "(it never falls, so a stage's own peak is at most this).",
+        "(it never falls, so a stage's own peak is at most this). Wall time also counts any time the process "
+        "shared its core or was paused (this run was paused while the main job and the test suite were timed): "
+        "the CPU column is the cost.",
         "",
         "| model | stage | wall (s) | CPU (s) | peak RSS (MiB) |",
         "|---|---|---|---|---|",
@@ -350,6 +357,11 @@ def readme(summaries: list[dict[str, Any]], figs: dict[str, str], exactness: dic
     ]
     if missing:
         lines.append("* Stages missing from this run: " + "; ".join(missing) + ".")
+    if absent:
+        lines.append(
+            "* Models with no stage data yet (their exactness check above ran; `MODELS=<name> bash "
+            "scripts/real-model-atlas.sh` computes them): " + ", ".join(f"`{n}`" for n in absent) + "."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -367,7 +379,8 @@ def main(argv: list[str]) -> int:
     exactness = json.loads(ex_path.read_text()) if ex_path.exists() else None
     doc = {"models": summaries, "figures": figs, "exactness": exactness}
     atomic_write_text(atlas / "atlas.json", json.dumps(doc, indent=1) + "\n")
-    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness))
+    absent = [n for n in names if not (atlas / n / "data" / "run.json").exists()]
+    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness, absent))
     print(f"wrote {atlas}/README.md, atlas.json and figures/")
     return 0
 
