@@ -119,3 +119,31 @@ def test_decay_mixing_report_shows_the_erank_its_dataset_holds():
         assert f"{first} → {last}" in text
         np.testing.assert_allclose(e[0], 4.0, rtol=1e-6)  # HC's maps start at the identity: every stream
         assert (e[-1] < 2).all()
+
+
+def test_performance_qwen_paragraph_matches_its_bench():
+    path = ROOT / "reports" / "bench" / "real_scale_qwen.json"
+    if not path.is_file():
+        pytest.skip("reports/bench/real_scale_qwen.json not generated")
+    (r,) = json.loads(path.read_text())["results"]
+    c = {k: v["cpu"] for k, v in r["causal"]["full_pass_equivalents"].items()}
+    p = {k: v["cpu"] for k, v in r["permutation"]["full_pass_equivalents"].items()}
+    want = (
+        f"`causal` {c['depthlens']:.1f} (bound {r['causal']['bound']:.1f}; naive loop {c['naive']:.1f}), "
+        f"`causal --outputs` {c['outputs_depthlens']:.1f}, `permute` {p['depthlens']:.1f} over the "
+        f"{r['n_late_pairs']} late pairs (layer-work bound {r['permutation']['bound']:.1f}, with a plain head per "
+        f"pair {r['permutation']['with_plain_head']:.1f}; naive {p['naive']:.1f})"
+    )
+    text = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    assert want in text, want
+    assert (
+        f"causal {r['causal']['peak_vs_plain_forward']:.2f}×, permute {r['permutation']['peak_vs_plain_forward']:.2f}×"
+        in text
+    )
+    assert f"causal {c['depthlens'] / r['causal']['bound']:.2f} of the bound here" in text
+    smol = next(
+        x
+        for x in json.loads((ROOT / "reports/bench/real_scale.json").read_text())["results"]
+        if x["model"] == "smollm2"
+    )
+    assert f"{smol['causal']['full_pass_equivalents']['depthlens']['cpu'] / smol['causal']['bound']:.2f} there" in text
