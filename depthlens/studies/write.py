@@ -168,14 +168,9 @@ _FIGURE_JOB: tuple[Sequence[Entry], Path] | None = None  # what the forked worke
 
 def _draw_checkpoint(i: int) -> tuple[dict[str, str], list[str]]:
     """Worker: the figures of entry i, and the notes drawing added to it (the parent's copy gets them)."""
-    from ..render import figures
-
     assert _FIGURE_JOB is not None
     entries, fig_dir = _FIGURE_JOB
-    e = entries[i]
-    before = len(e.notes)
-    figs = figures.checkpoint_figures(e, fig_dir)
-    return figs, list(e.notes[before:])
+    return _draw_one(entries[i], fig_dir)
 
 
 @contextlib.contextmanager
@@ -198,12 +193,13 @@ def _figure_workers(entries: Sequence[Entry], fig_dir: Path):
 
 
 def _draw_one(e: Entry, fig_dir: Path) -> tuple[dict[str, str], list[str]]:
+    """The figures of one entry and the notes drawing added, taken off the entry (the caller adds them back)."""
     from ..render import figures
 
     before = len(e.notes)
     figs = figures.checkpoint_figures(e, fig_dir)
     new = list(e.notes[before:])
-    del e.notes[before:]  # the caller adds them back, as it does for a worker's
+    del e.notes[before:]
     return figs, new
 
 
