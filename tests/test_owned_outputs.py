@@ -403,3 +403,50 @@ def test_a_forked_child_ended_by_sigterm_leaves_its_parents_temp(tmp_path):
         assert child.exitcode == -signal.SIGTERM and tmp.is_dir()
         (tmp / "x").write_text("written after the child ended")
     assert (tmp_path / "rep" / "x").is_file()
+
+
+def _fake_draw_in_workers(monkeypatch, kill_entry: int | None):
+    """`write._draw_one` replaced by a stand-in that names its process; entry `kill_entry` SIGTERMs its worker."""
+    import os
+    import signal
+
+    from depthlens.studies import write
+
+    parent = os.getpid()
+
+    def draw(e, fig_dir):
+        if e == kill_entry and os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {"entry": str(e)}, [f"drawn in {'a worker' if os.getpid() != parent else 'the parent'}"]
+
+    monkeypatch.setattr(write, "_draw_one", draw)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two cores on any runner
+    return write
+
+
+def test_figure_workers_draw_in_order_and_exit(tmp_path, monkeypatch):
+    """The forked workers return each entry's figures in entry order, and are gone when the block ends (they exit
+    on a sentinel: nothing waits on a signal, which is how a pool's terminate once hung the suite)."""
+    import multiprocessing as mp
+
+    write = _fake_draw_in_workers(monkeypatch, kill_entry=None)
+    with write._figure_workers(list(range(5)), tmp_path) as pending:
+        got = list(pending)
+    assert [f["entry"] for f, _ in got] == ["0", "1", "2", "3", "4"]
+    assert {n for _, notes in got for n in notes} == {"drawn in a worker"}
+    assert mp.active_children() == []
+
+
+def test_a_figure_worker_ended_by_sigterm_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    """A worker SIGTERMed while the report's temp directory is live dies of it (its initializer restores the default
+    disposition instead of the parent's cleanup handler); the parent gets one DepthlensError and leaves nothing."""
+    from depthlens.io.atomic import atomic_dir
+
+    write = _fake_draw_in_workers(monkeypatch, kill_entry=2)
+    with (
+        pytest.raises(DepthlensError, match="a figure worker died"),
+        atomic_dir(tmp_path / "rep", kind="report") as tmp,
+        write._figure_workers(list(range(5)), tmp) as pending,
+    ):
+        list(pending)
+    assert not (tmp_path / "rep").exists() and list(tmp_path.iterdir()) == []

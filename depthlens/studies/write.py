@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +162,24 @@ def manifest(rep: Report) -> dict[str, Any]:
 # process draws the cross-checkpoint ones: matplotlib is single-threaded, and in the main job the other core is
 # otherwise idle by then. The children only read the entries (inherited at the fork) and draw: the same code, so
 # the same bytes (tests/test_figures_repro.py).
+#
+# Why concurrent.futures and not multiprocessing.Pool: a Pool's `with` ends in terminate(), which SIGTERMs its
+# workers and then waits for them without a limit; in a pytest-xdist worker one SIGTERM was lost and the suite
+# hung (CI, 2026-12). The executor ends its workers with a sentinel, an ordinary exit, and a worker that dies
+# raises BrokenProcessPool instead of leaving the parent waiting for a result that never comes.
 FIGURE_WORKERS = 2
 _FIGURE_JOB: tuple[Sequence[Entry], Path] | None = None  # what the forked workers draw from
+
+
+def _figure_worker_start() -> None:
+    """Worker initializer: the signal handlers inherited from the parent (the temp cleanup of `io.temps`, a
+    caller's own) are the parent's business; a worker dies of SIGTERM/SIGHUP and leaves Ctrl-C to the parent."""
+    import signal
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _draw_checkpoint(i: int) -> tuple[dict[str, str], list[str]]:
@@ -174,10 +190,12 @@ def _draw_checkpoint(i: int) -> tuple[dict[str, str], list[str]]:
 
 
 @contextlib.contextmanager
-def _figure_workers(entries: Sequence[Entry], fig_dir: Path):
+def _figure_workers(entries: Sequence[Entry], fig_dir: Path) -> Iterator[Iterator[tuple[dict[str, str], list[str]]]]:
     """Yields an iterator of (figures, new notes) per entry, in order: from a pool of forked workers when there
     are spare cores and fork is available, else drawn in this process."""
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     global _FIGURE_JOB
     n = min(FIGURE_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, len(entries))
@@ -185,9 +203,19 @@ def _figure_workers(entries: Sequence[Entry], fig_dir: Path):
         yield (_draw_one(e, fig_dir) for e in entries)
         return
     _FIGURE_JOB = (entries, fig_dir)
+    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("fork"), initializer=_figure_worker_start)
     try:
-        with mp.get_context("fork").Pool(n) as pool:
-            yield pool.imap(_draw_checkpoint, range(len(entries)))
+        yield pool.map(_draw_checkpoint, range(len(entries)))
+    except BrokenProcessPool as e:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise DepthlensError(f"a figure worker died ({e}); nothing was written") from e
+    except BaseException:
+        pool.shutdown(
+            wait=True, cancel_futures=True
+        )  # the drawing ones finish (a second each); queued ones never start
+        raise
+    else:
+        pool.shutdown(wait=True)
     finally:
         _FIGURE_JOB = None
 
