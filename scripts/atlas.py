@@ -216,11 +216,51 @@ def _iv(h: dict[str, Any] | None) -> str:
     return f"{_pct(h['share'])} [{_pct(h['ci_low'])}, {_pct(h['ci_high'])}]"
 
 
+def _cli_headline(r: dict[str, Any]) -> str:
+    j = r.get("json")
+    if r["exit"]:
+        return f"failed: {r.get('stderr_last') or '?'}"
+    if not isinstance(j, dict):
+        return "—"
+    if r["command"] == "info":
+        return str(j.get("design_name", "—"))
+    if r["command"] == "angular":
+        prof = j.get("profile") or []
+        return f"{len(prof)} layers; mean profile {sum(prof) / len(prof):.3f}" if prof else "—"
+    if "share" in j:
+        return f"{j['metric']} share at θ = {j['threshold']}: {_iv(j)}"
+    return "—"
+
+
+def _cli_section(cli: dict[str, Any] | None) -> list[str]:
+    """The commands a user types, on each GGUF file by path (scripts/real-model-cli.sh -> cli.json)."""
+    if not cli:
+        return []
+    lines = [
+        "",
+        "## From the command line, by path",
+        "",
+        "`bash scripts/real-model-cli.sh` runs `depthlens info | angular | causal | permute <model>.gguf` with the "
+        "default eval data (the offline corpus through the model's own tokenizer) at a small size, to show every "
+        "command runs on every family; the numbers of this page are from the atlas's own stages at its eval size.",
+        "",
+        "| model | command | eval (seqs × tokens) | exit | wall (s) | what it printed (`--json`) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in cli["runs"]:
+        lines.append(
+            f"| {r['model']} | `{r['command']}` | {r.get('eval', '—')} | {r['exit']} | {r['wall_s']} | "
+            f"{_cli_headline(r).replace('|', chr(92) + '|')} |"
+        )
+    return lines
+
+
 def readme(
     summaries: list[dict[str, Any]],
     figs: dict[str, str],
     exactness: dict[str, Any] | None = None,
     absent: list[str] | None = None,
+    cli: dict[str, Any] | None = None,
 ) -> str:
     ev = summaries[0]["eval"] if summaries else {}
     lines = [
@@ -262,6 +302,7 @@ def readme(
             e = ex.get(s["name"], {})
             cells = [e.get(k) for k in ("max_abs_logit_diff", "max_abs_logit_diff_skip", "max_abs_logit")]
             lines.append(f"| {s['name']} | " + " | ".join("—" if c is None else f"{c:.2e}" for c in cells) + " |")
+    lines += _cli_section(cli)
     lines += [
         "",
         "## Causal share, trained and untrained twin, under every definition",
@@ -349,10 +390,12 @@ def readme(
         "",
         "## Not in this atlas",
         "",
-        "* The permutation score: 91 (Gemma), 153 (Qwen) and 253 (SmolLM2) late swap pairs, each a partial "
-        "forward plus the LM head, trained and twin, is several CPU-hours at this eval size on 2 cores; SmolLM2's is "
-        "in `reports/smollm2/` (4 × 64 tokens). `STAGES=permutation,untrained_permutation bash "
-        "scripts/real-model-atlas.sh` adds it (then the permutation-importance pruning criterion could be added).",
+        "* The permutation score at the atlas's eval size: 91 (Gemma), 153 (Qwen) and 253 (SmolLM2) late swap "
+        "pairs, each a partial forward plus the LM head, trained and twin, is several CPU-hours at 16 × 128 tokens "
+        "on 2 cores. It ran on every model at 4 × 64 tokens from the command line (the table above; SmolLM2's "
+        "full page at that size is `reports/smollm2/`). `STAGES=permutation,untrained_permutation bash "
+        "scripts/real-model-atlas.sh` adds it here (then the permutation-importance pruning criterion could be "
+        "added).",
         "* The resid-normalised causal score (`causal_resid`), likewise opt-in through `STAGES`.",
     ]
     if missing:
@@ -377,10 +420,12 @@ def main(argv: list[str]) -> int:
     figs = figures(atlas, dirs, summaries)
     ex_path = atlas / "exactness.json"
     exactness = json.loads(ex_path.read_text()) if ex_path.exists() else None
-    doc = {"models": summaries, "figures": figs, "exactness": exactness}
+    cli_path = atlas / "cli.json"
+    cli = json.loads(cli_path.read_text()) if cli_path.exists() else None
+    doc = {"models": summaries, "figures": figs, "exactness": exactness, "cli": cli}
     atomic_write_text(atlas / "atlas.json", json.dumps(doc, indent=1) + "\n")
     absent = [n for n in names if not (atlas / n / "data" / "run.json").exists()]
-    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness, absent))
+    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness, absent, cli))
     print(f"wrote {atlas}/README.md, atlas.json and figures/")
     return 0
 

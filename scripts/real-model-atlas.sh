@@ -11,7 +11,7 @@
 # N_SEQ x SEQ_LEN tokens, one process per model (JOBS at a time, one thread each). Each stage is written as soon
 # as it is done and kept on a rerun (--resume), so a killed run continues where it stopped.
 # Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three), EXACT (1: run the
-# exactness tests first).
+# exactness tests first), CLI (1: then scripts/real-model-cli.sh, every command by path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
@@ -42,8 +42,11 @@ if [ "${1:-}" != "--render-only" ]; then
   }
   export -f one; export PY OUT N_SEQ SEQ_LEN STAGES
   echo "$paths" | xargs -P "$JOBS" -L 1 bash -c 'one "$0" "$1"'
+  # every command by path, as a user types it (small eval size): reports/atlas/cli.json; CLI=0 skips it
+  if [ "${CLI:-1}" = 1 ]; then MODELS="$MODELS" bash scripts/real-model-cli.sh; fi
 fi
 for m in $MODELS; do  # each model's own page (summary.json, figures, README.md) from its stage data
+  [ -f "$OUT/$m/data/run.json" ] || { echo "atlas: $m has no stage data yet" >&2; continue; }
   "$PY" scripts/real_model_report.py --out "$OUT/$m" --render-only --calibration none \
     > /dev/null
 done

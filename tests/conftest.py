@@ -35,3 +35,28 @@ def data(request):
 
     n_seq, seq_len, seed = getattr(request.module, "EVAL", (3, 16, 0))
     return random_eval_data(97, n_seq=n_seq, seq_len=seq_len, seed=seed, bos_id=96)
+
+
+# --- order: the long tests first, on both workers ----------------------------------------------------------
+# pytest-xdist's worksteal scheduler hands its first worker the first half of the collected tests and the second
+# worker the rest, then moves queued tests between them; a long test that starts last leaves the other core idle
+# to the end. So the long tests (tests/durations.json, measured) go first, each into the half with less work.
+_DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import json
+
+    with open(_DURATIONS) as f:
+        seconds: dict[str, float] = json.load(f)["seconds"]
+    long = sorted((i for i in items if i.nodeid in seconds), key=lambda i: -seconds[i.nodeid])
+    short = [i for i in items if i.nodeid not in seconds]
+    halves: tuple[list[pytest.Item], list[pytest.Item]] = ([], [])
+    load = [0.0, 0.0]
+    for item in long:  # longest first into the lighter half (LPT)
+        k = int(load[1] < load[0])
+        halves[k].append(item)
+        load[k] += seconds[item.nodeid]
+    n_first = len(items) // 2  # what worksteal sends the first of two workers
+    fill = max(0, n_first - len(halves[0]))
+    items[:] = halves[0] + short[:fill] + halves[1] + short[fill:]

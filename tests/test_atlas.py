@@ -86,3 +86,25 @@ def test_readme_sentence_quotes_the_atlas():
         if head and head.get("untrained"):
             want = f"{DISPLAY[s['name']]} {100 * head['trained']['share']:.0f} % (twin {100 * head['untrained']['share']:.0f} %)"
             assert want in sentence, want
+
+
+def test_every_command_ran_by_path_on_every_model():
+    """scripts/real-model-cli.sh: `info | angular | causal | permute` exited 0 on each model of the atlas, by path;
+    the design is read from the block (Gemma 3: Sandwich-LN); each printed share lies in its own interval; the
+    page's table is the JSON's."""
+    cli = _atlas().get("cli")
+    if cli is None:
+        pytest.skip("scripts/real-model-cli.sh not run")
+    runs = {(r["model"], r["command"]): r for r in cli["runs"]}
+    page = (ATLAS / "README.md").read_text()
+    for s in _atlas()["models"]:
+        for cmd in ("info", "angular", "causal", "permute"):
+            r = runs[(s["name"], cmd)]
+            assert r["exit"] == 0, (s["name"], cmd, r["stderr_last"])
+            assert f"| {s['name']} | `{cmd}` | {r['eval']} | 0 | {r['wall_s']} |" in page
+            if cmd in ("causal", "permute"):
+                j = r["json"]
+                assert j["ci_low"] <= j["share"] <= j["ci_high"] and j["ci_method"]
+        assert s["design"] in runs[(s["name"], "info")]["json"]["design_name"]
+        if s["family"].startswith("gemma"):
+            assert runs[(s["name"], "info")]["json"]["design_name"].startswith("Sandwich-LN")
