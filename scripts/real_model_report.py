@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
@@ -50,7 +51,10 @@ def compute(
     resume: bool,
     threads: int,
     stages: tuple[str, ...] = STAGES,
+    on_stage: Callable[[dict], None] | None = None,
 ) -> dict:
+    """Compute the missing stages; `on_stage(record)` after each one (the caller saves run.json, so a killed run
+    keeps the costs of the stages it finished)."""
     import torch
 
     from depthlens.adapters.load import open_model
@@ -74,6 +78,19 @@ def compute(
     seconds = {"load": round(time.time() - t0, 1)}
     costs = {"load": {"wall_s": seconds["load"], "cpu_s": round(time.process_time(), 1), "peak_rss_mib": _peak_rss()}}
 
+    def record() -> dict:
+        return {
+            "seconds": dict(seconds),
+            "costs": dict(costs),
+            "provenance": {k: v for k, v in op.provenance.items()},
+            "n_seq": data.n_seq,
+            "seq_len": data.seq_len,
+            "seed": seed,
+            "threads": threads,
+            "n_layer": int(model.n_layer),
+            "family": op.meta.family,
+        }
+
     def stage(name: str, fn) -> None:
         path = data_dir / f"{name}.nc"
         if name not in stages:
@@ -94,6 +111,8 @@ def compute(
             "peak_rss_mib": _peak_rss(),
         }
         print(f"[{name}] {seconds[name]} s -> {path}", flush=True)
+        if on_stage is not None:
+            on_stage(record())
 
     twin: list = []  # built on first use: the untrained twin of `model`
 
@@ -186,17 +205,7 @@ def compute(
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
-    return {
-        "seconds": seconds,
-        "costs": costs,
-        "provenance": {k: v for k, v in op.provenance.items()},
-        "n_seq": data.n_seq,
-        "seq_len": data.seq_len,
-        "seed": seed,
-        "threads": threads,
-        "n_layer": int(model.n_layer),
-        "family": op.meta.family,
-    }
+    return record()
 
 
 def _peak_rss() -> float:
@@ -315,17 +324,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"--stages: unknown {sorted(set(stages) - set(STAGES + OPTIONAL))}; "
                 f"choose from {', '.join(STAGES + OPTIONAL)}"
             )
-        run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages)
-        wall = round(time.time() - t, 1)
-        if run_file.exists():  # keep the timings of stages computed by earlier (or parallel) runs
-            before = json.loads(run_file.read_text())
-            run["seconds"] = {**before.get("seconds", {}), **run["seconds"]}
-            run["costs"] = {**before.get("costs", {}), **run.get("costs", {})}
-            wall += before.get("wall_seconds", 0) if a.resume else 0  # a resumed report's total
-        run["wall_seconds"] = round(wall, 1)
         from depthlens.io.atomic import atomic_write_text
 
-        atomic_write_text(run_file, json.dumps(run, indent=1, default=str))
+        before = json.loads(run_file.read_text()) if run_file.exists() else {}
+
+        def save(run: dict) -> None:
+            """run.json: this run's record, keeping the timings of stages computed by earlier (or parallel) runs."""
+            run["seconds"] = {**before.get("seconds", {}), **run["seconds"]}
+            run["costs"] = {**before.get("costs", {}), **run.get("costs", {})}
+            wall = round(time.time() - t, 1) + (before.get("wall_seconds", 0) if a.resume else 0)  # a resumed total
+            run["wall_seconds"] = round(wall, 1)
+            atomic_write_text(run_file, json.dumps(run, indent=1, default=str))
+
+        run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages, on_stage=save)
+        save(run)
         if not set(STAGES) <= set(stages) and not all((a.out / "data" / f"{x}.nc").exists() for x in STAGES):
             print("stages missing; render later with --render-only", flush=True)
             return 0

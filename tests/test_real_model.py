@@ -236,3 +236,35 @@ def test_report_script_end_to_end(tmp_path):
     assert "| future | mean |" in text and "Pre-LN | ≈1.0 %" in text
     for f in s["figures"].values():
         assert (out / f).stat().st_size > 0
+
+
+def test_report_script_keeps_finished_stage_costs_when_killed(tmp_path, monkeypatch):
+    """A run stopped in its second stage (the atlas runs for hours) still leaves run.json with the first stage's
+    cost: it is saved after every stage, not only at the end."""
+    import importlib.util as iu
+
+    import depthlens
+    import depthlens.io.dataset as dsio
+    from depthlens.models import ModelConfig, build_model
+
+    ckpt = tmp_path / "tiny"
+    depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=0), ckpt)
+    spec = iu.spec_from_file_location("real_model_report", ROOT / "scripts" / "real_model_report.py")
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    real, writes = dsio.write_netcdf, []
+
+    def write_then_die(ds, path, **kw):
+        writes.append(path)
+        if len(writes) == 2:
+            raise KeyboardInterrupt  # the second stage never lands
+        return real(ds, path, **kw)
+
+    monkeypatch.setattr(dsio, "write_netcdf", write_then_die)
+    out = tmp_path / "out"
+    args = [str(ckpt), "--out", str(out), "--n-seq", "2", "--seq-len", "24", "--threads", "1"]
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(args + ["--stages", "angular,causal_update", "--calibration", "none"])
+    run = json.loads((out / "data" / "run.json").read_text())
+    assert set(run["costs"]) == {"load", "angular"} and run["costs"]["angular"]["cpu_s"] >= 0
+    assert run["n_layer"] == 4 and (out / "data" / "angular.nc").exists()
