@@ -384,7 +384,11 @@ def readme(
     ]
     for s in summaries:
         for stage, c in s.get("costs", {}).items():
-            lines.append(f"| {s['name']} | {stage} | {c['wall_s']} | {c['cpu_s']} | {c['peak_rss_mib']} |")
+            cells = ["—" if c.get(k) is None else str(c[k]) for k in ("wall_s", "cpu_s", "peak_rss_mib")]
+            lines.append(f"| {s['name']} | {stage} | " + " | ".join(cells) + " |")
+    notes = [f"{s['name']}: {c['note']}" for s in summaries for c in s.get("costs", {}).values() if c.get("note")]
+    if notes:
+        lines += ["", "Notes: " + "; ".join(dict.fromkeys(notes)) + "."]
     missing = [f"{s['name']}: {', '.join(s['missing_stages'])}" for s in summaries if s["missing_stages"]]
     lines += [
         "",
