@@ -307,8 +307,10 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
     h = s["headlines"]
     na = {"share": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "definition": "not computed"}
     hc, hp = h.get("causal", na), h.get("permutation", na)
+    model_name = Path(str(prov.get("model_path", "?"))).stem
+    design = prov.get("residual_design_name") or "?"
     lines = [
-        "# Real model: SmolLM2-135M-Instruct through every Pre-LN diagnostic",
+        f"# Real model: {model_name} ({design}, read from its block structure) through every diagnostic",
         "",
         f"Produced by `scripts/real-model-report.sh` (model: `{Path(str(prov.get('model_path', '?'))).name}`, "
         f"GGUF {prov.get('gguf_quantization', '?')} dequantised to float32; family {s.get('family')}, "
