@@ -307,12 +307,12 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
     h = s["headlines"]
     na = {"share": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "definition": "not computed"}
     hc, hp = h.get("causal", na), h.get("permutation", na)
-    model_name = Path(str(prov.get("model_path", "?"))).stem
+    model_file = Path(str(prov.get("model_path", "?")))
     design = prov.get("residual_design_name") or "?"
     lines = [
-        f"# Real model: {model_name} ({design}, read from its block structure) through every diagnostic",
+        f"# Real model: {model_file.stem} ({design}, read from its block structure) through every diagnostic",
         "",
-        f"Produced by `scripts/real-model-report.sh` (model: `{Path(str(prov.get('model_path', '?'))).name}`, "
+        f"Produced by `scripts/real-model-report.sh` (model: `{model_file.name}`, "
         f"GGUF {prov.get('gguf_quantization', '?')} dequantised to float32; family {s.get('family')}, "
         f"L = {s['n_layer']}). Eval data: {s['n_seq']} sequences × {s['seq_len']} tokens of the default "
         f"held-out corpus (seed {s['seed']}), the model's own tokenizer. Late window: layers ≥ "

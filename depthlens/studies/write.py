@@ -207,16 +207,11 @@ def _figure_workers(entries: Sequence[Entry], fig_dir: Path) -> Iterator[Iterato
     try:
         yield pool.map(_draw_checkpoint, range(len(entries)))
     except BrokenProcessPool as e:
-        pool.shutdown(wait=True, cancel_futures=True)
         raise DepthlensError(f"a figure worker died ({e}); nothing was written") from e
-    except BaseException:
-        pool.shutdown(
-            wait=True, cancel_futures=True
-        )  # the drawing ones finish (a second each); queued ones never start
-        raise
-    else:
-        pool.shutdown(wait=True)
     finally:
+        # every result was taken on success; on an error the drawing ones finish (a second each), queued ones never
+        # start
+        pool.shutdown(wait=True, cancel_futures=True)
         _FIGURE_JOB = None
 
 
