@@ -23,11 +23,14 @@ if str(HERE) not in sys.path:
 C_THETA = 0.45  # the causal headline threshold (docs/calibration.md)
 N_BOOT = 200  # bootstrap resamples where an interval is a bootstrap (the max aggregator's is a jackknife)
 DEFINITIONS = [(v, a) for v in ("current", "future") for a in ("max", "mean")]  # causal variant × aggregator
+PERM_NORMS = ("perm_abs", "perm_rel", "perm_kl")  # the permutation score's definitions (docs/calibration.md)
+STAGES = ("angular", "causal_update", "untrained_causal_update", "permutation", "untrained_permutation", "pruning")
 CRITERIA_LABELS = {
     "angular_block": "angular distance of a contiguous block (Gromov et al.)",
     "block_influence": "block influence 1 − cos (ShortGPT)",
     "skip_loss": "single-layer skip loss",
     "causal": "causal importance (mean downstream effect)",
+    "permutation": "permutation importance (mean loss rise of the layer's late swaps)",
     "random": "random layers (mean of draws)",
 }
 
@@ -65,9 +68,7 @@ def model_summary(d: Path) -> dict[str, Any]:
         "quantization": prov.get("gguf_quantization"),
         "eval": {"n_seq": run.get("n_seq"), "seq_len": run.get("seq_len"), "seed": run.get("seed")},
         "costs": run.get("costs", {}),
-        "missing_stages": [
-            n for n in ("angular", "causal_update", "untrained_causal_update", "pruning") if _load(d, n) is None
-        ],
+        "missing_stages": [n for n in STAGES if _load(d, n) is None],
     }
     if ang is not None:
         out["angular_d1"] = [float(x) for x in ang["profile"].values[:L]]
@@ -92,6 +93,34 @@ def model_summary(d: Path) -> dict[str, Any]:
                         }
             rows.append(row)
         out["causal_definitions"] = rows
+    perm, twin_perm = _load(d, "permutation"), _load(d, "untrained_permutation")
+    if perm is not None:
+        from depthlens.diagnostics.pruning import permutation_importance
+
+        rows = []
+        for metric in PERM_NORMS:
+            kw = dict(n_boot=N_BOOT, seed=0)
+            h = headline(perm, metric, **kw)
+            row = {"metric": metric, "threshold": h["threshold"], "trained": _interval(h)}
+            if twin_perm is not None:
+                row["untrained"] = _interval(headline(twin_perm, metric, **kw))
+                diff = paired_share_difference(perm, twin_perm, metric, **kw)
+                if diff is not None:
+                    row["trained_minus_untrained"] = {
+                        "estimate": diff.estimate,
+                        "low": diff.low,
+                        "high": diff.high,
+                        "method": diff.method,
+                    }
+            rows.append(row)
+        out["permutation_definitions"] = rows
+        out["permutation_pairs"] = len(json.loads(perm.attrs["pairs_json"]))
+        imp = permutation_importance(perm)
+        out["permutation_importance"] = [None if not np.isfinite(x) else float(x) for x in imp]
+        if twin_perm is not None:
+            out["permutation_importance_untrained"] = [
+                None if not np.isfinite(x) else float(x) for x in permutation_importance(twin_perm)
+            ]
     if prune is not None:
         loss = prune["loss"]
         clean = float(prune["loss_clean"])
@@ -184,6 +213,43 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
         title="Causal share against its threshold (late window ⌊L/4⌋…L−1)",
     )
 
+    permuted = [(d, s) for d, s in zip(dirs, summaries) if "permutation_definitions" in s]
+    if permuted:
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.4, 3.6))
+        for d, s in permuted:
+            for name, ls in (("permutation", "-"), ("untrained_permutation", "--")):
+                ds = _load(d, name)
+                if ds is None:
+                    continue
+                sc = share_curves(ds, "perm_abs", starts=("quarter",))
+                lab = f"{s['name']}" + (" (untrained twin)" if name.startswith("untrained") else "")
+                ax.plot(
+                    sc["threshold"].values,
+                    np.asarray(sc["share"].sel(window_start="quarter").values).ravel(),
+                    ls=ls,
+                    color=colors[s["name"]],
+                    label=lab,
+                )
+            L = s["n_layer"]
+            for key, ls in (("permutation_importance", "-"), ("permutation_importance_untrained", "--")):
+                if key in s:
+                    y = np.array([np.nan if v is None else v for v in s[key]])
+                    bx.plot((np.arange(L) + 0.5) / L, y, ls=ls, marker="o", ms=2.5, color=colors[s["name"]])
+        ax.axvline(registry_theta("perm_abs"), color="grey", lw=0.8)
+        ax.set(
+            xlabel="threshold θ on P_abs(i, j) (nats)",
+            ylabel="share of late pairs with P > θ",
+            title="Permutation share against θ (late window)",
+        )
+        ax.legend(fontsize=6)
+        bx.set(
+            xlabel="layer / L",
+            ylabel="mean loss rise of its late swaps (nats)",
+            title="Permutation importance (dashed: untrained twin)",
+        )
+        bx.set_yscale("symlog", linthresh=1e-3)  # a twin's swaps cost ~0 (or lower the loss a little)
+        out["permutation"] = save_figure(fig, fig_dir / "permutation.png").name
+
     pruned = [s for s in summaries if "pruning" in s]
     if pruned:
         fig, axes = plt.subplots(1, len(pruned), figsize=(4.2 * len(pruned), 3.6), squeeze=False, sharey=False)
@@ -199,6 +265,13 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
         axes[0][0].legend(fontsize=6)
         out["pruning"] = save_figure(fig, fig_dir / "pruning_curves.png").name
     return out
+
+
+def registry_theta(metric: str) -> float:
+    """The documented headline threshold of a score (docs/calibration.md)."""
+    from depthlens.diagnostics import registry
+
+    return float(registry.score(metric).theta)
 
 
 def _cell(x: Any) -> str:
@@ -252,6 +325,48 @@ def _cli_section(cli: dict[str, Any] | None) -> list[str]:
             f"| {r['model']} | `{r['command']}` | {r.get('eval', '—')} | {r['exit']} | {r['wall_s']} | "
             f"{_cli_headline(r).replace('|', chr(92) + '|')} |"
         )
+    return lines
+
+
+def _diff(d: dict[str, Any] | None) -> str:
+    return "—" if d is None else f"{100 * d['estimate']:+.1f} pp [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+
+
+def _permutation_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> list[str]:
+    """Permutation shares under each norm, trained beside the twin, and the per-layer importance figure."""
+    have = [s for s in summaries if s.get("permutation_definitions")]
+    if not have:
+        return []
+    lines = [
+        "## Permutation score, trained and untrained twin",
+        "",
+        "Swap two late layers i < j (both ≥ ⌊L/4⌋; "
+        + ", ".join(f"{s['permutation_pairs']} pairs for {s['name']}" for s in have)
+        + ") and measure the rise of the LM loss on the same tokens: P_abs in nats, P_rel = P_abs / clean loss, "
+        "P_KL = mean KL(p_id ‖ p_swapped). Share of late pairs above the documented θ, with its interval (method below), "
+        "resampling sequences; trained − twin is paired over the same sequences (the same resamples).",
+        "",
+        "| model | score | θ | trained [95 %] | untrained twin [95 %] | trained − twin [95 %] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in have:
+        for r in s["permutation_definitions"]:
+            lines.append(
+                f"| {s['name']} | {r['metric']} | {r['threshold']} | {_iv(r['trained'])} | "
+                f"{_iv(r.get('untrained'))} | {_diff(r.get('trained_minus_untrained'))} |"
+            )
+    methods = sorted(
+        {r["trained"]["ci_method"] for s in have for r in s["permutation_definitions"] if r["trained"].get("ci_method")}
+    )
+    lines += ["", "Interval methods: " + "; ".join(f"`{m}`" for m in methods) + ".", ""]
+    if "permutation" in figs:
+        lines += [
+            f"![permutation share against θ, and permutation importance by layer / L](figures/{figs['permutation']})",
+            "",
+            "Right: each layer's permutation importance (the mean loss rise over its late swaps), the ranking the "
+            "`permutation` pruning criterion removes layers by (least important first).",
+            "",
+        ]
     return lines
 
 
@@ -319,9 +434,7 @@ def readme(
     for s in summaries:
         for r in s.get("causal_definitions", []):
             d = r.get("trained_minus_untrained")
-            diff = (
-                "—" if d is None else f"{100 * d['estimate']:+.1f} pp [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
-            )
+            diff = _diff(d)
             lines.append(
                 f"| {s['name']} | {r['variant']} | {r['aggregator']} | {_iv(r['trained'])} | "
                 f"{_iv(r.get('untrained'))} | {diff} |"
@@ -335,6 +448,7 @@ def readme(
         }
     )
     lines += ["", "Interval methods: " + "; ".join(f"`{m}`" for m in methods) + ".", ""]
+    lines += _permutation_section(summaries, figs)
     lines += [
         "## Angular distance by depth",
         "",
@@ -394,13 +508,7 @@ def readme(
         "",
         "## Not in this atlas",
         "",
-        "* The permutation score at the atlas's eval size: 91 (Gemma), 153 (Qwen) and 253 (SmolLM2) late swap "
-        "pairs, each a partial forward plus the LM head, trained and twin, is several CPU-hours at 16 × 128 tokens "
-        "on 2 cores. It ran on every model at 4 × 64 tokens from the command line (the table above; SmolLM2's "
-        "full page at that size is `reports/smollm2/`). `STAGES=permutation,untrained_permutation bash "
-        "scripts/real-model-atlas.sh` adds it here (then the permutation-importance pruning criterion could be "
-        "added).",
-        "* The resid-normalised causal score (`causal_resid`), likewise opt-in through `STAGES`.",
+        "* The resid-normalised causal score (`causal_resid`): opt-in, `STAGES=causal_resid bash scripts/real-model-atlas.sh`.",
     ]
     if missing:
         lines.append("* Stages missing from this run: " + "; ".join(missing) + ".")

@@ -13,7 +13,9 @@
   untrained_*      causal_update (late s) and permutation on the untrained twin (the same config, freshly
                    initialised by its family's own init, seed 0; adapters/twin.py): what training did
   pruning          (only with --stages pruning; needs angular and causal_update) loss against k removed layers,
-                   k = 1 .. L/2, per criterion of `diagnostics/pruning.py` and a random baseline
+                   k = 1 .. L/2, per criterion of `diagnostics/pruning.py` and a random baseline; permutation
+                   importance too once the permutation stage is there (a rerun with --resume adds the criteria
+                   whose input stage came later to the kept curves, and records that cost on its own line)
   reference        (only with --stages reference) C(s,t), norm=update, current and future, late s, on
                    8 × 128 tokens: the eval set of the reference measurements quoted in issue 10
 
@@ -91,11 +93,14 @@ def compute(
             "family": op.meta.family,
         }
 
-    def stage(name: str, fn) -> None:
+    def stage(name: str, fn, *, done: Callable[[Path], bool] | None = None, cost_key: str | None = None) -> None:
+        """Compute stage `name` into data/<name>.nc, unless resuming and it is there and `done(path)` (default:
+        it exists). Its cost is recorded under `cost_key` (default: name): an extension of a kept stage
+        records its own cost beside the first run's."""
         path = data_dir / f"{name}.nc"
         if name not in stages:
             return
-        if resume and path.exists():
+        if resume and path.exists() and (done is None or done(path)):
             print(f"[{name}] kept {path}", flush=True)
             return
         t, cpu = time.time(), time.process_time()
@@ -103,14 +108,15 @@ def compute(
             ds = fn(p.engine())
         ds.attrs["command"] = f"scripts/real_model_report.py {model_path.name} --n-seq {n_seq} --seq-len {seq_len}"
         write_netcdf(ds, path, overwrite=True)
-        seconds[name] = round(time.time() - t, 1)
+        key = cost_key or name
+        seconds[key] = round(time.time() - t, 1)
         # the process's peak resident memory so far (ru_maxrss never falls: a stage's own peak is at most this)
-        costs[name] = {
-            "wall_s": seconds[name],
+        costs[key] = {
+            "wall_s": seconds[key],
             "cpu_s": round(time.process_time() - cpu, 1),
             "peak_rss_mib": _peak_rss(),
         }
-        print(f"[{name}] {seconds[name]} s -> {path}", flush=True)
+        print(f"[{name}] {seconds[key]} s -> {path}", flush=True)
         if on_stage is not None:
             on_stage(record())
 
@@ -192,20 +198,85 @@ def compute(
     if "pruning" in stages:
         import xarray as xr
 
-        from depthlens.diagnostics.pruning import pruning_curves
+        from depthlens.diagnostics.pruning import CRITERIA, add_criteria, pruning_curves
+
+        prune_file = data_dir / "pruning.nc"
+        perm_file = data_dir / "permutation.nc"
+
+        def wanted() -> list[str]:
+            """Every criterion whose input stage is there (permutation importance needs the permutation stage)."""
+            return [c for c in CRITERIA if c != "permutation" or perm_file.exists()]
+
+        def missing(path: Path) -> list[str]:
+            if not path.exists():
+                return wanted()
+            with xr.open_dataset(path) as ds:
+                have = set(json.loads(ds.attrs["criteria_json"]))
+            return [c for c in wanted() if c not in have]
 
         def prune(_progress):
             need = {n: data_dir / f"{n}.nc" for n in ("angular", "causal_update")}
             if not all(f.exists() for f in need.values()):
                 raise SystemExit(f"pruning: run the stages {', '.join(need)} first (their rankings pick the layers)")
             ang, cau = (xr.load_dataset(f) for f in need.values())
-            return pruning_curves(model, data, angular=ang, causal=cau, n_random=N_RANDOM, checkpoint=model_path)
+            perm = xr.load_dataset(perm_file) if perm_file.exists() else None
+            todo = missing(prune_file) if resume and prune_file.exists() else wanted()
+            curves = pruning_curves(
+                model,
+                data,
+                angular=ang,
+                causal=cau,
+                permutation=perm,
+                criteria=todo,
+                n_random=N_RANDOM,
+                checkpoint=model_path,
+            )
+            if todo != wanted():  # criteria added to the curves kept from an earlier run
+                curves = add_criteria(xr.load_dataset(prune_file), curves)
+            return curves
 
-        stage("pruning", prune)
+        extending = resume and prune_file.exists() and bool(missing(prune_file))
+        stage(
+            "pruning",
+            prune,
+            done=lambda path: not missing(path),
+            cost_key=f"pruning (+{', '.join(missing(prune_file))})" if extending else None,
+        )
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
     return record()
+
+
+class RunRecord:
+    """`<out>/data/run.json`, shared by every process computing stages of one model.
+
+    Each save merges this process's stages into the record on disk *now*, under a lock, so runs on disjoint
+    stages in parallel (one per core) keep each other's costs; reading the record once at start would let the
+    last writer drop the stages the other finished meanwhile. `wall_seconds` is the resumed total: what is on
+    disk, less this process's earlier contribution, plus its elapsed time.
+    """
+
+    def __init__(self, path: Path, *, resume: bool):
+        self.path, self.resume = path, resume
+        self.started = time.time()
+        self.added = 0.0  # wall seconds this process has already put into the record's total
+
+    def save(self, run: dict) -> None:
+        import filelock
+
+        from depthlens.io.atomic import atomic_write_text
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(self.path.parent / f".{self.path.name}.lock"), timeout=120):
+            disk = json.loads(self.path.read_text()) if self.path.exists() else {}
+            run["seconds"] = {**disk.get("seconds", {}), **run["seconds"]}
+            run["costs"] = {**disk.get("costs", {}), **run.get("costs", {})}
+            elapsed = round(time.time() - self.started, 1)
+            base = disk.get("wall_seconds", 0.0) - self.added if self.resume else 0.0
+            run["wall_seconds"] = round(base + elapsed, 1)
+            self.added = elapsed
+            atomic_write_text(self.path, json.dumps(run, indent=1, default=str))
 
 
 def _peak_rss() -> float:
@@ -317,27 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.render_only:
         run = json.loads(run_file.read_text())
     else:
-        t = time.time()
         stages = tuple(x.strip() for x in a.stages.split(",") if x.strip())
         if set(stages) - set(STAGES + OPTIONAL):
             ap.error(
                 f"--stages: unknown {sorted(set(stages) - set(STAGES + OPTIONAL))}; "
                 f"choose from {', '.join(STAGES + OPTIONAL)}"
             )
-        from depthlens.io.atomic import atomic_write_text
-
-        before = json.loads(run_file.read_text()) if run_file.exists() else {}
-
-        def save(run: dict) -> None:
-            """run.json: this run's record, keeping the timings of stages computed by earlier (or parallel) runs."""
-            run["seconds"] = {**before.get("seconds", {}), **run["seconds"]}
-            run["costs"] = {**before.get("costs", {}), **run.get("costs", {})}
-            wall = round(time.time() - t, 1) + (before.get("wall_seconds", 0) if a.resume else 0)  # a resumed total
-            run["wall_seconds"] = round(wall, 1)
-            atomic_write_text(run_file, json.dumps(run, indent=1, default=str))
-
-        run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages, on_stage=save)
-        save(run)
+        record = RunRecord(run_file, resume=a.resume)
+        run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages, on_stage=record.save)
+        record.save(run)
         if not set(STAGES) <= set(stages) and not all((a.out / "data" / f"{x}.nc").exists() for x in STAGES):
             print("stages missing; render later with --render-only", flush=True)
             return 0

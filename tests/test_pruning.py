@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthlens.diagnostics.pruning import _Pruner, pruning_curves
+from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.pruning import _Pruner, add_criteria, permutation_importance, pruning_curves
 from depthlens.errors import DepthlensError
 from depthlens.models import ModelConfig, build_model
 from depthlens.runtime.evaldata import EvalData
@@ -63,7 +64,7 @@ def test_curves(setup):
     # skip_loss at k=1 removes the layer whose removal alone hurts least
     assert ds["removed"].sel(criterion="skip_loss", k=1).values.argmax() == singles.argmin()
     assert float(loss.sel(criterion="skip_loss", k=1)) == pytest.approx(singles.min(), abs=2e-6)
-    for crit in ("angular_block", "block_influence", "skip_loss", "causal"):
+    for crit in ("angular_block", "block_influence", "skip_loss", "causal", "permutation"):
         for k in (1, 2, 3):
             mask = ds["removed"].sel(criterion=crit, k=k).values
             layers = np.flatnonzero(mask).tolist()
@@ -78,7 +79,14 @@ def test_curves(setup):
         rnd <= ds["loss_random_max"].values[1:] + 1e-12
     ).all()
     assert np.allclose(ds["removed"].sel(criterion="random").sum("layer").values, [0, 1, 2, 3])
-    det = loss.sel(criterion=["angular_block", "block_influence", "skip_loss", "causal"])
+    # the permutation criterion removes the late layers whose swaps cost least, recounted from the matrix
+    perm = permutation_scores(model, data, pairs="late").perm_abs.values
+    late = range(L // 4, L)
+    mean_swap = {l: np.mean([perm[l, j] for j in late if j != l]) for l in late}
+    for k in (1, 2, 3):
+        want = sorted(sorted(mean_swap, key=lambda l: (mean_swap[l], l))[:k])
+        assert np.flatnonzero(ds["removed"].sel(criterion="permutation", k=k).values).tolist() == want
+    det = loss.sel(criterion=["angular_block", "block_influence", "skip_loss", "causal", "permutation"])
     best = det["criterion"].values[det.values.argmin(0)]
     assert list(ds["best_criterion"].values[1:]) == list(best[1:])
 
@@ -112,3 +120,47 @@ def test_curves_build_no_autograd_graph(setup):
         for h in hooks:
             h.remove()
     assert grad_seen and not any(grad_seen)
+
+
+def test_permutation_importance_scores_only_swapped_layers():
+    """Mean of the computed off-diagonal swaps per layer; a layer in no computed pair is NaN (ranked last)."""
+    import xarray as xr
+
+    m = np.full((4, 4), np.nan)
+    np.fill_diagonal(m, 0.0)
+    m[1, 2] = m[2, 1] = 0.3
+    m[1, 3] = m[3, 1] = 0.1
+    score = permutation_importance(xr.Dataset({"perm_abs": (("i", "j"), m)}))
+    np.testing.assert_allclose(score, [np.nan, 0.2, 0.3, 0.1])
+
+
+def test_permutation_criterion_refuses_more_layers_than_it_scored(setup):
+    _, model, data = setup
+    perm = permutation_scores(model, data, pairs=[(4, 5)])  # two layers scored
+    with pytest.raises(DepthlensError, match="scores 2 layers"):
+        pruning_curves(model, data, k_max=3, criteria=("permutation",), permutation=perm)
+    other = permutation_scores(build_model(ModelConfig.debug("preln", n_layer=4), seed=0).eval(), data)
+    with pytest.raises(DepthlensError, match="has 4 layers; the model has 6"):
+        pruning_curves(model, data, k_max=1, criteria=("permutation",), permutation=other)
+
+
+def test_criteria_added_later_equal_one_run_with_them_all(setup):
+    """A criterion whose diagnostic came later (the atlas's permutation stage) is merged into the curves
+    already computed: the same numbers as one run with every criterion, and the best criterion recomputed."""
+    _, model, data = setup
+    crits = ("angular_block", "skip_loss", "permutation", "random")
+    whole = pruning_curves(model, data, k_max=3, n_random=2, seed=1, criteria=crits)
+    base = pruning_curves(model, data, k_max=3, n_random=2, seed=1, criteria=("angular_block", "skip_loss", "random"))
+    extra = pruning_curves(model, data, k_max=3, criteria=("permutation",))
+    assert np.isnan(extra["loss_random_min"].values[1:]).all()  # no draws: no band (and no warning)
+    merged = add_criteria(base, extra)
+    assert list(merged["criterion"].values) == ["angular_block", "skip_loss", "random", "permutation"]
+    for c in crits:
+        np.testing.assert_allclose(merged["loss"].sel(criterion=c), whole["loss"].sel(criterion=c), rtol=1e-12)
+        np.testing.assert_array_equal(merged["removed"].sel(criterion=c), whole["removed"].sel(criterion=c))
+    assert list(merged["best_criterion"].values) == list(whole["best_criterion"].values)
+    assert merged.attrs["layers_run"] == base.attrs["layers_run"] + extra.attrs["layers_run"]
+    assert add_criteria(merged, extra) is merged  # nothing new: unchanged
+    other = pruning_curves(model, EvalData.from_tokens(data.tokens[:3]), k_max=3, criteria=("permutation",))
+    with pytest.raises(DepthlensError, match="differ in"):
+        add_criteria(base, other)

@@ -268,3 +268,74 @@ def test_report_script_keeps_finished_stage_costs_when_killed(tmp_path, monkeypa
     run = json.loads((out / "data" / "run.json").read_text())
     assert set(run["costs"]) == {"load", "angular"} and run["costs"]["angular"]["cpu_s"] >= 0
     assert run["n_layer"] == 4 and (out / "data" / "angular.nc").exists()
+
+
+def test_report_script_runs_in_parallel_keep_each_others_costs(tmp_path, monkeypatch):
+    """Two processes computing disjoint stages of one model (one per core) share run.json: every save merges
+    into the record on disk now, so neither drops the stages the other finished, and the wall total is the sum
+    of both runs' time."""
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("real_model_report", ROOT / "scripts" / "real_model_report.py")
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    clock = [1000.0]
+    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+    path = tmp_path / "data" / "run.json"
+    a, b = mod.RunRecord(path, resume=True), mod.RunRecord(path, resume=True)
+
+    def run(*stages: str) -> dict:
+        return {"seconds": {s: 1.0 for s in stages}, "costs": {s: {"cpu_s": 1.0} for s in stages}, "n_layer": 4}
+
+    clock[0] += 10
+    a.save(run("load", "permutation"))  # a: 10 s so far
+    clock[0] += 5
+    b.save(run("load", "untrained_permutation"))  # b: 15 s so far
+    clock[0] += 20
+    a.save(run("load", "permutation", "pruning"))  # a: 35 s in all
+    rec = json.loads(path.read_text())
+    assert set(rec["costs"]) == {"load", "permutation", "untrained_permutation", "pruning"}
+    assert set(rec["seconds"]) == set(rec["costs"])
+    assert rec["wall_seconds"] == 35.0 + 15.0
+    fresh = mod.RunRecord(path, resume=False)  # not resuming: a new record, its own time only
+    clock[0] += 3
+    fresh.save(run("load"))
+    assert json.loads(path.read_text())["wall_seconds"] == 3.0
+
+
+def test_report_script_adds_the_permutation_criterion_to_kept_curves(tmp_path):
+    """The pruning curves came before the permutation stage (hours on a real model): a rerun with --resume adds
+    the permutation-importance criterion to the kept curves, leaves the other criteria's numbers as they were,
+    and records the extension's cost on its own line; a further rerun keeps everything."""
+    import importlib.util as iu
+
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    ckpt = tmp_path / "tiny"
+    depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=0), ckpt)
+    spec = iu.spec_from_file_location("real_model_report", ROOT / "scripts" / "real_model_report.py")
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "out"
+    args = [str(ckpt), "--out", str(out), "--n-seq", "2", "--seq-len", "24", "--threads", "1", "--calibration", "none"]
+    mod.main(args + ["--stages", "angular,causal_update,pruning"])
+    first = xr.load_dataset(out / "data" / "pruning.nc")
+    assert "permutation" not in first["criterion"].values
+    mod.main(args + ["--stages", "permutation", "--resume"])
+    mod.main(args + ["--stages", "pruning", "--resume"])
+    curves = xr.load_dataset(out / "data" / "pruning.nc")
+    assert list(curves["criterion"].values) == list(first["criterion"].values) + ["permutation"]
+    for c in first["criterion"].values:
+        np.testing.assert_array_equal(curves["loss"].sel(criterion=c), first["loss"].sel(criterion=c))
+    perm = xr.load_dataset(out / "data" / "permutation.nc")
+    from depthlens.diagnostics.pruning import permutation_importance
+
+    score = permutation_importance(perm)
+    assert np.flatnonzero(curves["removed"].sel(criterion="permutation", k=1).values).tolist() == [
+        int(np.nanargmin(score))
+    ]
+    costs = json.loads((out / "data" / "run.json").read_text())["costs"]
+    assert {"pruning", "pruning (+permutation)", "permutation"} <= set(costs)
+    mod.main(args + ["--stages", "pruning", "--resume"])  # nothing left to add: kept
+    assert xr.load_dataset(out / "data" / "pruning.nc").identical(curves)

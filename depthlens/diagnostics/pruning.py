@@ -15,6 +15,11 @@ Criteria (all computed on the eval set itself):
   skip_loss        the k layers whose single removal raises the loss least (each layer removed alone, once)
   causal           the k layers with the smallest mean downstream effect (the causal diagnostic's
                    `mean_downstream_effect`, current variant, mean aggregator)
+  permutation      the k layers whose swaps with the other scored layers raise the loss least
+                   (`permutation_importance`: mean P_abs(l, j) over the layers j it was swapped with; a layer the
+                   model does not mind moving is taken as one it relies on least. Only the layers of the
+                   permutation dataset's pairs are scored (the late window by default, l >= L/4, which holds at
+                   least L/2 + 1 layers, so k <= L/2 never reaches an unscored layer)
   random           k layers drawn uniformly without replacement, `n_random` draws per k (mean, min and max)
 
 "Remove layer l" is the block-level skip of every diagnostic (`keep[l] = 0`): the layer's whole write is
@@ -28,6 +33,7 @@ the model offers one (`diagnostics/vocab.py`), so 152K- and 262K-id vocabularies
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +47,7 @@ from ..io.dataset import make_dataset
 from ..models.protocol import unembedding_of
 from ..runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 
-CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "random")
+CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "random")
 
 
 @torch.no_grad()
@@ -92,6 +98,17 @@ class _Pruner:
         return total / self.n_tokens
 
 
+def permutation_importance(permutation: xr.Dataset) -> np.ndarray:
+    """(L,) mean loss rise (nats) over the swaps of layer l with every layer it was paired with: the mean of
+    the non-NaN off-diagonal `perm_abs[l, j]`; NaN for a layer in no computed pair."""
+    m = np.asarray(permutation["perm_abs"].values, dtype=float).copy()
+    np.fill_diagonal(m, np.nan)
+    scored = ~np.isnan(m)
+    n = scored.sum(1)
+    total = np.where(scored, m, 0.0).sum(1)
+    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
 def _smallest(score: np.ndarray, k: int) -> list[int]:
     """Indices of the k smallest scores (ties to the lower index, NaN last)."""
     order = np.lexsort((np.arange(len(score)), np.where(np.isnan(score), np.inf, score)))
@@ -108,14 +125,15 @@ def pruning_curves(
     seed: int = 0,
     angular: xr.Dataset | None = None,
     causal: xr.Dataset | None = None,
+    permutation: xr.Dataset | None = None,
     positions: str = "all",
     batch_size: int | None = None,
     checkpoint: Any = None,
 ) -> xr.Dataset:
     """Loss against the number of removed layers k = 0..k_max (default L // 2), per criterion.
 
-    angular / causal: the model's angular and causal datasets on the same eval data, if already computed
-    (else computed here when a criterion needs them). positions: token positions of the angular criteria
+    angular / causal / permutation: the model's datasets of those diagnostics on the same eval data, if
+    already computed (else computed here when a criterion needs them; permutation over the late pairs). positions: token positions of the angular criteria
     ("all" as ShortGPT, "last" as Gromov et al.).
 
     Returns `loss` (criterion, k) in nats/token, `removed` (criterion, k, layer) a 0/1 mask of the removed
@@ -141,6 +159,15 @@ def pruning_curves(
             from .causal import causal_scores
 
             causal = causal_scores(model, data, variants=("current",))
+        if "permutation" in criteria and permutation is None:
+            from .permutation import permutation_scores
+
+            permutation = permutation_scores(model, data, pairs="late")
+        perm_score = (
+            permutation_importance(permutation) if permutation is not None and "permutation" in criteria else None
+        )
+        if perm_score is not None and perm_score.shape != (L,):
+            raise DepthlensError(f"the permutation dataset has {perm_score.shape[0]} layers; the model has {L}")
         ks = np.arange(k_max + 1)
         loss = np.full((len(criteria), len(ks)), np.nan)
         removed = np.zeros((len(criteria), len(ks), L))
@@ -170,6 +197,14 @@ def pruning_curves(
                 elif crit == "skip_loss":
                     assert skip is not None  # computed above when skip_loss is a criterion
                     layers = _smallest(skip, k)
+                elif crit == "permutation":
+                    assert perm_score is not None  # computed above when permutation is a criterion
+                    if k > int(np.isfinite(perm_score).sum()):
+                        raise DepthlensError(
+                            f"the permutation criterion scores {int(np.isfinite(perm_score).sum())} layers; "
+                            f"k_max = {k_max} needs {k} (compute more pairs, or lower k_max)"
+                        )
+                    layers = _smallest(perm_score, k)
                 else:  # causal
                     assert causal is not None  # computed above when causal is a criterion
                     effect = causal["mean_downstream_effect"].sel(variant="current", aggregator="mean").values
@@ -186,6 +221,9 @@ def pruning_curves(
         dtype=object,
     ).astype(str)
     rand[0] = clean
+    drawn = ~np.isnan(rand).all(1)  # no draws when random is not a criterion: the band is NaN there
+    rand_min = np.where(drawn, np.nanmin(np.where(drawn[:, None], rand, 0.0), 1), np.nan)
+    rand_max = np.where(drawn, np.nanmax(np.where(drawn[:, None], rand, 0.0), 1), np.nan)
     options = dict(
         k_max=k_max,
         criteria=list(criteria),
@@ -207,12 +245,12 @@ def pruning_curves(
             ),
             "loss_random_min": (
                 ("k",),
-                np.nanmin(rand, 1),
+                rand_min,
                 {"long_name": "random removal: lowest loss of the draws", "units": "nats/token"},
             ),
             "loss_random_max": (
                 ("k",),
-                np.nanmax(rand, 1),
+                rand_max,
                 {"long_name": "random removal: highest loss of the draws", "units": "nats/token"},
             ),
             "loss_clean": ((), clean, {"long_name": "LM loss of the whole model", "units": "nats/token"}),
@@ -228,3 +266,43 @@ def pruning_curves(
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens layer-pruning curves",
     )
+
+
+def add_criteria(base: xr.Dataset, extra: xr.Dataset) -> xr.Dataset:
+    """`base`'s curves with the criteria of `extra` it lacks added, e.g. a criterion whose input diagnostic
+    was computed after the curves. Both must be of the same weights on the same eval data with the same k
+    (else one line: DepthlensError). `best_criterion` is recomputed over every deterministic criterion; the
+    random band is `base`'s; `layers_run` is the sum of both runs."""
+    for key in ("weights_sha256", "eval_data_sha256", "k_max"):
+        if str(base.attrs.get(key)) != str(extra.attrs.get(key)):
+            raise DepthlensError(
+                f"pruning curves to merge differ in {key} ({base.attrs.get(key)} vs {extra.attrs.get(key)})"
+            )
+    if not np.allclose(float(base["loss_clean"]), float(extra["loss_clean"]), rtol=1e-6, atol=0):
+        raise DepthlensError(
+            f"pruning curves to merge differ in the clean loss ({float(base['loss_clean']):.6f} vs "
+            f"{float(extra['loss_clean']):.6f}): not the same model on the same data"
+        )
+    new = [str(c) for c in extra["criterion"].values if c not in base["criterion"].values and c != "random"]
+    if not new:
+        return base
+    crits = [str(c) for c in base["criterion"].values] + new
+    loss = xr.concat([base["loss"], extra["loss"].sel(criterion=new)], "criterion")
+    removed = xr.concat([base["removed"], extra["removed"].sel(criterion=new)], "criterion")
+    out = base.drop_vars(["loss", "removed", "best_criterion", "criterion"]).assign(
+        loss=loss.assign_coords(criterion=crits), removed=removed.assign_coords(criterion=crits)
+    )
+    det = [c for c in crits if c != "random"]
+    vals = out["loss"].sel(criterion=det).values
+    out["best_criterion"] = (
+        ("k",),
+        np.array([det[int(np.argmin(vals[:, k]))] for k in range(vals.shape[1])]).astype(str),
+        dict(base["best_criterion"].attrs),
+    )
+    out.attrs = {
+        **base.attrs,
+        "criteria_json": json.dumps(crits),
+        "layers_run": int(base.attrs.get("layers_run", 0)) + int(extra.attrs.get("layers_run", 0)),
+        "criteria_added": ", ".join(new),
+    }
+    return out
