@@ -49,6 +49,18 @@ def _interval(h: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: h.get(k) for k in keys}
 
 
+def _difference(diff: Any) -> dict[str, Any] | None:
+    """A paired trained − twin interval (`paired_share_difference`) as JSON; None when there is none."""
+    if diff is None:
+        return None
+    return {"estimate": diff.estimate, "low": diff.low, "high": diff.high, "method": diff.method}
+
+
+def _finite(values: Any) -> list[float | None]:
+    """Floats for JSON, None where a value is NaN (a layer the diagnostic did not score)."""
+    return [float(x) if x == x else None for x in values]
+
+
 def model_summary(d: Path) -> dict[str, Any]:
     """Every number the atlas shows for one model directory, from its saved stage datasets."""
     import numpy as np
@@ -84,13 +96,7 @@ def model_summary(d: Path) -> dict[str, Any]:
                 row["untrained"] = _interval(headline(twin, "causal", C_THETA, **kw))
                 if (variant, agg) == ("current", "max"):  # the headline definition, paired over the same sequences
                     diff = paired_share_difference(cau, twin, "causal", C_THETA, n_boot=N_BOOT, seed=0)
-                    if diff is not None:
-                        row["trained_minus_untrained"] = {
-                            "estimate": diff.estimate,
-                            "low": diff.low,
-                            "high": diff.high,
-                            "method": diff.method,
-                        }
+                    row["trained_minus_untrained"] = _difference(diff)
             rows.append(row)
         out["causal_definitions"] = rows
     perm, twin_perm = _load(d, "permutation"), _load(d, "untrained_permutation")
@@ -104,23 +110,13 @@ def model_summary(d: Path) -> dict[str, Any]:
             row = {"metric": metric, "threshold": h["threshold"], "trained": _interval(h)}
             if twin_perm is not None:
                 row["untrained"] = _interval(headline(twin_perm, metric, **kw))
-                diff = paired_share_difference(perm, twin_perm, metric, **kw)
-                if diff is not None:
-                    row["trained_minus_untrained"] = {
-                        "estimate": diff.estimate,
-                        "low": diff.low,
-                        "high": diff.high,
-                        "method": diff.method,
-                    }
+                row["trained_minus_untrained"] = _difference(paired_share_difference(perm, twin_perm, metric, **kw))
             rows.append(row)
         out["permutation_definitions"] = rows
         out["permutation_pairs"] = len(json.loads(perm.attrs["pairs_json"]))
-        imp = permutation_importance(perm)
-        out["permutation_importance"] = [None if not np.isfinite(x) else float(x) for x in imp]
+        out["permutation_importance"] = _finite(permutation_importance(perm))
         if twin_perm is not None:
-            out["permutation_importance_untrained"] = [
-                None if not np.isfinite(x) else float(x) for x in permutation_importance(twin_perm)
-            ]
+            out["permutation_importance_untrained"] = _finite(permutation_importance(twin_perm))
     if prune is not None:
         loss = prune["loss"]
         clean = float(prune["loss_clean"])

@@ -108,3 +108,73 @@ def test_every_command_ran_by_path_on_every_model():
         assert s["design"] in runs[(s["name"], "info")]["json"]["design_name"]
         if s["family"].startswith("gemma"):
             assert runs[(s["name"], "info")]["json"]["design_name"].startswith("Sandwich-LN")
+
+
+def test_permutation_shares_recount_from_the_matrices():
+    """Every model of the atlas has the permutation score at the atlas's eval size with its untrained twin; each
+    share at all N is a plain loop over the late pairs of P_abs / P_rel / P_KL, each interval contains its
+    estimate, and the per-layer importance (the permutation pruning criterion's ranking) is the mean of the
+    layer's computed swaps."""
+    for s in _atlas()["models"]:
+        assert "permutation" not in s["missing_stages"] and "untrained_permutation" not in s["missing_stages"]
+        rows = {r["metric"]: r for r in s["permutation_definitions"]}
+        assert set(rows) == {"perm_abs", "perm_rel", "perm_kl"}
+        for twin in (False, True):
+            name = "untrained_permutation" if twin else "permutation"
+            with xr.open_dataset(ATLAS / s["name"] / "data" / f"{name}.nc") as ds:
+                mats = {k: ds[k].values for k in rows}
+                assert ds.attrs["eval_n_seq"] == s["eval"]["n_seq"] and ds.attrs["eval_seq_len"] == s["eval"]["seq_len"]
+            for metric, r in rows.items():
+                h = r["untrained" if twin else "trained"]
+                assert h["share_full"] == pytest.approx(_late_share(mats[metric], r["threshold"])), (s["name"], metric)
+                assert h["ci_low"] <= h["share"] <= h["ci_high"] and h["ci_method"] and h["ci_unit"]
+            m = mats["perm_abs"]
+            L = m.shape[0]
+            want = [
+                np.mean([m[l, j] for j in range(L) if j != l and not np.isnan(m[l, j])])
+                if any(j != l and not np.isnan(m[l, j]) for j in range(L))
+                else None
+                for l in range(L)
+            ]
+            got = s["permutation_importance_untrained" if twin else "permutation_importance"]
+            assert [g is None for g in got] == [w is None for w in want]
+            assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None])
+        for r in rows.values():
+            d = r["trained_minus_untrained"]
+            assert d["low"] <= d["estimate"] <= d["high"] and "paired" in d["method"]
+        assert "permutation" in s["pruning"]["mean_excess_loss"], s["name"]  # the criterion it feeds
+
+
+def test_atlas_page_from_a_tiny_model(tmp_path):
+    """scripts/atlas.py end to end on every stage of a tiny model (pruning added after the permutation stage, as
+    the atlas runs them): the page has the permutation table (each share recounted from the matrices) and the
+    permutation pruning criterion, and lists nothing as missing."""
+    import importlib.util as iu
+
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    def load(name: str):
+        spec = iu.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        mod = iu.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    report, atlas = load("real_model_report"), load("atlas")
+    ckpt = tmp_path / "tiny"
+    depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=0), ckpt)
+    out = tmp_path / "atlas" / "tiny"
+    args = [str(ckpt), "--out", str(out), "--n-seq", "3", "--seq-len", "24", "--threads", "1", "--calibration", "none"]
+    report.main(args + ["--stages", "angular,causal_update,untrained_causal_update,pruning"])
+    report.main(args + ["--stages", "permutation,untrained_permutation,pruning", "--resume"])
+    assert atlas.main([str(tmp_path / "atlas"), "tiny"]) == 0
+    doc = json.loads((tmp_path / "atlas" / "atlas.json").read_text())
+    (s,) = doc["models"]
+    assert s["missing_stages"] == [] and s["permutation_pairs"] == 3  # late pairs of L = 4: (1,2) (1,3) (2,3)
+    page = (tmp_path / "atlas" / "README.md").read_text()
+    assert "## Permutation score, trained and untrained twin" in page and "figures/permutation.png" in page
+    for r in s["permutation_definitions"]:
+        with xr.open_dataset(out / "data" / "permutation.nc") as ds:
+            assert r["trained"]["share_full"] == pytest.approx(_late_share(ds[r["metric"]].values, r["threshold"]))
+        assert f"| tiny | {r['metric']} | {r['threshold']} |" in page
+    assert "permutation" in s["pruning"]["mean_excess_loss"] and "Stages missing" not in page
