@@ -53,7 +53,14 @@ def _difference(diff: Any) -> dict[str, Any] | None:
     """A paired trained − twin interval (`paired_share_difference`) as JSON; None when there is none."""
     if diff is None:
         return None
-    return {"estimate": diff.estimate, "low": diff.low, "high": diff.high, "method": diff.method}
+    return {
+        "estimate": diff.estimate,
+        "low": diff.low,
+        "high": diff.high,
+        "method": diff.method,
+        "unit": diff.unit,
+        "n_units": diff.n_units,
+    }
 
 
 def _finite(values: Any) -> list[float | None]:

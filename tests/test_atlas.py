@@ -177,4 +177,6 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
         with xr.open_dataset(out / "data" / "permutation.nc") as ds:
             assert r["trained"]["share_full"] == pytest.approx(_late_share(ds[r["metric"]].values, r["threshold"]))
         assert f"| tiny | {r['metric']} | {r['threshold']} |" in page
+        d = r["trained_minus_untrained"]  # a bootstrap over the 3 shared sequences, and it says so
+        assert d["low"] <= d["estimate"] <= d["high"] and d["n_units"] == 3 and d["unit"] == "eval sequences"
     assert "permutation" in s["pruning"]["mean_excess_loss"] and "Stages missing" not in page

@@ -437,7 +437,14 @@ def paired_share_difference(
     if pa[1].size == 0 or pb[1].size == 0 or pa[2] != pb[2]:
         return None
     return paired_difference(
-        pa[0].estimate, pb[0].estimate, pa[1], pb[1], jackknife=pa[2], level=level, method=pa[0].method.split("; ")[-1]
+        pa[0].estimate,
+        pb[0].estimate,
+        pa[1],
+        pb[1],
+        jackknife=pa[2],
+        level=level,
+        method=pa[0].method.split("; ")[-1],
+        n_units=n,
     )
 
 

@@ -255,9 +255,11 @@ def paired_difference(
     jackknife: bool = False,
     method: str | None = None,
     bounds: tuple[float, float] = (-1.0, 1.0),
+    n_units: int | None = None,
 ) -> Interval:
     """a − b with its paired interval: both sides recomputed on the same resamples (bootstrap) or with the same
-    sequence left out (jackknife replicates), so what the two share cancels."""
+    sequence left out (jackknife replicates), so what the two share cancels. n_units: the sequences the
+    bootstrap resampled (its replicates, one per resample, do not say how many)."""
     ra, rb = np.asarray(reps_a, dtype=np.float64), np.asarray(reps_b, dtype=np.float64)
     if ra.shape != rb.shape:
         raise ValueError(f"paired replicates must have one shape, got {ra.shape}, {rb.shape}")
@@ -271,7 +273,7 @@ def paired_difference(
         level=level,
         method=f"paired {method or NORMAL_BOOT}",
         unit=SEQUENCES,
-        n_units=int(np.shape(ra)[-1]) if ra.ndim > 1 else 0,
+        n_units=n_units if n_units is not None else int(np.shape(ra)[-1]) if ra.ndim > 1 else 0,
         bounds=bounds,
     )
 
