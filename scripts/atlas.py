@@ -63,6 +63,17 @@ def _difference(diff: Any) -> dict[str, Any] | None:
     }
 
 
+def _late_median(ds: Any, metric: str) -> float:
+    """Median of a permutation score over the late pairs it was computed on (i < j, both >= floor(L/4))."""
+    import numpy as np
+
+    from depthlens.stats.metrics import late_pairs
+
+    m = ds[metric].values
+    pairs = late_pairs(m.shape[0], "quarter")
+    return float(np.nanmedian(m[pairs[:, 0], pairs[:, 1]]))
+
+
 def _finite(values: Any) -> list[float | None]:
     """Floats for JSON, None where a value is NaN (a layer the diagnostic did not score)."""
     return [float(x) if x == x else None for x in values]
@@ -115,12 +126,15 @@ def model_summary(d: Path) -> dict[str, Any]:
             kw = dict(n_boot=N_BOOT, seed=0)
             h = headline(perm, metric, **kw)
             row = {"metric": metric, "threshold": h["threshold"], "trained": _interval(h)}
+            row["median_late"] = _late_median(perm, metric)  # what a pair's swap costs, beside the share above θ
             if twin_perm is not None:
                 row["untrained"] = _interval(headline(twin_perm, metric, **kw))
+                row["median_late_untrained"] = _late_median(twin_perm, metric)
                 row["trained_minus_untrained"] = _difference(paired_share_difference(perm, twin_perm, metric, **kw))
             rows.append(row)
         out["permutation_definitions"] = rows
         out["permutation_pairs"] = len(json.loads(perm.attrs["pairs_json"]))
+        out["permutation_max_abs"] = float(np.nanmax(perm["perm_abs"].values))
         out["permutation_importance"] = _finite(permutation_importance(perm))
         if twin_perm is not None:
             out["permutation_importance_untrained"] = _finite(permutation_importance(twin_perm))
@@ -219,12 +233,14 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
     permuted = [(d, s) for d, s in zip(dirs, summaries) if "permutation_definitions" in s]
     if permuted:
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.4, 3.6))
+        top = max(s["permutation_max_abs"] for _, s in permuted)  # the grid reaches every model's largest swap
+        grid = np.linspace(0.0, max(top, 0.3), 201)
         for d, s in permuted:
             for name, ls in (("permutation", "-"), ("untrained_permutation", "--")):
                 ds = _load(d, name)
                 if ds is None:
                     continue
-                sc = share_curves(ds, "perm_abs", starts=("quarter",))
+                sc = share_curves(ds, "perm_abs", grid, starts=("quarter",))
                 lab = f"{s['name']}" + (" (untrained twin)" if name.startswith("untrained") else "")
                 ax.plot(
                     sc["threshold"].values,
@@ -346,17 +362,21 @@ def _permutation_section(summaries: list[dict[str, Any]], figs: dict[str, str]) 
         "Swap two late layers i < j (both ≥ ⌊L/4⌋; "
         + ", ".join(f"{s['permutation_pairs']} pairs for {s['name']}" for s in have)
         + ") and measure the rise of the LM loss on the same tokens: P_abs in nats, P_rel = P_abs / clean loss, "
-        "P_KL = mean KL(p_id ‖ p_swapped). Share of late pairs above the documented θ, with its interval (method below), "
+        "P_KL = mean KL(p_id ‖ p_swapped) (nats). Share of late pairs above the documented θ, with its interval (method below), "
         "resampling sequences; trained − twin is paired over the same sequences (the same resamples).",
         "",
-        "| model | score | θ | trained [95 %] | untrained twin [95 %] | trained − twin [95 %] |",
-        "|---|---|---|---|---|---|",
+        "| model | score | θ | trained [95 %] | untrained twin [95 %] | trained − twin [95 %] | "
+        "median late pair, trained / twin |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s in have:
         for r in s["permutation_definitions"]:
+            med = [r.get(k) for k in ("median_late", "median_late_untrained")]
             lines.append(
                 f"| {s['name']} | {r['metric']} | {r['threshold']} | {_iv(r['trained'])} | "
-                f"{_iv(r.get('untrained'))} | {_diff(r.get('trained_minus_untrained'))} |"
+                f"{_iv(r.get('untrained'))} | {_diff(r.get('trained_minus_untrained'))} | "
+                + " / ".join("—" if x is None else f"{x:.3g}" for x in med)
+                + " |"
             )
     methods = sorted(
         {r["trained"]["ci_method"] for s in have for r in s["permutation_definitions"] if r["trained"].get("ci_method")}

@@ -86,6 +86,13 @@ def test_readme_sentence_quotes_the_atlas():
         if head and head.get("untrained"):
             want = f"{DISPLAY[s['name']]} {100 * head['trained']['share']:.0f} % (twin {100 * head['untrained']['share']:.0f} %)"
             assert want in sentence, want
+        perm = {r["metric"]: r for r in s.get("permutation_definitions", [])}.get("perm_abs")
+        if perm and perm.get("untrained"):  # the permutation headline, trained beside its twin
+            want = (
+                f"{DISPLAY[s['name']]} {100 * perm['trained']['share']:.0f} % of late pairs "
+                f"(twin {100 * perm['untrained']['share']:.0f} %)"
+            )
+            assert want in sentence, want
 
 
 def test_every_command_ran_by_path_on_every_model():
@@ -123,13 +130,15 @@ def test_permutation_shares_recount_from_the_matrices():
             name = "untrained_permutation" if twin else "permutation"
             with xr.open_dataset(ATLAS / s["name"] / "data" / f"{name}.nc") as ds:
                 mats = {k: ds[k].values for k in rows}
+                L = int(ds.attrs["n_layer"])
                 assert ds.attrs["eval_n_seq"] == s["eval"]["n_seq"] and ds.attrs["eval_seq_len"] == s["eval"]["seq_len"]
             for metric, r in rows.items():
                 h = r["untrained" if twin else "trained"]
                 assert h["share_full"] == pytest.approx(_late_share(mats[metric], r["threshold"])), (s["name"], metric)
+                late = [mats[metric][i, j] for i in range(L // 4, L) for j in range(i + 1, L)]
+                assert r["median_late_untrained" if twin else "median_late"] == pytest.approx(float(np.median(late)))
                 assert h["ci_low"] <= h["share"] <= h["ci_high"] and h["ci_method"] and h["ci_unit"]
             m = mats["perm_abs"]
-            L = m.shape[0]
             want = [
                 np.mean([m[l, j] for j in range(L) if j != l and not np.isnan(m[l, j])])
                 if any(j != l and not np.isnan(m[l, j]) for j in range(L))
