@@ -24,7 +24,15 @@ C_THETA = 0.45  # the causal headline threshold (docs/calibration.md)
 N_BOOT = 200  # bootstrap resamples where an interval is a bootstrap (the max aggregator's is a jackknife)
 DEFINITIONS = [(v, a) for v in ("current", "future") for a in ("max", "mean")]  # causal variant × aggregator
 PERM_NORMS = ("perm_abs", "perm_rel", "perm_kl")  # the permutation score's definitions (docs/calibration.md)
-STAGES = ("angular", "causal_update", "untrained_causal_update", "permutation", "untrained_permutation", "pruning")
+STAGES = (
+    "angular",
+    "causal_update",
+    "causal_resid",
+    "untrained_causal_update",
+    "permutation",
+    "untrained_permutation",
+    "pruning",
+)
 CRITERIA_LABELS = {
     "angular_block": "angular distance of a contiguous block (Gromov et al.)",
     "block_influence": "block influence 1 − cos (ShortGPT)",
@@ -105,17 +113,24 @@ def model_summary(d: Path) -> dict[str, Any]:
     if cau is not None:
         out["clean_loss"] = float(np.mean(cau["clean_loss_seq"].values)) if "clean_loss_seq" in cau else None
         rows = []
-        for variant, agg in DEFINITIONS:
-            if variant not in cau["variant"].values:
-                continue
-            kw = dict(aggregator=agg, variant=variant, n_boot=N_BOOT, seed=0)
-            row = {"variant": variant, "aggregator": agg, "trained": _interval(headline(cau, "causal", C_THETA, **kw))}
-            if twin is not None and variant in twin["variant"].values:
-                row["untrained"] = _interval(headline(twin, "causal", C_THETA, **kw))
-                if (variant, agg) == ("current", "max"):  # the headline definition, paired over the same sequences
-                    diff = paired_share_difference(cau, twin, "causal", C_THETA, n_boot=N_BOOT, seed=0)
-                    row["trained_minus_untrained"] = _difference(diff)
-            rows.append(row)
+        # norm=update beside its twin; norm=resid (the causal_resid stage) for the trained model only
+        for norm, ds, tw in (("update", cau, twin), ("resid", _load(d, "causal_resid"), None)):
+            for variant, agg in DEFINITIONS if ds is not None else ():
+                if variant not in ds["variant"].values:
+                    continue
+                kw = dict(aggregator=agg, variant=variant, n_boot=N_BOOT, seed=0)
+                row = {
+                    "norm": norm,
+                    "variant": variant,
+                    "aggregator": agg,
+                    "trained": _interval(headline(ds, "causal", C_THETA, **kw)),
+                }
+                if tw is not None and variant in tw["variant"].values:
+                    row["untrained"] = _interval(headline(tw, "causal", C_THETA, **kw))
+                    if (variant, agg) == ("current", "max"):  # the headline definition, paired over the same sequences
+                        diff = paired_share_difference(ds, tw, "causal", C_THETA, n_boot=N_BOOT, seed=0)
+                        row["trained_minus_untrained"] = _difference(diff)
+                rows.append(row)
         out["causal_definitions"] = rows
     perm, twin_perm = _load(d, "permutation"), _load(d, "untrained_permutation")
     if perm is not None:
@@ -445,22 +460,22 @@ def readme(
         "",
         "## Causal share, trained and untrained twin, under every definition",
         "",
-        f"Share of late pairs (s < t, both ≥ ⌊L/4⌋) with C(s, t) > {C_THETA} (norm = update), per variant and "
-        "aggregator. Max: the size-fixed share at m = ⌈N/2⌉ sequences with its jackknife t interval (an "
-        "extreme-value statistic has no valid bootstrap at all N); mean: the share at all N with a bootstrap "
-        "interval. The untrained twin is the same config freshly initialised by its family's own init (seed 0, "
-        "`adapters/twin.py`), on the same eval tokens; trained − twin is paired over the same sequences.",
+        f"Share of late pairs (s < t, both ≥ ⌊L/4⌋) with C(s, t) > {C_THETA}, per norm, variant and aggregator "
+        "(docs/calibration.md): norm = update divides the change of a later update by its own size, norm = resid by "
+        "the residual stream's (measured on the trained model only). Max: the size-fixed share at m = ⌈N/2⌉ "
+        "sequences with its jackknife t interval (an extreme-value statistic has no valid bootstrap at all N); "
+        "mean: the share at all N with a bootstrap interval. The untrained twin is the same config freshly "
+        "initialised by its family's own init (seed 0, `adapters/twin.py`), on the same eval tokens; trained − twin "
+        "is paired over the same sequences.",
         "",
-        "| model | variant | aggregator | trained [95 %] | untrained twin [95 %] | trained − twin [95 %] |",
-        "|---|---|---|---|---|---|",
+        "| model | norm | variant | aggregator | trained [95 %] | untrained twin [95 %] | trained − twin [95 %] |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         for r in s.get("causal_definitions", []):
-            d = r.get("trained_minus_untrained")
-            diff = _diff(d)
             lines.append(
-                f"| {s['name']} | {r['variant']} | {r['aggregator']} | {_iv(r['trained'])} | "
-                f"{_iv(r.get('untrained'))} | {diff} |"
+                f"| {s['name']} | {r.get('norm', 'update')} | {r['variant']} | {r['aggregator']} | "
+                f"{_iv(r['trained'])} | {_iv(r.get('untrained'))} | {_diff(r.get('trained_minus_untrained'))} |"
             )
     methods = sorted(
         {
@@ -527,19 +542,16 @@ def readme(
     if notes:
         lines += ["", "Notes: " + "; ".join(dict.fromkeys(notes)) + "."]
     missing = [f"{s['name']}: {', '.join(s['missing_stages'])}" for s in summaries if s["missing_stages"]]
-    lines += [
-        "",
-        "## Not in this atlas",
-        "",
-        "* The resid-normalised causal score (`causal_resid`): opt-in, `STAGES=causal_resid bash scripts/real-model-atlas.sh`.",
-    ]
+    gaps = []
     if missing:
-        lines.append("* Stages missing from this run: " + "; ".join(missing) + ".")
+        gaps.append("* Stages missing from this run: " + "; ".join(missing) + ".")
     if absent:
-        lines.append(
+        gaps.append(
             "* Models with no stage data yet (their exactness check above ran; `MODELS=<name> bash "
             "scripts/real-model-atlas.sh` computes them): " + ", ".join(f"`{n}`" for n in absent) + "."
         )
+    if gaps:  # what is not here is said, never left to be noticed
+        lines += ["", "## Not in this atlas", "", *gaps]
     return "\n".join(lines) + "\n"
 
 

@@ -18,8 +18,9 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 OUT=reports/atlas
 N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128} JOBS=${JOBS:-1}
-# angular and causal first: the pruning stage ranks layers by them; the twin is the untrained model of each config
-STAGES=${STAGES:-angular,causal_update,untrained_causal_update,pruning}
+# pruning last: it ranks layers by the angular, causal and permutation stages; the twin is the untrained model of
+# each config. The permutation pair of stages is most of the cost (25-56 min each on one core at 16 x 128 tokens).
+STAGES=${STAGES:-angular,causal_update,causal_resid,untrained_causal_update,permutation,untrained_permutation,pruning}
 MODELS=${MODELS:-smollm2-135m-instruct gemma-3-270m qwen2.5-coder-0.5b-instruct}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 

@@ -35,11 +35,13 @@ def _late_share(m: np.ndarray, theta: float) -> float:
 
 def test_causal_shares_recount_from_the_matrices():
     for s in _atlas()["models"]:
-        rows = {(r["variant"], r["aggregator"]): r for r in s.get("causal_definitions", [])}
-        for (variant, agg), r in rows.items():
-            with xr.open_dataset(ATLAS / s["name"] / "data" / "causal_update.nc") as ds:
+        rows = {(r["norm"], r["variant"], r["aggregator"]): r for r in s.get("causal_definitions", [])}
+        assert {n for n, _, _ in rows} == {"update", "resid"}, s["name"]  # every definition of docs/calibration.md
+        for (norm, variant, agg), r in rows.items():
+            with xr.open_dataset(ATLAS / s["name"] / "data" / f"causal_{norm}.nc") as ds:
+                assert ds.attrs["norm"] == norm
                 m = ds["causal_score"].sel(variant=variant, aggregator=agg).values
-            assert r["trained"]["share_full"] == pytest.approx(_late_share(m, 0.45)), (s["name"], variant, agg)
+            assert r["trained"]["share_full"] == pytest.approx(_late_share(m, 0.45)), (s["name"], norm, variant, agg)
             for key in ("trained", "untrained"):
                 h = r.get(key)
                 if h and h.get("ci_low") is not None:
@@ -81,7 +83,12 @@ def test_readme_sentence_quotes_the_atlas():
         if s.get("pruning"):  # each model's least harmful criterion, as the atlas table names it
             assert f"{DISPLAY[s['name']]} `{s['pruning']['winner']}`" in sentence, s["name"]
         head = next(
-            (r for r in s.get("causal_definitions", []) if (r["variant"], r["aggregator"]) == ("current", "max")), None
+            (
+                r
+                for r in s.get("causal_definitions", [])
+                if (r["norm"], r["variant"], r["aggregator"]) == ("update", "current", "max")
+            ),
+            None,
         )
         if head and head.get("untrained"):
             want = f"{DISPLAY[s['name']]} {100 * head['trained']['share']:.0f} % (twin {100 * head['untrained']['share']:.0f} %)"
@@ -175,7 +182,7 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     out = tmp_path / "atlas" / "tiny"
     args = [str(ckpt), "--out", str(out), "--n-seq", "3", "--seq-len", "24", "--threads", "1", "--calibration", "none"]
     report.main(args + ["--stages", "angular,causal_update,untrained_causal_update,pruning"])
-    report.main(args + ["--stages", "permutation,untrained_permutation,pruning", "--resume"])
+    report.main(args + ["--stages", "permutation,untrained_permutation,causal_resid,pruning", "--resume"])
     assert atlas.main([str(tmp_path / "atlas"), "tiny"]) == 0
     doc = json.loads((tmp_path / "atlas" / "atlas.json").read_text())
     (s,) = doc["models"]
@@ -188,4 +195,7 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
         assert f"| tiny | {r['metric']} | {r['threshold']} |" in page
         d = r["trained_minus_untrained"]  # a bootstrap over the 3 shared sequences, and it says so
         assert d["low"] <= d["estimate"] <= d["high"] and d["n_units"] == 3 and d["unit"] == "eval sequences"
-    assert "permutation" in s["pruning"]["mean_excess_loss"] and "Stages missing" not in page
+    assert "permutation" in s["pruning"]["mean_excess_loss"] and "## Not in this atlas" not in page
+    norms = [(r["norm"], r.get("untrained") is not None) for r in s["causal_definitions"]]
+    assert set(norms) == {("update", True), ("resid", False)}  # resid measured on the trained model only
+    assert "| tiny | resid | current | max |" in page
