@@ -208,8 +208,7 @@ def compute(
             return [c for c in CRITERIA if c != "permutation" or perm_file.exists()]
 
         def missing(path: Path) -> list[str]:
-            if not path.exists():
-                return wanted()
+            """The wanted criteria the kept curves at `path` lack."""
             with xr.open_dataset(path) as ds:
                 have = set(json.loads(ds.attrs["criteria_json"]))
             return [c for c in wanted() if c not in have]
@@ -220,28 +219,21 @@ def compute(
                 raise SystemExit(f"pruning: run the stages {', '.join(need)} first (their rankings pick the layers)")
             ang, cau = (xr.load_dataset(f) for f in need.values())
             perm = xr.load_dataset(perm_file) if perm_file.exists() else None
-            todo = missing(prune_file) if resume and prune_file.exists() else wanted()
             curves = pruning_curves(
                 model,
                 data,
                 angular=ang,
                 causal=cau,
                 permutation=perm,
-                criteria=todo,
+                criteria=added or wanted(),
                 n_random=N_RANDOM,
                 checkpoint=model_path,
             )
-            if todo != wanted():  # criteria added to the curves kept from an earlier run
-                curves = add_criteria(xr.load_dataset(prune_file), curves)
-            return curves
+            return add_criteria(xr.load_dataset(prune_file), curves) if added else curves
 
-        extending = resume and prune_file.exists() and bool(missing(prune_file))
-        stage(
-            "pruning",
-            prune,
-            done=lambda path: not missing(path),
-            cost_key=f"pruning (+{', '.join(missing(prune_file))})" if extending else None,
-        )
+        # resuming over kept curves: only the criteria whose input stage came later (none: the stage is kept)
+        added = missing(prune_file) if resume and prune_file.exists() else []
+        stage("pruning", prune, done=lambda _: not added, cost_key=f"pruning (+{', '.join(added)})" if added else None)
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))

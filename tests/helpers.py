@@ -11,3 +11,15 @@ from depthlens.models.model import build_model
 def debug_model(arch: str = "preln", n_layer: int = 4, seed: int = 0, **kw: Any):
     """A tiny CPU model of design `arch` in eval mode (torchtitan's "debugmodel")."""
     return build_model(ModelConfig.debug(arch, n_layer=n_layer, **kw), seed=seed).eval()
+
+
+def load_script(name: str) -> Any:
+    """scripts/<name>.py as a module (scripts are not a package): what a test calls in place of the command."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -166,18 +166,11 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     """scripts/atlas.py end to end on every stage of a tiny model (pruning added after the permutation stage, as
     the atlas runs them): the page has the permutation table (each share recounted from the matrices) and the
     permutation pruning criterion, and lists nothing as missing."""
-    import importlib.util as iu
-
     import depthlens
     from depthlens.models import ModelConfig, build_model
+    from helpers import load_script
 
-    def load(name: str):
-        spec = iu.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        mod = iu.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    report, atlas = load("real_model_report"), load("atlas")
+    report, atlas = load_script("real_model_report"), load_script("atlas")
     ckpt = tmp_path / "tiny"
     depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=0), ckpt)
     out = tmp_path / "atlas" / "tiny"

@@ -133,8 +133,8 @@ def pruning_curves(
     """Loss against the number of removed layers k = 0..k_max (default L // 2), per criterion.
 
     angular / causal / permutation: the model's datasets of those diagnostics on the same eval data, if
-    already computed (else computed here when a criterion needs them; permutation over the late pairs). positions: token positions of the angular criteria
-    ("all" as ShortGPT, "last" as Gromov et al.).
+    already computed (else computed here when a criterion needs them; permutation over the late pairs).
+    positions: token positions of the angular criteria ("all" as ShortGPT, "last" as Gromov et al.).
 
     Returns `loss` (criterion, k) in nats/token, `removed` (criterion, k, layer) a 0/1 mask of the removed
     layers (for random: how often each layer was drawn), `loss_random_min/max` (k), `loss_clean` and
@@ -159,15 +159,15 @@ def pruning_curves(
             from .causal import causal_scores
 
             causal = causal_scores(model, data, variants=("current",))
-        if "permutation" in criteria and permutation is None:
-            from .permutation import permutation_scores
+        perm_score = None
+        if "permutation" in criteria:
+            if permutation is None:
+                from .permutation import permutation_scores
 
-            permutation = permutation_scores(model, data, pairs="late")
-        perm_score = (
-            permutation_importance(permutation) if permutation is not None and "permutation" in criteria else None
-        )
-        if perm_score is not None and perm_score.shape != (L,):
-            raise DepthlensError(f"the permutation dataset has {perm_score.shape[0]} layers; the model has {L}")
+                permutation = permutation_scores(model, data, pairs="late")
+            perm_score = permutation_importance(permutation)
+            if perm_score.shape != (L,):
+                raise DepthlensError(f"the permutation dataset has {perm_score.shape[0]} layers; the model has {L}")
         ks = np.arange(k_max + 1)
         loss = np.full((len(criteria), len(ks)), np.nan)
         removed = np.zeros((len(criteria), len(ks), L))
@@ -222,8 +222,8 @@ def pruning_curves(
     ).astype(str)
     rand[0] = clean
     drawn = ~np.isnan(rand).all(1)  # no draws when random is not a criterion: the band is NaN there
-    rand_min = np.where(drawn, np.nanmin(np.where(drawn[:, None], rand, 0.0), 1), np.nan)
-    rand_max = np.where(drawn, np.nanmax(np.where(drawn[:, None], rand, 0.0), 1), np.nan)
+    rand_min, rand_max = np.full(len(ks), np.nan), np.full(len(ks), np.nan)
+    rand_min[drawn], rand_max[drawn] = np.nanmin(rand[drawn], 1), np.nanmax(rand[drawn], 1)
     options = dict(
         k_max=k_max,
         criteria=list(criteria),
