@@ -2,9 +2,6 @@
 
     models ← io, data ← adapters, training ← runtime, stats ← diagnostics ← render ← studies ← cli
 
-(`analysis` and `report` hold all of runtime..studies until scripts/dev/reorganise.py splits them; their
-entries below keep today's order, analysis ← report, and the script drops them.)
-
 A module may import its own layer and the layers below it, never one above (function-level imports
 count: a lazy import is still an edge). The root modules (designs, errors, _version) import nothing of
 depthlens but each other, and no depthlens module imports the package root back. No import cycles

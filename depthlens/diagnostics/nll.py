@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,3 @@ def _device(model: Any) -> torch.device:
     from ..runtime.evaldata import model_device
 
     return model_device(model)
-
-
-def describe_sets(names: Iterable[str]) -> str:
-    return ", ".join(f"{n} ({PRESETS[n][0]} -> {PRESETS[n][1]})" for n in names if n in PRESETS)

@@ -27,8 +27,6 @@ from depthlens.stats.shares import bootstrap_ci, crossing_points, ranking_robust
 if TYPE_CHECKING:
     from depthlens.stats.intervals import Interval
 
-METRICS = {k: registry.score(k).var for k in registry.SCORE_KEYS}  # shipped metric → dataset variable
-HEADLINE_THRESHOLD = registry.THRESHOLDS  # shipped metric → default headline θ (the registry's `Score.theta`)
 CAUSAL_SCORES = ("causal", "direct")  # the scores read with an aggregator and a variant (C and C_dir)
 WINDOW_STARTS = ("zero", "quarter", "half")
 CROSSING_QS = (0.5, 0.25, 0.1, 0.01)

@@ -8,7 +8,7 @@
 
 Every result records its options and provenance (checkpoint SHA-256, config JSON, design, eval-data hash,
 token count, seed, dtype) as attrs. Eval data default: `evaldata.load_eval_data` with the checkpoint's
-tokenizer (bytes when the checkpoint has none), seq_len = min(256, max_seq_len).
+tokenizer (bytes when the checkpoint has none), seq_len = min(evaldata.DEFAULT_SEQ_LEN, max_seq_len).
 """
 
 from __future__ import annotations

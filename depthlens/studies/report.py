@@ -67,7 +67,6 @@ if TYPE_CHECKING:
 
     from depthlens.stats.intervals import Interval
 
-METRICS = registry.NAMES  # every shipped diagnostic, in table/file order (registry.names() adds registered ones)
 DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS
 ReportOptions = StudyOptions  # what a report computes is a study's options (one options object for every command)
 report_eval_data = study_eval_data

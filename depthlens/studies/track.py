@@ -71,10 +71,6 @@ def tracked() -> tuple[str, ...]:
     return tuple(d.track_name for d in registry.diagnostics() if d.tracked)
 
 
-# of the shipped registry: causal, permutation, erank, attnres, angular
-METRICS = tuple(d.track_name for d in registry.DIAGNOSTICS if d.tracked)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # 2. the diagnostics, per snapshot, cached
 
