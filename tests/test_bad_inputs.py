@@ -409,17 +409,27 @@ def test_bad_input(env, case, monkeypatch):
 # --- outputs: default names, recognition, strict JSON, announced caps -------------------------------
 
 
-def test_default_output_name_is_never_replaced_silently(env, tmp_path, monkeypatch):
+def test_default_folder_output_is_replaced_on_a_rerun_a_users_file_is_not(env, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["angular", str(env["preln"]), *FAST]
     assert CliRunner().invoke(app, args).exit_code == 0
     default = tmp_path / "depthlens-out" / "preln_l4.angular.nc"
-    stamp = default.stat().st_mtime_ns
-    r = CliRunner().invoke(app, args)
-    assert r.exit_code == 1 and "already exists" in r.stderr and default.stat().st_mtime_ns == stamp
-    assert CliRunner().invoke(app, [*args, "--overwrite"]).exit_code == 0  # ours: replaceable on request
+    first = default.stat().st_ino
+    r = CliRunner().invoke(app, args)  # depthlens-out/ is depthlens's: its own output there is simply replaced
+    assert r.exit_code == 0, r.stderr
+    assert default.stat().st_ino != first  # a new file renamed into place (atomic), not the old one kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["depthlens-out"]
     assert sorted(p.name for p in default.parent.iterdir()) == ["preln_l4.angular.nc"]
+    mine = tmp_path / "mine.nc"  # the user's own path: a re-run asks for --overwrite
+    assert CliRunner().invoke(app, [*args, "--out", str(mine)]).exit_code == 0
+    stamp = mine.stat().st_mtime_ns
+    r = CliRunner().invoke(app, [*args, "--out", str(mine)])
+    assert r.exit_code == 1 and "already exists" in r.stderr and mine.stat().st_mtime_ns == stamp
+    assert CliRunner().invoke(app, [*args, "--out", str(mine), "--overwrite"]).exit_code == 0
+    foreign = default.parent / "notes.nc"  # a file of the user's inside depthlens-out/: never replaced
+    foreign.write_text("mine")
+    r = CliRunner().invoke(app, [*args, "--out", str(foreign), "--overwrite"])
+    assert r.exit_code == 1 and "not recognisably depthlens output" in r.stderr and foreign.read_text() == "mine"
 
 
 def test_json_is_strict_without_bootstrap(env, tmp_path):

@@ -14,6 +14,8 @@ import typer
 from typer import _click
 from typer.core import TyperGroup
 
+from ..io.ownership import SCRATCH_DIR
+
 
 class OneLineErrors(TyperGroup):
     """Usage errors as one line on stderr (exit 2) instead of a multi-line panel. A diagnostic of the registry
@@ -178,7 +180,7 @@ def invoked_command() -> str | None:
     return shlex.join(words)
 
 
-DEFAULT_OUT_DIR = Path("depthlens-out")  # default home of command outputs (git-ignored), relative to the cwd
+DEFAULT_OUT_DIR = SCRATCH_DIR  # depthlens-out/: default home of command outputs (git-ignored), relative to the cwd
 
 
 def in_default_dir(path: Path) -> bool:

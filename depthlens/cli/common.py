@@ -64,7 +64,12 @@ OutOpt = Annotated[
         "writes the default name into DIR. Default: depthlens-out/<ckpt>.<metric>.nc",
     ),
 ]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite", help="Replace an existing --out file (output of depthlens in depthlens-out/ is replaced anyway)."
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the headline as JSON.")]
 BootOpt = Annotated[int, typer.Option("--n-boot", min=0, help="Bootstrap resamples over sequences (0 = no CI).")]
 ThreadsOpt = Annotated[

@@ -23,6 +23,20 @@ from .temps import _guard, name_max, recover, temp_name
 MARKER = ".depthlens-output"
 MARKER_FORMAT = "depthlens output v1"
 
+# The default scratch folder every command writes into when no --out is given (git-ignored, relative to the
+# working directory). depthlens owns it: output of its own in there is replaced on a re-run without --overwrite.
+SCRATCH_DIR = Path("depthlens-out")
+
+
+def in_scratch(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` lies inside the default scratch folder (`depthlens-out/` of the working directory), by
+    where its directory really is (a symlinked name is judged by its own directory, not by its target)."""
+    try:
+        parent = Path(path).absolute().parent.resolve()
+        return parent == SCRATCH_DIR.resolve() or SCRATCH_DIR.resolve() in parent.parents
+    except (OSError, RuntimeError):
+        return False
+
 
 def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The marker of a directory depthlens wrote (None when absent or not a marker we wrote)."""
@@ -171,10 +185,13 @@ def check_target(
 ) -> Path:
     """Refuse (DepthlensError, one line) to write `path` when it exists and may not be replaced: without
     `overwrite`, or when it is not depthlens output of one of `kinds` (a directory: no marker; a file: not
-    recognisably ours), or, given `owner`, when its marker names another owner. Also refuses a name too long
-    for the filesystem and a directory that takes no new files, or (unless `make_parents`: the writer creates
-    them) a missing one. Repairs an interrupted swap first. Returns `path`."""
+    recognisably ours), or, given `owner`, when its marker names another owner. Inside the default scratch
+    folder (`in_scratch`) depthlens's own output is replaced on a re-run as if `overwrite` were given; anything
+    else there is refused as anywhere. Also refuses a name too long for the filesystem and a directory that
+    takes no new files, or (unless `make_parents`: the writer creates them) a missing one. Repairs an
+    interrupted swap first. Returns `path`."""
     path = Path(path)
+    overwrite = overwrite or in_scratch(path)
     check_name(path)
     recover(path)
     if not (path.exists() or path.is_symlink()):
