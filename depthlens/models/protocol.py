@@ -36,6 +36,7 @@ __all__ = [
     "Unembedding",
     "capabilities",
     "check_run_layers_args",
+    "same_logits",
     "unembedding_of",
 ]
 
@@ -61,6 +62,32 @@ def check_run_layers_args(
         raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
     if order is not None and sorted(order) != list(range(n_layer)):
         raise ValueError(f"order must be a permutation of range({n_layer}), got {order}")
+
+
+def same_logits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two computed logit tensors agree up to the rounding of their dtype (not bit for bit).
+
+    Two batch rows, or one forward at 1 and at 2 threads, may differ in their last bits (kernels split the
+    work differently), so a decision such as "the model is causal" must not rest on `torch.equal`.
+    max |a - b| <= sqrt(eps) * max(1, max |a|), eps of the coarser dtype (fp32: 3.5e-4 relative to the
+    largest logit, bf16: 0.09): a few units in the last place of the largest logit, far below what a later
+    token changes in a non-causal model. Shapes must match; NaN never matches; equal infinities do.
+    """
+    if a.shape != b.shape:
+        return False
+    eps = max(
+        torch.finfo(a.dtype).eps if a.is_floating_point() else 0.0,
+        torch.finfo(b.dtype).eps if b.is_floating_point() else 0.0,
+    )
+    x, y = a.detach().double(), b.detach().to(device=a.device).double()
+    if bool(torch.isnan(x).any() or torch.isnan(y).any()):
+        return False
+    same_inf = torch.isinf(x) & (x == y)
+    if bool((torch.isinf(x) ^ torch.isinf(y)).any() or ((torch.isinf(x) & ~same_inf).any())):
+        return False
+    diff = torch.where(same_inf, torch.zeros_like(x), x - y).abs()
+    scale = torch.where(torch.isinf(x), torch.zeros_like(x), x).abs().max() if x.numel() else x.new_zeros(())
+    return bool(diff.max() <= eps**0.5 * max(1.0, float(scale))) if x.numel() else True
 
 
 @dataclass(frozen=True)
