@@ -11,6 +11,7 @@ from depthlens.models import ModelConfig, build_model
 from depthlens.models.residual.attnres import AttnResOperator
 from depthlens.models.residual.base import state_cat, state_repeat
 from depthlens.models.summary import summarize
+from shared_weights import share_attnres_trunk
 
 ARCHS = ["full_attnres", "block_attnres"]
 STARTS = [0, 2, 5]  # irregular Block AttnRes boundaries for L = 6: blocks of 2, 3, 1 layers
@@ -138,12 +139,6 @@ def test_zero_queries_give_uniform_weights_and_preln_directions(arch):
 
 
 # --- shared-weight cross-check of the whole trunk against kyegomez/attn-res -----------------------------
-def _interleave_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Our q/k rows (HF rotate_half layout) -> interleaved-pair layout (complex RoPE); q.k is unchanged."""
-    d_in = w.shape[1]
-    return w.view(n_heads, 2, -1, d_in).transpose(1, 2).reshape(-1, d_in)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_trunk_matches_attn_res_package(arch):
     attn_res = pytest.importorskip("attn_res")
@@ -165,25 +160,7 @@ def test_trunk_matches_attn_res_package(arch):
     )
     ref = attn_res.AttnResTransformer(tc).eval()
     assert tc.d_ff == m.config.d_ff and (mode is attn_res.AttnResMode.FULL or tc.block_size == 2 * S)
-    with torch.no_grad():
-        ref.token_emb.weight.copy_(m.embed_tokens.weight)
-        for i, layer in enumerate(ref.layers):
-            blk = m.blocks[i // 2]
-            sub, router = (blk.attn, blk.router_attn) if i % 2 == 0 else (blk.mlp, blk.router_mlp)
-            layer.norm.weight.copy_(sub.norm.weight)
-            layer.attn_res.pseudo_query.copy_(router.query())  # gamma folded into w
-            f, g = sub.fn, layer.fn
-            if i % 2 == 0:
-                pairs = [
-                    (g.w_q, _interleave_rows(f.q_proj.weight, 4)),
-                    (g.w_k, _interleave_rows(f.k_proj.weight, 2)),
-                    (g.w_v, f.v_proj.weight),
-                    (g.w_o, f.o_proj.weight),
-                ]
-            else:
-                pairs = [(g.w_gate, f.gate_proj.weight), (g.w_up, f.up_proj.weight), (g.w_down, f.down_proj.weight)]
-            for lin, w in pairs:
-                lin.weight.copy_(w)
+    share_attnres_trunk(m, ref, into="peer")
     got: list[torch.Tensor] = []
     hooks = [layer.register_forward_hook(lambda mod, args, out: got.append(out)) for layer in ref.layers]
     hooks.append(ref.out_norm.register_forward_pre_hook(lambda mod, args: got.append(args[0])))

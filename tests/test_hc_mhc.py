@@ -9,6 +9,7 @@ from einops import rearrange
 
 from depthlens.models import ModelConfig, build_model
 from depthlens.models.residual.base import SublayerCall, state_cat, state_repeat
+from shared_weights import share_hc_router
 
 DESIGNS = ["hc", "mhc"]
 V = 97
@@ -156,17 +157,7 @@ def test_mhc_at_init_doubly_stochastic(init):
 def _peer(hcpkg, router, d: int, k: int):
     """lucidrains HyperConnections for sublayer k carrying `router`'s parameters (norm gamma = our gain - 1)."""
     peer = hcpkg.HyperConnections(4, dim=d, layer_index=k)
-    with torch.no_grad():
-        for name in (
-            "static_alpha",
-            "dynamic_alpha_fn",
-            "dynamic_alpha_scale",
-            "static_beta",
-            "dynamic_beta_fn",
-            "dynamic_beta_scale",
-        ):
-            getattr(peer, name).copy_(getattr(router, name))
-        peer.norm.gamma.copy_(router.norm.weight - 1.0)
+    share_hc_router(router, peer, into="peer")
     return peer
 
 
