@@ -1,0 +1,83 @@
+"""The LR check at the zoo's budget: its recipe is the zoo's, its plan is list-driven and resumable."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from depthlens.training import lr400, recipes
+from depthlens.training.config import RunConfig, read_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_committed_lr400_recipe_is_in_sync_and_the_zoo_budget():
+    committed = read_recipe(REPO / "depthlens/recipes/zoo_cpu_lr400.json")
+    assert committed == json.loads(json.dumps(lr400.lr400_recipe())), (
+        "rerun `python -m depthlens.training.lr400 recipe`"
+    )
+    zoo = read_recipe(REPO / "depthlens/recipes/zoo_cpu.json")
+    assert committed["base"] == zoo["base"]  # the zoo's steps, batch, schedule: the budget the claims are made at
+    for run in committed["runs"].values():
+        cfg = RunConfig.from_dict({**committed["base"], **run, "model": {**committed["base"]["model"], **run["model"]}})
+        assert cfg.export.startswith(lr400.LR400_RUNS_DIR) and not cfg.export.startswith("checkpoints")
+        current = recipes.zoo_lr(cfg.model["arch"], cfg.model["n_layer"])[0]
+        assert cfg.lr == current * 2.0 ** run["meta"]["grid_step"]
+
+
+def _fake(tmp_path, recipe):
+    for run in recipe["runs"].values():
+        run["export"] = str(tmp_path / "runs" / Path(run["out"]).name / "checkpoint")
+    return recipe
+
+
+def _finish(recipe, name, loss):
+    export = Path(recipe["runs"][name]["export"])
+    export.mkdir(parents=True)
+    (export / "train.json").write_text(
+        json.dumps(
+            {
+                "final_val_loss": loss,
+                "steps": 400,
+                "tokens": 819200,
+                "recipe": {"seq_len": 128, "global_batch": 16, "final_eval_batches": 64},
+            }
+        )
+    )
+
+
+def test_plan_phases_and_zoo_stand_in(tmp_path):
+    """(a) seed 0 around the current LR, one more step past an edge; (b) seed 1 at the winner; (c) paired seeds.
+    A zoo checkpoint trained from the same trajectory fields stands in for the current LR's run."""
+    recipe = _fake(tmp_path, lr400.lr400_recipe())
+    zoo = tmp_path / "zoo"
+    first = lr400.pending(recipe, zoo)
+    assert len(first) == 6 * 3 and all(n.endswith("_s0") for n in first)
+    # the zoo's preln_l16 (seed 0, current LR) stands in when its recipe's trajectory fields agree
+    run = recipe["runs"][lr400.run_name("preln", 16, 3e-3, 0)]
+    want = RunConfig.from_dict(
+        {**recipe["base"], **run, "model": {**recipe["base"]["model"], **run["model"]}}
+    ).to_dict()
+    (zoo / "preln_l16").mkdir(parents=True)
+    (zoo / "preln_l16" / "train.json").write_text(json.dumps({"final_val_loss": 2.0, "recipe": want}))
+    assert lr400.run_name("preln", 16, 3e-3, 0) not in lr400.pending(recipe, zoo)
+    (zoo / "preln_l16" / "train.json").write_text(json.dumps({"final_val_loss": 2.0, "recipe": {**want, "lr": 1.0}}))
+    assert lr400.run_name("preln", 16, 3e-3, 0) in lr400.pending(recipe, zoo)  # another LR: not the same run
+    for name in first:  # loss falls with LR: the top edge wins, so one more x2 step up
+        _finish(recipe, name, -recipe["runs"][name]["lr"])
+    assert lr400.pending(recipe, zoo)[0] == lr400.run_name("preln", 16, 1.2e-2, 0)
+    for name in lr400.pending(recipe, zoo):
+        _finish(recipe, name, 0.0)  # the extra step is worse: the winner is now interior
+    b = lr400.pending(recipe, zoo)
+    assert b[0] == lr400.run_name("preln", 16, 6e-3, 1) and all(n.endswith("_s1") for n in b)
+    for name in b:
+        _finish(recipe, name, -recipe["runs"][name]["lr"] + 0.01)
+    c = lr400.pending(recipe, zoo)
+    assert lr400.run_name("preln", 16, 3e-3, 1) in c and lr400.run_name("preln", 16, 1.2e-2, 2) in c
+    res = lr400.collect(recipe, tmp_path / "res.json", zoo)
+    cell = res["cells"]["preln_l16"]
+    assert cell["winner"] == 6e-3 and cell["interior"] and not cell["winner_is_current"]
+    assert cell["seed_sd"] == pytest.approx(0.01 / 2**0.5) and cell["seed_sd_dof"] == 1
+    assert res["runs"][lr400.run_name("preln", 16, 6e-3, 1)]["tokens"] == 819200
+    # one seed shared by every LR and a seed SD of 0.007: every neighbour is within 2 SE (0.02) of the winner
+    assert cell["common_seeds"] == 1 and cell["indistinguishable_from_winner"] == ["0.0015", "0.003", "0.012"]
