@@ -1,0 +1,647 @@
+"""Your own residual design, analysed in place: a model described by its embed, blocks and head (docs/own-model.md).
+
+    model = depthlens.wrap(net, embed=net.embed, blocks=net.blocks, head=net.head)        # one stream, Pre-LN-like
+    model = depthlens.wrap(net, embed=..., blocks=..., head=..., view=lambda x: x.sum(-2),  # HC: n streams
+                           sublayers=lambda b: (b.attn, b.mlp), mixing=my_maps, design="my_hc")
+
+The user names what only they know (`Description`); depthlens derives the rest of the layered-LM protocol
+(`models.protocol.LayeredLM`): keep masks, orders, `on_layer`, sublayer units, readouts, placement.
+
+A *user state* is what `embed` returns and every block takes and returns: a tensor (B, T, ...) or a tuple / dict
+of such tensors (batch first, then positions). Inside depthlens it is a `State` dict (`{"h": x}` for a tensor,
+`{"s0": .., "s1": ..}` for a tuple, the user's keys for a dict), so the engines' batching (`state_cat`,
+`state_select`, `state_repeat`) works on it unchanged.
+
+Interventions (docs/own-model.md#semantics):
+
+* skip (keep = 0 at token (b, t)): with `sublayers`, the outputs of the block's writers are zeroed at those
+  tokens by forward hooks (unit "block": every writer; "attn": the first; "mlp": the second) and the block runs
+  otherwise as written (HC/mHC keep their stream mixing: native `multistream_skip="mix"`; AttnRes writes a
+  zero value: native `attnres_skip="zero_value"`; Block AttnRes adds nothing to the partial); without
+  `sublayers`, the block's input passes through as its output there (every tensor of the state).
+* order / swap: block `order[p]` runs at position p, whole (its mixing moves with it: native `swap="all"`);
+  `swap="body"` means the same here, since a described block has no separate routing parameters.
+* the update u_l handed to `on_layer`: with stream maps (`mixing` gives `res_map` per sublayer; the state's first
+  tensor holds the streams X (B, T, n, d)) u_l = X_{l+1} - R_{2l+1} R_{2l} X_l, normed over (n, d), native HC/mHC's
+  update; otherwise u_l = view(state_{l+1}) - view(state_l) (B, T, d): h_{l+1} - h_l for one stream, v_2l + v_2l+1
+  for AttnRes (the view is the embedding plus every write), native's update in both cases.
+
+Bad descriptions are refused with one line (`DescriptionError`) when `wrap` runs them once on a probe batch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import DepthlensError
+from ..models.protocol import check_run_layers_args, same_logits
+from ..models.readouts import Readouts, readout_key, sublayer_label
+from ..models.residual.base import Design, RunContext, State, apply_keep
+
+UserState = Any  # torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
+OnLayer = Callable[[int, State, torch.Tensor], None]
+Mix = Mapping[str, Any]
+
+__all__ = ["DescribedModel", "Description", "DescriptionError", "wrap"]
+
+
+class DescriptionError(DepthlensError):
+    """A model description that depthlens cannot analyse honestly (one line; the CLI exits 1)."""
+
+
+@dataclass(frozen=True)
+class Description:
+    """What the user names about their model; everything else is derived (docs/own-model.md).
+
+    embed:     tokens (B, T) long -> state (a tensor (B, T, ...), or a tuple/dict of them)
+    blocks:    the ordered blocks; block(state) -> state of the same structure and shapes
+    head:      state after the last block -> logits (B, T, V)
+    view:      state -> the residual view (B, T, d); None: the state itself (one tensor (B, T, d))
+    sublayers: block -> its writers (attention, MLP), whose outputs a skip zeroes; None: a skip passes the
+               block's input through
+    mixing:    mixing(block) -> one mapping per writer of the block's last call (stream designs: "res_map"
+               (B, T, n, n) [dest, source], "pre", "post" (B, T, n); AttnRes: "alpha" (B, T, S) [+
+               "source_labels", "self_weight", "embedding_weight"]); mixing(None) -> the final readout's
+               mapping (AttnRes: "alpha" of the output operator; streams: optional "collapse" (n,)), or {}
+    design:    the name in tables and provenance
+    final:     state -> h_L (B, T, d), the head's input before its final norm; None: the view
+    max_seq_len: the longest sequence the model takes; None: no limit of its own
+    """
+
+    embed: Callable[[torch.Tensor], UserState]
+    blocks: Sequence[nn.Module]
+    head: Callable[[UserState], torch.Tensor]
+    view: Callable[[UserState], torch.Tensor] | None = None
+    sublayers: Callable[[nn.Module], Sequence[nn.Module]] | None = None
+    mixing: Callable[[nn.Module | None], Any] | None = None
+    design: str = "custom"
+    final: Callable[[UserState], torch.Tensor] | None = None
+    max_seq_len: int | None = None
+
+
+# --- the user's state <-> depthlens's State ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a user state maps onto a State dict: kind ("tensor" | "tuple" | "dict") and the keys, in order."""
+
+    kind: str
+    keys: tuple[str, ...]
+
+    @staticmethod
+    def of(x: UserState, what: str) -> _Layout:
+        if isinstance(x, torch.Tensor):
+            return _Layout("tensor", ("h",))
+        if isinstance(x, (tuple, list)) and x and all(isinstance(v, torch.Tensor) for v in x):
+            return _Layout("tuple", tuple(f"s{i}" for i in range(len(x))))
+        if (
+            isinstance(x, Mapping)
+            and x
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in x.items())
+        ):
+            return _Layout("dict", tuple(x))
+        raise DescriptionError(
+            f"{what} returned {type(x).__name__}; a state is a tensor (B, T, ...) or a non-empty tuple or dict "
+            "(string keys) of tensors"
+        )
+
+    def to_state(self, x: UserState) -> State:
+        if self.kind == "tensor":
+            return {"h": x}
+        if self.kind == "tuple":
+            return dict(zip(self.keys, x))
+        return dict(x)
+
+    def to_user(self, state: State) -> UserState:
+        if self.kind == "tensor":
+            return state["h"]
+        if self.kind == "tuple":
+            return tuple(state[k] for k in self.keys)
+        return {k: state[k] for k in self.keys}
+
+
+def _shapes(state: State) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+# --- the design object the engines read ---------------------------------------------------------------------
+
+
+class DescribedDesign(Design):
+    """The residual view, update norm and stream access of a described model (`model.design`)."""
+
+    editable_view = False
+    view_name = "the description's residual view (read-only)"
+    norm_reads_view = final_reads_view = False  # the model's norms are its own; nothing is assumed
+
+    def __init__(self, slug: str, layout: _Layout, view: Callable[[UserState], torch.Tensor] | None, streams: bool):
+        super().__init__(cfg=None)  # type: ignore[arg-type]
+        self.slug = slug
+        self.layout = layout
+        self._view = view
+        self.multi_stream = streams
+
+    def view(self, state: State) -> torch.Tensor:
+        if self._view is None:
+            return state[self.layout.keys[0]]
+        return self._view(self.layout.to_user(state))
+
+    def set_view(self, state: State, value: torch.Tensor) -> State:
+        raise NotImplementedError(f"{self.slug}: the residual view of a described model is read-only")
+
+    def streams(self, state: State) -> torch.Tensor:
+        """The streams X (B, T, n, d): the state's first tensor (stream designs only)."""
+        return state[self.layout.keys[0]]
+
+    def update_norm_dims(self) -> int:
+        return 2 if self.multi_stream else 1
+
+
+@dataclass(frozen=True)
+class DescribedConfig:
+    """The few config fields the engines and provenance read (vocab, length, depth, skip semantics)."""
+
+    n_layer: int
+    d_model: int
+    vocab_size: int
+    max_seq_len: int
+    arch: str
+    skip: str  # "zero writers" (sublayers declared) or "pass input through"
+    streams: int = 0  # n for a stream design (mixing gives res_map), else 0
+    multistream_skip: str | None = None  # "mix" when a stream design zeroes its writers (native equivalent)
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+class _Switch:
+    """Which writers the hooks zero right now: (block index, keep (B, T), writer indices), or None."""
+
+    def __init__(self) -> None:
+        self.now: tuple[int, torch.Tensor, tuple[int, ...]] | None = None
+
+
+def _zero_where(out: Any, keep: torch.Tensor, where: str) -> Any:
+    """A writer's output with its write zeroed where keep == 0 (a tensor, or a tuple/list led by one)."""
+    if isinstance(out, torch.Tensor):
+        return apply_keep(out, keep.to(out.device))
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return type(out)([apply_keep(out[0], keep.to(out[0].device)), *out[1:]])
+    raise DescriptionError(f"{where} returned {type(out).__name__}; a writer returns a tensor (B, T, ...)")
+
+
+class DescribedModel(nn.Module):
+    """The LayeredLM protocol over a user's module, from its `Description` (see the module docstring)."""
+
+    adapter_path = "described"
+
+    def __init__(self, module: nn.Module, description: Description):
+        super().__init__()
+        self.module = module
+        self.description = description
+        d = description
+        _check_design_name(d.design)
+        self._blocks = _check_blocks(module, d.blocks)
+        self._writers = _writers(self._blocks, d.sublayers)
+        self.placement: Any = None
+        self.tokenizer: Any = None
+        self._switch = _Switch()
+        self._handles = [
+            w.register_forward_hook(self._zero_hook(b, i))
+            for b, ws in enumerate(self._writers)
+            for i, w in enumerate(ws)
+        ]
+        self._probe()
+
+    # --- shape ------------------------------------------------------------------------------------------------
+    @property
+    def n_layer(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def layers(self) -> tuple[nn.Module, ...]:
+        return self._blocks
+
+    @property
+    def input_device(self) -> torch.device:
+        if self.placement is not None:
+            return self.placement.embed
+        for p in self.module.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The units `run_layers` can skip: blocks, and attn/mlp when every block declares two writers."""
+        two = self.description.sublayers is not None and all(len(w) == 2 for w in self._writers)
+        return ("block", "attn", "mlp") if two else ("block",)
+
+    # --- the probe: derive the shapes, refuse a bad description (one line each) ------------------------------
+    def _probe(self) -> None:
+        d = self.description
+        T = 4 if d.max_seq_len is None else min(4, int(d.max_seq_len))
+        if T < 2:
+            raise DescriptionError(f"max_seq_len must be at least 2, got {d.max_seq_len}")
+        dev = self.input_device
+        tokens = torch.tensor([[1, 0, 1, 1], [1, 0, 1, 0]], device=dev)[:, :T]
+        was = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                self._probe_run(tokens)
+        finally:
+            self.module.train(was)
+
+    def _probe_run(self, tokens: torch.Tensor) -> None:
+        d = self.description
+        B, T = tokens.shape
+        raw = d.embed(tokens)
+        self.layout = _Layout.of(raw, "embed")
+        state = self.layout.to_state(raw)
+        for k, v in state.items():
+            if v.dim() < 2 or tuple(v.shape[:2]) != (B, T):
+                raise DescriptionError(
+                    f"embed: state tensor {k!r} has shape {tuple(v.shape)}; every state tensor is batch first, "
+                    f"then positions: ({B}, {T}, ...) for tokens ({B}, {T})"
+                )
+        first = state[self.layout.keys[0]]
+        self.d_model = int(first.shape[-1])
+        self.design = DescribedDesign(d.design, self.layout, d.view, streams=False)
+        self._check_view(state, "the embed output")
+        mixes: list[list[Mix]] = []
+        for i in range(len(self._blocks)):
+            new = self._call(i, state)
+            if _shapes(new) != _shapes(state):
+                raise DescriptionError(
+                    f"block {i} changes the state's shape: {_describe_shapes(state)} -> {_describe_shapes(new)}; "
+                    "a block returns a state of the same structure and shapes"
+                )
+            self._check_view(new, f"the output of block {i}")
+            if d.mixing is not None:
+                mixes.append(self._mixing(i))
+            state = new
+        logits = d.head(self.layout.to_user(state))
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (B, T):
+            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise DescriptionError(f"head returned {shape}; it must return logits (B, T, V) = ({B}, {T}, V)")
+        self.vocab_size = int(logits.shape[-1])
+        if d.final is not None:
+            h = d.final(self.layout.to_user(state))
+            if not isinstance(h, torch.Tensor) or tuple(h.shape) != (B, T, self.d_model):
+                raise DescriptionError(
+                    f"final returned {_shape_of(h)}; it must return h_L (B, T, d) = {(B, T, self.d_model)}"
+                )
+        if not same_logits(logits[0, : T - 1], logits[1, : T - 1]):
+            raise DescriptionError(
+                "the model is not causal: its logits at earlier positions change with the last token "
+                "(depthlens analyses decoder-only causal LMs)"
+            )
+        n = self._stream_count(mixes, first)
+        self.design.multi_stream = n > 0
+        self.max_seq_len = int(d.max_seq_len) if d.max_seq_len is not None else 1 << 20
+        self.config = DescribedConfig(
+            n_layer=self.n_layer,
+            d_model=self.d_model,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+            arch=d.design,
+            skip="zero writers" if d.sublayers is not None else "pass input through",
+            streams=n,
+            multistream_skip=("mix" if d.sublayers is not None else "identity") if n else None,
+        )
+
+    def _check_view(self, state: State, where: str) -> None:
+        v = self.design.view(state)
+        first = next(iter(state.values()))
+        want = (*first.shape[:2], self.d_model)
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != want:
+            raise DescriptionError(
+                f"the view of {where} has shape {_shape_of(v)}; it must be (B, T, d) = {want}, d = the last dim "
+                "of the embed output"
+            )
+
+    def _stream_count(self, mixes: list[list[Mix]], first: torch.Tensor) -> int:
+        """n when every block's mixing gives a res_map (n, n) per writer over a first state tensor (B, T, n, d)."""
+        if not mixes or not all(all("res_map" in m for m in ms) and ms for ms in mixes):
+            return 0
+        n = int(torch.as_tensor(mixes[0][0]["res_map"]).shape[-1])
+        if first.dim() != 4 or first.shape[2] != n:
+            raise DescriptionError(
+                f"mixing gives residual maps over {n} streams, but the state's first tensor has shape "
+                f"{tuple(first.shape)}; a stream design keeps its streams there as (B, T, {n}, d)"
+            )
+        if self.description.sublayers is None or any(len(ms) != len(w) for ms, w in zip(mixes, self._writers)):
+            raise DescriptionError(
+                "mixing gives residual maps: declare the writers too (sublayers), one map per writer"
+            )
+        return n
+
+    # --- the pieces of a forward pass ------------------------------------------------------------------------
+    def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
+        if seq_len > self.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds the model's max_seq_len {self.max_seq_len}")
+        empty = torch.empty(0, device=device or self.input_device)
+        return RunContext(cos=empty, sin=empty, record={} if record else None)
+
+    def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
+        state = self.layout.to_state(self.description.embed(tokens.to(self.input_device)))
+        ctx.put("h0", self.design.view(state))
+        return state
+
+    def run_layers(
+        self,
+        state: State,
+        ctx: RunContext,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
+        unit: str = "block",
+        order: list[int] | None = None,
+        swap: str = "body",
+        on_layer: OnLayer | None = None,
+    ) -> State:
+        """Blocks at positions start..stop-1 (block order[p] at p); keep {pos: (B, T)}: 0 = skip there."""
+        if unit in ("attn", "mlp") and unit not in self.units:
+            raise ValueError(f"unit={unit!r} needs the description's sublayers (two writers per block: attention, MLP)")
+        check_run_layers_args(self.n_layer, unit, swap, order, units=self.units)
+        stop = self.n_layer if stop is None else stop
+        keep = keep or {}
+        for pos in range(start, stop):
+            src = order[pos] if order is not None else pos
+            home, dev = self._home(pos, state), self._home(src, state)
+            before = _move(state, dev)
+            after = self._call(src, before, keep.get(pos), unit)
+            if on_layer is not None or ctx.record is not None:
+                mix = self._mixing(src) if self.description.mixing is not None else []
+                if ctx.record is not None:
+                    for i, m in enumerate(mix):
+                        for name, v in m.items():
+                            ctx.put(name, v, sublayer=2 * pos + i)
+                if on_layer is not None:
+                    update = self._update(before, after, mix)
+                    after = _move(after, home)
+                    on_layer(pos, after, update.to(home))
+            state = _move(after, home)
+        return state
+
+    def _call(self, i: int, state: State, keep: torch.Tensor | None = None, unit: str = "block") -> State:
+        """Block i on `state`; keep (B, T): 0 = skip (writers zeroed, or the input passed through)."""
+        block = self._blocks[i]
+        if keep is None:
+            return self._out(i, block(self.layout.to_user(state)))
+        if self.description.sublayers is not None:
+            which = {"block": tuple(range(len(self._writers[i]))), "attn": (0,), "mlp": (1,)}[unit]
+            self._switch.now = (i, keep, which)
+            try:
+                return self._out(i, block(self.layout.to_user(state)))
+            finally:
+                self._switch.now = None
+        out = self._out(i, block(self.layout.to_user(state)))
+        return {k: _keep_input(out[k], state[k], keep) for k in state}
+
+    def _out(self, i: int, raw: UserState) -> State:
+        state = self.layout.to_state(raw) if _Layout.of(raw, f"block {i}") == self.layout else None
+        if state is None:
+            raise DescriptionError(f"block {i} returned a state of another structure than the embed output")
+        return state
+
+    def _zero_hook(self, b: int, i: int) -> Callable[..., Any]:
+        switch = self._switch
+
+        def hook(module: nn.Module, args: Any, out: Any) -> Any:
+            now = switch.now
+            if now is None or now[0] != b or i not in now[2]:
+                return None
+            return _zero_where(out, now[1], f"writer {i} of block {b}")
+
+        return hook
+
+    def _mixing(self, i: int | None) -> list[Mix]:
+        """The block's (or, i = None, the final readout's) mixing objects, checked."""
+        mixing = self.description.mixing
+        assert mixing is not None
+        got = mixing(None if i is None else self._blocks[i])
+        if i is None:
+            got = [got] if got else []
+        if not isinstance(got, Sequence) or not all(isinstance(m, Mapping) for m in got):
+            raise DescriptionError(
+                f"mixing({'None' if i is None else f'block {i}'}) returned {type(got).__name__}; "
+                "it returns one mapping of named tensors per writer (mixing(None): one mapping or {})"
+            )
+        return list(got)
+
+    def _update(self, before: State, after: State, mix: list[Mix]) -> torch.Tensor:
+        """u_l (module docstring): X' - R_m R_a X for stream designs, else view' - view."""
+        if not self.design.multi_stream:
+            return self.design.view(after) - self.design.view(before)
+        x, new = self.design.streams(before), self.design.streams(after)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        mixed = x.to(wide)
+        for m in mix:
+            mixed = torch.einsum("btik,btkd->btid", torch.as_tensor(m["res_map"]).to(mixed.device, wide), mixed)
+        return (new.to(wide) - mixed).to(x.dtype)
+
+    def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
+        """h_L (B, T, d): the description's `final`, or the view."""
+        f = self.description.final
+        return f(self.layout.to_user(state)) if f is not None else self.design.view(state)
+
+    def head(self, state: State, ctx: RunContext) -> torch.Tensor:
+        return self.description.head(self.layout.to_user(_move(state, self.input_device)))
+
+    def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
+        ctx = self.context(tokens.shape[1])
+        return self.head(self.run_layers(self.embed(tokens, ctx), ctx, **run_kw), ctx)
+
+    # --- placement over several devices ---------------------------------------------------------------------
+    def part_sizes(self) -> Any:
+        """Blocks by parameter count; everything else counts as the embedding (the head stays with it)."""
+        from .placement import PartSizes
+
+        layers = tuple(sum(p.numel() for p in b.parameters()) for b in self._blocks)
+        return PartSizes(embed=sum(p.numel() for p in self.module.parameters()) - sum(layers), layers=layers, head=0)
+
+    def place(self, device_map: Any, devices: list[str] | None = None) -> DescribedModel:
+        """Each block on its device of `device_map`, the rest of the module (embedding, head) on the embedding's."""
+        from .placement import resolve_device_map
+
+        p = resolve_device_map(device_map, self.part_sizes(), devices)
+        if p.head != p.embed:
+            raise DepthlensError(
+                f"device_map: a described model keeps its head on the embedding's device (embed {p.embed}, head {p.head})"
+            )
+        self.module.to(p.embed)
+        for block, dev in zip(self._blocks, p.layers):
+            block.to(dev)
+        self.placement = p
+        return self
+
+    def _home(self, layer: int, state: State) -> torch.device:
+        if self.placement is None:
+            return next(iter(state.values())).device
+        return self.placement.layers[layer]
+
+    def extra_repr(self) -> str:
+        return f"design={self.description.design!r}, n_layer={self.n_layer}, d_model={self.d_model}"
+
+
+class MixingDescribedModel(DescribedModel):
+    """A described model whose blocks expose their mixing objects: readouts and the depth-mixing matrix too."""
+
+    @torch.no_grad()
+    def readouts(self, tokens: torch.Tensor) -> Readouts:
+        """One forward recording every writer's mixing objects under `readout_key(name, j)` (j = 2l + i for
+        writer i of layer l), the final readout's under `final.*`, and `h0`; AttnRes extras derived from alpha."""
+        ctx = self.context(tokens.shape[1], record=True)
+        self.head(self.run_layers(self.embed(tokens, ctx), ctx), ctx)
+        rec = Readouts(ctx.record or {})
+        for m in self._mixing(None):
+            for name, v in m.items():
+                rec[readout_key(name, final=True)] = v.detach() if isinstance(v, torch.Tensor) else v
+        _derive_attnres(rec, 2 * self.n_layer)
+        return rec
+
+    @torch.no_grad()
+    def depth_mixing(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """M[i -> j] (B, T, 2L+1, 2L+1) from the readouts, as the native HC/mHC or Full AttnRes design composes
+        it (stream maps: res_map, pre, post; AttnRes: alpha over [emb, every earlier write]); None otherwise."""
+        rec = self.readouts(tokens)
+        n_sub = 2 * self.n_layer
+        from ..models.residual.attnres import FullAttnRes
+        from ..models.residual.streams import MultiStreamDesign
+
+        if all(rec.has(k, j) for k in ("res_map", "pre", "post") for j in range(n_sub)):
+            n = int(rec.sublayer("res_map", 0).shape[-1])
+            shim = MultiStreamDesign(SimpleNamespace(hc_streams=n, hc_collapse="sum", multistream_skip="mix"))
+            if rec.has("collapse", final=True):
+                c = torch.as_tensor(rec.final("collapse")).double()
+                shim.collapse_vector = lambda dtype=torch.float64, device=None: c.to(device, dtype)  # type: ignore[method-assign]
+            return shim.depth_mixing(rec, n_sub)
+        full = all(rec.has("alpha", j) and rec.sublayer("alpha", j).shape[-1] == j + 1 for j in range(n_sub))
+        if full and rec.has("alpha", final=True) and rec.final("alpha").shape[-1] == n_sub + 1:
+            return FullAttnRes(SimpleNamespace(attnres_skip="zero_value")).depth_mixing(rec, n_sub)  # type: ignore[arg-type]
+        return None
+
+
+def _derive_attnres(rec: Readouts, n_sub: int) -> None:
+    """Fill what the AttnRes diagnostic reads and a writer's mapping left out, from alpha (B, T, S): labels
+    ["emb", attn_0, mlp_0, ...] when S = j + 1 (Full AttnRes), the weight on the last source as the self-weight,
+    on the first as the embedding weight."""
+    for j in [*range(n_sub), None]:
+        if readout_key("alpha", j, final=j is None) not in rec:
+            continue
+        alpha = torch.as_tensor(rec[readout_key("alpha", j, final=j is None)])
+        S = int(alpha.shape[-1])
+        defaults = {
+            "source_labels": ["emb"] + [sublayer_label(k) for k in range(S - 1)],
+            "self_weight": alpha[..., -1],
+            "embedding_weight": alpha[..., 0],
+        }
+        for name, v in defaults.items():
+            key = readout_key(name, j, final=j is None)
+            if key not in rec:
+                rec[key] = v
+
+
+# --- checks ---------------------------------------------------------------------------------------------------
+
+
+def _check_design_name(name: Any) -> None:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}", name):
+        raise DescriptionError(f"design must be a short name (letters, digits, _ . -), got {name!r}")
+
+
+def _check_blocks(module: nn.Module, blocks: Any) -> tuple[nn.Module, ...]:
+    """The blocks as a tuple: modules inside `module`, at least one, no two sharing a module or a parameter."""
+    if not isinstance(module, nn.Module):
+        raise DescriptionError(f"wrap takes the model as an nn.Module, got {type(module).__name__}")
+    try:
+        out = tuple(blocks)
+    except TypeError:
+        raise DescriptionError(f"blocks must be a sequence of nn.Modules, got {type(blocks).__name__}") from None
+    if not out or not all(isinstance(b, nn.Module) for b in out):
+        raise DescriptionError("blocks must be a non-empty sequence of nn.Modules")
+    inside = {id(m) for m in module.modules()}
+    for i, b in enumerate(out):
+        if id(b) not in inside:
+            raise DescriptionError(f"block {i} is not a submodule of the wrapped module")
+    owner: dict[int, int] = {}
+    for i, b in enumerate(out):
+        if id(b) in owner:
+            raise DescriptionError(f"blocks {owner[id(b)]} and {i} are one module; each block owns its own")
+        owner[id(b)] = i
+    params: dict[int, int] = {}
+    for i, b in enumerate(out):
+        for name, p in b.named_parameters():
+            j = params.setdefault(id(p), i)
+            if j != i:
+                raise DescriptionError(
+                    f"blocks {j} and {i} share a module (parameter {name!r}); each block owns its own"
+                )
+    return out
+
+
+def _writers(blocks: tuple[nn.Module, ...], sublayers: Any) -> list[tuple[nn.Module, ...]]:
+    if sublayers is None:
+        return [() for _ in blocks]
+    out = []
+    for i, b in enumerate(blocks):
+        ws = tuple(sublayers(b))
+        inside = {id(m) for m in b.modules()}
+        if not ws or not all(isinstance(w, nn.Module) and id(w) in inside for w in ws):
+            raise DescriptionError(f"sublayers(block {i}) must return the block's own writer modules (attention, MLP)")
+        out.append(ws)
+    return out
+
+
+def _keep_input(out: torch.Tensor, inp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """out where keep == 1, the block's input where keep == 0 (keep (B, T) broadcast over trailing dims)."""
+    k = keep.to(out.device, out.dtype).view(*keep.shape, *([1] * (out.dim() - 2)))
+    return k * out + (1 - k) * inp
+
+
+def _move(state: State, dev: torch.device) -> State:
+    return {k: v.to(dev) for k, v in state.items()}
+
+
+def _shape_of(x: Any) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _describe_shapes(state: State) -> str:
+    return ", ".join(f"{k} {tuple(v.shape)}" for k, v in state.items())
+
+
+def wrap(
+    module: nn.Module,
+    *,
+    embed: Callable[[torch.Tensor], UserState],
+    blocks: Sequence[nn.Module],
+    head: Callable[[UserState], torch.Tensor],
+    view: Callable[[UserState], torch.Tensor] | None = None,
+    sublayers: Callable[[nn.Module], Sequence[nn.Module]] | None = None,
+    mixing: Callable[[nn.Module | None], Any] | None = None,
+    design: str = "custom",
+    final: Callable[[UserState], torch.Tensor] | None = None,
+    max_seq_len: int | None = None,
+) -> DescribedModel:
+    """Describe `module` to depthlens (see `Description`); every diagnostic then runs on the result.
+
+    The description is run once on a probe batch (2 x 4 tokens) and refused with one line (`DescriptionError`)
+    when a block changes the state's shape, the head does not return (B, T, V), the view is not (B, T, d), two
+    blocks share a module or a parameter, or the model is not causal.
+    """
+    desc = Description(embed, blocks, head, view, sublayers, mixing, design, final, max_seq_len)
+    cls = MixingDescribedModel if mixing is not None else DescribedModel
+    return cls(module, desc)

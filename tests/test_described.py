@@ -1,0 +1,307 @@
+"""A model described by its embed, blocks and head (`depthlens.wrap`, docs/own-model.md), checked against a plain
+forward-hook loop written here: the same causal, permutation and angular results, keep/order semantics, and every
+refusal of a bad description."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import depthlens
+from depthlens.adapters.described import DescribedModel, DescriptionError
+from depthlens.diagnostics.angular import angular_distances
+from depthlens.diagnostics.causal import causal_scores
+from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.runtime.evaldata import EvalData
+
+# The user's model, as a user writes it: a tiny Pre-LN GPT in plain PyTorch (LayerNorm, GELU MLP, learned
+# positions). Also written to a file for the command-line tests.
+TINY_SRC = """
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, d, h=2):
+        super().__init__()
+        self.h = h
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, d // self.h).unbind(2)
+        y = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.o(y.transpose(1, 2).reshape(B, T, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), Attn(d)
+        self.ln2, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=257, d=32, n_layer=4, ctx=64):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n_layer))
+        self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def embed(self, tokens):
+        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+
+    def head(self, x):
+        return self.lm_head(self.ln_f(x))
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def describe():
+    import depthlens
+
+    net = TinyLM()
+    return depthlens.wrap(net, embed=net.embed, blocks=net.blocks, head=net.head,
+                          sublayers=lambda b: (b.attn, b.mlp), design="tiny_preln", max_seq_len=64)
+"""
+
+NS: dict = {}
+exec(compile(TINY_SRC, "tiny_model", "exec"), NS)  # noqa: S102 (the test's own source)
+TinyLM = NS["TinyLM"]
+
+
+def _net(seed: int = 0, n_layer: int = 4) -> nn.Module:
+    torch.manual_seed(seed)
+    net = TinyLM(n_layer=n_layer).eval()
+    with torch.no_grad():  # larger weights than the default init, so every layer matters
+        for p in net.parameters():
+            p.mul_(3.0 if p.dim() > 1 else 1.0)
+    return net
+
+
+def _wrap(net: nn.Module, **kw) -> DescribedModel:
+    return depthlens.wrap(
+        net, embed=net.embed, blocks=net.blocks, head=net.head, sublayers=lambda b: (b.attn, b.mlp), **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def net():
+    return _net()
+
+
+@pytest.fixture(scope="module")
+def model(net):
+    return _wrap(net, design="tiny_preln", max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 257, (3, 16), generator=torch.Generator().manual_seed(3))
+
+
+# --- the plain forward-hook loop: nothing of depthlens ---------------------------------------------------------
+
+
+def hook_loop(net, tokens, *, skip=None, order=None, unit="block"):
+    """(logits, [h_0 .. h_L], [u_0 .. u_{L-1}]) by calling the blocks in `order`; skip = (position, (B, T) bool
+    mask of skipped tokens): the writers' outputs are zeroed there by forward hooks."""
+    L = len(net.blocks)
+    order = list(range(L)) if order is None else order
+    h = net.embed(tokens)
+    states, updates = [h], []
+    for pos in range(L):
+        block = net.blocks[order[pos]]
+        handles = []
+        if skip is not None and skip[0] == pos:
+            mask = skip[1]
+            writers = {"block": (block.attn, block.mlp), "attn": (block.attn,), "mlp": (block.mlp,)}[unit]
+            for w in writers:
+                handles.append(
+                    w.register_forward_hook(lambda m, a, out, mask=mask: out.masked_fill(mask[..., None], 0))
+                )
+        try:
+            new = block(h)
+        finally:
+            for hd in handles:
+                hd.remove()
+        updates.append(new - h)
+        states.append(new)
+        h = new
+    return net.head(h), states, updates
+
+
+def _nll(logits, tokens):
+    return -torch.log_softmax(logits[:, 1:-1].float(), -1).gather(-1, tokens[:, 2:, None]).squeeze(-1)
+
+
+# --- the same results as the hook loop ---------------------------------------------------------------------------
+
+
+def test_forward_equals_the_module(net, model, tokens):
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), net(tokens), rtol=0, atol=0)
+    assert (model.n_layer, model.d_model, model.vocab_size) == (4, 32, 257)
+    assert model.units == ("block", "attn", "mlp") and not model.design.multi_stream
+
+
+@pytest.mark.parametrize("unit", ["block", "attn", "mlp"])
+def test_causal_equals_the_hook_loop(net, model, tokens, unit):
+    ds = causal_scores(model, EvalData.from_tokens(tokens), variants=("current",), unit=unit, batch_size=5)
+    C = ds.causal_score.sel(variant="current")
+    T = tokens.shape[1]
+    skip = torch.zeros_like(tokens, dtype=torch.bool)
+    skip[:, 1:] = True
+    with torch.no_grad():
+        _, _, clean = hook_loop(net, tokens)
+        for s in range(4):
+            _, _, new = hook_loop(net, tokens, skip=(s, skip), unit=unit)
+            for t in range(s + 1, 4):
+                diff, den = (new[t] - clean[t])[:, 1:T].double(), clean[t][:, 1:T].double()
+                r = diff.norm(dim=-1) / den.norm(dim=-1).clamp_min(1e-6)
+                pooled = math.sqrt(float(diff.square().sum() / den.square().sum()))
+                got = [float(C.sel(aggregator=a).values[s, t]) for a in ("max", "mean", "pooled")]
+                np.testing.assert_allclose(got, [float(r.max()), float(r.mean()), pooled], rtol=1e-5, atol=1e-6)
+
+
+def test_permutation_equals_the_hook_loop(net, model, tokens):
+    ds = permutation_scores(model, EvalData.from_tokens(tokens), pairs="all", batch_size=4)
+    with torch.no_grad():
+        base = _nll(hook_loop(net, tokens)[0], tokens).mean()
+        for i in range(4):
+            for j in range(i + 1, 4):
+                order = list(range(4))
+                order[i], order[j] = j, i
+                want = float(_nll(hook_loop(net, tokens, order=order)[0], tokens).mean() - base)
+                assert ds.perm_abs.values[i, j] == pytest.approx(want, abs=1e-5)
+    assert abs(ds.perm_abs.values[0, 3]) > 1e-3  # the swaps matter: the check above can fail
+
+
+def test_angular_equals_the_hook_loop(net, model, tokens):
+    ds = angular_distances(model, EvalData.from_tokens(tokens), positions="all")
+    with torch.no_grad():
+        _, states, _ = hook_loop(net, tokens)
+    x = torch.stack(states)[:, :, 1:].double()  # (L+1, B, T-1, d), BOS left out
+    for l in range(5):
+        for n in range(1, 5 - l):
+            a = nn.functional.normalize(x[l], dim=-1)
+            b = nn.functional.normalize(x[l + n], dim=-1)
+            want = float((torch.arccos((a * b).sum(-1).clamp(-1, 1)) / math.pi).mean())
+            assert ds.angular_distance.values[l, n] == pytest.approx(want, abs=1e-5)
+
+
+def test_run_layers_keep_and_order_equal_a_loop_by_hand(net, model, tokens):
+    mask = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(0)) < 0.5
+    order = [2, 0, 3, 1]
+    got: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        ctx = model.context(tokens.shape[1])
+        state = model.run_layers(
+            model.embed(tokens, ctx),
+            ctx,
+            keep={1: (~mask).float()},
+            order=order,
+            on_layer=lambda p, s, u: got.__setitem__(p, u),
+        )
+        logits = model.head(state, ctx)
+        want_logits, _, want_u = hook_loop(net, tokens, skip=(1, mask), order=order)
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-6)
+    for p in range(4):
+        torch.testing.assert_close(got[p], want_u[p], rtol=0, atol=1e-6)
+    assert float(got[1][mask].abs().max()) == 0.0  # a skipped token writes nothing
+
+
+def test_without_sublayers_a_skip_passes_the_block_input_through(net, tokens):
+    model = depthlens.wrap(net, embed=net.embed, blocks=net.blocks, head=net.head)
+    assert model.units == ("block",)
+    mask = torch.zeros(tokens.shape, dtype=torch.bool)
+    mask[:, 3:] = True
+    with torch.no_grad():
+        ctx = model.context(tokens.shape[1])
+        h0 = model.embed(tokens, ctx)
+        h1 = model.run_layers(h0, ctx, 0, 1, keep={0: (~mask).float()})["h"]
+        clean = net.blocks[0](h0["h"])
+    torch.testing.assert_close(h1[mask], h0["h"][mask], rtol=0, atol=0)
+    torch.testing.assert_close(h1[~mask], clean[~mask], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="sublayers"):
+        model.run_layers(h0, ctx, unit="attn")
+
+
+# --- refusals (item 5): one line each ----------------------------------------------------------------------------
+
+
+class _Grow(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.cat([x, self.lin(x)], -1)
+
+
+class _Peek(nn.Module):
+    """Not causal: every position sees the mean over the whole sequence."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.lin(x.mean(1, keepdim=True))
+
+
+class _Toy(nn.Module):
+    def __init__(self, blocks, d=8, vocab=11):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(blocks)
+        self.out = nn.Linear(d, vocab)
+
+
+def _toy_wrap(toy, **kw):
+    args = dict(embed=toy.emb, blocks=toy.blocks, head=toy.out)
+    args.update(kw)
+    return depthlens.wrap(toy, **args)
+
+
+def _bad_descriptions():
+    lin = nn.Linear(8, 8)
+    shared = nn.Sequential(lin)
+    yield "block 0 changes the state's shape", _Toy([_Grow()]), {}
+    yield "head returned", _Toy([nn.Linear(8, 8)]), {"head": lambda x: x.sum(-1)}
+    yield "view of the embed output", _Toy([nn.Linear(8, 8)]), {"view": lambda x: x[..., :4]}
+    yield "share", _Toy([shared, nn.Sequential(lin)]), {}
+    yield "are one module", _Toy([lin, lin]), {}
+    yield "not causal", _Toy([_Peek()]), {}
+
+
+@pytest.mark.parametrize("match,toy,kw", list(_bad_descriptions()), ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_descriptions_are_refused_with_one_line(match, toy, kw):
+    with pytest.raises(DescriptionError, match=match) as e:
+        _toy_wrap(toy, **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_a_causal_model_is_not_refused_at_any_thread_count(net):
+    was = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            _wrap(net)
+    finally:
+        torch.set_num_threads(was)
