@@ -16,6 +16,12 @@
                    k = 1 .. L/2, per criterion of `diagnostics/pruning.py` and a random baseline; permutation
                    importance too once the permutation stage is there (a rerun with --resume adds the criteria
                    whose input stage came later to the kept curves, and records that cost on its own line)
+  pruning_heldout  (only with --stages pruning_heldout; uses causal_update and permutation when there) every
+                   criterion ranks layers on one fold of the eval windows (stratified by domain: prose, code) and
+                   is scored on the other, 2-fold cross-fitting, k = 1 .. --k-max (default L/2), per-sequence
+                   losses stored; greedy (SLEB) and the pairwise-predicted search among the criteria
+  pruning_random   (only with --stages pruning_random) 20 random cuts per k, uniform over all layers and
+                   stratified (never the first or last layer, the criteria's policy), on every window
   reference        (only with --stages reference) C(s,t), norm=update, current and future, late s, on
                    8 × 128 tokens: the eval set of the reference measurements quoted in issue 10
 
@@ -40,8 +46,11 @@ from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_tab
 STAGES = ("angular", "causal_update", "causal_resid", "permutation", "untrained_causal_update", "untrained_permutation")
 # the reference table of the calibration page (8 x 128 tokens, norm=update, late s, current and future), and the
 # layer-pruning curves of the atlas (scripts/real-model-atlas.sh)
-OPTIONAL = ("reference", "pruning")
-N_RANDOM = 3  # random-removal draws per k in the pruning stage (mean, min and max are reported)
+OPTIONAL = ("reference", "pruning", "pruning_heldout", "pruning_random")
+N_RANDOM = 3  # random-removal draws per k in the (in-sample) pruning stage (mean, min and max are reported)
+N_RANDOM_HELDOUT = 20  # random draws per k and baseline (uniform, stratified) in the pruning_random stage
+# the held-out pruning criteria (diagnostics/pruning_heldout.py); causal and permutation when their stage is there
+HELDOUT_CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "greedy", "predicted")
 
 
 def compute(
@@ -54,6 +63,7 @@ def compute(
     threads: int,
     stages: tuple[str, ...] = STAGES,
     on_stage: Callable[[dict], None] | None = None,
+    k_max_heldout: int = 0,
 ) -> dict:
     """Compute the missing stages; `on_stage(record)` after each one (the caller saves run.json, so a killed run
     keeps the costs of the stages it finished)."""
@@ -234,6 +244,37 @@ def compute(
         # resuming over kept curves: only the criteria whose input stage came later (none: the stage is kept)
         added = missing(prune_file) if resume and prune_file.exists() else []
         stage("pruning", prune, done=lambda _: not added, cost_key=f"pruning (+{', '.join(added)})" if added else None)
+    if {"pruning_heldout", "pruning_random"} & set(stages):
+        import xarray as xr
+
+        from depthlens.diagnostics.pruning_heldout import heldout_curves, random_baselines, window_domains
+
+        def heldout(progress):
+            inputs = {n: data_dir / f"{n}.nc" for n in ("causal_update", "permutation")}
+            crits = [
+                c
+                for c in HELDOUT_CRITERIA
+                if c not in ("causal", "permutation") or inputs["causal_update" if c == "causal" else c].exists()
+            ]
+            return heldout_curves(
+                model,
+                data,
+                domains=window_domains(data),
+                k_max=k_max_heldout or None,
+                criteria=crits,
+                causal=xr.load_dataset(inputs["causal_update"]) if "causal" in crits else None,
+                permutation=xr.load_dataset(inputs["permutation"]) if "permutation" in crits else None,
+                checkpoint=model_path,
+                progress=progress,
+            )
+
+        stage("pruning_heldout", heldout)
+        stage(
+            "pruning_random",
+            lambda p: random_baselines(
+                model, data, k_max=k_max_heldout or None, n_random=N_RANDOM_HELDOUT, checkpoint=model_path, progress=p
+            ),
+        )
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))
@@ -371,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(STAGES),
         help="comma list of stages to compute (run several processes on disjoint stages, then --render-only)",
     )
+    ap.add_argument("--k-max", type=int, default=0, help="pruning_heldout / pruning_random: largest k (0: L/2)")
     ap.add_argument("--render-only", action="store_true", help="only rebuild summary, figures and README")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -387,7 +429,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"choose from {', '.join(STAGES + OPTIONAL)}"
             )
         record = RunRecord(run_file, resume=a.resume)
-        run = compute(a.model, a.out, a.n_seq, a.seq_len, a.seed, a.resume, a.threads, stages, on_stage=record.save)
+        run = compute(
+            a.model,
+            a.out,
+            a.n_seq,
+            a.seq_len,
+            a.seed,
+            a.resume,
+            a.threads,
+            stages,
+            on_stage=record.save,
+            k_max_heldout=a.k_max,
+        )
         record.save(run)
         if not set(STAGES) <= set(stages) and not all((a.out / "data" / f"{x}.nc").exists() for x in STAGES):
             print("stages missing; render later with --render-only", flush=True)

@@ -86,16 +86,24 @@ class _Pruner:
         self.n_tokens = data.n_seq * (data.seq_len - 1)
         self.forward_layers = 0  # layers run, for the cost record
 
-    def loss(self, removed: Sequence[int]) -> float:
+    def seq_sums(self, removed: Sequence[int]) -> np.ndarray:
+        """(N,) summed next-token NLL of each eval sequence with the layers `removed` (float64)."""
         removed = sorted(set(int(l) for l in removed))
         start = removed[0] if removed else self.L
-        total = 0.0
+        out = []
         for toks, ctx, states in self.batches:
             keep = {l: torch.zeros(toks.shape, device=toks.device) for l in removed}
             state = self.model.run_layers(states[start], ctx, start, keep=keep) if start < self.L else states[-1]
             self.forward_layers += (self.L - start) * toks.shape[0]
-            total += float(_sequence_nll(self.model, ctx, state, toks).sum())
-        return total / self.n_tokens
+            out.append(_sequence_nll(self.model, ctx, state, toks).numpy())
+        return np.concatenate(out)
+
+    def seq_loss(self, removed: Sequence[int]) -> np.ndarray:
+        """(N,) mean next-token NLL (nats/token) of each eval sequence with the layers `removed`."""
+        return self.seq_sums(removed) / (self.data.seq_len - 1)
+
+    def loss(self, removed: Sequence[int]) -> float:
+        return float(self.seq_sums(removed).sum()) / self.n_tokens
 
 
 def permutation_importance(permutation: xr.Dataset) -> np.ndarray:
