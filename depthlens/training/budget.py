@@ -4,6 +4,7 @@ refuses up front a run that cannot fit (trainer.py calls `check_memory` before i
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,7 +38,7 @@ def peak_flops(device: torch.device) -> float | None:
 def flops_per_token(model: nn.Module, seq_len: int) -> float:
     """6·N_matmul + 12·L·d·T (nanoGPT / torchtitan): every parameter but the input embedding table is
     a matmul weight (the LM head counts even when tied); attention adds 12·L·(H·d_h)·T, causality not discounted."""
-    cfg = model.config
+    cfg: Any = model.config  # a DepthModel's ModelConfig (nn.Module's attribute type says Tensor | Module)
     n = sum(p.numel() for p in model.parameters())  # unique parameters: a tied table counts once
     n_matmul = n - cfg.vocab_size * cfg.d_model + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)
     return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len

@@ -59,7 +59,7 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(minutes=30),
-            **({"device_id": device} if device.type == "cuda" else {}),
+            device_id=device if device.type == "cuda" else None,
         )
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device)
 
@@ -82,10 +82,11 @@ def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool) -> nn.Module:
         # FSDP, and `sync_replicated_grads` averages their gradients by hand
         replicated = replicated_params(model)
         scalars = set(replicated)
-        for block in model.blocks:
+        blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]  # a DepthModel's blocks
+        for block in blocks:
             fully_shard(block, ignored_params=scalars)
         fully_shard(model, ignored_params=scalars)
-        model._replicated_params = replicated
+        setattr(model, "_replicated_params", replicated)  # noqa: B010  # read by sync_replicated_grads
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -117,10 +118,10 @@ def unused_parameters(model: nn.Module, device: torch.device) -> list[str]:
 def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Reduce gradients across ranks only when `enabled` (the last micro-step of an accumulation)."""
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(enabled)
+        getattr(model, "set_requires_gradient_sync")(enabled)  # noqa: B009  # an FSDP2 module's method
         yield
     elif hasattr(model, "no_sync") and not enabled:  # DDP
-        with model.no_sync():
+        with getattr(model, "no_sync")():  # noqa: B009  # DDP's method
             yield
     else:
         yield
@@ -142,7 +143,11 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     sharded = [p for p in params if hasattr(p.grad, "full_tensor")]
     plain = [p for p in params if not hasattr(p.grad, "full_tensor")]
-    norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in (sharded, plain) if group]
+    norms = [
+        torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None])
+        for group in (sharded, plain)
+        if group
+    ]
     norm = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]).norm()
     for group in (sharded, plain):
         if group:
@@ -189,10 +194,9 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     """(model state, optimizer state) gathered to full CPU tensors, keyed by parameter FQN."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    return (
-        get_model_state_dict(model, options=_options()),
-        get_optimizer_state_dict(model, optimizer, options=_options()),
-    )
+    model_sd: dict[str, Any] = get_model_state_dict(model, options=_options())
+    optim_sd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=_options())
+    return model_sd, optim_sd
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -201,7 +205,8 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     count and decay): snapshots must not change training."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options())
+    state: dict[str, Any] = get_model_state_dict(model, options=_options())
+    return state
 
 
 def load_full_state(
@@ -210,7 +215,8 @@ def load_full_state(
     """Inverse of `full_state` (every rank passes the same full state; FSDP2 keeps its own shard)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    set_model_state_dict(model, model_sd, options=_options(strict=True))
+    full: dict[str, Any] = dict(model_sd)  # torch types the values as its ValueType union
+    set_model_state_dict(model, full, options=_options(strict=True))
     # not strict: a parameter that never gets a gradient (MoDA's last-layer depth K/V) has no AdamW state, and
     # a strict load refuses its absence. The caller (trainer.load_state -> state.check_complete) has already
     # checked that the state covers exactly the parameters that do get one.

@@ -148,7 +148,7 @@ def param_counts(
         tie_embeddings=tie_embeddings,
         hc_streams=hc_streams,
     )
-    counts = {k: int(round(v)) for k, v in raw.items()}  # exact already unless an odd explicit d_ff
+    counts: dict[str, Any] = {k: int(round(v)) for k, v in raw.items()}  # exact already unless an odd explicit d_ff
     counts.update(
         lm_head=vocab_size * d_model,
         design=design,

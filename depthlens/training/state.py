@@ -38,7 +38,7 @@ class StateError(DepthlensError):
 def digest(t: torch.Tensor) -> str:
     """SHA-256 of a tensor's raw bytes (dtype-agnostic: bf16 included)."""
     b = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(b).hexdigest()
+    return hashlib.sha256(b.data).hexdigest()  # the array's buffer: no copy
 
 
 def make_manifest(tensors: dict[str, torch.Tensor], step: int) -> dict[str, Any]:

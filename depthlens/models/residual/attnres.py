@@ -83,14 +83,15 @@ class AttnResOperator(nn.Module):
     ) -> None:
         """Record the per-token readouts of sublayer j (None: the final operator);
         docs/concepts.md#attnres-dead-prefix."""
-        at = {"sublayer": j, "final": j is None}
-        ctx.put("alpha", alpha, **at)  # (B, T, S) fp32
-        ctx.put("logits", logits, **at)  # (B, T, S) fp32, -inf on removed sources
-        ctx.put("source_labels", labels, **at)
+        final = j is None
+        ctx.put("alpha", alpha, j, final=final)  # (B, T, S) fp32
+        ctx.put("logits", logits, j, final=final)  # (B, T, S) fp32, -inf on removed sources
+        ctx.put("source_labels", labels, j, final=final)
         # weight on the last source = the layer's own computation; NaN where that source is not "own"
-        ctx.put("self_weight", alpha[..., -1] if own else torch.full_like(alpha[..., -1], float("nan")), **at)
-        ctx.put("embedding_weight", alpha[..., 0], **at)
-        ctx.put("source_rms", v.float().pow(2).mean(-1).sqrt().mean((0, 1)), **at)  # (S,)
+        self_weight = alpha[..., -1] if own else torch.full_like(alpha[..., -1], float("nan"))
+        ctx.put("self_weight", self_weight, j, final=final)
+        ctx.put("embedding_weight", alpha[..., 0], j, final=final)
+        ctx.put("source_rms", v.float().pow(2).mean(-1).sqrt().mean((0, 1)), j, final=final)  # (S,)
 
     def readout(self) -> dict[str, Any]:
         return {
@@ -145,6 +146,7 @@ class _AttnResDesign(Design):
 
     def final(self, state: State, final_router: nn.Module | None, ctx: RunContext) -> torch.Tensor:
         """h_out = AttnRes(w_out, gamma_out; all sources) (B, T, d)."""
+        assert isinstance(final_router, AttnResOperator)  # make_final_router's
         v, valid = self.sources(state)
         x, alpha, logits = final_router.mix(v, valid)
         if ctx.record is not None:

@@ -36,14 +36,13 @@ class HCRouter(StreamRouter):
         alpha0[j % n, 0] = 1.0  # A_m^0 = e_{j mod n}
         self.static_alpha = nn.Parameter(torch.cat([alpha0, torch.eye(n)], dim=1))  # [n, n+1] = [A_m^0 | A_r^0]
         self.static_beta = nn.Parameter(torch.ones(n))  # B^0
+        self.norm: RMSNorm | None = None  # SHC (static maps only) has no norm
         if dynamic:
             self.norm = RMSNorm(d, eps)
             self.dynamic_alpha_fn = nn.Parameter(torch.zeros(d, n + 1))  # [W_m | W_r]
             self.dynamic_alpha_scale = nn.Parameter(torch.tensor(0.01))  # s_α
             self.dynamic_beta_fn = nn.Parameter(torch.zeros(d))  # W_β
             self.dynamic_beta_scale = nn.Parameter(torch.tensor(0.01))  # s_β
-        else:
-            self.norm = None
 
     def maps(self, x, j, ctx):
         dt = map_dtype(x)

@@ -57,7 +57,7 @@ class PostNormRouter(Router):
         branch, sub, j, ctx, keep, carry = call.branch, call.sub, call.j, call.ctx, call.keep, call.carry
         h = state["h"]
         y = branch(h, prenorm=self.branch_prenorm)
-        norm = self.trunk_norm if self.trunk_norm is not None else sub.norm
+        norm: RMSNorm = self.trunk_norm if self.trunk_norm is not None else sub.norm  # type: ignore[assignment]
         z = self.alpha * h.float() + y.float()  # fp32: alpha*x swamps F in bf16 (docs/designs.md#single-stream)
         r = torch.sqrt(z.pow(2).mean(-1) + norm.eps)  # (B, T) the trunk RMS r_j
         out = norm(z).to(h.dtype)
@@ -136,12 +136,15 @@ class DeepNorm(SingleStreamDesign):
     norm_reads_view = False
 
     def make_router(self, j: int) -> Router:
+        assert self.cfg.deepnorm_alpha is not None  # ModelConfig fills it from L
         return PostNormRouter(self.cfg.deepnorm_alpha, trunk_norm=None, branch_prenorm=False)
 
     def init_weights(self, model: nn.Module) -> None:
         # DeepNet paper: xavier_normal_(gain=beta) for FFN, W_v, W_o; gain 1 for W_q, W_k.
         beta = self.cfg.deepnorm_beta
-        for blk in model.blocks:
+        assert beta is not None  # ModelConfig fills it from L
+        blocks: Any = model.blocks  # a DepthModel's Blocks (nn.Module types the attribute Tensor | Module)
+        for blk in blocks:
             att, mlp = blk.attn.fn, blk.mlp.fn
             for lin in (att.q_proj, att.k_proj):
                 nn.init.xavier_normal_(lin.weight, gain=1.0)
@@ -161,4 +164,5 @@ class KEEL(SingleStreamDesign):
         if j == 0:
             return AdditiveRouter()
         alpha = 1.0 if j == 1 else self.cfg.keel_alpha
+        assert alpha is not None  # ModelConfig fills keel_alpha from L
         return PostNormRouter(alpha, trunk_norm=RMSNorm(self.cfg.d_model, self.cfg.norm_eps), branch_prenorm=True)
