@@ -36,6 +36,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
+from ..models.hook_contract import fire
 from ..models.protocol import Unembedding, check_run_layers_args, same_logits
 from ..models.residual.base import Design, RunContext, State
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
@@ -297,7 +298,7 @@ class GenericBlocksModel(HookedRootModule):
             pass
         finally:
             handle.remove()
-        h = self.hook_embed(got[0])
+        h = fire(self.hook_embed, got[0])
         ctx.put("h0", h)
         return {"h": h}
 
@@ -328,7 +329,7 @@ class GenericBlocksModel(HookedRootModule):
             src = order[pos] if order is not None else pos
             hk = self.blocks[pos]
             home, dev = self._home(pos, h), self._home(src, h)  # block src runs on its device; the state comes home
-            h = hk.hook_resid_pre(h.to(dev))
+            h = fire(hk.hook_resid_pre, h.to(dev))
             # the arguments the model's loop passes at this position (Csordás: the list is permuted)
             rest, kw = self._calls_on(ctx, pos, dev)
             out = self.layers[src](h, *rest, **kw)
@@ -337,14 +338,14 @@ class GenericBlocksModel(HookedRootModule):
             if k is not None:  # (B, T) -> (B, T, 1): block input passed through where k == 0
                 k = k.to(dev, out.dtype).unsqueeze(-1)
                 out = k * out + (1 - k) * h
-            out = hk.hook_resid_post(out).to(home)
+            out = fire(hk.hook_resid_post, out).to(home)
             if on_layer is not None:
                 on_layer(pos, {"h": out}, out - h.to(home))
             h = out
         return {**state, "h": h}
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
-        return self.hook_resid_final(state["h"])
+        return fire(self.hook_resid_final, state["h"])
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """h_L -> logits (B, T, V) through the model's own final norm, LM head and soft-capping."""

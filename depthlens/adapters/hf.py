@@ -39,6 +39,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
+from ..models.hook_contract import fire
 from ..models.protocol import Unembedding, check_run_layers_args
 from ..models.residual.base import Design, RunContext, State, apply_keep
 from .base import AdapterSpec, ForeignConfig, _lens_config, resolve, setup_own_hooks
@@ -216,9 +217,9 @@ class HFLayeredModel(HookedRootModule):
 
     def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
         """tokens (B, T) -> {"h": h0 (B, T, d)} on the embedding's device."""
-        h = self.hook_embed(resolve(self.hf, self.spec.embed)(tokens.to(self.input_device)))
+        h = fire(self.hook_embed, resolve(self.hf, self.spec.embed)(tokens.to(self.input_device)))
         if self.spec.pos_embed:
-            h = h + self.hook_pos_embed(resolve(self.hf, self.spec.pos_embed)(ctx.extras["position_ids"]))
+            h = h + fire(self.hook_pos_embed, resolve(self.hf, self.spec.pos_embed)(ctx.extras["position_ids"]))
         ctx.put("h0", h)
         return {"h": h}
 
@@ -270,20 +271,20 @@ class HFLayeredModel(HookedRootModule):
         """One decoder layer (weights of layer `src`, hooks of position `pos`): (B, T, d) -> (B, T, d)."""
         layer, hk, sp = self.layers[src], self.blocks[pos], self.spec
         dev = self._home(src, h)  # layer src's device: its input, masks and tables go there
-        h = hk.hook_resid_pre(h.to(dev))
+        h = fire(hk.hook_resid_pre, h.to(dev))
         keep_attn, keep_mlp = (None if k is None else k.to(dev) for k in (keep_attn, keep_mlp))
         cos, sin, _ = self._on(ctx, dev)
-        x = getattr(layer, sp.attn_norm)(hk.hook_attn_in(h))
+        x = getattr(layer, sp.attn_norm)(fire(hk.hook_attn_in, h, copy=True))
         mask = self._mask(ctx, h, src)
         if sp.rotary:
             a = getattr(layer, sp.attn)(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)
         else:
             a = getattr(layer, sp.attn)(x, attention_mask=mask)
-        a = apply_keep(hk.hook_attn_out(a[0] if isinstance(a, tuple) else a), keep_attn)
-        h = hk.hook_resid_mid(h + a)
-        m = getattr(layer, sp.mlp)(getattr(layer, sp.mlp_norm)(hk.hook_mlp_in(h)))
-        m = apply_keep(hk.hook_mlp_out(m), keep_mlp)
-        return hk.hook_resid_post(h + m)
+        a = apply_keep(fire(hk.hook_attn_out, a[0] if isinstance(a, tuple) else a), keep_attn)
+        h = fire(hk.hook_resid_mid, h + a)
+        m = getattr(layer, sp.mlp)(getattr(layer, sp.mlp_norm)(fire(hk.hook_mlp_in, h, copy=True)))
+        m = apply_keep(fire(hk.hook_mlp_out, m), keep_mlp)
+        return fire(hk.hook_resid_post, h + m)
 
     def _mask(self, ctx: RunContext, h: torch.Tensor, src: int) -> Any:
         """The causal (or sliding-window) mask HF would build for this batch; None under SDPA (is_causal)."""
@@ -310,7 +311,7 @@ class HFLayeredModel(HookedRootModule):
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
         """h_L (B, T, d) before the final norm (HF `hidden_states[-1]` is after it)."""
-        return self.hook_resid_final(state["h"])
+        return fire(self.hook_resid_final, state["h"])
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
         """state after the last layer -> logits (B, T, V)."""

@@ -23,6 +23,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from .config import ModelConfig
+from .hook_contract import fire
 
 
 def hooked(hook: HookPoint) -> bool:
@@ -40,10 +41,10 @@ def side_hook(hook: HookPoint, value: torch.Tensor) -> tuple[torch.Tensor, bool]
     if not hooked(hook):
         return value, False
     if hook.bwd_hooks:
-        return hook(value), True
+        return fire(hook, value), True
     before = value.detach().clone()
-    after = hook(value)
-    return after, not torch.equal(after, before)
+    after = fire(hook, value)
+    return after, not torch.equal(after, before)  # did the hook edit this very tensor: exact on purpose
 
 
 class NormHooks(nn.Module):
@@ -84,7 +85,7 @@ class RMSNorm(nn.Module):
             return self.weight * (x32 * torch.rsqrt(ms)).to(dtype)
         scale, edited = side_hook(hooks.hook_scale, ms.sqrt()) if hooked(hooks.hook_scale) else (ms, False)
         normed = (x32 / scale if edited else x32 * torch.rsqrt(ms)).to(dtype)
-        return self.weight * hooks.hook_normalized(normed)
+        return self.weight * fire(hooks.hook_normalized, normed)
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -135,7 +136,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         if hooks is not None:
-            q, k, v = hooks.hook_q(q), hooks.hook_k(k), hooks.hook_v(v)
+            q, k, v = fire(hooks.hook_q, q), fire(hooks.hook_k, k), fire(hooks.hook_v, v)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def rotate(
@@ -144,8 +145,8 @@ class Attention(nn.Module):
         """RoPE on q (B, Hq, T, dh) and k (B, Hkv, T, dh); hook_rot_q/k fire in (B, T, H, dh) (views: no copy)."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if hooks is not None:
-            q = hooks.hook_rot_q(q.transpose(1, 2)).transpose(1, 2)
-            k = hooks.hook_rot_k(k.transpose(1, 2)).transpose(1, 2)
+            q = fire(hooks.hook_rot_q, q.transpose(1, 2)).transpose(1, 2)
+            k = fire(hooks.hook_rot_k, k.transpose(1, 2)).transpose(1, 2)
         return q, k
 
     def merge(self, o: torch.Tensor, hooks: Sublayer | None = None) -> torch.Tensor:
@@ -153,7 +154,7 @@ class Attention(nn.Module):
         B, _, T, _ = o.shape
         z = o.transpose(1, 2)
         if hooks is not None:
-            z = hooks.hook_z(z)
+            z = fire(hooks.hook_z, z)
         return self.o_proj(z.reshape(B, T, self.n_head * self.head_dim))
 
     def forward(
@@ -200,8 +201,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, *_: object, hooks: Sublayer | None = None) -> torch.Tensor:  # (B, T, d)
         if hooks is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        pre = hooks.hook_pre(self.gate_proj(x))  # (B, T, d_mlp)
-        post = hooks.hook_post(F.silu(pre) * hooks.hook_pre_linear(self.up_proj(x)))  # (B, T, d_mlp)
+        pre = fire(hooks.hook_pre, self.gate_proj(x))  # (B, T, d_mlp)
+        post = fire(hooks.hook_post, F.silu(pre) * fire(hooks.hook_pre_linear, self.up_proj(x)))  # (B, T, d_mlp)
         return self.down_proj(post)
 
 

@@ -47,29 +47,54 @@ def check_hook_value(hook: Any, out: Any, shape: torch.Size, dtype: torch.dtype,
     )
 
 
-def fire(hook: Any, value: torch.Tensor) -> Any:
-    """`hook(value)`, and with a forward hook attached, the check that what came back can replace `value`."""
+def _version(x: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter (None for an inference tensor, which keeps none)."""
+    return None if x.is_inference() else x._version
+
+
+def fire(hook: Any, value: torch.Tensor, *, copy: bool = False) -> Any:
+    """`hook(value)`, and with a forward hook attached, the check that what came back can replace `value`.
+
+    `copy`: `value` is also used elsewhere (a branch input is the residual stream itself). Without autograd the
+    hook gets a copy, so an in-place edit changes what this hook point feeds, as returning the edited value would
+    (TransformerLens' own `hook_mlp_in(resid_mid.clone())`), not the residual behind it as well. With autograd a
+    copy would reorder the gradient's sums (a reading hook must leave the backward bit-identical), so the hook
+    gets `value` itself and an in-place edit raises HookError (return the edited tensor instead)."""
     if not hook._forward_hooks:  # unhooked (or backward hooks only): the value passes through unchanged
         return hook(value)
+    version = None
+    if copy and (value.is_inference() or not (torch.is_grad_enabled() and value.requires_grad)):
+        value = value.clone()
+    elif copy:
+        version = value._version
     shape, dtype, device = value.shape, value.dtype, value.device
     out = hook(value)
     check_hook_value(hook, out, shape, dtype, device)
+    if version is not None and value._version != version:
+        raise HookError(
+            f"a hook edited {_name(hook)} in place, which with autograd on would edit the residual stream behind "
+            "it too; return the edited tensor instead (x = x.clone(); edit x; return x)"
+        )
     return out
 
 
 def fire_read_only(hook: Any, value: torch.Tensor, what: str, editable: str) -> torch.Tensor:
     """Fire a hook on a view that does not write back into the state (`what` it is); a hook that edits it, in place or
     by returning another value, raises HookError pointing to the hook points that do write back (`editable`).
-    Returns `value` itself."""
+    Returns `value` itself. An in-place edit is seen by the tensor's version counter (a copy for an inference
+    tensor, which has none)."""
     if not hook._forward_hooks:
         return hook(value)
-    before = value.detach().clone()
+    version = _version(value)
+    before = value.detach().clone() if version is None else None
     out = fire(hook, value)
-    same = torch.allclose(value.detach(), before, rtol=0, atol=0, equal_nan=True)
-    if same and out is not value:
-        same = torch.allclose(out.detach(), before, rtol=0, atol=0, equal_nan=True)
-    if not same:
-        how = "in place" if out is value else "by returning another value"
+    if version is not None:
+        in_place = value._version != version
+    else:
+        in_place = not torch.allclose(value.detach(), before, rtol=0, atol=0, equal_nan=True)
+    returned = out is not value and not torch.allclose(out.detach(), value.detach(), rtol=0, atol=0, equal_nan=True)
+    if in_place or returned:
+        how = "in place" if in_place else "by returning another value"
         raise HookError(
             f"{_name(hook)} is a read-only view ({what}) and a hook edited it {how}, which would change nothing; "
             f"edit {editable} instead"

@@ -24,6 +24,7 @@ from transformer_lens.hook_points import HookPoint
 
 from .backbone import NormHooks, RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
+from .hook_contract import fire, fire_read_only
 from .protocol import Unembedding, check_run_layers_args
 from .readouts import Readouts, readout_key
 from .residual import design_for
@@ -89,7 +90,8 @@ class Block(nn.Module):
             ln_post: NormHooks | None,
         ) -> Callable[..., torch.Tensor]:
             def run(x: torch.Tensor, **kw: Any) -> torch.Tensor:
-                return hook_out(sub(hook_in(x), ctx.cos, ctx.sin, hooks=hooks, ln=ln, ln_post=ln_post, **kw))
+                y = sub(fire(hook_in, x, copy=True), ctx.cos, ctx.sin, hooks=hooks, ln=ln, ln_post=ln_post, **kw)
+                return fire(hook_out, y)
 
             return run
 
@@ -118,17 +120,14 @@ class Block(nn.Module):
 
     def _hook_view(self, hook: HookPoint, state: State, design: Design, streams: str | None) -> State:
         if streams is not None and design.multi_stream:
-            state = design.set_streams(state, getattr(self, f"hook_streams_{streams}")(design.streams(state)))
+            state = design.set_streams(state, fire(getattr(self, f"hook_streams_{streams}"), design.streams(state)))
         view = design.view(state)
-        out = hook(view)
-        if out is view:
+        if not design.editable_view:  # a hook may read the view; an edit, in place or returned, raises
+            editable = "hook_attn_in / hook_mlp_in" + (" or hook_streams_*" if design.multi_stream else "")
+            fire_read_only(hook, view, f"design {design.slug!r}: {design.view_name}", editable)
             return state
-        if not design.editable_view:
-            raise RuntimeError(
-                f"{hook.name} is a read-only view for design {design.slug!r} ({design.view_name}); "
-                "edit hook_attn_in / hook_mlp_in" + (" or hook_streams_*" if design.multi_stream else "")
-            )
-        return design.set_view(state, out)
+        out = fire(hook, view)
+        return state if out is view else design.set_view(state, out)
 
 
 class DepthModel(HookedRootModule):
@@ -183,7 +182,7 @@ class DepthModel(HookedRootModule):
 
     def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
         """tokens (B, T) -> the design's initial state."""
-        h0 = self.hook_embed(self.embed_tokens(tokens))  # (B, T, d)
+        h0 = fire(self.hook_embed, self.embed_tokens(tokens))  # (B, T, d)
         ctx.put("h0", h0)
         return self.design.init_state(h0)
 
@@ -230,7 +229,7 @@ class DepthModel(HookedRootModule):
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
         """h_L (B, T, d) before the final norm."""
-        return self.hook_resid_final(self.design.final(state, self.final_router, ctx))
+        return fire(self.hook_resid_final, self.design.final(state, self.final_router, ctx))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The final norm (B, T, d) -> (B, T, d), through the `ln_final` hook points."""
