@@ -27,7 +27,7 @@ while IFS=$'\t' read -r name path; do
       info) args=(info "$path" --json) ;;
       angular) args=(angular "$path" "${size[@]}" --json --out "$work/$name.angular.nc") ;;
       causal) args=(causal "$path" "${size[@]}" --layers late --n-boot 200 --json --out "$work/$name.causal.nc") ;;
-      permute) args=(permute "$path" "${size[@]}" --pairs late --n-boot 200 --json --out "$work/$name.permute.nc") ;;
+      permute) args=(permute "$path" "${size[@]}" --layers late --n-boot 200 --json --out "$work/$name.permute.nc") ;;
     esac
     t0=$(date +%s%N)
     rc=0

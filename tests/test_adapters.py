@@ -267,9 +267,9 @@ def test_every_diagnostic_runs_on_foreign_models(hf_dirs, fam):
 
     model, meta = load_any(hf_dirs[fam])
     data = EvalData.from_tokens(_tokens(5, b=2, t=16))
-    C = api.causal(model, data, variants=("current",))
+    C = api.causal(model, data)
     S = api.layer_skip_loss(model, data)
-    P = api.permutation(model, data, pairs="all")
+    P = api.permutation(model, data, layers="all")
     A = api.angular(model, data)
     cm = C.causal_score.sel(variant="current", aggregator="max").values
     assert np.allclose(np.diag(cm), 1.0) and np.all(np.tril(cm, -1) == 0) and np.all(cm[np.triu_indices(4, 1)] > 0)

@@ -1,13 +1,15 @@
 """Every fenced ```python and ```bash block of README.md and docs/*.md runs as pasted.
 
-* Where they run: in a copy of the checkout (the files git tracks or would track, the venv linked), so nothing a
-  block writes reaches the repository. A page's blocks run in order, as a reader follows it: bash blocks with
-  `depthlens`, `python` and `torchrun` of this venv on PATH (what `source .venv/bin/activate` gives), under
-  `set -eo pipefail`; python blocks in one namespace, as pasted into one Python session. `depthlens-out/` is
-  emptied before each page; `.cache/` (token corpora, training runs) is kept, as in a user's clone.
+* Where they run: in one fresh copy of the checkout (the files git tracks or would track, the venv linked), so
+  nothing a block writes reaches the repository: README.md first, then every docs page in the order README links
+  them, nothing cleaned in between (`depthlens-out/`, `.cache/` kept), as a new user follows them. A page's blocks
+  run in order: bash blocks with `depthlens`, `python` and `torchrun` of this venv on PATH (what
+  `source .venv/bin/activate` gives), under `set -eo pipefail`; python blocks in one namespace, as pasted into one
+  Python session (a fresh one per page).
 * A block that is not meant to run says why, visibly, on the line before it: `<!-- not-run: reason -->`. That set
   is small (NOT_RUN_MAX) and each such block must still parse (bash -n / compile).
-* Blocks that start processes or load checkpoints or the SmolLM2 GGUF are marked slow.
+* The run is marked slow (it trains, reports and loads the SmolLM2 GGUF as the pages say); the checks of the
+  blocks themselves (found, not-run reasons, parsing) are quick.
 """
 
 from __future__ import annotations
@@ -41,10 +43,6 @@ class Block:
     @property
     def id(self) -> str:
         return f"{self.doc.relative_to(ROOT)}:{self.line}"
-
-    @property
-    def slow(self) -> bool:
-        return self.lang == "bash" or "checkpoints/" in self.code or "gguf" in self.code.lower()
 
 
 def doc_blocks(path: Path) -> list[Block]:
@@ -103,9 +101,8 @@ def _checkout_files() -> list[str]:
     return [f for f in r.stdout.decode().split("\0") if f and (ROOT / f).is_file()]
 
 
-@pytest.fixture(scope="session")
-def clone(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("clone")
+def make_clone(root: Path) -> Path:
+    """A fresh copy of the checkout at `root`, its `.venv` a link to this venv."""
     for f in _checkout_files():
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, root / f)
@@ -130,26 +127,20 @@ def _env(clone: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(
-    "page",
-    [
-        pytest.param(
-            p, id=str(p.relative_to(ROOT)), marks=[pytest.mark.slow] * any(b.slow for b in BLOCKS if b.doc == p)
-        )
-        for p in PAGES
-    ],
-)
-def test_page_blocks_run(page, clone, monkeypatch):
+def readme_order(pages: list[Path]) -> list[Path]:
+    """README.md first, then the docs pages in the order README first links them, then any page it does not link
+    (by name): the path a new reader follows from the front page."""
+    text = (ROOT / "README.md").read_text()
+    linked = [m.group(1) for m in re.finditer(r"\(?(docs/[\w.-]+\.md)", text)]
+    rank = {name: i for i, name in enumerate(dict.fromkeys(linked))}
+    key = {p: (-1 if p.name == "README.md" else rank.get(str(p.relative_to(ROOT)), len(rank)), str(p)) for p in pages}
+    return sorted(pages, key=key.__getitem__)
+
+
+def run_page(page: Path, clone: Path, env: dict[str, str]) -> None:
     """The page's blocks in order, as a reader follows it: bash blocks in a shell each, python blocks in one session."""
     import matplotlib.pyplot as plt
-    import torch
 
-    torch.set_num_threads(1)
-    shutil.rmtree(clone / "depthlens-out", ignore_errors=True)
-    monkeypatch.chdir(clone)
-    env = _env(clone)
-    for k in ("MPLBACKEND", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(k, env[k])
     namespace: dict = {"__name__": "__main__"}
     for b in [b for b in BLOCKS if b.doc == page and not b.not_run]:
         if b.lang == "bash":
@@ -174,3 +165,30 @@ def test_page_blocks_run(page, clone, monkeypatch):
         except Exception as e:
             raise AssertionError(f"{b.id} failed: {type(e).__name__}: {e}\n{b.code}") from e
     plt.close("all")
+
+
+def test_readme_order_starts_with_the_front_page_and_follows_its_links():
+    order = readme_order(PAGES)
+    assert order[0].name == "README.md" and sorted(order) == sorted(PAGES)
+    text = (ROOT / "README.md").read_text()
+    linked = [p for p in order[1:] if str(p.relative_to(ROOT)) in text]
+    assert linked == sorted(linked, key=lambda p: text.index(str(p.relative_to(ROOT))))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * BLOCK_TIMEOUT)
+def test_every_page_in_readme_order_in_one_fresh_copy(tmp_path, monkeypatch):
+    """What a new user does: the README's blocks, then every docs page in the order README links them, all in one
+    fresh copy of the checkout, nothing cleaned in between; so a page's command must also work when an earlier page
+    already wrote its output (`depthlens-out/` is depthlens's own: re-runs replace it), and a page may not rely on
+    a state that only a fresh copy has. This is the docs' only run (each page on its own would repeat the work)."""
+    import torch
+
+    torch.set_num_threads(1)
+    clone = make_clone(tmp_path / "clone")
+    monkeypatch.chdir(clone)
+    env = _env(clone)
+    for k in ("MPLBACKEND", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(k, env[k])
+    for page in readme_order(PAGES):
+        run_page(page, clone, env)

@@ -102,16 +102,16 @@ def test_generic_path_equals_the_hand_mapped_llama_adapter():
     hf = _tiny("llama", num_key_value_heads=2, head_dim=8)
     hand, gen = HFLayeredModel(hf), GenericBlocksModel(hf)
     data = EvalData.from_tokens(torch.randint(0, 101, (3, 24), generator=torch.Generator().manual_seed(1)))
-    a, b = api.causal(hand, data, variants=("current", "future")), api.causal(gen, data, variants=("current", "future"))
+    a, b = api.causal(hand, data, variant="future"), api.causal(gen, data, variant="future")
     np.testing.assert_allclose(a["causal_score"].values, b["causal_score"].values, atol=1e-5)
     assert np.isfinite(a["causal_score"].values).any()
-    a, b = api.permutation(hand, data, pairs="all"), api.permutation(gen, data, pairs="all")
+    a, b = api.permutation(hand, data, layers="all"), api.permutation(gen, data, layers="all")
     for v in ("perm_abs", "perm_kl"):
         np.testing.assert_allclose(a[v].values, b[v].values, atol=1e-5)
     assert b.attrs["design"] == "generic" and a.attrs["design"] == "preln"
     assert (a.attrs["head_path"], b.attrs["head_path"]) == ("vocab-chunked", "vocab-chunked")
     gen._unembedding = None  # the whole-logits loss path (a generic head with a logit transform) agrees too
-    c = api.permutation(gen, data, pairs="all")
+    c = api.permutation(gen, data, layers="all")
     assert c.attrs["head_path"] == "whole-logits"
     for v in ("perm_abs", "perm_kl"):
         np.testing.assert_allclose(a[v].values, c[v].values, atol=1e-5)
@@ -128,7 +128,7 @@ def test_generic_family_by_path_records_the_path(tmp_path):
     _tiny("gpt_neox").save_pretrained(str(tmp_path / "neox"), safe_serialization=True)
     op = open_model(tmp_path / "neox")
     assert op.provenance["adapter_path"] == "generic-blocks" and op.meta.family == "gpt_neox"
-    ds = api.causal(op.model, EvalData.from_tokens(_ids()), variants=("current",))
+    ds = api.causal(op.model, EvalData.from_tokens(_ids()))
     assert ds.attrs["adapter_path"] == "generic-blocks" and ds.attrs["model_family"] == "gpt_neox"
 
 

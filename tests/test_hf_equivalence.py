@@ -155,10 +155,10 @@ def test_diagnostics_on_hf_export_equal_native(tmp_path):
         "angular": (api.angular, {}, ["angular_distance"]),
         "causal": (
             api.causal,
-            dict(variants=("current", "future"), outputs=True),
+            dict(variant="future", outputs=True),
             ["causal_score", "output_effect", "skip_delta_loss"],
         ),
-        "permutation": (api.permutation, dict(pairs="all"), None),
+        "permutation": (api.permutation, dict(layers="all"), None),
         "layer_skip_loss": (api.layer_skip_loss, {}, ["skip_delta_loss", "output_effect"]),
     }
     for name, (fn, opts, keys) in runs.items():

@@ -140,8 +140,8 @@ def test_every_result_stores_its_eval_ids_and_reruns_reproduce_it(tmp_path):
     model = build_model(ModelConfig.debug("preln", n_layer=4), seed=3).eval()
     data = EvalData.from_tokens(torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(1)))
     results = {
-        "causal": api.causal(model, data, variants=("current",)),
-        "permutation": api.permutation(model, data, pairs="all"),
+        "causal": api.causal(model, data),
+        "permutation": api.permutation(model, data, layers="all"),
         "angular": api.angular(model, data),
     }
     for name, ds in results.items():
@@ -151,7 +151,7 @@ def test_every_result_stores_its_eval_ids_and_reruns_reproduce_it(tmp_path):
         assert torch.equal(again.tokens, data.tokens) and again.sha256 == back.attrs["eval_data_sha256"]
     # an independent re-run on the stored ids reproduces the result
     back = read_netcdf(tmp_path / "permutation.nc")
-    rerun = api.permutation(model, EvalData.from_dataset(back), pairs="all")
+    rerun = api.permutation(model, EvalData.from_dataset(back), layers="all")
     np.testing.assert_allclose(rerun["perm_abs"].values, back["perm_abs"].values, rtol=1e-6, atol=1e-7)
     # and the clean loss it records is the plain teacher-forced NLL of those ids (no depthlens engine):
     # predictions from positions 1..T-2 (position 0, BOS or not, is never measured), per sequence, then mean
@@ -161,7 +161,7 @@ def test_every_result_stores_its_eval_ids_and_reruns_reproduce_it(tmp_path):
         nll = -logp.gather(-1, toks[:, 2:, None]).squeeze(-1).mean(-1).mean()
     assert float(back["clean_loss"]) == pytest.approx(float(nll), rel=1e-5)
     back = read_netcdf(tmp_path / "causal.nc")
-    rerun = api.causal(model, EvalData.from_dataset(back), variants=("current",))
+    rerun = api.causal(model, EvalData.from_dataset(back))
     np.testing.assert_allclose(rerun["causal_score"].values, back["causal_score"].values, rtol=1e-6, atol=1e-7)
 
 

@@ -109,7 +109,7 @@ def test_gguf_results_record_quantisation(sources):
     from depthlens.studies import api
 
     data = EvalData.from_tokens(torch.randint(3, 200, (2, 10), generator=torch.Generator().manual_seed(0)))
-    ds = api.permutation(sources["gguf"], data, pairs="all")
+    ds = api.permutation(sources["gguf"], data, layers="all")
     assert ds.attrs["gguf_quantization"] == "F32" and ds.attrs["model_source"] == "gguf"
     assert ds.attrs["adapter_path"] == "hand-mapped" and ds.attrs["model_bos_id"] == 1
 

@@ -118,7 +118,7 @@ def test_gemma3_gguf_at_one_and_two_threads(threads, tmp_path):
     for cmd in (
         ["info", str(GEMMA), "--json"],
         ["causal", str(GEMMA), *size, "--layers", "late", "--n-boot", "20", "--out", str(tmp_path / "c.nc")],
-        ["permute", str(GEMMA), *size, "--pairs", "late", "--n-boot", "20", "--out", str(tmp_path / "p.nc")],
+        ["permute", str(GEMMA), *size, "--layers", "late", "--n-boot", "20", "--out", str(tmp_path / "p.nc")],
     ):
         p = subprocess.run([sys.executable, "-m", "depthlens.cli", *cmd], capture_output=True, text=True, env=env)
         assert p.returncode == 0, (cmd[0], p.stderr[-2000:])

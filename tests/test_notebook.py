@@ -71,3 +71,53 @@ def test_explore_notebook_executes(kernel_env, monkeypatch, tiny):
     )
     assert "Warning" not in stderr and "warn" not in stderr.lower(), stderr
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4  # heatmaps and share curves drawn
+
+
+def _run_cells(sources: list[str]) -> tuple[list[list[dict]], dict]:
+    """Execute `sources` as the code cells of a fresh notebook in the test kernel: the outputs of each cell, and
+    the final state of every widget model (by model id)."""
+    import warnings
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jupyter_client/zmq event-loop noise, as above
+        NotebookClient(nb, kernel_name=KERNEL, timeout=600, allow_errors=False, store_widget_state=True).execute()
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return [c.get("outputs", []) for c in nb.cells], state
+
+
+TINY = """
+import torch
+import depthlens as dl
+from depthlens.models import ModelConfig, build_model
+model = build_model(ModelConfig.debug("preln", n_layer=4), seed=0)
+tokens = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+"""
+
+
+def _widgets(outputs: list[dict]) -> list[dict]:
+    return [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+
+
+@pytest.mark.slow
+def test_the_api_shows_a_notebook_progress_bar_and_none_when_asked(kernel_env):
+    """`dl.causal(...)` in a notebook draws an ipywidgets progress bar (tqdm.auto's notebook bar), which ends at
+    the engine's total; `progress=False` draws nothing; no warning either way."""
+    (setup, shown, hidden), state = _run_cells(
+        [
+            TINY,
+            "ds = dl.causal(model, tokens)\nprint(ds['causal_score'].sizes['variant'])",
+            "ds = dl.causal(model, tokens, progress=False)",
+        ]
+    )
+    bars = _widgets(shown)
+    assert len(bars) == 1, shown  # one bar for the one engine run
+    text = "".join(o.get("text", "") for o in shown if o.get("output_type") == "stream")
+    assert text.split() == ["1"], text  # one variant by default, as the CLI (no stderr, so no warning)
+    assert "causal preln" in bars[0]["data"].get("text/plain", ""), bars  # labelled by diagnostic and model
+    progress = [m["state"] for m in state.values() if m.get("model_name") in ("FloatProgressModel", "IntProgressModel")]
+    assert [(p["value"], p["max"]) for p in progress] == [(4, 4)], progress  # ended at the engine's total: 4 skips
+    assert hidden == [] and setup == []

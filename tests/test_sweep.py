@@ -130,10 +130,10 @@ def test_api_paths_and_compare(tmp_path, data):
     paths = []
     for k, arch in enumerate(("preln", "lns")):
         paths.append(save(build_model(ModelConfig.debug(arch, n_layer=4), seed=k), tmp_path / arch))
-    ds = api.causal(paths[0], data, variants=("current",))
+    ds = api.causal(paths[0], data)
     assert len(ds.attrs["checkpoint_sha256"]) == 64 and ds.attrs["design"] == "preln"
     assert ds.attrs["eval_data_sha256"] == data.sha256 and ds.attrs["n_tokens"] == data.n_tokens
-    both = api.compare(api.permutation, paths, data, pairs="all")
+    both = api.compare(api.permutation, paths, data, layers="all")
     assert both.perm_abs.dims == ("checkpoint", "layer", "layer_other")
     assert list(both.checkpoint.values) == ["preln", "lns"] and both["design"].values.tolist() == ["preln", "lns"]
     sc = share_curves(both, "perm_abs", [0.0, 0.01])

@@ -158,7 +158,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     model, ck = api.load_model(final)
     ev = api.eval_data_for(model, corpus / "eval.txt", ck, n_seq=4, seq_len=16, seed=0)
     assert ev.sha256 == ds.attrs["eval_data_sha256"]
-    direct = api.causal(final, ev, variants=("current",), layers="all")
+    direct = api.causal(final, ev, layers="all")
     h = headline(direct, "causal", 0.45, n_boot=40, seed=0)
     got = ds.sel(run="preln_l4", step=SNAP_STEPS[-1])
     assert float(got["causal_share"]) == h["share"]
@@ -166,7 +166,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     np.testing.assert_array_equal(
         got["causal_score"].values, direct["causal_score"].sel(aggregator="max", variant="current").values
     )
-    perm = api.permutation(final, ev, pairs="late")
+    perm = api.permutation(final, ev, layers="late")
     np.testing.assert_array_equal(got["perm_abs"].values, perm["perm_abs"].values)
     assert float(got["perm_share"]) == headline(perm, "perm_abs", 0.15, n_boot=40, seed=0)["share"]
     ang = api.angular(final, ev, positions="all")
@@ -418,7 +418,7 @@ def test_gguf_files_in_order(tmp_path, corpus):
     assert list(ds["step"].values) == [100, 200] and ds["tokens"].values.ravel().tolist() == [1e5, 2e5]
     model, ck = api.load_model(revs[-1])
     ev = api.eval_data_for(model, text, ck, n_seq=4, seq_len=16, seed=0)
-    direct = api.causal(revs[-1], ev, variants=("current",), layers="all")
+    direct = api.causal(revs[-1], ev, layers="all")
     got = ds.sel(run=ds["run"].values[0], step=200)
     np.testing.assert_array_equal(
         got["causal_score"].values, direct["causal_score"].sel(aggregator="max", variant="current").values

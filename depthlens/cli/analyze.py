@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import QuietOpt, app, domain_errors, fail, rank0_errors
+from .app import QuietOpt, app, deprecated, domain_errors, fail, rank0_errors
 from .common import (
     DTYPES,
     BatchOpt,
@@ -264,7 +264,13 @@ def permute(
     threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
     norm: Annotated[Literal["abs", "rel", "kl"], typer.Option(help="abs (nats) | rel | kl")] = "abs",
     swap: Annotated[Literal["body", "all"], typer.Option(help="body (routing stays) | all")] = "body",
-    pairs: Annotated[Literal["late", "all"], typer.Option(help="late | all")] = "late",
+    layers: Annotated[
+        Literal["late", "all"],
+        typer.Option(help="Swapped pairs: late (both layers in the late window) | all (every pair)"),
+    ] = "late",
+    pairs: Annotated[
+        Literal["late", "all"] | None, typer.Option(hidden=True, help="Deprecated spelling of --layers.")
+    ] = None,
     window: Annotated[
         Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")
     ] = "quarter",
@@ -286,6 +292,9 @@ def permute(
 ) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
     check_threshold(threshold)
+    if pairs is not None:
+        deprecated("--pairs", "--layers")
+        layers = pairs
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
@@ -296,7 +305,7 @@ def permute(
             "permutation",
             model,
             eval_data(model, ck, c),
-            pairs=pairs,
+            pairs=layers,
             swap=swap,
             checkpoint=ck,
             progress=p.engine(),

@@ -233,6 +233,12 @@ def rank0_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         global _rank0_voice
         _rank0_voice = _other_rank()
+def deprecated(old: str, new: str) -> None:
+    """One line on stderr for an old spelling that still works this version (`old` is removed in the next)."""
+    if not _other_rank():
+        sys.stderr.write(f"depthlens: note: {old} is deprecated and will be removed in the next version; use {new}\n")
+
+
         try:
             return fn(*args, **kwargs)
         finally:

@@ -7,7 +7,9 @@ observes: it never changes what is computed or in which order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 ProgressFn = Callable[[int, int], None]  # (units done, units in total)
 
@@ -24,3 +26,29 @@ class Count:
         self.done += n
         if self.progress is not None:
             self.progress(self.done, self.total)
+
+
+@contextlib.contextmanager
+def progress_bar(what: str, show: bool = True) -> Iterator[ProgressFn | None]:
+    """The API's progress: a `tqdm.auto` bar (an ipywidgets bar where a notebook kernel runs, a text bar on stderr
+    elsewhere) driven by an engine's `progress(done, total)`; `show=False` yields None (nothing is drawn)."""
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bars: list[Any] = []  # made at the first call, when the engine has said its total
+
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(desc=what, total=total, unit="step", leave=True))
+        bar = bars[0]
+        if bar.total != total:
+            bar.reset(total=total)
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.close()
