@@ -8,9 +8,11 @@ the end. Nothing here knows depthlens.
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from hyper_connections import get_init_and_expand_reduce_stream_functions
 from torch import nn
 
+import depthlens
 from examples.tiny_llama import Attention, PreNorm, SwiGLU
 
 
@@ -41,3 +43,32 @@ class HCModel(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.lm_head(self.norm(self.reduce(h)))
+
+
+# --- the adapter: what depthlens needs to know about this model (docs/own-model.md#worked-adapters) ----------
+
+
+def describe(model: HCModel):
+    """depthlens's view of `model`: state X (B, T, n, d); a block is one layer; its writers are the two branches."""
+    n, seen = model.streams, {}
+    for block in model.blocks:  # lucidrains folds the n streams into the batch; depthlens keeps them apart
+        block.register_forward_pre_hook(lambda m, args: (rearrange(args[0], "b t s d -> (b s) t d"),))
+        block.register_forward_hook(lambda m, args, out: rearrange(out, "(b s) t d -> b t s d", s=n))
+        for hc in (block.attn, block.mlp):  # keep each router's normed input (B, T, n, d): its maps come from it
+            hc.norm.register_forward_hook(lambda m, args, out, hc=hc: seen.__setitem__(hc, out[:, :, 0]))
+
+    def maps(hc):  # the package's own maps from its last normed input: A_m, B, A_r as [dest, source]
+        alpha = hc.act(seen[hc] @ hc.dynamic_alpha_fn) * hc.dynamic_alpha_scale + hc.static_alpha
+        beta = hc.act(seen[hc] @ hc.dynamic_beta_fn) * hc.dynamic_beta_scale + hc.static_beta
+        return {"pre": alpha[..., 0], "post": beta, "res_map": alpha[..., 1:].transpose(-1, -2)}
+
+    return depthlens.wrap(
+        model,
+        embed=lambda tokens: model.embed(tokens)[:, :, None].repeat(1, 1, n, 1),
+        blocks=model.blocks,
+        head=lambda x: model.lm_head(model.norm(x.sum(2))),
+        view=lambda x: x.sum(2),
+        sublayers=lambda block: (block.attn.branch, block.mlp.branch),
+        mixing=lambda block: [maps(block.attn), maps(block.mlp)] if block is not None else {},
+        design="hc-lucidrains",
+    )

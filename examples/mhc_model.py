@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+import depthlens
 from examples.tiny_llama import Attention, PreNorm, SwiGLU
 
 
@@ -73,3 +74,29 @@ class MHCModel(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.norm(x.sum(-2)))
+
+
+# --- the adapter: what depthlens needs to know about this model (docs/own-model.md#worked-adapters) ----------
+
+
+def describe(model: MHCModel):
+    """depthlens's view of `model`: state x (B, T, n, d); a block is one layer; its writers are the two branches."""
+    seen = {}
+    for block in model.blocks:
+        for sub in (block.attn, block.mlp):
+            sub.register_forward_pre_hook(lambda m, args: seen.__setitem__(m, args[0]))
+
+    def maps(sub):  # the model's own maps at the input it last saw (H_res with row = destination, as depthlens)
+        pre, post, res = sub.maps(seen[sub])
+        return {"pre": pre, "post": post, "res_map": res}
+
+    return depthlens.wrap(
+        model,
+        embed=lambda tokens: model.embed(tokens)[:, :, None].repeat(1, 1, model.streams, 1),
+        blocks=model.blocks,
+        head=lambda x: model.lm_head(model.norm(x.sum(2))),
+        view=lambda x: x.sum(2),
+        sublayers=lambda block: (block.attn.branch, block.mlp.branch),
+        mixing=lambda block: [maps(block.attn), maps(block.mlp)] if block is not None else {},
+        design="mhc-user",
+    )

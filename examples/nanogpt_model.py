@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import depthlens
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int):
@@ -63,3 +65,20 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
+
+
+# --- the adapter: what depthlens needs to know about this model (docs/own-model.md#worked-adapters) ----------
+
+
+def describe(gpt: GPT):
+    """depthlens's view of `gpt`: one residual stream h (B, T, d); a block is `transformer.h[l]`."""
+    t = gpt.transformer
+    return depthlens.wrap(
+        gpt,
+        embed=lambda idx: t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device)),
+        blocks=t.h,
+        head=lambda h: gpt.lm_head(t.ln_f(h)),
+        sublayers=lambda block: (block.attn, block.mlp),
+        design="nanogpt",
+        max_seq_len=t.wpe.num_embeddings,
+    )
