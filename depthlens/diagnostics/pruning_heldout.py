@@ -52,6 +52,9 @@ from .pruning import _Pruner
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "greedy", "predicted")
 BASELINES = ("random_uniform", "random_stratified")
+# `depthlens prune`'s default criterion: greedy (SLEB), chosen on the held-out curves of SmolLM2-135M, the one
+# model re-run with them (reports/atlas/, k <= 4; Gemma and Qwen not yet); docs/concepts.md#layer-pruning
+DEFAULT_CRITERION = "greedy"
 PROTECT = ("ends", "none")
 INTERVAL_METHOD = "paired normal interval with bootstrap standard error over held-out eval sequences"
 BOUND_METHOD = "one-sided paired Student t upper bound (95 %) over held-out eval sequences"
@@ -735,4 +738,143 @@ def prediction_error(ds: xr.Dataset) -> dict[str, Any]:
         "quarter": err([r for r in rows if r["k"] <= L // 4]),
         "all": err(rows),
         "cuts": rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a certified cut: `depthlens prune`
+
+SELECTION = (
+    "fixed-sequence testing over k = 1, 2, ...: k passes when the bound is within the tolerance in every domain "
+    "(and pooled) and every smaller k passed; the first failure stops the scan, so no multiplicity correction"
+)
+
+
+def certify(
+    model: Any,
+    data: EvalData,
+    *,
+    criterion: str,
+    tolerance: float,
+    domains: Sequence[str] | None = None,
+    k_max: int | None = None,
+    protect: str = "ends",
+    n_pool: int = 6,
+    level: float = 0.95,
+    batch_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Choose layers on the calibration fold (fold 0 of `assign_folds`) with `criterion`, and return the largest
+    k whose held-out (fold 1), paired, one-sided upper bound on the mean Δloss (`upper_bound`) is within
+    `tolerance` nats/token in every domain and pooled (`SELECTION`), with the per-domain largest k, every
+    step's numbers and the eval data's hashes. causal / permutation criteria compute their diagnostic on the
+    calibration windows only."""
+    if criterion not in CRITERIA:
+        raise DepthlensError(f"unknown pruning criterion {criterion!r}; known: {', '.join(CRITERIA)}")
+    if not (tolerance > 0 and math.isfinite(tolerance)):
+        raise DepthlensError(f"the tolerance must be a finite number > 0 (nats/token), got {tolerance}")
+    L, N = model.n_layer, data.n_seq
+    allowed = allowed_layers(L, protect)
+    k_max = len(allowed) if k_max is None else min(int(k_max), len(allowed))
+    if domains is None:
+        domains = window_domains(data) or ["all"] * N
+    domains = [str(d) for d in domains]
+    folds = assign_folds(domains)
+    cal_idx, held_idx = np.flatnonzero(folds == 0), np.flatnonzero(folds == 1)
+    held_dom = np.array(domains)[held_idx]
+    scopes = {"pooled": np.arange(len(held_idx))}
+    if len(set(held_dom)) > 1:
+        scopes |= {d: np.flatnonzero(held_dom == d) for d in sorted(set(held_dom))}
+    cal_data, held_data = subset(data, cal_idx), subset(data, held_idx)
+    with evaluating(model), torch.no_grad():
+        causal = permutation = None
+        if criterion == "causal":
+            from .causal import causal_scores
+
+            causal = causal_scores(model, cal_data, variants=("current",))
+        if criterion == "permutation":
+            from .permutation import permutation_scores
+
+            permutation = permutation_scores(model, cal_data, pairs="late")
+        cal_pruner, held = _Pruner(model, cal_data, batch_size), _Pruner(model, held_data, batch_size)
+        cal = _Calibration(
+            model,
+            cal_data,
+            np.arange(len(cal_idx)),
+            cal_pruner,
+            allowed,
+            [criterion],
+            angular_positions="all",
+            causal=causal,
+            permutation=permutation,
+            n_pool=n_pool,
+            batch_size=batch_size,
+        )
+        clean = held.seq_loss([])
+        steps: list[dict[str, Any]] = []
+        best = {s: 0 for s in scopes}
+        alive = set(scopes)
+        for k in range(1, k_max + 1):
+            layers = cal.pick(criterion, k)
+            if layers is None or not alive:
+                break
+            loss = held.seq_loss(layers)
+            row: dict[str, Any] = {"k": k, "layers": layers, "scopes": {}}
+            for s, ix in scopes.items():
+                d = loss[ix] - clean[ix]
+                ub = upper_bound(d, level)
+                row["scopes"][s] = {
+                    "loss": float(loss[ix].mean()),
+                    "delta": float(d.mean()),
+                    "upper_bound": ub,
+                    "within": bool(ub <= tolerance),
+                }
+                if s in alive and ub <= tolerance:
+                    best[s] = k
+                else:
+                    alive.discard(s)
+            steps.append(row)
+            if progress is not None:
+                progress(k, k_max)
+    chosen = min(best.values())
+    final = steps[chosen - 1] if chosen else None
+    return {
+        "criterion": criterion,
+        "tolerance": tolerance,
+        "level": level,
+        "k": chosen,
+        "layers_removed": final["layers"] if final else [],
+        "n_layer_before": L,
+        "n_layer_after": L - chosen,
+        "k_within_tolerance": best,
+        "result": {
+            s: {
+                "n_sequences": int(len(ix)),
+                "clean_loss": float(clean[ix].mean()),
+                "pruned_loss": final["scopes"][s]["loss"] if final else float(clean[ix].mean()),
+                "delta": final["scopes"][s]["delta"] if final else 0.0,
+                "upper_bound": final["scopes"][s]["upper_bound"] if final else 0.0,
+            }
+            for s, ix in scopes.items()
+        },
+        "steps": steps,
+        "method": {
+            "bound": BOUND_METHOD,
+            "selection": SELECTION,
+            "split": "calibration = fold 0, held-out = fold 1 (" + FOLD_RULE.split("; ")[1] + ")",
+            "protect": protect,
+            "loss": "mean next-token NLL over positions 0..T-2 of each sequence, mean over sequences (nats/token)",
+            "removal": "the layers taken out of the model (the diagnostics' block-level skip)",
+        },
+        "eval_data": {
+            **{k: v for k, v in data.provenance().items() if k in ("eval_data", "eval_data_source", "eval_seed")},
+            "n_seq": N,
+            "seq_len": data.seq_len,
+            "sha256": data.sha256,
+            "domains": domains,
+            "calibration_sequences": cal_idx.tolist(),
+            "heldout_sequences": held_idx.tolist(),
+            "calibration_sha256": cal_data.sha256,
+            "heldout_sha256": held_data.sha256,
+        },
     }
