@@ -7,10 +7,9 @@ scalars become Python numbers, tuples become lists, paths become strings, dict k
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 
 def finite_or_none(x: Any) -> float | None:
@@ -30,11 +29,12 @@ def jsonable(x: Any) -> Any:
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [jsonable(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
+    np = sys.modules.get("numpy")  # a numpy value exists only once numpy is imported (`--help` never imports it)
+    if isinstance(x, (bool, np.bool_) if np else bool):
         return bool(x)
-    if isinstance(x, (int, np.integer)):
+    if isinstance(x, (int, np.integer) if np else int):
         return int(x)
-    if isinstance(x, (float, np.floating)):
+    if isinstance(x, (float, np.floating) if np else float):
         return finite_or_none(x)
     if isinstance(x, Path):
         return str(x)

@@ -20,18 +20,18 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens.hook_points import HookPoint
 
 from .config import ModelConfig
 from .hook_contract import fire
+from .lens_root import hook_point
 
 
-def hooked(hook: HookPoint) -> bool:
+def hooked(hook: nn.Module) -> bool:
     """Whether any TransformerLens hook (forward or backward) is attached to `hook`."""
     return bool(hook.fwd_hooks or hook.bwd_hooks)
 
 
-def side_hook(hook: HookPoint, value: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def side_hook(hook: nn.Module, value: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """Fire `hook` on a value the forward computed for the hook alone (not on its own path).
 
     Returns (value after the hook, changed). `changed` is True when a hook edited it (in place or by returning a
@@ -59,8 +59,8 @@ class NormHooks(nn.Module):
 
     def __init__(self, norm: RMSNorm | None = None):
         super().__init__()
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
+        self.hook_scale = hook_point()
+        self.hook_normalized = hook_point()
         self.__dict__["_norm"] = norm  # not a submodule: its weight stays saved once, under its own name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -223,7 +223,7 @@ class Sublayer(nn.Module):
         self.post_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if post_norm else None
         names = ATTN_HOOKS if kind == "attn" else MLP_HOOKS
         for name in names:
-            setattr(self, name, HookPoint())
+            setattr(self, name, hook_point())
 
     def forward(
         self,

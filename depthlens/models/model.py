@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformer_lens import HookedRootModule
-from transformer_lens.hook_points import HookPoint
 
 from .backbone import NormHooks, RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
 from .hook_contract import fire, fire_read_only
+from .lens_root import LensRoot, hook_point
 from .protocol import Unembedding, check_run_layers_args
 from .readouts import Readouts, readout_key
 from .residual import design_for
@@ -44,13 +43,13 @@ class Block(nn.Module):
         self.router_attn = design.make_router(2 * layer)
         self.router_mlp = design.make_router(2 * layer + 1)
         # hook points (TransformerLens names). resid_* show the design's residual view (B, T, d).
-        self.hook_resid_pre = HookPoint()
-        self.hook_resid_mid = HookPoint()
-        self.hook_resid_post = HookPoint()
-        self.hook_attn_in = HookPoint()  # the attention branch input (B, T, d), before its pre-norm
-        self.hook_attn_out = HookPoint()  # raw attention branch output F_j (B, T, d)
-        self.hook_mlp_in = HookPoint()
-        self.hook_mlp_out = HookPoint()
+        self.hook_resid_pre = hook_point()
+        self.hook_resid_mid = hook_point()
+        self.hook_resid_post = hook_point()
+        self.hook_attn_in = hook_point()  # the attention branch input (B, T, d), before its pre-norm
+        self.hook_attn_out = hook_point()  # raw attention branch output F_j (B, T, d)
+        self.hook_mlp_in = hook_point()
+        self.hook_mlp_out = hook_point()
         # norm sites (TransformerLens `ln1`/`ln2`: the branch pre-norms; `ln*_post`: Sandwich's branch post-norms).
         # DeepNorm has no branch pre-norm (its norm is the trunk's, seen at hook_resid_mid/post): no ln1/ln2.
         self.ln1 = NormHooks() if design.branch_prenorm else None
@@ -58,8 +57,8 @@ class Block(nn.Module):
         self.ln1_post = NormHooks() if design.post_norm_on_branch() else None
         self.ln2_post = NormHooks() if design.post_norm_on_branch() else None
         if design.multi_stream:
-            self.hook_streams_pre = HookPoint()  # (B, T, n, d), editable
-            self.hook_streams_post = HookPoint()
+            self.hook_streams_pre = hook_point()  # (B, T, n, d), editable
+            self.hook_streams_post = hook_point()
 
     def forward(
         self,
@@ -84,8 +83,8 @@ class Block(nn.Module):
         def branch(
             sub: Sublayer,
             hooks: Sublayer,
-            hook_in: HookPoint,
-            hook_out: HookPoint,
+            hook_in: nn.Module,
+            hook_out: nn.Module,
             ln: NormHooks | None,
             ln_post: NormHooks | None,
         ) -> Callable[..., torch.Tensor]:
@@ -118,7 +117,7 @@ class Block(nn.Module):
         state = self._hook_view(self.hook_resid_post, state, design, "post")
         return state, carry
 
-    def _hook_view(self, hook: HookPoint, state: State, design: Design, streams: str | None) -> State:
+    def _hook_view(self, hook: nn.Module, state: State, design: Design, streams: str | None) -> State:
         if streams is not None and design.multi_stream:
             state = design.set_streams(state, fire(getattr(self, f"hook_streams_{streams}"), design.streams(state)))
         view = design.view(state)
@@ -130,8 +129,9 @@ class Block(nn.Module):
         return state if out is view else design.set_view(state, out)
 
 
-class DepthModel(HookedRootModule):
-    """LLaMA-like decoder with one of ten residual designs; a TransformerLens `HookedRootModule`."""
+class DepthModel(LensRoot):
+    """LLaMA-like decoder with one of ten residual designs; a TransformerLens `HookedRootModule` from the first
+    use of that surface (hooks, run_with_cache, hook_dict, cfg: `models.lens_root`)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -140,10 +140,10 @@ class DepthModel(HookedRootModule):
         self.design = design_for(config)
         d, V = config.d_model, config.vocab_size
         self.embed_tokens = nn.Embedding(V, d)
-        self.hook_embed = HookPoint()
+        self.hook_embed = hook_point()
         self.blocks = nn.ModuleList([Block(config, self.design, l) for l in range(config.n_layer)])
         self.final_router = self.design.make_final_router()
-        self.hook_resid_final = HookPoint()  # h_L before the final norm (B, T, d)
+        self.hook_resid_final = hook_point()  # h_L before the final norm (B, T, d)
         use_final_norm = not (config.arch == "deepnorm" and not config.deepnorm_final_norm)
         self.norm = RMSNorm(d, config.norm_eps) if use_final_norm else nn.Identity()
         self.ln_final = NormHooks(self.norm) if use_final_norm else None  # TransformerLens' name of the final norm
@@ -151,9 +151,12 @@ class DepthModel(HookedRootModule):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._init_weights()
-        self.cfg = _lens_config(config)
         self.tokenizer: Any = None  # set by depthlens.load for a checkpoint that carries one (Lens.to_tokens)
-        self.setup()
+        self.lens_ready()
+
+    def lens_config(self) -> Any:
+        """The TransformerLens config (`cfg`), built when transformer-lens is first asked for."""
+        return _lens_config(self.config)
 
     # ------------------------------------------------------------------------------------------------
     def _init_weights(self) -> None:
