@@ -91,7 +91,10 @@ def test_loss_signs_erank_and_dead_prefix():
     r = check(er, recs)
     assert r["verdict"] == "reversed" and r["verdict_untrained"] == "holds"
     dead = Claim("at_least", "dead_prefix", "block_attnres", None, 32, "x", bound=1.0)
-    assert check(dead, [rec("block_attnres", 32, seed=s, dead=0) for s in range(3)])["verdict"] == "reversed"
+    r = check(dead, [rec("block_attnres", 32, seed=s, dead=0) for s in range(3)])
+    assert r["verdict"] == "absent" and "zero-width" in r["note"]  # k* = 0 in every run: absent, not its opposite
+    r = check(dead, [rec("block_attnres", 32, seed=s, dead=0, dead_prefix_untrained=0) for s in range(3)])
+    assert r["verdict"] == "absent, as at init" and r["verdict_untrained"] == "absent"
     assert check(dead, [rec("block_attnres", 32, seed=s, dead=8 + s) for s in range(3)])["verdict"] == "holds"
     assert check(dead, [rec("block_attnres", 32, dead=8)])["verdict"] == "unresolved"  # one seed: no interval
 

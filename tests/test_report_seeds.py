@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from depthlens.data.shards import write_shard
 from depthlens.data.tokenizers import ByteTokenizer
+from depthlens.stats.crossed import CROSSED
 from depthlens.stats.orderings import Claim, check
 from depthlens.studies import report as B
 from depthlens.training.config import RunConfig
@@ -98,11 +99,16 @@ def test_report_pools_seeds_and_checks_claims_at_init(trained, tmp_path):
         assert r["eval_loss_untrained"] > r["eval_loss"]  # 6 steps of training already lower the loss
     claim = Claim("order", "causal", "hc", "preln", 4, "test")
     rows = B.comparisons(rep.entries, opts, [claim])
-    assert [r["seed"] for r in rows] == [0, 1] and all("untrained_diff" in r for r in rows)
+    per_seed = [r for r in rows if not r.get("crossed")]
+    assert [r["seed"] for r in per_seed] == [0, 1] and all("untrained_diff" in r for r in per_seed)
+    (crossed,) = [r for r in rows if r.get("crossed")]  # the seeds crossed with the shared eval sequences
+    assert crossed["difference"]["n_seq"] == 6 and crossed["untrained_difference"]["n_units"] == 2
     res = check(claim, recs, rows)
     assert res["seeds"] == [0, 1] and res["interval"]["unit"] == "training seeds"
-    assert res["interval"]["n_units"] == 2 and res["verdict_untrained"] in ("holds", "reversed", "unresolved")
-    assert res["interval"]["estimate"] == pytest.approx(np.mean([r["diff"] for r in rows]))
+    assert res["interval"]["method"] == CROSSED and res["interval"]["n_units"] == 2
+    assert res["verdict_untrained"] in ("holds", "reversed", "absent", "unresolved")
+    # the same seeds on both sides: the difference of the seed means is the mean of the per-seed differences
+    assert res["interval"]["estimate"] == pytest.approx(np.mean([r["diff"] for r in per_seed]))
     text = (tmp_path / "rep" / "README.md").read_text()
     assert "Share against eval-set size" in text and "DepthBench's claims" in text
 

@@ -406,6 +406,13 @@ def render_html(rep) -> str:
     parts.append(f"<p>{_h(orderings.CAVEAT)}</p>")
     parts.append(_html_table(orderings.HEAD, [[_h(c) for c in row] for row in orderings.rows(checked)]))
     parts.append(f"<p>{_h(orderings.summary_line(checked))}</p>")
+    from depthlens.studies import claims as _claims
+
+    plans = _claims.unresolved_plans(rep.comparisons, checked)
+    if plans:
+        parts.append(f'<h2 id="plan">{_h(_claims.PLAN_TITLE)}</h2>')
+        parts.append(f"<p>{_h(_claims.PLAN_NOTE)}</p>")
+        parts.append(_html_table(_claims.PLAN_HEAD, [[_h(c) for c in row] for row in _claims.plan_table(plans)]))
     parts.append('<h2 id="sweeps">Threshold sweeps and crossing points</h2>')
     parts.append(
         "<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
@@ -510,7 +517,13 @@ def render_markdown(rep) -> str:
     out += ["## Trained with", "", TRAINED_WITH_NOTE, "", _md_table(TRAINED_WITH_HEAD, trained_with_rows(recs)), ""]
     if "summary" in rep.figures:
         out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
-    out += [orderings.markdown(orderings.check_all(recs, rep.comparisons)), ""]
+    checked = orderings.check_all(recs, rep.comparisons)
+    out += [orderings.markdown(checked), ""]
+    from depthlens.studies import claims as _claims
+
+    plan_md = _claims.plan_markdown(_claims.unresolved_plans(rep.comparisons, checked))
+    if plan_md:
+        out += [plan_md]
     out += ["## Threshold sweeps and crossing points", ""]
     for k, p in rep.figures.items():
         if k.startswith("sweep_"):

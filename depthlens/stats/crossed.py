@@ -219,7 +219,10 @@ def power(delta: float, variance: float, df: float, level: float = LEVEL) -> flo
         return 1.0 if delta != 0 else 1 - level
     nc = abs(delta) / np.sqrt(variance)
     t = _sps.t.ppf((1 + level) / 2, df)
-    return float(_sps.nct.sf(t, df, nc) + _sps.nct.cdf(-t, df, nc))
+    p = float(_sps.nct.sf(t, df, nc) + _sps.nct.cdf(-t, df, nc))
+    if not np.isfinite(p):  # far in the tail the noncentral t's series fails: its normal limit
+        p = float(_sps.norm.sf(t - nc) + _sps.norm.cdf(-t - nc))
+    return min(max(p, 0.0), 1.0)
 
 
 def plan(

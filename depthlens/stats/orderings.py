@@ -5,12 +5,18 @@ transfer to a 230K-parameter CPU zoo, but orderings and signs can be checked. A 
 over their training seeds (train.json `seed`), and every verdict is read off an interval, never a point:
 
 * "holds"      the interval of the claimed quantity (a difference, a change, a prefix) lies on the claimed side;
-* "reversed"   it lies on the other side;
+* "reversed"   it lies on the other side: the opposite of the claim is seen;
+* "absent"     what the claim says is present is not there: a value claimed at least `bound` lies below it
+               (a dead prefix of k* = 0), or a difference is exactly 0 with a zero-width interval;
+               "absent, as at init" when the untrained models show the same;
 * "unresolved" it straddles the boundary, or there is no interval (e.g. a rank with one seed);
 * "no data"    a checkpoint or score is missing.
 
-Intervals (depthlens.stats.intervals): with ≥ 2 seeds, Student t over per-seed paired differences (two
-designs scored on the same eval sequences) or Welch t (a quantity of two independent sets of runs); with one
+Intervals: with ≥ 2 seeds, a share or loss claim uses the crossed seed × sequence interval
+(depthlens.stats.crossed: every run is scored on the same eval sequences, so the part of the eval noise they
+share is added to the runs' spread) when the report computed it (`"crossed"` rows of its comparisons); reports
+without those rows fall back to Student t over per-seed differences. The effective rank (a property of the
+weights, no eval-sequence sampling in the claim) and the dead prefix use Welch / Student t over runs. With one
 seed, the paired interval over eval sequences, which excludes training variance (the table says so). Every
 claim is also checked on the untrained models of the same configs and seeds ("at init"): a claim that
 already holds there is a property of the architecture at initialisation, not of what training learned.
@@ -43,19 +49,64 @@ class Claim:
     paper: str
     sign: int = 1
     bound: float = 0.0
+    paper_values: tuple[float, float] | None = None  # the paper's (higher, lower) where it gives numbers
 
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
-        "order", "causal", "full_attnres", "preln", 32, "late causal share > 0.45: Full AttnRes ≈16 % vs Pre-LN ≈1 %"
+        "order",
+        "causal",
+        "full_attnres",
+        "preln",
+        32,
+        "late causal share > 0.45: Full AttnRes ≈16 % vs Pre-LN ≈1 %",
+        paper_values=(0.16, 0.01),
     ),
-    Claim("order", "causal", "hc", "preln", 32, "late causal share > 0.45: HC ≈7 % vs Pre-LN ≈1 %"),
-    Claim("order", "causal", "full_attnres", "hc", 32, "late causal share > 0.45: Full AttnRes ≈16 % vs HC ≈7 %"),
     Claim(
-        "order", "perm", "full_attnres", "preln", 32, "late permutation share > 0.15: Full AttnRes ≈46 % vs Pre-LN ≈8 %"
+        "order",
+        "causal",
+        "hc",
+        "preln",
+        32,
+        "late causal share > 0.45: HC ≈7 % vs Pre-LN ≈1 %",
+        paper_values=(0.07, 0.01),
     ),
-    Claim("order", "perm", "hc", "preln", 32, "late permutation share > 0.15: HC ≈35 % vs Pre-LN ≈8 %"),
-    Claim("order", "erank_full", "hc", "mhc", 32, "effective rank of mixing products: HC 2.53–2.81 vs mHC 1.44–1.65"),
+    Claim(
+        "order",
+        "causal",
+        "full_attnres",
+        "hc",
+        32,
+        "late causal share > 0.45: Full AttnRes ≈16 % vs HC ≈7 %",
+        paper_values=(0.16, 0.07),
+    ),
+    Claim(
+        "order",
+        "perm",
+        "full_attnres",
+        "preln",
+        32,
+        "late permutation share > 0.15: Full AttnRes ≈46 % vs Pre-LN ≈8 %",
+        paper_values=(0.46, 0.08),
+    ),
+    Claim(
+        "order",
+        "perm",
+        "hc",
+        "preln",
+        32,
+        "late permutation share > 0.15: HC ≈35 % vs Pre-LN ≈8 %",
+        paper_values=(0.35, 0.08),
+    ),
+    Claim(
+        "order",
+        "erank_full",
+        "hc",
+        "mhc",
+        32,
+        "effective rank of mixing products: HC 2.53–2.81 vs mHC 1.44–1.65",
+        paper_values=(2.67, 1.545),
+    ),
     Claim("sign", "loss_change", "hc", None, 32, "HC improves from L = 16 to L = 32 (loss falls)", sign=-1),
     Claim(
         "sign",
@@ -79,6 +130,33 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 SHARE_SCORES = ("causal", "perm")
+RANK_ONE = 1.01  # an effective rank below this: the product has collapsed to rank 1 (a degenerate readout)
+
+
+def paper_delta(claim: Claim) -> float | None:
+    """The paper's difference higher − lower (an order claim with numbers), else None (a direction only)."""
+    return None if claim.paper_values is None else claim.paper_values[0] - claim.paper_values[1]
+
+
+def crossed_row(claim: Claim, comparisons: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report's crossed seed × sequence row of this claim (studies/claims.py), if it computed one."""
+    return next(
+        (
+            c
+            for c in comparisons
+            if c.get("crossed")
+            and (c.get("score"), c.get("higher"), c.get("lower"), c.get("L"))
+            == (claim.score, claim.higher, claim.lower, claim.L)
+        ),
+        None,
+    )
+
+
+def _from_crossed(d: dict[str, Any] | None) -> iv.Interval | None:
+    """A crossed row's interval (None when it has none: one seed)."""
+    if not d or d.get("low") is None or d.get("high") is None:
+        return None
+    return iv.Interval(d["estimate"], d["low"], d["high"], str(d["method"]), iv.SEEDS, int(d["n_units"]))
 
 
 def claim_cells(score: str, claims: Sequence[Claim] | None = None) -> frozenset[tuple[str, int]]:
@@ -152,6 +230,9 @@ def claim_interval(
 ) -> iv.Interval | None:
     """The interval a verdict is read from: a difference (order), a change (sign) or a value (at_least)."""
     tag = "untrained_" if untrained else ""
+    got_crossed = _from_crossed((crossed_row(claim, comparisons) or {}).get(f"{tag}difference"))
+    if got_crossed is not None:
+        return got_crossed
     hi = runs(records, claim.higher, claim.L)
     if claim.kind == "order":
         lo = runs(records, claim.lower, claim.L)
@@ -188,14 +269,45 @@ def claim_interval(
 
 
 def verdict(claim: Claim, it: iv.Interval | None) -> str:
+    """holds / reversed / absent / unresolved / no data, read off the interval (module docstring)."""
     if it is None:
         return "no data"
     if not (it.low == it.low and it.high == it.high):  # NaN: no interval
         return "unresolved"
     if claim.kind == "at_least":
-        return "holds" if it.low >= claim.bound else "reversed" if it.high < claim.bound else "unresolved"
+        return "holds" if it.low >= claim.bound else "absent" if it.high < claim.bound else "unresolved"
+    if it.low == it.high == 0:
+        return "absent"
     side = it.excludes_zero * (claim.sign if claim.kind == "sign" else 1)
     return "holds" if side > 0 else "reversed" if side < 0 else "unresolved"
+
+
+def with_init(trained: str, init: str) -> str:
+    """The trained verdict with its at-init counterpart where that is what it means: "absent, as at init"."""
+    return "absent, as at init" if trained == "absent" and init == "absent" else trained
+
+
+def what_this_is(
+    claim: Claim, trained: iv.Interval | None, values: Sequence[dict[str, Any] | None], gains: dict[str, list[float]]
+) -> list[str]:
+    """One short line per degenerate readout: a rank-1 effective rank (with its forward gain), a zero-width
+    interval."""
+    out = []
+    if claim.score == "erank_full":
+        for design, v in zip((claim.higher, claim.lower), values):
+            if v and v.get("estimate") is not None and v["estimate"] < RANK_ONE:
+                g = gains.get(design or "")
+                gain = f", forward gain {min(g):.2g}–{max(g):.2g}" if g else ""
+                out.append(
+                    f"what this is: {design}'s mixing product has collapsed to rank 1 (erank {v['estimate']:.4g}"
+                    f"{gain}): the maps blow up along one direction, not a learned low-rank mixing"
+                )
+    if trained is not None and trained.low == trained.high and trained.low == trained.low:
+        out.append(
+            "what this is: a zero-width interval: every run gave the same value, so no spread could be "
+            "estimated (more runs could still differ)"
+        )
+    return out
 
 
 def check(
@@ -217,6 +329,22 @@ def check(
     note = "one seed: the interval excludes training variance" if one else None
     if trained is not None and trained.unit == iv.SEEDS and trained.n_units < 2:
         note = "one seed: no interval for this score"
+    row = crossed_row(claim, comparisons) or {}
+    values = [_dict(design_value(hi, "eval_loss" if claim.kind == "sign" else score)) if hi else None]
+    values.append(_dict(design_value(lo, "eval_loss" if claim.kind == "sign" else score)) if lo else None)
+    for i, v in enumerate(row.get("values") or []):  # the crossed design values, where computed
+        if i < 2 and v.get("low") is not None:
+            values[i] = {k: v.get(k) for k in ("estimate", "low", "high", "method", "unit", "n_units")}
+    extra = [n for n in [(row.get("difference") or {}).get("coverage_note")] if n and trained is not None]
+    gains = {
+        c["design"]: c["gain_fwd"]
+        for c in comparisons
+        if c.get("degenerate") and c.get("score") == claim.score and c.get("L") == claim.L
+    }
+    extra += what_this_is(claim, trained, values, gains)
+    if extra:
+        note = "; ".join([*([note] if note else []), *extra])
+    v_trained, v_init = verdict(claim, trained), verdict(claim, init)
     out = {
         "kind": claim.kind,
         "score": claim.score,
@@ -226,12 +354,12 @@ def check(
         "paper": claim.paper,
         "seeds": seeds,
         "n_runs": [len(hi), len(lo)],
-        "value_higher": _dict(design_value(hi, "eval_loss" if claim.kind == "sign" else score)) if hi else None,
-        "value_lower": _dict(design_value(lo, "eval_loss" if claim.kind == "sign" else score)) if lo else None,
+        "value_higher": values[0],
+        "value_lower": values[1],
         "interval": _dict(trained),
-        "verdict": verdict(claim, trained),
+        "verdict": with_init(v_trained, v_init),
         "interval_untrained": _dict(init),
-        "verdict_untrained": verdict(claim, init),
+        "verdict_untrained": v_init,
         "note": note,
     }
     return out
@@ -260,13 +388,18 @@ def _fmt(d: dict[str, Any] | None, digits: int = 3) -> str:
 
 CAVEAT = (
     "Each row is a claim of the paper at L = 32, checked on these checkpoints over every training seed "
-    "present (a design's value: the t interval over seeds; with one seed, its interval over eval sequences, "
-    "which excludes training variance). The verdict is read off the 95 % interval of the claimed quantity: "
-    "a paired difference between two designs (same eval sequences, same seeds), a change from L = 16 to "
-    "L = 32, or a value against a bound; 'unresolved' means the interval straddles the boundary or does not "
-    "exist. 'at init' is the same check on the untrained models of the same configs and seeds: a claim that "
-    "already holds there comes from the architecture, not from training. On small, briefly trained models a "
-    "claim that holds is consistent with the paper, not a replication of it."
+    "present. Shares and losses: every run is scored on the same eval sequences, so a design value and a "
+    "difference between designs (or depths) get the crossed seed × sequence interval (two-way random effects, "
+    "Satterthwaite t: the runs' spread plus the eval noise they share), where the report computed it; the "
+    "effective rank and the dead prefix, Welch / Student t over runs; with one seed, the interval over eval "
+    "sequences, which excludes training variance. The verdict is read off the 95 % interval of the claimed "
+    "quantity: 'holds' on the claimed side, 'reversed' on the other, 'absent' when what is claimed is not "
+    "there (a bound not reached, a difference of exactly 0), 'absent, as at init' when the untrained models "
+    "show the same, 'unresolved' when the interval straddles the boundary or does not exist; a note beside a "
+    "verdict gives the interval's simulated coverage where it falls short of 90 %, and says what a degenerate "
+    "readout is. 'at init' is the same check on the untrained models of the same configs and seeds: a claim "
+    "that already holds there comes from the architecture, not from training. On small, briefly trained "
+    "models a claim that holds is consistent with the paper, not a replication of it."
 )
 HEAD = (
     "claim (paper)",
@@ -302,11 +435,13 @@ def rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
 
 def summary_line(results: Sequence[dict[str, Any]]) -> str:
     n = {v: sum(r["verdict"] == v for r in results) for v in ("holds", "reversed", "unresolved", "no data")}
+    absent = sum(r["verdict"].startswith("absent") for r in results)
+    as_init = sum(r["verdict"] == "absent, as at init" for r in results)
     init = sum(r["verdict"] == "holds" and r["verdict_untrained"] == "holds" for r in results)
     return (
-        f"Summary: {n['holds']} hold, {n['reversed']} reversed, {n['unresolved']} unresolved, {n['no data']} "
-        f"without data, of {len(results)} claims (every verdict from an interval); {init} of those that hold "
-        "already hold at init."
+        f"Summary: {n['holds']} hold, {n['reversed']} reversed, {absent} absent ({as_init} as at init), "
+        f"{n['unresolved']} unresolved, {n['no data']} without data, of {len(results)} claims (every verdict "
+        f"from an interval); {init} of those that hold already hold at init."
     )
 
 

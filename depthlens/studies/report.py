@@ -251,6 +251,19 @@ def comparisons(
                         }
                     )
             out.append(jsonable(row))
+    # the claims' design values and differences over seeds, crossed with the shared eval sequences
+    # (studies.claims; orderings reads these rows first), and what a rank-1 readout is
+    from depthlens.studies.claims import crossed_rows, degenerate_rows
+
+    cl = CLAIMS if claims is None else claims
+    out += crossed_rows(
+        {k: e.datasets for k, e in by.items()},
+        {k: e.untrained for k, e in by.items()},
+        cl,
+        n_boot=opts.n_boot,
+        seed=opts.seed,
+    )
+    out += degenerate_rows({k: e.datasets for k, e in by.items()}, cl)
     return out
 
 
