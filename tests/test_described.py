@@ -5,6 +5,7 @@ refusal of a bad description."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -305,3 +306,231 @@ def test_a_causal_model_is_not_refused_at_any_thread_count(net):
             _wrap(net)
     finally:
         torch.set_num_threads(was)
+
+
+# --- from the command line: FILE.py:FUNCTION --weights W --------------------------------------------------------
+
+BAD_SRC = """
+import torch
+from torch import nn
+
+import depthlens
+
+
+class Toy(nn.Module):
+    def __init__(self, blocks, d=8, vocab=11):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(blocks)
+        self.out = nn.Linear(d, vocab)
+
+
+class Grow(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.cat([x, self.lin(x)], -1)
+
+
+class Peek(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.lin(x.mean(1, keepdim=True))
+
+
+def _wrap(toy, **kw):
+    return depthlens.wrap(toy, **{"embed": toy.emb, "blocks": toy.blocks, "head": toy.out, **kw})
+
+
+def grow():
+    return _wrap(Toy([Grow()]))
+
+
+def head():
+    return _wrap(Toy([nn.Linear(8, 8)]), head=lambda x: x.sum(-1))
+
+
+def view():
+    return _wrap(Toy([nn.Linear(8, 8)]), view=lambda x: x[..., :4])
+
+
+def share():
+    lin = nn.Linear(8, 8)
+    return _wrap(Toy([nn.Sequential(lin), nn.Sequential(lin)]))
+
+
+def peek():
+    return _wrap(Toy([Peek()]))
+"""
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory):
+    """mymodel.py (the tiny Pre-LN model with its describe()), its trained-looking weights, and bad.py."""
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("own")
+    (d / "mymodel.py").write_text(TINY_SRC)
+    (d / "bad.py").write_text(BAD_SRC)
+    (d / "run").mkdir()
+    save_file(_net(seed=1).state_dict(), str(d / "run" / "model.safetensors"))
+    torch.save(_net(seed=1).state_dict(), d / "model.pt")
+    return d
+
+
+def _cli(args, cwd):
+    import os
+
+    from typer.testing import CliRunner
+
+    from depthlens.cli import app
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(here)
+
+
+EVAL = ["--n-seq", "2", "--seq-len", "16", "--threads", "1"]
+
+
+@pytest.mark.parametrize("command", ["causal", "permute", "angular"])
+def test_cli_runs_a_described_model_as_the_api_does(user_dir, command):
+    out = user_dir / f"{command}.nc"
+    r = _cli([command, "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL, "-o", out], user_dir)
+    assert r.exit_code == 0, r.output
+    import xarray as xr
+
+    from depthlens.studies import api
+
+    with xr.open_dataset(out) as ds:
+        var = {"causal": "causal_score", "permute": "perm_abs", "angular": "angular_distance"}[command]
+        got = ds[var].values
+        assert ds.attrs["described_function"] == "describe"
+        assert ds.attrs["described_file_sha256"] == _sha(user_dir / "mymodel.py")
+        assert ds.attrs["weights_sha256"] == _sha(user_dir / "run" / "model.safetensors")
+    ref = f"{user_dir / 'run' / 'model.safetensors'}@{user_dir / 'mymodel.py'}:describe"
+    fn = {"causal": api.causal, "permute": api.permutation, "angular": api.angular}[command]
+    want = fn(ref, n_seq=2, seq_len=16)[var].values
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True)
+    if command == "causal":  # the trained weights were loaded, not the function's own init
+        own = fn(f"{user_dir / 'mymodel.py'}:describe", n_seq=2, seq_len=16)[var].values
+        assert not np.allclose(own, want, equal_nan=True)
+
+
+def _sha(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_report_and_compare_put_a_described_model_beside_a_native_one(user_dir, tmp_path):
+    from depthlens.models.config import ModelConfig
+    from depthlens.models.model import build_model
+
+    native = tmp_path / "preln_l4"
+    cfg = ModelConfig(arch="preln", n_layer=4, d_model=32, n_head=2, vocab_size=257, max_seq_len=64)
+    depthlens.save(build_model(cfg, seed=0), native)
+    out = tmp_path / "report"
+    args = ["report", native, "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL[:4]]
+    r = _cli([*args, "--metrics", "causal", "--n-boot", "0", "-o", out, "--quiet"], user_dir)
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads((out / "summary.json").read_text())
+    names = {row["checkpoint"] for row in (rows["rows"] if isinstance(rows, dict) else rows)}
+    assert names == {"preln_l4", "mymodel.py_describe"}
+
+
+def test_weights_pair_with_models_in_order_and_a_bad_pairing_is_a_usage_error(user_dir):
+    from depthlens.adapters.userref import pair_weights, parse_ref
+
+    got = pair_weights(["compare", "ck/hc", "a.py:f", "--weights", "w1", "b.py:g", "--weights=w2"])
+    assert [parse_ref(a) for a in got[2:]] == [
+        parse_ref(f"w1@{user_dir.anchor}" + str(Path("a.py").resolve())[1:] + ":f"),
+        parse_ref(f"w2@{Path('b.py').resolve()}:g"),
+    ]
+    assert parse_ref(got[2]).name == "a.py:f"
+    r = _cli(["causal", "mymodel.py:describe", "--weights", "a", "--weights", "b"], user_dir)
+    assert r.exit_code == 2 and "2 --weights for 1 FILE.py:FUNCTION" in r.output
+
+
+def test_a_pickle_is_refused_with_the_conversion_line(user_dir):
+    r = _cli(["causal", "mymodel.py:describe", "--weights", "model.pt", *EVAL, "-o", "p.nc"], user_dir)
+    assert r.exit_code == 1
+    assert "never unpickles" in r.output and "safetensors.torch.save_file(model.state_dict()" in r.output
+    assert not (user_dir / "p.nc").exists()
+
+
+def test_strict_keys_one_line(user_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    sd = _net(seed=1).state_dict()
+    sd.pop("ln_f.weight")
+    sd["extra.weight"] = torch.zeros(2)
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    r = _cli(["causal", "mymodel.py:describe", "--weights", tmp_path / "w.safetensors", *EVAL], user_dir)
+    assert r.exit_code == 1
+    assert "missing 'ln_f.weight'" in r.output and "unexpected 'extra.weight'" in r.output
+
+
+REFUSALS = {
+    "grow": "block 0 changes the state's shape",
+    "head": "head returned",
+    "view": "the view of the embed output",
+    "share": "share a module",
+    "peek": "not causal",
+}
+
+
+@pytest.mark.parametrize("fn", list(REFUSALS))
+def test_bad_descriptions_exit_1_with_one_line_and_no_file(user_dir, fn):
+    r = _cli(["causal", f"bad.py:{fn}", *EVAL, "-o", f"{fn}.nc"], user_dir)
+    lines = [l for l in r.output.splitlines() if l.strip() and not l.startswith("loading")]
+    assert r.exit_code == 1, r.output
+    assert len(lines) == 1 and REFUSALS[fn] in lines[0], r.output
+    assert not (user_dir / f"{fn}.nc").exists()
+
+
+def test_a_bad_description_in_a_real_process(user_dir):
+    """As a user runs it: exit status 1, one line on stderr, no traceback, nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "depthlens.cli", "causal", "bad.py:peek", *EVAL, "-o", "real.nc"],
+        cwd=user_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("loading")]
+    assert p.returncode == 1 and len(lines) == 1 and "not causal" in lines[0], p.stderr
+    assert not (user_dir / "real.nc").exists()
+
+
+def test_code_in_a_checkpoint_directory_never_runs(user_dir, tmp_path):
+    """A weights directory (or a checkpoint directory) holding Python files: none of them is imported."""
+    from safetensors.torch import save_file
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    marker = tmp_path / "ran"
+    for name in ("mymodel.py", "modeling_evil.py", "__init__.py"):
+        (ck / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (ck / "config.json").write_text('{"model_type": "evil", "auto_map": {"AutoModelForCausalLM": "modeling_evil.M"}}')
+    save_file(_net(seed=1).state_dict(), str(ck / "model.safetensors"))
+    r = _cli(["causal", "mymodel.py:describe", "--weights", ck, *EVAL, "-o", tmp_path / "c.nc"], user_dir)
+    assert r.exit_code == 0, r.output  # the weights are read from the directory, its mymodel.py is not the one run
+    r = _cli(["causal", ck, *EVAL, "-o", tmp_path / "d.nc"], user_dir)
+    assert r.exit_code == 1 and not (tmp_path / "d.nc").exists()
+    assert not marker.exists()

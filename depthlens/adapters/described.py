@@ -44,12 +44,22 @@ from ..errors import DepthlensError
 from ..models.protocol import check_run_layers_args, same_logits
 from ..models.readouts import Readouts, readout_key, sublayer_label
 from ..models.residual.base import Design, RunContext, State, apply_keep
+from .userref import PICKLE_HINT, Ref, pair_weights, parse_ref
 
 UserState = Any  # torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
 OnLayer = Callable[[int, State, torch.Tensor], None]
 Mix = Mapping[str, Any]
 
-__all__ = ["DescribedModel", "Description", "DescriptionError", "wrap"]
+__all__ = [
+    "DescribedModel",
+    "Description",
+    "DescriptionError",
+    "Ref",
+    "open_described",
+    "pair_weights",
+    "parse_ref",
+    "wrap",
+]
 
 
 class DescriptionError(DepthlensError):
@@ -645,3 +655,171 @@ def wrap(
     desc = Description(embed, blocks, head, view, sublayers, mixing, design, final, max_seq_len)
     cls = MixingDescribedModel if mixing is not None else DescribedModel
     return cls(module, desc)
+
+
+# --- from the command line: FILE.py:FUNCTION[@WEIGHTS] ---------------------------------------------------------
+
+
+def _sha256(path: Any) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _user_function(ref: Ref) -> tuple[Callable[[], Any], str]:
+    """Import the user's file by its path (the user named it on the command line) and return FUNCTION."""
+    import importlib.util
+    import sys
+
+    from ..io.files import regular_file
+
+    path = regular_file(ref.file, "a Python file with the model's description", error=DescriptionError).resolve()
+    digest = _sha256(path)
+    name = f"_depthlens_user_{path.stem}_{digest[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise DescriptionError(f"{ref.file}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # the user's own helpers next to their file
+    try:
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise DescriptionError(f"{ref.file}: importing it raised {_one_line(e)}") from None
+    finally:
+        if sys.path and sys.path[0] == str(path.parent):
+            del sys.path[0]
+    fn = getattr(module, ref.function, None)
+    if not callable(fn):
+        raise DescriptionError(f"{ref.file}: no function {ref.function!r}")
+    return fn, digest
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def weight_files(weights: Any) -> list[Any]:
+    """The safetensors files of `weights`: one file, or a Hugging Face directory (model.safetensors or the shards
+    of its index). A pickle file (torch.save) is refused with the one line that converts it; nothing is unpickled."""
+    from pathlib import Path
+
+    from ..errors import CheckpointError
+    from ..io.weights import safetensors_files, safetensors_header
+
+    w = Path(weights)
+    if w.is_dir():
+        files = safetensors_files(w)
+        if not files:
+            raise CheckpointError(
+                f"{w}: no safetensors weights (model.safetensors or an index of shards); depthlens never unpickles "
+                f"files. Save them with {PICKLE_HINT}"
+            )
+        return files
+    if not w.exists():
+        raise CheckpointError(f"{w}: no such weights file or directory")
+    try:
+        safetensors_header(w)
+    except CheckpointError:
+        raise CheckpointError(
+            f"{w}: not a safetensors file (a torch.save pickle?); depthlens never unpickles files. Convert it once, "
+            f"in an environment you trust, with {PICKLE_HINT}"
+        ) from None
+    return [w]
+
+
+def load_weights(model: DescribedModel, weights: Any) -> str:
+    """Load `weights` into the wrapped module with strict key checking (one line naming missing and unexpected
+    keys; a tied weight saved once counts for every name it has); returns the weights' sha256."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from ..errors import CheckpointError
+    from ..io.weights import check_finite
+
+    files = weight_files(weights)
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    own = model.module.state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for k, v in own.items():
+        groups.setdefault(id(v), []).append(k)
+    missing = [k for k in own if k not in sd and not any(o in sd for o in groups[id(own[k])])]
+    unexpected = sorted(set(sd) - set(own))
+    if missing or unexpected:
+        parts = [
+            f"missing {_names(missing)}" if missing else "",
+            f"unexpected {_names(unexpected)}" if unexpected else "",
+        ]
+        raise CheckpointError(f"{weights}: the weights do not match the model: " + "; ".join(p for p in parts if p))
+    for k, v in sd.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise CheckpointError(
+                f"{weights}: tensor {k!r} has shape {tuple(v.shape)}, the model's has {tuple(own[k].shape)}"
+            )
+    for k in own:  # a tied weight saved under one of its names fills the others too
+        if k not in sd:
+            sd[k] = next(sd[o] for o in groups[id(own[k])] if o in sd)
+    model.module.load_state_dict(sd, strict=True)
+    check_finite(model.module.named_parameters(), weights)
+    if len(files) == 1:
+        return _sha256(files[0])
+    h = hashlib.sha256()  # shards: the hash of the shard hashes, in file order
+    for f in files:
+        h.update(_sha256(f).encode())
+    return h.hexdigest()
+
+
+def _names(keys: Sequence[str]) -> str:
+    return ", ".join(map(repr, keys[:4])) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+
+def open_described(
+    ref: Ref, *, device: str = "cpu", dtype: Any = None, device_map: Any = None
+) -> tuple[DescribedModel, dict[str, Any]]:
+    """Run the user's FUNCTION (it returns `wrap(...)`), load the weights strictly, move or place it; returns the
+    model (eval mode) and its provenance (the file's path and sha256, the function, the weights' path and sha256)."""
+    from pathlib import Path
+
+    fn, file_sha = _user_function(ref)
+    try:
+        model = fn()
+    except DepthlensError:
+        raise
+    except Exception as e:
+        raise DescriptionError(f"{ref.file}: {ref.function}() raised {_one_line(e)}") from None
+    if not isinstance(model, DescribedModel):
+        raise DescriptionError(
+            f"{ref.file}: {ref.function}() returned {type(model).__name__}; it must return depthlens.wrap(...)"
+        )
+    prov: dict[str, Any] = {
+        "model_source": "described",
+        "model_path": str(ref),
+        "model_family": "described",
+        "adapter_path": "described",
+        "described_file": str(Path(ref.file).resolve()),
+        "described_file_sha256": file_sha,
+        "described_function": ref.function,
+        "described_design": model.description.design,
+    }
+    if ref.weights is not None:
+        prov["weights_path"] = str(Path(ref.weights).resolve())
+        prov["weights_sha256"] = load_weights(model, ref.weights)
+        prov["weights_format"] = "safetensors"
+    else:
+        prov["weights_path"] = "none (as the function returns it)"
+    if dtype is not None:
+        model.module.to(dtype)
+    if device_map is not None:
+        model.place(device_map)
+    else:
+        model.module.to(device)
+    return model.eval(), prov

@@ -3,6 +3,8 @@
     op = open_model("ckpt/preln_l32")          # a depthlens checkpoint directory
     op = open_model("models/SmolLM2")          # a local Hugging Face directory (LLaMA, Mistral, Qwen2/3, GPT-2, ...)
     op = open_model("smollm2.Q4_1.gguf")       # a llama.cpp GGUF file, dequantised by transformers + gguf
+    op = open_model("run/model.safetensors@mymodel.py:describe")   # your own model: mymodel.describe() returns
+                                               # depthlens.wrap(...), the weights load strictly (docs/own-model.md)
     op.model, op.meta, op.tokenizer, op.provenance
 
 Every CLI command and the Python API open checkpoints here and nowhere else; later code asks the model
@@ -107,7 +109,8 @@ def open_model(
     device_map: Any = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Opened:
-    """Open a depthlens checkpoint directory, a local HF directory or a GGUF file (see module docstring).
+    """Open a depthlens checkpoint directory, a local HF directory, a GGUF file, or a described model
+    `[WEIGHTS@]FILE.py:FUNCTION` (the user's file runs because they named it; see module docstring).
 
     dtype: None keeps float32 for foreign models and the saved dtype for depthlens ones. tokenizer: a spec
     ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. device_map (HF and GGUF models through the
@@ -116,6 +119,11 @@ def open_model(
     (tensors done, total) while a GGUF file is dequantised (the minute-long part of opening one).
     Raises CheckpointError (one line).
     """
+    from .userref import parse_ref
+
+    ref = parse_ref(path)
+    if ref is not None:  # FILE.py:FUNCTION (the user's own file, named on the command line): docs/own-model.md
+        return _finish(_open_described(ref, device=device, dtype=dtype, device_map=device_map), tokenizer)
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint directory or GGUF file")
@@ -149,6 +157,11 @@ def open_model(
                 )
             else:
                 op = _open_native(p, device=device, dtype=dtype)
+    return _finish(op, tokenizer)
+
+
+def _finish(op: Opened, tokenizer: str | None) -> Opened:
+    """The steps every source shares: the tokenizer override, provenance, the Opened record on the model."""
     if tokenizer:
         from ..data.tokenizers import get_tokenizer
 
@@ -213,6 +226,25 @@ def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
         "weights_format": "safetensors",
     }
     return Opened(ck.model.eval(), meta, tok, prov)
+
+
+# --- described models (FILE.py:FUNCTION) -------------------------------------------------------------------
+
+
+def _open_described(ref: Any, *, device: str, dtype: Any, device_map: Any = None) -> Opened:
+    from .described import open_described
+
+    model, prov = open_described(ref, device=device, dtype=dtype, device_map=device_map)
+    meta = ModelMeta(
+        kind="described",
+        path=str(ref),
+        name=ref.name,
+        arch=model.design.slug,
+        family="described",
+        n_layer=model.n_layer,
+        config=model.config.to_dict(),
+    )
+    return Opened(model, meta, None, prov)
 
 
 # --- Hugging Face directories ----------------------------------------------------------------------------
@@ -432,7 +464,9 @@ def gguf_header(p: Path) -> dict[str, Any]:
         )
     types = Counter(t.tensor_type.name for t in reader.tensors)
     matrices = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight")
-    quant = (matrices or types).most_common(1)[0][0] if types else "none"
+    quant = _file_type(field_value("general.file_type"))  # the file's own label (Q4_K_M), not a tensor count
+    if quant is None:  # no header label: the most common matrix type, and it says so
+        quant = f"{(matrices or types).most_common(1)[0][0]} (most common tensor type)" if types else "none"
     return {
         "architecture": arch,
         "n_layer": blocks,
@@ -440,6 +474,20 @@ def gguf_header(p: Path) -> dict[str, Any]:
         "context_length": head.context_length,
         "tensor_types": ",".join(f"{k}:{v}" for k, v in sorted(types.items())),
     }
+
+
+def _file_type(value: Any) -> str | None:
+    """llama.cpp's `general.file_type` as its name without the MOSTLY_/ALL_ prefix (15 -> "Q4_K_M"); None when
+    absent or unknown."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    try:
+        from gguf import LlamaFileType
+
+        name = LlamaFileType(value).name
+    except (ImportError, ValueError):
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 @functools.cache
@@ -517,6 +565,18 @@ def describe(op: Opened) -> dict[str, Any]:
 
             s["trained_at_commit"] = train.get("git_sha")
             s["code_version_warning"] = code_version_warning(train)
+    elif op.meta.kind == "described":
+        total = sum(t.numel() for t in m.module.parameters())
+        s = {
+            "design": m.design.slug,
+            "design_name": f"{m.design.slug} (described: {op.provenance.get('model_path')})",
+            "n_layer": m.n_layer,
+            "d_model": m.d_model,
+            "vocab_size": m.vocab_size,
+            "aspect_ratio": m.d_model / m.n_layer,
+            "params_total": total,
+            "params_non_embedding": sum(t.numel() for b in m.layers for t in b.parameters()),
+        }
     else:
         c = m.hf_config
         params = dict(m.hf.named_parameters())

@@ -47,6 +47,7 @@ class OneLineErrors(TyperGroup):
     ) -> Any:
         sanitise_thread_env()
         try:
+            args = _pair_weights(args)
             if sys.stdout is None:  # started with stdout closed (`>&-`): every result printed would be lost silently
                 raise _click.exceptions.ClickException(
                     "stdout is closed: nothing could be printed; redirect it to a "
@@ -81,6 +82,21 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _pair_weights(args: Any) -> Any:
+    """Each `--weights W` attached, in order, to a FILE.py:FUNCTION model argument (`adapters.userref`), so every
+    command that takes checkpoint paths takes described models (docs/own-model.md); a bad pairing is a usage error."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not any(a == "--weights" or a.startswith("--weights=") for a in argv):
+        return args
+    from ..adapters.userref import pair_weights
+    from ..errors import UsageError
+
+    try:
+        return pair_weights(argv)
+    except UsageError as e:
+        raise _click.exceptions.UsageError(str(e)) from None
 
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -217,6 +233,12 @@ def _other_rank() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and int(os.environ.get("RANK", "0") or 0) != 0
 
 
+def deprecated(old: str, new: str) -> None:
+    """One line on stderr for an old spelling that still works this version (`old` is removed in the next)."""
+    if not _other_rank():
+        sys.stderr.write(f"depthlens: note: {old} is deprecated and will be removed in the next version; use {new}\n")
+
+
 def fail(message: str, code: int = 1) -> None:
     """Print one line to stderr and exit with `code` (1 = domain error, 2 = usage)."""
     if not _rank0_voice:
@@ -233,12 +255,6 @@ def rank0_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         global _rank0_voice
         _rank0_voice = _other_rank()
-def deprecated(old: str, new: str) -> None:
-    """One line on stderr for an old spelling that still works this version (`old` is removed in the next)."""
-    if not _other_rank():
-        sys.stderr.write(f"depthlens: note: {old} is deprecated and will be removed in the next version; use {new}\n")
-
-
         try:
             return fn(*args, **kwargs)
         finally:
