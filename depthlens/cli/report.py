@@ -54,9 +54,9 @@ def report(
     untrained: Annotated[
         str,
         typer.Option(
-            help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres, or 'none'."
+            help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres,logit_lens,tuned_lens, or 'none'."
         ),
-    ] = "causal,permutation,rank,attnres",
+    ] = "causal,permutation,rank,attnres,logit_lens,tuned_lens",
     untrained_perm_n_seq: Annotated[
         int,
         typer.Option(

@@ -284,6 +284,24 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         figure="depthlens.render.figures:fig_mixing",
         title="Depth-mixing matrix M[i → j]",
     ),
+    *(
+        Diagnostic(
+            f"{kind}_lens",
+            f"depthlens.diagnostics.lens:{kind}_lens",
+            summary,
+            aliases=(f"{kind}lens",),
+            figure="depthlens.render.lens:fig_lens",
+            title=f"{kind.capitalize()} lens: KL to the final layer and top-1 agreement by relative depth",
+            record=f"depthlens.studies.lens_summaries:{kind}_lens_record",
+            record_fields=tuple(f"{kind}_lens_{k}" for k in ("forms", "forms_low", "forms_high", "kl_mid", "agree_mid", "forms_at")),
+            columns=(Column(f"{kind} lens forms at l/L", f"{kind} forms", f"{kind}_lens_forms", ".2f"),),
+            view="depthlens.studies.lens_summaries:lens_view",
+        )
+        for kind, summary in (
+            ("logit", "logit lens: KL to the final layer, target rank and top-1 agreement at every layer boundary"),
+            ("tuned", "tuned lens (trained affine translators): KL to the final layer, target rank, top-1 agreement"),
+        )
+    ),
 )
 
 _EXTRA: list[Diagnostic] = []  # added by `register` (tests, plug-ins), after the shipped ones
@@ -423,4 +441,4 @@ def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
 
 
 # record fields whose value on the untrained model (`<field>_untrained`) a report row also carries
-UNTRAINED_RECORD_FIELDS = ("eval_loss", "erank_full", "dead_prefix")
+UNTRAINED_RECORD_FIELDS = ("eval_loss", "erank_full", "dead_prefix", "logit_lens_forms", "tuned_lens_forms")

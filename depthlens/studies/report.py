@@ -109,7 +109,13 @@ RECORD_BASE = (
     "eval_loss",
     "eval_loss_untrained",
 )
-RECORD_END = ("erank_full_untrained", "dead_prefix_untrained", "path")
+RECORD_END = (
+    "erank_full_untrained",
+    "dead_prefix_untrained",
+    "logit_lens_forms_untrained",
+    "tuned_lens_forms_untrained",
+    "path",
+)
 RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
 
