@@ -293,7 +293,9 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
             figure="depthlens.render.lens:fig_lens",
             title=f"{kind.capitalize()} lens: KL to the final layer and top-1 agreement by relative depth",
             record=f"depthlens.studies.lens_summaries:{kind}_lens_record",
-            record_fields=tuple(f"{kind}_lens_{k}" for k in ("forms", "forms_low", "forms_high", "kl_mid", "agree_mid", "forms_at")),
+            record_fields=tuple(
+                f"{kind}_lens_{k}" for k in ("forms", "forms_low", "forms_high", "kl_mid", "agree_mid", "forms_at")
+            ),
             columns=(Column(f"{kind} lens forms at l/L", f"{kind} forms", f"{kind}_lens_forms", ".2f"),),
             view="depthlens.studies.lens_summaries:lens_view",
         )
