@@ -103,3 +103,26 @@ def test_a_crossed_row_takes_precedence_over_per_seed_rows():
     assert check(claim, recs, per_seed)["verdict"] == "holds"
     r = check(claim, recs, [*per_seed, crossed])
     assert r["verdict"] == "unresolved" and r["interval"]["method"] == cr.CROSSED and "66 %" in r["note"]
+
+
+def test_plan_command_on_the_report_and_on_checkpoints_without_seeds(zoo, tmp_path):
+    """`depthlens plan REPORT_DIR --json` prints the plan rows computed from the report's datasets; checkpoints
+    that give no claim two runs per design fail with one line (after computing their scores)."""
+    from typer.testing import CliRunner
+
+    import depthlens
+    from depthlens.cli import app
+    from depthlens.models import ModelConfig, build_model
+
+    r = CliRunner().invoke(app, ["plan", str(ZOO), "--json", "--n-boot", "200", "--sequences", "32"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    want = K.plan_rows(zoo[1], CLAIMS, sequences=[32])
+    assert [p["claim"] for p in got] == [p["claim"] for p in want]
+    assert got[3]["observed"]["seeds_needed"] == want[3]["observed"]["seeds_needed"]
+    assert set(got[0]["observed"]["seeds_needed"]) == {"16", "32", "64"}
+    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
+    ck = depthlens.save(m, tmp_path / "preln_l4")
+    r = CliRunner().invoke(app, ["plan", str(ck), "--n-seq", "2", "--seq-len", "16", "--n-boot", "10"])
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "needs >= 2 seeds per design" in lines[0], r.output

@@ -272,6 +272,7 @@ CLI_ORDER = (
     "report",
     "track",
     "compare",
+    "plan",
     "shapes",
     "prepare",
     "train",
@@ -292,6 +293,7 @@ CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_doc
     "    export=depthlens-out/hc_l4 'snapshots=[25,50,100]'     # 100 steps of hc_l4's recipe, with snapshots (30 s)\n"
     "depthlens track .cache/depthlens/runs/docs/hc_l4 --n-seq 8 --out depthlens-out/track",
     "compare": "depthlens compare checkpoints/preln_l8 checkpoints/hc_l8 --metrics causal,perm_abs",
+    "plan": "depthlens plan reports/zoo       # or checkpoints: >= 2 training seeds per design a claim compares",
     "shapes": "depthlens shapes --target 407M --design hc",
     "prepare": "depthlens prepare --out data/offline --max-bytes 1000000           # the packaged offline corpus, capped\n"
     "python -c 'import this' > data/zen.txt                               # or your .txt/.jsonl/.parquet files\n"
