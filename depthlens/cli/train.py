@@ -45,10 +45,12 @@ def train(
         typer.echo("\n".join(runs))
         return
     from ..training.config import load_recipe
+    from ..training.outputs import check_recipe_export
     from .feedback import bar
 
     overrides, run = split_run_name(overrides or [], run)
     cfg = load_recipe(recipe, overrides, run=run)  # validated before any work; also sizes the bar
+    check_recipe_export(recipe, overrides, run)  # said before any data is built or a step is trained
     main = int(os.environ.get("RANK", "0")) == 0
     missing = no_shards(Path(cfg.data))
     raw = read_recipe(recipe)

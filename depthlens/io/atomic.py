@@ -50,12 +50,14 @@ from .ownership import (
     _not_owner,
     _now,
     check_name,
+    check_not_in_checkpoint,
     check_target,
     check_unedited,
     check_writable,
     distinct_outputs,
     file_hashes,
     legacy_kind,
+    listing,
     marker_payload,
     read_marker,
     recognise,
@@ -91,6 +93,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_name",
+    "check_not_in_checkpoint",
     "check_target",
     "check_unedited",
     "check_writable",
@@ -100,6 +103,7 @@ __all__ = [
     "fit_name",
     "follow_umask",
     "legacy_kind",
+    "listing",
     "main",
     "marker_payload",
     "name_max",
@@ -122,12 +126,20 @@ __all__ = [
 
 
 def write_marker(
-    directory: str | os.PathLike[str], kind: str, *, files: dict[str, str] | None = None, **owner: object
+    directory: str | os.PathLike[str],
+    kind: str,
+    *,
+    files: dict[str, str] | None = None,
+    contents: dict[str, str] | None = None,
+    **owner: object,
 ) -> None:
-    """Mark `directory` as depthlens output of `kind` (owner: who may replace it, e.g. run=<run dir>)."""
+    """Mark `directory` as depthlens output of `kind` (owner: who may replace it, e.g. run=<run dir>; files: hashes
+    of files written in place; contents: `listing` of a directory written whole, what the marker marks)."""
     m = marker_payload(kind, **owner)
     if files:
         m["files"] = files
+    if contents is not None:
+        m["contents"] = contents
     atomic_write_text(Path(directory) / MARKER, json.dumps(m, indent=1, sort_keys=True) + "\n")
 
 
@@ -158,7 +170,8 @@ def adopt(path: str | os.PathLike[str], owner: dict[str, Any] | None = None) -> 
         files = file_hashes(path, ("track.nc", "track.png", "README.md"))
         if (path / "parts").is_dir() and read_marker(path / "parts") is None:
             write_marker(path / "parts", "track cache", adopted=True)
-    write_marker(path, kind, files=files, adopted=True, **owner)
+    whole = kind in ("dataset", "report", "checkpoint", "converted checkpoint", "resume state")
+    write_marker(path, kind, files=files, contents=listing(path) if whole else None, adopted=True, **owner)
     return f"{path}: marked as depthlens {kind}"
 
 
@@ -168,6 +181,7 @@ def claim_dir(path: str | os.PathLike[str], kind: str, *, create: bool = True, *
     marker of this `kind` (and `owner`). Refuses (one line) before anything is written."""
     path = Path(path)
     check_name(path)
+    check_not_in_checkpoint(path)
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise DepthlensError(f"{path}: exists and is not a directory")
     if path.is_dir() and any(path.iterdir()):
@@ -344,7 +358,7 @@ def atomic_dir(
             tmp.mkdir()  # umask permissions (mkdtemp would make it 0700)
             try:
                 yield tmp
-                write_marker(tmp, kind or (kinds[0] if kinds else "output"), **(owner or {}))
+                write_marker(tmp, kind or (kinds[0] if kinds else "output"), contents=listing(tmp), **(owner or {}))
                 swap_in(tmp, path)
             except BaseException:
                 _remove(tmp)

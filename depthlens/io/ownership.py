@@ -103,13 +103,30 @@ def legacy_kind(path: str | os.PathLike[str]) -> str | None:
     man = _json(path / "manifest.json")
     if isinstance(man, dict) and (path / "index.html").is_file() and man.get("title") == "depthlens report":
         return "report"
-    if isinstance(man, dict) and ("shards" in man or "data_hash" in man):
+    if isinstance(man, dict) and _whole_dataset(path, man):
         return "dataset"
     if (path / "track.nc").is_file() and _nc_is_ours(path / "track.nc"):
         return "track"
     if legacy_kind(path / "resume") == "resume state" or legacy_kind(path / "checkpoint") == "checkpoint":
         return "run"
     return None
+
+
+def _whole_dataset(path: Path, man: dict[str, Any]) -> bool:
+    """A token dataset, whole: its manifest lists shards, every one is a file here, and nothing else is here but
+    the manifest and its tokenizer folder (a user's folder holding a `manifest.json` with a `shards` key is not)."""
+    entries: list[Any] = list(man.get("shards") or []) if isinstance(man.get("shards"), list) else []
+    splits = man.get("splits")
+    if isinstance(splits, dict):
+        for sp in splits.values():
+            entries += sp.get("shards") or [] if isinstance(sp, dict) and isinstance(sp.get("shards"), list) else []
+    names = {e.get("file") if isinstance(e, dict) else e for e in entries}
+    if not names or not all(isinstance(n, str) and "/" not in n and (path / n).is_file() for n in names):
+        return False
+    tok = man.get("tokenizer")
+    tok_dir = tok.get("dir") if isinstance(tok, dict) and isinstance(tok.get("dir"), str) else None
+    allowed = {"manifest.json", MARKER, *names} | ({tok_dir} if tok_dir else set())
+    return all(c.name in allowed and (c.is_file() or c.name == tok_dir) for c in path.iterdir())
 
 
 def _json(p: Path) -> object:
@@ -155,6 +172,92 @@ def check_name(path: Path) -> None:
         raise DepthlensError(f"{str(path)[:80]}...: the file name is {n} bytes; this filesystem allows {limit}")
 
 
+# files a model checkpoint holds beside config.json (depthlens, Hugging Face, a converted export)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+CHECKPOINT_KINDS = ("checkpoint", "converted checkpoint")
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether `path` is a model checkpoint directory (config.json beside its weights), marked or not."""
+    try:
+        return path.is_dir() and (path / "config.json").is_file() and any((path / w).is_file() for w in WEIGHT_FILES)
+    except OSError:
+        return False
+
+
+def check_not_in_checkpoint(path: Path, *, may_be_one: bool = False) -> None:
+    """Refuse (one line) an output that is a checkpoint directory, or lies inside one: a model is an input, never
+    a place to write (`report --out ckpts/preln_l4/rep`). `may_be_one`: the writer writes checkpoints (an export
+    replacing its own run's earlier export); it may still not write inside another checkpoint."""
+    p = Path(path).absolute()
+    if not may_be_one and is_checkpoint_dir(p):
+        raise DepthlensError(f"{path}: a model checkpoint directory; an input is never an output, choose another path")
+    for anc in (p.parent, *p.parent.parents):
+        if is_checkpoint_dir(anc):
+            raise DepthlensError(
+                f"{path}: inside the model checkpoint {anc}; nothing is written inside a checkpoint, choose another path"
+            )
+
+
+def listing(directory: Path) -> dict[str, str]:
+    """What a directory depthlens wrote holds, kept in its marker (`contents`): relative path -> "sha256:<hex>"
+    (files up to `HASHED_BYTES`) or "size:<bytes>" (larger ones: a checkpoint's weights). The marker thus names
+    what it marks: a copy of it beside other files does not make them replaceable."""
+    out: dict[str, str] = {}
+    for f in sorted(directory.rglob("*")):
+        if f.name == MARKER and f.parent == directory:
+            continue
+        if f.is_symlink() or not f.is_dir():
+            out[f.relative_to(directory).as_posix()] = _fingerprint(f)
+    return out
+
+
+HASHED_BYTES = 64 << 20
+
+
+def _fingerprint(f: Path) -> str:
+    try:
+        if f.is_symlink() or not f.is_file():
+            return "not a file"
+        size = f.stat().st_size
+        if size > HASHED_BYTES:
+            return f"size:{size}"
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return f"sha256:{h.hexdigest()}"
+    except OSError:
+        return "unreadable"
+
+
+def foreign_files(directory: Path, m: dict[str, Any]) -> list[str]:
+    """Files in a marked `directory` that depthlens did not write there (or that changed since): everything not
+    in the marker's `contents` with the same fingerprint. A marker of a depthlens from before `contents` is
+    trusted only while the directory still looks like the kind it claims (`legacy_kind`); else every file is
+    foreign. Empty: the directory may be replaced whole."""
+    contents = m.get("contents")
+    if not isinstance(contents, dict):
+        if legacy_kind(directory) == m.get("kind"):
+            return []
+        contents = {}
+    seen = listing(directory)
+    return [n for n, fp in seen.items() if contents.get(n) != fp or fp in ("not a file", "unreadable")]
+
+
+def _refuse_foreign(path: Path, foreign: list[str], flag: str) -> None:
+    names = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    raise DepthlensError(
+        f"{path}: holds files depthlens did not write there (or that changed since): {names}; "
+        f"{flag or 'replacing it'} replaces only depthlens's own output: move them away first"
+    )
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before any work, a target whose directory (or nearest existing ancestor, for one still to be
     created) does not take new files: a probe file is created and removed (permission bits lie for root and
@@ -193,6 +296,7 @@ def check_target(
     path = Path(path)
     overwrite = overwrite or in_scratch(path)
     check_name(path)
+    check_not_in_checkpoint(path, may_be_one=kinds is not None and set(kinds) <= set(CHECKPOINT_KINDS))
     recover(path)
     if not (path.exists() or path.is_symlink()):
         if not path.parent.is_dir() and (path.parent.exists() or not make_parents):
@@ -229,6 +333,9 @@ def check_target(
                 return _not_owner(path, m, owner)
         elif not overwrite:
             raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
+        foreign = foreign_files(path, m)
+        if foreign:
+            _refuse_foreign(path, foreign, flag)
         check_writable(path)
         return path
     if not overwrite:

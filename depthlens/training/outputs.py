@@ -3,11 +3,13 @@ markers, depthlens.io.atomic) and locked for the whole run, so no trainer replac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
-from ..errors import DepthlensError
+from ..errors import DepthlensError, SchemaError
 from .config import RunConfig
 from .distributed import DistInfo, broadcast_object
 
@@ -15,6 +17,51 @@ from .distributed import DistInfo, broadcast_object
 def run_owner(cfg: RunConfig) -> dict[str, str]:
     """Who owns what a run writes (its marker's owner): the run directory, as an absolute path."""
     return {"run": str(Path(cfg.out).resolve())}
+
+
+# overrides that leave the trained model what the recipe defines: where things go, how often to log, evaluate and
+# save, how a step is split into micro-batches. Any other override (steps, data, lr, seed, model.*, ...) changes it.
+NEUTRAL_OVERRIDES = frozenset(
+    {
+        "out",
+        "export",
+        "resume",
+        "eval_every",
+        "eval_batches",
+        "log_every",
+        "save_every",
+        "stop_after",
+        "snapshots",
+        "snapshot_eval_batches",
+        "micro_batch",
+        "meta",
+    }
+)
+
+
+def check_recipe_export(
+    recipe: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any], run: str | None
+) -> None:
+    """Refuse (SchemaError, usage: exit 2), before any work, a recipe run whose overrides change the training but
+    would still write the checkpoint to the recipe's own export path (`train zoo_cpu.json --run preln_l4 steps=3`
+    replaced the shipped 400-step checkpoint with a 3-step model): such a run needs an explicit `export=`."""
+    from .config import load_recipe, parse_overrides
+
+    over = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    changed = sorted(k for k in over if k not in NEUTRAL_OVERRIDES)
+    if "export" in over or not changed:
+        return
+    mine, recipes = load_recipe(recipe, over, run=run), load_recipe(recipe, {}, run=run)
+    if mine.export_dir.resolve() != recipes.export_dir.resolve():
+        return
+    name = f" {mine.name!r}" if mine.name else ""
+    raise SchemaError(
+        f"the override{'s' if len(changed) > 1 else ''} {', '.join(changed)} change{'' if len(changed) > 1 else 's'} "
+        f"the training of run{name}, whose checkpoint would then replace the recipe's own export "
+        f"{mine.export_dir}; pass export=PATH to write it elsewhere",
+        where=str(recipe),
+        usage=True,
+    )
 
 
 def adopt_recipe_export(cfg: RunConfig) -> bool:

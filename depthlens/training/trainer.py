@@ -57,7 +57,7 @@ from .distributed import (
     sync_replicated_grads,
     wrap_model,
 )
-from .outputs import adopt_recipe_export, owned_outputs, run_owner  # noqa: F401
+from .outputs import adopt_recipe_export, check_recipe_export, owned_outputs, run_owner  # noqa: F401
 from .provenance import code_version
 from .schedule import lr_at
 from .state import STATE_JSON, STATE_TENSORS, has_state, load_state, read_meta, save_state  # noqa: F401
@@ -529,6 +529,7 @@ def run_recipe(
     key=value overrides, train. One call per process under torchrun: it leaves the process group at the end."""
     try:
         overrides, run = split_run_name(overrides, run)
+        check_recipe_export(recipe, overrides, run)  # a changed training never lands on the recipe's export
         return train(load_recipe(recipe, overrides, run=run), callback=callback)
     finally:
         shutdown()
