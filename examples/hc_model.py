@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 from hyper_connections import get_init_and_expand_reduce_stream_functions
+from tiny_llama import Attention, PreNorm, SwiGLU, train
 from torch import nn
 
 import depthlens
-from examples.tiny_llama import Attention, PreNorm, SwiGLU
 
 
 class HCBlock(nn.Module):
@@ -28,7 +28,7 @@ class HCBlock(nn.Module):
 
 class HCModel(nn.Module):
     def __init__(
-        self, vocab: int = 97, d: int = 32, n_layer: int = 4, n_head: int = 4, d_ff: int = 96, streams: int = 4
+        self, vocab: int = 257, d: int = 32, n_layer: int = 4, n_head: int = 4, d_ff: int = 96, streams: int = 4
     ):
         super().__init__()
         self.streams = streams
@@ -48,8 +48,9 @@ class HCModel(nn.Module):
 # --- the adapter: what depthlens needs to know about this model (docs/own-model.md#worked-adapters) ----------
 
 
-def describe(model: HCModel):
+def describe(model: HCModel | None = None):
     """depthlens's view of `model`: state X (B, T, n, d); a block is one layer; its writers are the two branches."""
+    model = HCModel() if model is None else model  # the CLI calls describe() and loads --weights into it
     n, seen = model.streams, {}
     for block in model.blocks:  # lucidrains folds the n streams into the batch; depthlens keeps them apart
         block.register_forward_pre_hook(lambda m, args: (rearrange(args[0], "b t s d -> (b s) t d"),))
@@ -72,3 +73,15 @@ def describe(model: HCModel):
         mixing=lambda block: [maps(block.attn), maps(block.mlp)] if block is not None else {},
         design="hc-lucidrains",
     )
+
+
+# python examples/hc_model.py OUT.safetensors: train a few steps with hyper-connections, save
+if __name__ == "__main__":
+    import sys
+
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    model = HCModel()
+    print("losses", train(model, model.embed.num_embeddings, steps=5, lr=1e-2))
+    save_model(model, sys.argv[1])

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 
 import torch
+from tiny_llama import Attention, PreNorm, SwiGLU, train
 from torch import nn
 
 import depthlens
-from examples.tiny_llama import Attention, PreNorm, SwiGLU
 
 
 class MHC(nn.Module):
@@ -60,7 +60,7 @@ class MHCBlock(nn.Module):
 
 class MHCModel(nn.Module):
     def __init__(
-        self, vocab: int = 97, d: int = 32, n_layer: int = 4, n_head: int = 4, d_ff: int = 96, streams: int = 4
+        self, vocab: int = 257, d: int = 32, n_layer: int = 4, n_head: int = 4, d_ff: int = 96, streams: int = 4
     ):
         super().__init__()
         self.streams = streams
@@ -79,8 +79,9 @@ class MHCModel(nn.Module):
 # --- the adapter: what depthlens needs to know about this model (docs/own-model.md#worked-adapters) ----------
 
 
-def describe(model: MHCModel):
+def describe(model: MHCModel | None = None):
     """depthlens's view of `model`: state x (B, T, n, d); a block is one layer; its writers are the two branches."""
+    model = MHCModel() if model is None else model  # the CLI calls describe() and loads --weights into it
     seen = {}
     for block in model.blocks:
         for sub in (block.attn, block.mlp):
@@ -100,3 +101,15 @@ def describe(model: MHCModel):
         mixing=lambda block: [maps(block.attn), maps(block.mlp)] if block is not None else {},
         design="mhc-user",
     )
+
+
+# python examples/mhc_model.py OUT.safetensors: train a few steps with this plain mHC, save
+if __name__ == "__main__":
+    import sys
+
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    model = MHCModel()
+    print("losses", train(model, model.embed.num_embeddings, steps=5, lr=1e-2))
+    save_model(model, sys.argv[1])

@@ -46,7 +46,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size: int = 97, block_size: int = 64, n_layer: int = 4, n_head: int = 4, n_embd: int = 32):
+    def __init__(
+        self, vocab_size: int = 257, block_size: int = 64, n_layer: int = 4, n_head: int = 4, n_embd: int = 32
+    ):
         super().__init__()
         self.transformer = nn.ModuleDict(
             dict(
@@ -70,8 +72,9 @@ class GPT(nn.Module):
 # --- the adapter: what depthlens needs to know about this model (docs/own-model.md#worked-adapters) ----------
 
 
-def describe(gpt: GPT):
+def describe(gpt: GPT | None = None):
     """depthlens's view of `gpt`: one residual stream h (B, T, d); a block is `transformer.h[l]`."""
+    gpt = GPT() if gpt is None else gpt  # the CLI calls describe() and loads --weights into it
     t = gpt.transformer
     return depthlens.wrap(
         gpt,
@@ -82,3 +85,16 @@ def describe(gpt: GPT):
         design="nanogpt",
         max_seq_len=t.wpe.num_embeddings,
     )
+
+
+# python examples/nanogpt_model.py OUT.safetensors: train a few steps with nanoGPT's forward, save
+if __name__ == "__main__":
+    import sys
+
+    from safetensors.torch import save_model
+    from tiny_llama import train
+
+    torch.manual_seed(0)
+    model = GPT()
+    print("losses", train(model, model.lm_head.out_features, steps=5, lr=1e-2))
+    save_model(model, sys.argv[1])

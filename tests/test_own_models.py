@@ -13,6 +13,7 @@ Each model is trained for a few steps with its package's code, saved as safetens
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,25 +32,28 @@ from shared_weights import native_attnres, native_multistream
 pytest.importorskip("hyper_connections")
 pytest.importorskip("attn_res")
 
-from examples import attnres_model, hc_model, mhc_model, nanogpt_model  # noqa: E402
-from examples.tiny_llama import train  # noqa: E402
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))  # the examples import their sibling tiny_llama, as a user's files next to each other
+import attnres_model  # noqa: E402
+import hc_model  # noqa: E402
+import mhc_model  # noqa: E402
+import nanogpt_model  # noqa: E402
+from tiny_llama import train  # noqa: E402
 
-V = 97
+V = 257  # the byte tokenizer's vocabulary: the CLI finds eval data for it
 DATA = random_eval_data(V, n_seq=4, seq_len=16, seed=0, bos_id=0)
 TOL = 1e-5
 PACKAGES = ["hc", "mhc", "full_attnres", "block_attnres", "nanogpt"]
 
 
-def build(kind: str) -> torch.nn.Module:
+def build(kind: str, eps: float = 1e-6) -> torch.nn.Module:
     if kind == "hc":
         return hc_model.HCModel(vocab=V)
     if kind == "mhc":
         return mhc_model.MHCModel(vocab=V)
     if kind == "nanogpt":
         return nanogpt_model.GPT(vocab_size=V)
-    # a tiny eps: attn-res's output is the SUM of the sources, native's final operator (w = 0) their MEAN; the two
-    # agree after the final RMSNorm only up to eps
-    return attnres_model.tiny("full" if kind == "full_attnres" else "block", eps=1e-12, vocab=V)
+    return attnres_model.tiny("full" if kind == "full_attnres" else "block", eps=eps, vocab=V)
 
 
 def describe(kind: str, model: torch.nn.Module):
@@ -71,9 +75,9 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def load(kind: str, path: Path) -> torch.nn.Module:
+def load(kind: str, path: Path, eps: float = 1e-6) -> torch.nn.Module:
     torch.manual_seed(1)  # another init: the weights must come from the file
-    model = build(kind)
+    model = build(kind, eps)
     load_model(model, str(path))
     return model.eval()
 
@@ -123,7 +127,9 @@ def native_of(kind: str, model: torch.nn.Module):
 @pytest.mark.parametrize("kind", PACKAGES)
 @torch.no_grad()
 def test_described_equals_native(kind, trained):
-    user = load(kind, trained[kind])
+    # attn-res at a tiny eps: its output is the SUM of the sources, native's final operator (w = 0) their MEAN; the
+    # two agree after the final RMSNorm only up to eps (the same trained weights, another eps)
+    user = load(kind, trained[kind], eps=1e-12)
     native = native_of(kind, user)
     described = describe(kind, user)
     tok = DATA.tokens[:2]
@@ -287,3 +293,74 @@ def test_described_equals_hook_loop(kind, trained):
         diffs[f"permute {i},{j}"] = abs(P[i, j] - ref)
     print(kind, {k: f"{v:.1e}" for k, v in diffs.items()})  # the exactness numbers, shown with -s
     assert max(diffs.values()) < TOL, diffs
+
+
+# --- from the command line: FILE.py:FUNCTION --weights W, as the docs show it ---------------------------------
+
+FUNCTION = {
+    "hc": "hc_model.py:describe",
+    "mhc": "mhc_model.py:describe",
+    "full_attnres": "attnres_model.py:describe",
+    "block_attnres": "attnres_model.py:describe_block",
+    "nanogpt": "nanogpt_model.py:describe",
+}
+EVAL = ["--n-seq", "2", "--seq-len", "16", "--threads", "1"]
+CLI_VARS = {"causal": "causal_score", "permute": "perm_abs", "angular": "angular_distance", "rank": "erank"}
+CLI_VARS["attnres"] = "self_weight"
+
+
+def _cli(args: list) -> object:
+    from typer.testing import CliRunner
+
+    from depthlens.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _commands(kind: str) -> list[str]:
+    extra = ["rank"] if kind in ("hc", "mhc") else ["attnres"] if kind.endswith("attnres") else []
+    return ["causal", "permute", "angular", *extra]
+
+
+@pytest.mark.parametrize("kind", PACKAGES)
+@torch.no_grad()
+def test_cli_runs_each_worked_adapter_as_the_api_does(kind, trained, tmp_path):
+    """`depthlens COMMAND examples/FILE.py:FUNCTION --weights W`: the trained weights (saved by the package's own
+    model) load into the adapter's model, and every command gives what the API gives on that model in Python."""
+    import xarray as xr
+
+    from depthlens.runtime.evaldata import EvalData
+    from depthlens.studies import api
+
+    described = describe(kind, load(kind, trained[kind]))
+    for command in _commands(kind):
+        out = tmp_path / f"{command}.nc"
+        r = _cli([command, EXAMPLES / FUNCTION[kind], "--weights", trained[kind], *EVAL, "-o", out])
+        assert r.exit_code == 0, r.output
+        var = CLI_VARS[command]
+        with xr.open_dataset(out) as ds:
+            got, tokens = ds[var].values, ds.eval_tokens.values
+            assert ds.attrs["described_function"] == FUNCTION[kind].split(":")[1]
+        fn = {"causal": api.causal, "permute": api.permute, "angular": api.angular, "rank": api.rank}
+        fn["attnres"] = api.attnres
+        want = fn[command](described, EvalData.from_tokens(tokens, bos=True), progress=False)[var].values
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.slow
+def test_report_puts_the_worked_adapters_in_one_table(trained, tmp_path):
+    """`depthlens report` (a subprocess, as a user runs it) on all five models trained with their packages."""
+    import json
+    import subprocess
+
+    args = []
+    for kind in PACKAGES:
+        args += [EXAMPLES / FUNCTION[kind], "--weights", trained[kind]]
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "depthlens.cli", "report", *args, *EVAL[:4], "--n-boot", "0", "-o", out, "--quiet"]
+    cmd += ["--metrics", "causal,permutation,angular"]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    rows = json.loads((out / "summary.json").read_text())
+    names = {row["checkpoint"] for row in (rows["rows"] if isinstance(rows, dict) else rows)}
+    assert names == {f.replace(":", "_") for f in FUNCTION.values()}
