@@ -534,3 +534,149 @@ def test_code_in_a_checkpoint_directory_never_runs(user_dir, tmp_path):
     r = _cli(["causal", ck, *EVAL, "-o", tmp_path / "d.nc"], user_dir)
     assert r.exit_code == 1 and not (tmp_path / "d.nc").exists()
     assert not marker.exists()
+
+
+# --- a native design, described through wrap as a user would, equals itself ---------------------------------------
+# The update and skip semantics of the described path (module docstring of depthlens.adapters.described) are those
+# of the native designs: Pre-LN, HC and mHC (multistream_skip="mix"), Full AttnRes (attnres_skip="zero_value") run
+# through `wrap` give the native causal, permutation (swap="all": a described block moves whole) and angular
+# results, and the native effective rank and depth-mixing matrix from the mixing objects.
+
+
+class _NativeBlock(nn.Module):
+    """One native block as a state -> state module (what a user's own block is). Full AttnRes keeps its sources
+    in a fixed buffer (B, T, 2L+1, d) with a validity mask, so the state keeps its shape."""
+
+    def __init__(self, dm, l):
+        super().__init__()
+        self.blk, self.l = dm.blocks[l], l
+        object.__setattr__(self, "dm", dm)  # not a submodule: the blocks own only their own block
+        self.record: dict = {}
+
+    def forward(self, state):
+        dm = self.dm
+        if dm.config.arch == "full_attnres":
+            v, valid = state
+            S = int(valid[0, 0].sum())
+            inner, pos = {"v": v[:, :, :S], "valid": valid[:, :, :S]}, (S - 1) // 2
+        else:
+            inner, pos = ({"x": state} if dm.design.multi_stream else {"h": state}), self.l
+        ctx = dm.context(v.shape[1] if dm.config.arch == "full_attnres" else state.shape[1], record=True)
+        out, _ = self.blk(inner, design=dm.design, pos=pos, ctx=ctx)
+        self.record = {**ctx.record, "pos": pos}
+        if dm.config.arch == "full_attnres":
+            v2, ok2 = v.clone(), valid.clone()
+            v2[:, :, : S + 2], ok2[:, :, : S + 2] = out["v"], out["valid"]
+            return v2, ok2
+        return next(iter(out.values()))
+
+
+def _described_native(dm):
+    """`dm` (a native DepthModel) described through depthlens.wrap, as a user would describe their own model."""
+    from depthlens.models.readouts import readout_key
+
+    holder = nn.Module()
+    holder.dm = dm
+    holder.blocks = nn.ModuleList(_NativeBlock(dm, l) for l in range(dm.n_layer))
+    arch, L = dm.config.arch, dm.n_layer
+    final_rec: dict = {}
+
+    def embed(tokens):
+        state = dm.embed(tokens, dm.context(tokens.shape[1]))
+        if arch != "full_attnres":
+            return next(iter(state.values()))
+        B, T, d = state["v"].shape[0], state["v"].shape[1], state["v"].shape[-1]
+        v = state["v"].new_zeros(B, T, 2 * L + 1, d)
+        ok = torch.zeros(B, T, 2 * L + 1, dtype=torch.bool, device=v.device)
+        v[:, :, :1], ok[:, :, :1] = state["v"], True
+        return v, ok
+
+    def inner(state):
+        if arch == "full_attnres":
+            return {"v": state[0], "valid": state[1]}
+        return {"x": state} if dm.design.multi_stream else {"h": state}
+
+    def final(state):
+        T = (state[0] if arch == "full_attnres" else state).shape[1]
+        ctx = dm.context(T, record=True)
+        h = dm.final_hidden(inner(state), ctx)
+        final_rec.clear()
+        final_rec.update(ctx.record)
+        return h
+
+    def head(state):
+        return dm.lm_head(dm.final_norm(final(state)))
+
+    names = {"hc": ("res_map", "A_m", "B"), "mhc": ("res_map", "H_pre", "H_post"), "full_attnres": ("alpha",)}
+
+    def mixing(block):
+        if block is None:
+            return {"alpha": final_rec[readout_key("alpha", final=True)]} if arch == "full_attnres" else {}
+        rec, out = block.record, []
+        for i in range(2):
+            j = 2 * rec["pos"] + i
+            m = {k: rec[readout_key(k, j)] for k in names[arch]}
+            if arch in ("hc", "mhc"):
+                m["pre"], m["post"] = m.pop(names[arch][1]), m.pop(names[arch][2])
+            out.append(m)
+        return out
+
+    view = {"full_attnres": lambda s: s[0].sum(2), "hc": lambda s: s.sum(-2), "mhc": lambda s: s.sum(-2)}.get(arch)
+    return depthlens.wrap(
+        holder,
+        embed=embed,
+        blocks=holder.blocks,
+        head=head,
+        view=view,
+        sublayers=lambda b: (b.blk.attn, b.blk.mlp),
+        mixing=mixing if arch in names else None,
+        final=final if arch == "full_attnres" else None,
+        design=f"described_{arch}",
+        max_seq_len=dm.config.max_seq_len,
+    )
+
+
+def _native(arch):
+    from helpers import debug_model
+
+    kw = {"hc": {"multistream_skip": "mix"}, "mhc": {"multistream_skip": "mix"}}
+    kw["full_attnres"] = {"attnres_skip": "zero_value"}
+    dm = debug_model(arch, n_layer=4, seed=0, **kw.get(arch, {}))
+    with torch.no_grad():  # trained-looking: non-zero AttnRes queries and larger weights, so every score is non-trivial
+        for name, p in dm.named_parameters():
+            if "pseudo_query" in name:
+                p.normal_(0, 1.0, generator=torch.Generator().manual_seed(hash(name) % 1000))
+    return dm
+
+
+@pytest.mark.parametrize("arch", ["preln", "hc", "mhc", "full_attnres"])
+def test_a_native_design_described_equals_itself(arch):
+    dm = _native(arch)
+    model = _described_native(dm)
+    assert model.design.multi_stream == dm.design.multi_stream
+    data = EvalData.from_tokens(
+        torch.randint(0, dm.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
+    )
+    for unit in ("block", "attn"):
+        a = causal_scores(dm, data, variants=("current",), unit=unit, batch_size=6)
+        b = causal_scores(model, data, variants=("current",), unit=unit, batch_size=6)
+        np.testing.assert_allclose(b.causal_score.values, a.causal_score.values, rtol=1e-5, atol=1e-5)
+    a = permutation_scores(dm, data, pairs="all", swap="all")
+    b = permutation_scores(model, data, pairs="all")
+    np.testing.assert_allclose(b.perm_abs.values, a.perm_abs.values, rtol=1e-5, atol=1e-5)
+    a, b = angular_distances(dm, data, positions="all"), angular_distances(model, data, positions="all")
+    np.testing.assert_allclose(b.angular_distance.values, a.angular_distance.values, rtol=1e-5, atol=1e-5)
+    if arch in ("hc", "mhc", "full_attnres"):
+        torch.testing.assert_close(model.depth_mixing(data.tokens), dm.depth_mixing(data.tokens), rtol=1e-5, atol=1e-6)
+    if arch in ("hc", "mhc", "full_attnres"):
+        from depthlens.diagnostics.attnres import attnres_dataset
+        from depthlens.diagnostics.rank import effective_rank_dataset
+
+        engine = attnres_dataset if arch == "full_attnres" else effective_rank_dataset
+        a, b = engine(dm, data), engine(model, data)
+        compared = 0
+        for v in a.data_vars:
+            if a[v].dtype.kind == "f" and v in b:
+                np.testing.assert_allclose(b[v].values, a[v].values, rtol=1e-5, atol=1e-6, equal_nan=True)
+                compared += 1
+        assert compared >= 3

@@ -546,8 +546,8 @@ class MixingDescribedModel(DescribedModel):
 
 def _derive_attnres(rec: Readouts, n_sub: int) -> None:
     """Fill what the AttnRes diagnostic reads and a writer's mapping left out, from alpha (B, T, S): labels
-    ["emb", attn_0, mlp_0, ...] when S = j + 1 (Full AttnRes), the weight on the last source as the self-weight,
-    on the first as the embedding weight."""
+    ["emb", attn_0, mlp_0, ...], the weight on the last source as the self-weight (NaN where the only source is the
+    embedding, as natively), on the first as the embedding weight."""
     for j in [*range(n_sub), None]:
         if readout_key("alpha", j, final=j is None) not in rec:
             continue
@@ -555,7 +555,7 @@ def _derive_attnres(rec: Readouts, n_sub: int) -> None:
         S = int(alpha.shape[-1])
         defaults = {
             "source_labels": ["emb"] + [sublayer_label(k) for k in range(S - 1)],
-            "self_weight": alpha[..., -1],
+            "self_weight": alpha[..., -1] if S > 1 or j is None else torch.full_like(alpha[..., -1], float("nan")),
             "embedding_weight": alpha[..., 0],
         }
         for name, v in defaults.items():
