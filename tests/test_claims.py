@@ -126,3 +126,25 @@ def test_plan_command_on_the_report_and_on_checkpoints_without_seeds(zoo, tmp_pa
     r = CliRunner().invoke(app, ["plan", str(ck), "--n-seq", "2", "--seq-len", "16", "--n-boot", "10"])
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "needs >= 2 seeds per design" in lines[0], r.output
+
+
+def test_calibration_ratio_sentence_is_the_zoo_against_the_paper():
+    """docs/calibration.md's "causal shares are a–b× the paper's, permutation shares c–d× of them": the zoo
+    report's L = 32 design means over seeds divided by the paper's values (the claims' `paper_values`)."""
+    import re
+
+    recs = json.loads((ZOO / "summary.json").read_text())
+    paper: dict[tuple[str, str], float] = {}
+    for c in CLAIMS:
+        if c.score in ("causal", "perm") and c.paper_values:
+            paper[(c.score, c.higher)], paper[(c.score, c.lower)] = c.paper_values
+    doc = (ZOO.parents[1] / "docs" / "calibration.md").read_text()
+    for score in ("causal", "perm"):
+        ratios = []
+        for (s, design), value in paper.items():
+            if s == score:
+                mine = [r[f"{score}_share"] for r in recs if r["design"] == design and r["n_layer"] == 32]
+                ratios.append(np.mean(mine) / value)
+        want = f"{min(ratios):.2g}–{max(ratios):.2g}×"
+        got = re.search(rf"<!-- zoo-ratio:{score} -->(.*?)<!-- /zoo-ratio -->", doc)
+        assert got is not None and got.group(1) == want, (score, want)

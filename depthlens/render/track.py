@@ -27,6 +27,22 @@ ROWS = (
 )
 
 
+def _zoo_eval_size() -> str:
+    """The committed zoo report's eval size, from its manifest (reports/zoo/manifest.json `options`)."""
+    import json
+    from pathlib import Path
+
+    m = Path(__file__).resolve().parents[2] / "reports" / "zoo" / "manifest.json"
+    try:
+        o = json.loads(m.read_text(encoding="utf-8")).get("options", {})
+    except (OSError, ValueError):
+        return "see its eval line"
+    n, p = o.get("n_seq"), o.get("perm_n_seq")
+    return (
+        f"{n} sequences" + (f", the permutation on the first {p}" if p and p != n else "") if n else "see its eval line"
+    )
+
+
 def _x(ds: xr.Dataset, run: str) -> tuple[np.ndarray, str]:
     """Training tokens when known for every snapshot of the run, else the step."""
     tok = np.asarray(ds["tokens"].sel(run=run).values, dtype=float)
@@ -235,7 +251,7 @@ def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: st
         f"(layers ≥ ⌊L/4⌋) with a 95% interval over eval sequences (causal: the size-fixed share at ⌈N/2⌉ "
         "sequences, delete-one jackknife; permutation: bootstrap). The first snapshot (step 0) is the "
         "untrained model, so 'last − first' is the change training made. **Eval set:** these "
-        f"{ds.attrs.get('eval_n_seq', '?')} sequences are not the zoo report's (32 sequences): shares grow "
+        f"{ds.attrs.get('eval_n_seq', '?')} sequences are not the zoo report's ({_zoo_eval_size()}): shares grow "
         "with the eval set (max aggregator), so the numbers here are not comparable with the zoo "
         "report's, only with each other.",
         "",

@@ -171,7 +171,8 @@ def jackknife_interval(
 ) -> Interval:
     """estimate ± t_{N−1}·SE_jack, SE_jack² = (N−1)/N Σ_j (θ_(j) − θ_(·))², clipped to `bounds`.
 
-    For a symmetric statistic the jackknife variance is biased upward (Efron–Stein), never down."""
+    For a symmetric statistic the jackknife variance is biased upward in expectation (Efron–Stein); a single
+    estimate can still fall below the true variance."""
     r = np.asarray(replicates, dtype=np.float64).ravel()
     N = r.size
     if not np.isfinite(estimate) or N < 2 or not np.isfinite(r).all():
