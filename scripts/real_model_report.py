@@ -22,6 +22,9 @@
                    losses stored; greedy (SLEB) and the pairwise-predicted search among the criteria
   pruning_random   (only with --stages pruning_random) 20 random cuts per k, uniform over all layers and
                    stratified (never the first or last layer, the criteria's policy), on every window
+  shuffled_*       (only when asked) causal_update (late s) and permutation on the shuffled twin: the trained
+                   weights with every matrix's entries permuted (norm gains, biases and each matrix's value
+                   distribution kept; adapters/twin.py), the control that keeps the trained scales
   reference        (only with --stages reference) C(s,t), norm=update, current and future, late s, on
                    8 × 128 tokens: the eval set of the reference measurements quoted in issue 10
 
@@ -46,7 +49,14 @@ from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_tab
 STAGES = ("angular", "causal_update", "causal_resid", "permutation", "untrained_causal_update", "untrained_permutation")
 # the reference table of the calibration page (8 x 128 tokens, norm=update, late s, current and future), and the
 # layer-pruning curves of the atlas (scripts/real-model-atlas.sh)
-OPTIONAL = ("reference", "pruning", "pruning_heldout", "pruning_random")
+OPTIONAL = (
+    "reference",
+    "pruning",
+    "pruning_heldout",
+    "pruning_random",
+    "shuffled_causal_update",
+    "shuffled_permutation",
+)
 N_RANDOM = 3  # random-removal draws per k in the (in-sample) pruning stage (mean, min and max are reported)
 N_RANDOM_HELDOUT = 20  # random draws per k and baseline (uniform, stratified) in the pruning_random stage
 # the held-out pruning criteria (diagnostics/pruning_heldout.py); causal and permutation when their stage is there
@@ -64,6 +74,7 @@ def compute(
     stages: tuple[str, ...] = STAGES,
     on_stage: Callable[[dict], None] | None = None,
     k_max_heldout: int = 0,
+    heldout_criteria: tuple[str, ...] = (),
 ) -> dict:
     """Compute the missing stages; `on_stage(record)` after each one (the caller saves run.json, so a killed run
     keeps the costs of the stages it finished)."""
@@ -131,6 +142,15 @@ def compute(
             on_stage(record())
 
     twin: list = []  # built on first use: the untrained twin of `model`
+
+    shuffled: list = []  # built on first use: the trained weights shuffled within each matrix (adapters/twin.py)
+
+    def shuffled_model():
+        if not shuffled:
+            from depthlens.adapters.twin import shuffled_twin
+
+            shuffled.append(shuffled_twin(model, seed=0))
+        return shuffled[0]
 
     def untrained():
         if not twin:
@@ -205,6 +225,11 @@ def compute(
         "untrained_permutation",
         lambda p: permutation_scores(untrained(), data, pairs="late", checkpoint=model_path, progress=p),
     )
+    stage("shuffled_causal_update", lambda p: causal("update", progress=p, m=shuffled_model()))
+    stage(
+        "shuffled_permutation",
+        lambda p: permutation_scores(shuffled_model(), data, pairs="late", checkpoint=model_path, progress=p),
+    )
     if "pruning" in stages:
         import xarray as xr
 
@@ -247,28 +272,46 @@ def compute(
     if {"pruning_heldout", "pruning_random"} & set(stages):
         import xarray as xr
 
-        from depthlens.diagnostics.pruning_heldout import heldout_curves, random_baselines, window_domains
+        from depthlens.diagnostics.pruning_heldout import (
+            heldout_curves,
+            merge_heldout,
+            random_baselines,
+            window_domains,
+        )
+
+        held_file = data_dir / "pruning_heldout.nc"
+        inputs = {n: data_dir / f"{n}.nc" for n in ("causal_update", "permutation")}
+        wanted = [
+            c
+            for c in (heldout_criteria or HELDOUT_CRITERIA)
+            if c not in ("causal", "permutation") or inputs["causal_update" if c == "causal" else c].exists()
+        ]
+        have: list[str] = []
+        if resume and held_file.exists():
+            with xr.open_dataset(held_file) as kept:
+                have = json.loads(kept.attrs["criteria_json"])
+        todo = [c for c in wanted if c not in have]
 
         def heldout(progress):
-            inputs = {n: data_dir / f"{n}.nc" for n in ("causal_update", "permutation")}
-            crits = [
-                c
-                for c in HELDOUT_CRITERIA
-                if c not in ("causal", "permutation") or inputs["causal_update" if c == "causal" else c].exists()
-            ]
-            return heldout_curves(
+            curves = heldout_curves(
                 model,
                 data,
                 domains=window_domains(data),
                 k_max=k_max_heldout or None,
-                criteria=crits,
-                causal=xr.load_dataset(inputs["causal_update"]) if "causal" in crits else None,
-                permutation=xr.load_dataset(inputs["permutation"]) if "permutation" in crits else None,
+                criteria=todo,
+                causal=xr.load_dataset(inputs["causal_update"]) if "causal" in todo else None,
+                permutation=xr.load_dataset(inputs["permutation"]) if "permutation" in todo else None,
                 checkpoint=model_path,
                 progress=progress,
             )
+            return merge_heldout(xr.load_dataset(held_file), curves) if have else curves
 
-        stage("pruning_heldout", heldout)
+        stage(
+            "pruning_heldout",
+            heldout,
+            done=lambda _: not todo,
+            cost_key=f"pruning_heldout (+{', '.join(todo)})" if have and todo else None,
+        )
         stage(
             "pruning_random",
             lambda p: random_baselines(
@@ -413,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list of stages to compute (run several processes on disjoint stages, then --render-only)",
     )
     ap.add_argument("--k-max", type=int, default=0, help="pruning_heldout / pruning_random: largest k (0: L/2)")
+    ap.add_argument(
+        "--heldout-criteria",
+        default="",
+        help="pruning_heldout: comma list of criteria (default all); a rerun with --resume adds the missing ones",
+    )
+    ap.add_argument("--no-render", action="store_true", help="compute the stages only (render later)")
     ap.add_argument("--render-only", action="store_true", help="only rebuild summary, figures and README")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -440,8 +489,11 @@ def main(argv: list[str] | None = None) -> int:
             stages,
             on_stage=record.save,
             k_max_heldout=a.k_max,
+            heldout_criteria=tuple(x for x in a.heldout_criteria.split(",") if x),
         )
         record.save(run)
+        if a.no_render:
+            return 0
         if not set(STAGES) <= set(stages) and not all((a.out / "data" / f"{x}.nc").exists() for x in STAGES):
             print("stages missing; render later with --render-only", flush=True)
             return 0

@@ -108,6 +108,7 @@ def open_model(
     tokenizer: str | None = None,
     device_map: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    cache: bool | None = None,
 ) -> Opened:
     """Open a depthlens checkpoint directory, a local HF directory, a GGUF file, or a described model
     `[WEIGHTS@]FILE.py:FUNCTION` (the user's file runs because they named it; see module docstring).
@@ -116,7 +117,9 @@ def open_model(
     ("bytes", "gpt2", "bpe:<path>") overriding the checkpoint's own. device_map (HF and GGUF models through the
     hand-mapped adapter): "auto" (balanced over the visible GPUs), a device name, or {"embed": dev, "layers":
     [dev per layer], "head": dev}; replaces `device` (`depthlens.adapters.placement`). progress: called as
-    (tensors done, total) while a GGUF file is dequantised (the minute-long part of opening one).
+    (tensors done, total) while a GGUF file is dequantised (the minute-long part of opening one). cache: whether
+    a GGUF file's dequantised weights come from / go to the GGUF cache (`gguf_cache`; None: on unless
+    DEPTHLENS_NO_CACHE is set).
     Raises CheckpointError (one line).
     """
     from .userref import parse_ref
@@ -137,7 +140,7 @@ def open_model(
                     else " (pickle weights are never loaded; convert them to safetensors)"
                 )
             )
-        op = _open_gguf(p, device=device, dtype=dtype, device_map=device_map, progress=progress)
+        op = _open_gguf(p, device=device, dtype=dtype, device_map=device_map, progress=progress, cache=cache)
     else:
         from ..io.checkpoint import read_json_object
         from ..io.weights import refuse_pickle
@@ -145,7 +148,7 @@ def open_model(
         refuse_pickle(p)
         ggufs = sorted(p.glob("*.gguf"))
         if not (p / "config.json").is_file() and len(ggufs) == 1:
-            op = _open_gguf(ggufs[0], device=device, dtype=dtype, device_map=device_map, progress=progress)
+            op = _open_gguf(ggufs[0], device=device, dtype=dtype, device_map=device_map, progress=progress, cache=cache)
         else:
             raw = read_json_object(p / "config.json", "model config")
             if detect_kind(raw) == "hf":
@@ -335,48 +338,65 @@ def _is_gguf(p: Path) -> bool:
 
 
 def _open_gguf(
-    p: Path, *, device: str, dtype: Any, device_map: Any = None, progress: Callable[[int, int], None] | None = None
+    p: Path,
+    *,
+    device: str,
+    dtype: Any,
+    device_map: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+    cache: bool | None = None,
 ) -> Opened:
     """A llama.cpp GGUF file: sizes checked on its header, dequantised to float by transformers' GGUF loader
-    (needs the `gguf` package), run through the same HF adapter; the quantisation type goes to provenance."""
+    (needs the `gguf` package), run through the same HF adapter; the quantisation type goes to provenance.
+    The dequantised model is kept in the GGUF cache (`gguf_cache`: keyed by the file's content hash and the
+    dtype), so a later open reads it from there; `cache=False` skips the cache."""
     import torch
 
     from ..io.weights import check_finite
+    from .gguf_cache import open_gguf
     from .hf import _quiet_hf, place_model, wrap
     from .structure import structure_of
 
-    with gguf_parsed_once():
-        info = gguf_header(p)
-        try:
-            from transformers import AutoModelForCausalLM
+    def dequantise() -> tuple[Any, Any, dict[str, Any]]:
+        with gguf_parsed_once():
+            info = gguf_header(p)
+            try:
+                from transformers import AutoModelForCausalLM
 
-            with _quiet_hf(progress):
-                hf = AutoModelForCausalLM.from_pretrained(
-                    str(p.parent),
-                    gguf_file=p.name,
-                    local_files_only=True,
-                    trust_remote_code=False,
-                    dtype=dtype or torch.float32,
-                )
-        except CheckpointError:
-            raise
-        except Exception as e:  # transformers/gguf raise many types for a file they cannot read
-            first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
-            raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
-        module = cast(torch.nn.Module, hf)  # as nn.Module: transformers types .to unbound (@wraps), .eval untyped
-        if device_map is None:
-            module.to(device)
-        module.eval()
+                with _quiet_hf(progress):
+                    hf = AutoModelForCausalLM.from_pretrained(
+                        str(p.parent),
+                        gguf_file=p.name,
+                        local_files_only=True,
+                        trust_remote_code=False,
+                        dtype=dtype or torch.float32,
+                    )
+            except CheckpointError:
+                raise
+            except Exception as e:  # transformers/gguf raise many types for a file they cannot read
+                first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+                raise CheckpointError(f"{p}: cannot load GGUF model ({e.__class__.__name__}: {first})") from None
+            check_finite(hf.named_parameters(), p)  # before anything is cached
+            return hf, _gguf_tokenizer(p), info
+
+    loaded = open_gguf(p, dtype or torch.float32, dequantise, cache=cache)
+    hf, tok, info = loaded.hf, loaded.tokenizer, loaded.header
+    module = cast(torch.nn.Module, hf)  # as nn.Module: transformers types .to unbound (@wraps), .eval untyped
+    if device_map is None:
+        module.to(device)
+    module.eval()
+    if loaded.attrs["gguf_cache"] == "hit":  # a freshly dequantised model was checked in dequantise()
         check_finite(hf.named_parameters(), p)
-        tok = _gguf_tokenizer(p)
     model = wrap(hf, tok)
     structure = structure_of(model)  # before a device_map spreads the weights
     model = place_model(model, device_map)
     raw = json.loads(hf.config.to_json_string(use_diff=False))
     extra = {
         "gguf_quantization": info["quantization"],
+        "gguf_quantization_source": info["quantization_source"],
         "gguf_tensor_types": info["tensor_types"],
         "gguf_architecture": info["architecture"],
+        **loaded.attrs,
     }
     return _hf_opened(model, p, raw, source="gguf", weights_format="gguf", structure=structure, extra=extra)
 
@@ -465,12 +485,14 @@ def gguf_header(p: Path) -> dict[str, Any]:
     types = Counter(t.tensor_type.name for t in reader.tensors)
     matrices = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight")
     quant = _file_type(field_value("general.file_type"))  # the file's own label (Q4_K_M), not a tensor count
+    source = "general.file_type"
     if quant is None:  # no header label: the most common matrix type, and it says so
-        quant = f"{(matrices or types).most_common(1)[0][0]} (most common tensor type)" if types else "none"
+        quant, source = ((matrices or types).most_common(1)[0][0] if types else "none"), "most common tensor type"
     return {
         "architecture": arch,
         "n_layer": blocks,
         "quantization": quant,
+        "quantization_source": source,
         "context_length": head.context_length,
         "tensor_types": ",".join(f"{k}:{v}" for k, v in sorted(types.items())),
     }

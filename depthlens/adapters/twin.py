@@ -4,9 +4,17 @@ freshly initialised weights.
 A diagnostic read on a trained model says something about training only beside the same reading on its
 twin: much of a share (the causal max, Pre-LN's residual growth) is already set by the architecture at
 initialisation. depthlens checkpoints get the trainer's exact step-0 weights for their training seed
-(`build_model(config, seed)`); a foreign model gets its own family's initialisation (`type(hf)(config)`:
-transformers' `_init_weights`, normal with the config's `initializer_range`), which is the init its makers
-trained from up to their seed.
+(`build_model(config, seed)`); a foreign model gets its family's initialisation as transformers implements it
+(`type(hf)(config)`: `_init_weights`, normal with the config's `initializer_range`). That is a fresh init of the
+same architecture, not the weights its makers started from: their init scheme and seed are not published, two of
+the atlas's models are instruct fine-tunes and Qwen2.5-Coder was continued from Qwen2.5, so it is a control for
+what the architecture does at initialisation, not the model's own step 0.
+
+A fresh init also changes the scale of everything (norm gains of 1, embeddings of std `initializer_range`), so its
+loss sits at chance. `shuffled_twin` is the second control: the trained weights with the entries of every matrix
+permuted at random (each matrix keeps its trained distribution of values, norm gains and biases are kept as
+trained), so it keeps the trained model's norms and embedding scale and loses only what the arrangement of the
+weights learnt.
 """
 
 from __future__ import annotations
@@ -40,3 +48,31 @@ def untrained_twin(model: Any, seed: int = 0) -> Any:
         torch.manual_seed(seed)
         twin = type(hf)(hf.config)
     return wrap(twin.to(device=p.device, dtype=p.dtype).eval(), getattr(model, "tokenizer", None))
+
+
+def shuffled_twin(model: Any, seed: int = 0) -> Any:
+    """A copy of `model` whose every weight matrix (≥ 2 dimensions: projections, embeddings, the LM head) has its
+    entries permuted at random (seed `seed`), each matrix by its own permutation; vectors (norm gains, biases)
+    are kept as trained. Tied matrices stay tied (one permutation per tensor object). In eval mode, on the
+    model's device and dtype; the caller's random stream is left as it was."""
+    import copy
+
+    import torch
+
+    twin = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    done: set[int] = set()
+    with torch.no_grad():
+        for _, p in sorted(twin.named_parameters(remove_duplicate=True), key=lambda kv: kv[0]):
+            if p.dim() < 2 or id(p) in done:
+                continue
+            done.add(id(p))
+            perm = torch.randperm(p.numel(), generator=g).to(p.device)
+            p.copy_(p.reshape(-1)[perm].reshape(p.shape))
+    op = getattr(model, "_depthlens_opened", None)
+    if op is not None:  # the twin is not the opened model: drop the inherited record
+        try:
+            object.__delattr__(twin, "_depthlens_opened")
+        except AttributeError:
+            pass
+    return twin.eval()
