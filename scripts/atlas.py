@@ -21,6 +21,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 C_THETA = 0.45  # the causal headline threshold (docs/calibration.md)
+N_BOOT_HELDOUT = 1000  # resamples of the held-out pruning curves' paired intervals (per-sequence means: cheap)
 N_BOOT = 200  # bootstrap resamples where an interval is a bootstrap (the max aggregator's is a jackknife)
 DEFINITIONS = [(v, a) for v in ("current", "future") for a in ("max", "mean")]  # causal variant × aggregator
 PERM_NORMS = ("perm_abs", "perm_rel", "perm_kl")  # the permutation score's definitions (docs/calibration.md)
@@ -32,6 +33,8 @@ STAGES = (
     "permutation",
     "untrained_permutation",
     "pruning",
+    "pruning_heldout",
+    "pruning_random",
 )
 CRITERIA_LABELS = {
     "angular_block": "angular distance of a contiguous block (Gromov et al.)",
@@ -103,15 +106,21 @@ def model_summary(d: Path) -> dict[str, Any]:
         "n_layer": L,
         "design": prov.get("residual_design_name"),
         "block_order": prov.get("block_order"),
-        "quantization": prov.get("gguf_quantization"),
+        # the GGUF file type from the header (general.file_type); a run recorded before depthlens read it kept
+        # the most common tensor type, labelled so
+        "quantization": prov.get("gguf_quantization")
+        if prov.get("gguf_quantization_source") == "general.file_type" or not prov.get("gguf_quantization")
+        else f"{prov.get('gguf_quantization')} (most common tensor type; file type not recorded in this run)",
         "eval": {"n_seq": run.get("n_seq"), "seq_len": run.get("seq_len"), "seed": run.get("seed")},
         "costs": run.get("costs", {}),
         "missing_stages": [n for n in STAGES if not (d / "data" / f"{n}.nc").exists()],  # not loaded to check
     }
     if ang is not None:
         out["angular_d1"] = [float(x) for x in ang["profile"].values[:L]]
+    # one clean loss, on the positions the pruning curves use (0..T-2; the causal stage's skips 1..T-2)
+    if prune is not None:
+        out["clean_loss"] = float(prune["loss_clean"])
     if cau is not None:
-        out["clean_loss"] = float(np.mean(cau["clean_loss_seq"].values)) if "clean_loss_seq" in cau else None
         rows = []
         # norm=update beside its twin; norm=resid (the causal_resid stage) for the trained model only
         for norm, ds, tw in (("update", cau, twin), ("resid", _load(d, "causal_resid"), None)):
@@ -176,6 +185,16 @@ def model_summary(d: Path) -> dict[str, Any]:
                 for c in det
             },
         }
+    held, rnd = _load(d, "pruning_heldout"), _load(d, "pruning_random")
+    if held is not None:
+        from depthlens.diagnostics.pruning_heldout import prediction_error, summarize
+
+        summ = summarize(held, rnd, n_boot=N_BOOT_HELDOUT, seed=0)
+        pred = prediction_error(held)
+        summ["prediction"] = {k: v for k, v in pred.items() if k != "cuts"}
+        summ["n_random"] = int(rnd.attrs.get("n_random", 0)) if rnd is not None else 0
+        summ["random_k_max"] = int(rnd.attrs.get("k_max", 0)) if rnd is not None else 0
+        out["pruning_heldout"] = summ
     return out
 
 
@@ -298,7 +317,166 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
             ax.set(xlabel="removed layers k / L", ylabel="LM loss (nats/token)", title=f"{s['name']} (L = {L})")
         axes[0][0].legend(fontsize=6)
         out["pruning"] = save_figure(fig, fig_dir / "pruning_curves.png").name
+    held = _heldout_figure(fig_dir, summaries)
+    if held is not None:
+        out["pruning_heldout"] = held
     return out
+
+
+HELDOUT_LABELS = {
+    **{k: v for k, v in CRITERIA_LABELS.items() if k != "random"},
+    "greedy": "greedy, one layer at a time, the least harmful given those removed (SLEB-style)",
+    "predicted": "the set of smallest predicted Δloss (single-layer Δ plus measured pair interactions)",
+}
+
+
+def _distinguishable(rows: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """The k at which every other criterion's paired interval against the best lies above 0 (the best is
+    distinguishable), and the k at which some other criterion's interval reaches 0 (tied cuts count as tied)."""
+    yes, no = [], []
+    for r in rows:
+        if not r.get("best"):
+            continue
+        others = [iv for c, iv in r["vs_best"].items() if c not in r["tied"]]
+        clear = len(r["tied"]) == 1 and all(iv["low"] is not None and iv["low"] > 0 for iv in others)
+        (yes if clear else no).append(r["k"])
+    return yes, no
+
+
+def _heldout_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> list[str]:
+    """Held-out pruning: per model and domain, each criterion's loss with its paired interval against the best."""
+    have = [s for s in summaries if s.get("pruning_heldout")]
+    lines = ["## Layer pruning, held out: which criterion finds the least harmful cut?", ""]
+    if not have:
+        return lines + ["Not computed for any model yet (`--stages pruning_heldout,pruning_random`).", ""]
+    h0 = have[0]["pruning_heldout"]
+    lines += [
+        "Every criterion chooses its layers on one fold of the eval windows (its calibration split) and is scored "
+        "on the other (held out); the folds alternate within each domain (prose, code) and take each role once "
+        "(2-fold cross-fitting), so every window has one held-out loss per criterion and k, from a cut chosen "
+        "without it (`diagnostics/pruning_heldout.py`). No criterion removes the first or the last layer; the "
+        "stratified random baseline draws from the same layers, the uniform one from all of them. Loss: mean "
+        "next-token NLL over positions 0..T−2 (nats/token) on the scope's windows. Cells: held-out loss, then "
+        "its difference to the best criterion at that k with a 95 % interval "
+        f"({h0['interval_method']}); **bold**: the best, and every criterion whose cut is the same layers in both "
+        "folds (a tie, counted as a win for each); † past ln V (the loss of a uniform guess over the vocabulary).",
+        "",
+    ]
+    if "pruning_heldout" in figs:
+        lines += [f"![held-out pruning curves](figures/{figs['pruning_heldout']})", ""]
+    for s in have:
+        h = s["pruning_heldout"]
+        crits = h["criteria"]
+        ks = h["k"]
+        lines += [
+            f"### {s['name']} (L = {s['n_layer']}, k = 1 … {ks[-1]}; windows per scope: "
+            + ", ".join(f"{sc} {n}" for sc, n in h["n_sequences"].items())
+            + f"; {h['n_random']} random draws per k and baseline)",
+            "",
+            "| scope | k | " + " | ".join(crits) + " | random uniform (min–max) | random stratified (min–max) |",
+            "|---|---|" + "---|" * (len(crits) + 2),
+        ]
+        for scope, summ in h["scopes"].items():
+            for r in summ["rows"]:
+                cells = []
+                for c in crits:
+                    v = summ["loss"][c][r["k"] - 1]
+                    if v != v:
+                        cells.append("—")
+                        continue
+                    mark = "†" if c in r["past_ln_v"] else ""
+                    if c in r["tied"]:
+                        cells.append(f"**{v:.3f}**{mark}")
+                    else:
+                        iv = r["vs_best"][c]
+                        cells.append(f"{v:.3f}{mark} ({_signed_iv(iv)})")
+                for bl in ("random_uniform", "random_stratified"):
+                    rr = (r.get("random") or {}).get(bl)
+                    if rr is None:
+                        cells.append("—")
+                        continue
+                    mark = "†" if h.get("ln_vocab") and rr["mean"] > h["ln_vocab"] else ""
+                    cells.append(
+                        f"{rr['mean']:.3f}{mark} ({_signed_iv(rr['vs_best'])}; {rr['min']:.2f}–{rr['max']:.2f})"
+                    )
+                lines.append(f"| {scope} | {r['k']} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "| scope | clean loss | mean excess loss over k ≤ L/4 computed (wins, ties included) | lowest | "
+            "first k past ln V | the best cut distinguishable (every other interval above 0) at k | not at k |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for scope, summ in h["scopes"].items():
+            yes, no = _distinguishable(summ["rows"])
+            ex = ", ".join(
+                f"{c} {v:.3f} ({summ['wins'][c]})" for c, v in summ["mean_excess_quarter"].items() if v is not None
+            )
+            lines.append(
+                f"| {scope} | {summ['clean_loss']:.3f} | {ex} | **{summ['winner_quarter']}** | "
+                f"{summ['first_k_past_ln_v'] or 'none'} | {', '.join(map(str, yes)) or 'none'} | "
+                f"{', '.join(map(str, no)) or 'none'} |"
+            )
+        pr = h.get("prediction", {})
+        q = pr.get("quarter", {})
+        if q.get("pairwise"):
+            lines += [
+                "",
+                f"Predicting a cut's held-out Δloss before running it ({pr['definition']}): over the "
+                f"{q['n']} distinct cuts of k ≤ L/4, mean absolute error {q['pairwise']['mae']:.3f} nats "
+                f"(median {q['pairwise']['median_ae']:.3f}, Spearman ρ {q['pairwise']['spearman']:.2f}); "
+                f"additive only {q['additive']['mae']:.3f} (ρ {q['additive']['spearman']:.2f}). The `predicted` "
+                "criterion searches sets on this prediction (greedy, then one-layer swaps) without a forward pass.",
+            ]
+        lines.append("")
+    lines += ["Criteria: " + "; ".join(f"`{k}`: {v}" for k, v in HELDOUT_LABELS.items()) + ".", ""]
+    return lines
+
+
+def _signed_iv(iv: dict[str, Any]) -> str:
+    if iv.get("low") is None:
+        return f"{iv['estimate']:+.3f}"
+    return f"{iv['estimate']:+.3f} [{iv['low']:+.3f}, {iv['high']:+.3f}]"
+
+
+def _heldout_figure(fig_dir: Path, summaries: list[dict[str, Any]]) -> str | None:
+    """One panel per model and scope: held-out loss against k, each criterion, random means with their range."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from depthlens.render.plots import save_figure
+
+    have = [s for s in summaries if s.get("pruning_heldout")]
+    if not have:
+        return None
+    n = max(len(s["pruning_heldout"]["scopes"]) for s in have)
+    fig, axes = plt.subplots(len(have), n, figsize=(4.0 * n, 3.3 * len(have)), squeeze=False)
+    names = list(HELDOUT_LABELS) + ["random_uniform", "random_stratified"]
+    pal = dict(zip(names, sns.color_palette("deep", len(names))))
+    for row, s in zip(axes, have):
+        h = s["pruning_heldout"]
+        for ax, (scope, summ) in zip(row, h["scopes"].items()):
+            ks = h["k"]
+            for c, ys in summ["loss"].items():
+                ax.plot(ks, ys, marker="o", ms=3, label=c, color=pal.get(c))
+            for bl, ls in (("random_uniform", ":"), ("random_stratified", "--")):
+                rows = [r for r in summ["rows"] if r.get("random")]
+                if rows:
+                    kk = [r["k"] for r in rows]
+                    ax.plot(kk, [r["random"][bl]["mean"] for r in rows], ls=ls, color=pal[bl], label=bl)
+                    ax.fill_between(
+                        kk,
+                        [r["random"][bl]["min"] for r in rows],
+                        [r["random"][bl]["max"] for r in rows],
+                        color=pal[bl],
+                        alpha=0.12,
+                        lw=0,
+                    )
+            ax.axhline(summ["clean_loss"], color="black", lw=0.8)
+            if h.get("ln_vocab"):
+                ax.axhline(h["ln_vocab"], color="grey", lw=0.8, ls="--")
+            ax.set(xlabel="removed layers k", ylabel="held-out loss (nats/token)", title=f"{s['name']}: {scope}")
+    axes[0][0].legend(fontsize=6)
+    return save_figure(fig, fig_dir / "pruning_heldout.png").name
 
 
 def registry_theta(metric: str) -> float:
@@ -430,8 +608,8 @@ def readme(
         "",
         "## The models",
         "",
-        "| model | family | layers | residual design (read from the block structure) | block | weights | "
-        "clean loss (nats/token) |",
+        "| model | family | layers | residual design (read from the block structure) | block | weights (GGUF "
+        "file type) | clean loss (nats/token, positions 0..T−2, the pruning curves') |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
@@ -494,12 +672,18 @@ def readme(
         "",
         f"![causal share against θ](figures/{figs['causal_share']})" if "causal_share" in figs else "",
         "",
-        "## Layer pruning: which criterion finds the least harmful cut?",
+    ]
+    lines += _heldout_section(summaries, figs)
+    lines += [
+        "## Layer pruning in sample (superseded where the held-out curves above exist)",
         "",
-        "Remove k = 1 … L/2 layers (block-level skip: the layer's write dropped) chosen by each criterion, "
-        "and measure the LM loss on the same eval tokens (`diagnostics/pruning.py`). Mean excess loss = mean over "
-        "k of loss(k) − clean loss (nats/token); wins = the k at which the criterion's cut is the least harmful "
-        "of the deterministic criteria. Random: mean of the draws, the band spans their min and max.",
+        "The first pruning stage: remove k = 1 … L/2 layers (block-level skip: the layer's write dropped) chosen by "
+        "each criterion ranked on the same eval windows that score the cut (`diagnostics/pruning.py`), so "
+        "`skip_loss` is optimal at k = 1 by construction; ties are credited to the first-listed criterion; the random "
+        "baseline is 3 draws per k over all layers (most of them include layer 0), and the means include points "
+        "past ln V. Kept as computed; read the held-out section for which criterion cuts best. Mean excess loss = "
+        "mean over k of loss(k) − clean loss (nats/token); wins = the k at which the criterion's cut had the lowest "
+        "loss. Random: mean of the draws, the band spans their min and max.",
         "",
     ]
     if "pruning" in figs:

@@ -177,6 +177,10 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     args = [str(ckpt), "--out", str(out), "--n-seq", "3", "--seq-len", "24", "--threads", "1", "--calibration", "none"]
     report.main(args + ["--stages", "angular,causal_update,untrained_causal_update,pruning"])
     report.main(args + ["--stages", "permutation,untrained_permutation,causal_resid,pruning", "--resume"])
+    # the held-out curves in two runs (the cheap rankings, then greedy and the prediction), and the random draws
+    held = ["--stages", "pruning_heldout", "--resume", "--heldout-criteria"]
+    report.main(args + held + ["angular_block,block_influence,skip_loss,causal,permutation"])
+    report.main(args + held + [""] + ["--stages", "pruning_heldout,pruning_random"])
     assert atlas.main([str(tmp_path / "atlas"), "tiny"]) == 0
     doc = json.loads((tmp_path / "atlas" / "atlas.json").read_text())
     (s,) = doc["models"]
@@ -190,6 +194,65 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
         d = r["trained_minus_untrained"]  # a bootstrap over the 3 shared sequences, and it says so
         assert d["low"] <= d["estimate"] <= d["high"] and d["n_units"] == 3 and d["unit"] == "eval sequences"
     assert "permutation" in s["pruning"]["mean_excess_loss"] and "## Not in this atlas" not in page
+    h = s["pruning_heldout"]
+    assert h["criteria"] == [
+        "angular_block",
+        "block_influence",
+        "skip_loss",
+        "causal",
+        "permutation",
+        "greedy",
+        "predicted",
+    ]
+    assert "## Layer pruning, held out" in page and "figures/pruning_heldout.png" in page
+    _recount_heldout(out / "data", h)
     norms = [(r["norm"], r.get("untrained") is not None) for r in s["causal_definitions"]]
     assert set(norms) == {("update", True), ("resid", False)}  # resid measured on the trained model only
     assert "| tiny | resid | current | max |" in page
+
+
+def _recount_heldout(data_dir: Path, h: dict) -> None:
+    """The atlas's held-out table from the stored per-sequence losses by plain loops: each scope's loss per
+    criterion and k, the best criterion, the criteria tied with it (the same layers in both folds) and the
+    wins (each tied criterion counts one); every interval contains its estimate and names its pairing."""
+    with xr.open_dataset(data_dir / "pruning_heldout.nc") as ds:
+        seq = ds["seq_loss"].values
+        removed = ds["removed"].values
+        crits = [str(c) for c in ds["criterion"].values]
+        domains = [str(d) for d in ds["domain"].values]
+    for scope, summ in h["scopes"].items():
+        ix = [i for i, d in enumerate(domains) if scope == "pooled" or d == scope]
+        wins = {c: 0 for c in crits}
+        for k in h["k"]:
+            means = {}
+            for ci, c in enumerate(crits):
+                total = 0.0
+                for i in ix:
+                    total += float(seq[ci, k, i])
+                means[c] = total / len(ix)
+                assert summ["loss"][c][k - 1] == pytest.approx(means[c])
+            best = min(crits, key=lambda c: (means[c], crits.index(c)))
+            tied = []
+            for ci, c in enumerate(crits):
+                same = True
+                for f in (0, 1):
+                    if removed[f, ci, k].tolist() != removed[f, crits.index(best), k].tolist():
+                        same = False
+                if same:
+                    tied.append(c)
+                    wins[c] += 1
+            row = summ["rows"][k - 1]
+            assert row["best"] == best and sorted(row["tied"]) == sorted(tied), (scope, k)
+            for iv in row["vs_best"].values():
+                if iv["low"] is not None:
+                    assert iv["low"] <= iv["estimate"] <= iv["high"] and "paired" in iv["method"]
+        assert summ["wins"] == wins, scope
+
+
+def test_heldout_pruning_recounts_from_the_stored_data():
+    """Every model with held-out pruning curves: its atlas table recounted from pruning_heldout.nc by loops."""
+    models = [s for s in _atlas()["models"] if s.get("pruning_heldout")]
+    if not models:
+        pytest.skip("no model of the committed atlas has held-out pruning curves yet")
+    for s in models:
+        _recount_heldout(ATLAS / s["name"] / "data", s["pruning_heldout"])

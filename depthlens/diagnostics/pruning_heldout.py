@@ -878,3 +878,36 @@ def certify(
             "heldout_sha256": held_data.sha256,
         },
     }
+
+
+def merge_heldout(base: xr.Dataset, extra: xr.Dataset) -> xr.Dataset:
+    """`base`'s held-out curves with the criteria of `extra` it lacks added (a criterion computed later, e.g.
+    greedy after the cheap rankings). Both must be of the same weights, eval data, folds, domains, k and
+    protect policy (else one line); `layers_run` is the sum of both runs."""
+    for key in ("weights_sha256", "eval_data_sha256", "k_max", "protect", "folds"):
+        if str(base.attrs.get(key)) != str(extra.attrs.get(key)):
+            raise DepthlensError(
+                f"held-out curves to merge differ in {key} ({base.attrs.get(key)} vs {extra.attrs.get(key)})"
+            )
+    if list(base["domain"].values) != list(extra["domain"].values) or not np.allclose(
+        base["clean_seq"].values, extra["clean_seq"].values, rtol=1e-9, atol=0
+    ):
+        raise DepthlensError("held-out curves to merge differ in their windows' domains or clean losses")
+    new = [str(c) for c in extra["criterion"].values if c not in base["criterion"].values]
+    if not new:
+        return base
+    crits = [str(c) for c in base["criterion"].values] + new
+    merged = {
+        v: xr.concat([base[v], extra[v].sel(criterion=new)], "criterion").assign_coords(criterion=crits)
+        for v in ("seq_loss", "removed", "calibration_loss")
+    }
+    out = base.drop_vars(["seq_loss", "removed", "calibration_loss", "criterion"]).assign(merged)
+    for v in ("single_delta", "pair_gamma"):  # the later run's measurements where the first had none
+        out[v] = base[v].fillna(extra[v])
+    out.attrs = {
+        **base.attrs,
+        "criteria_json": json.dumps(crits),
+        "layers_run": int(base.attrs.get("layers_run", 0)) + int(extra.attrs.get("layers_run", 0)),
+        "criteria_added": ", ".join(new),
+    }
+    return out
