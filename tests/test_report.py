@@ -268,6 +268,8 @@ CLI_ORDER = (
     "permute",
     "rank",
     "attnres",
+    "logit_lens",
+    "tuned_lens",
     "sweep",
     "report",
     "track",
@@ -286,6 +288,8 @@ CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_doc
     "permute": "depthlens permute checkpoints/keel_l8 --layers late --swap body",
     "rank": "depthlens rank checkpoints/mhc_l16 --json",
     "attnres": "depthlens attnres checkpoints/block_attnres_l16 --eps 0.05",
+    "logit_lens": "depthlens logit_lens checkpoints/preln_l16 --n-seq 16",
+    "tuned_lens": "depthlens tuned_lens checkpoints/preln_l16 --n-seq 16 --opt steps=100",
     "sweep": "depthlens sweep checkpoints/preln_l8 checkpoints/hc_l8 checkpoints/mhc_l8 --metric causal \\\n"
     "    --order preln_l8,mhc_l8,hc_l8 --plot depthlens-out/sweep.png",
     "report": "depthlens report checkpoints/*_l4/ --out depthlens-out/report_l4",
@@ -348,7 +352,8 @@ def cli_reference() -> str:
 
     from depthlens.cli.app import app as _app
 
-    names = list(typer.main.get_command(_app).commands)
+    group = typer.main.get_command(_app)
+    names = list(group.list_commands(None))  # the app's commands and the registry's generic ones (cli/diagnostic.py)
     order = [c for c in CLI_ORDER if c in names] + sorted(set(names) - set(CLI_ORDER))
     out = [
         "# CLI reference",

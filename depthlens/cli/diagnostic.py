@@ -126,7 +126,7 @@ def command_for(d: registry.Diagnostic) -> Any:
         )
 
     run.__doc__ = d.summary
-    sub = typer.Typer()
+    sub = typer.Typer(add_completion=False)
     sub.command(name=d.name)(domain_errors(run))
     return typer.main.get_command(sub)
 
