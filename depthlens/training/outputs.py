@@ -43,7 +43,7 @@ def check_recipe_export(
     recipe: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any], run: str | None
 ) -> None:
     """Refuse (SchemaError, usage: exit 2), before any work, a recipe run whose overrides change the training but
-    would still write the checkpoint to the recipe's own export path (`train zoo_cpu.json --run preln_l4 steps=3`
+    would still write the checkpoint to the export path the recipe names (`train zoo_cpu.json --run preln_l4 steps=3`
     replaced the shipped 400-step checkpoint with a 3-step model): such a run needs an explicit `export=`."""
     from .config import load_recipe, parse_overrides
 
@@ -52,8 +52,8 @@ def check_recipe_export(
     if "export" in over or not changed:
         return
     mine, recipes = load_recipe(recipe, over, run=run), load_recipe(recipe, {}, run=run)
-    if mine.export_dir.resolve() != recipes.export_dir.resolve():
-        return
+    if not recipes.export or mine.export_dir.resolve() != recipes.export_dir.resolve():
+        return  # the recipe names no export of its own (its run directory's checkpoint/), or this run writes elsewhere
     name = f" {mine.name!r}" if mine.name else ""
     raise SchemaError(
         f"the override{'s' if len(changed) > 1 else ''} {', '.join(changed)} change{'' if len(changed) > 1 else 's'} "
