@@ -148,3 +148,33 @@ def test_calibration_ratio_sentence_is_the_zoo_against_the_paper():
         want = f"{min(ratios):.2g}–{max(ratios):.2g}×"
         got = re.search(rf"<!-- zoo-ratio:{score} -->(.*?)<!-- /zoo-ratio -->", doc)
         assert got is not None and got.group(1) == want, (score, want)
+
+
+def test_lr_table_labels_the_sweeps_budget_and_the_check_at_the_zoos(tmp_path, monkeypatch):
+    from depthlens.render import pages
+    from depthlens.training import lr400
+
+    res = {
+        "cells": {
+            "hc_l32": {
+                "winner": 0.012,
+                "per_lr": {"0.006": {}, "0.012": {}, "0.024": {}},
+                "common_seeds": 2,
+                "interior": True,
+                "indistinguishable_from_winner": ["0.006"],
+            },
+            "hc_l16": {"winner": 0.006, "per_lr": {"0.006": {}}, "common_seeds": 3, "interior": False},
+        }
+    }
+    path = tmp_path / "res.json"
+    path.write_text(json.dumps(res))
+    monkeypatch.setattr(lr400, "RESULTS_PATH", path)
+    recs = [{"design": "hc", "n_layer": L, "lr": 0.006} for L in (16, 32)]
+    head, rows = pages.lr_rows({"chosen": {"hc": {"8": 0.006}}, "steps": 150}, recs)
+    assert "150 steps, one seed per LR" in head[-2] and "400 steps" in head[-1]
+    assert (
+        rows[0][-1]
+        == "L = 16: not run yet (only the current LR); L = 32: 0.012 (0.006, 0.012, 0.024; 2 seed(s); within 2 SE: 0.006)"
+    )
+    assert pages.table_head()[6:8] == ("val loss (train.json)", "eval loss (report)")
+    assert "the loss the claims below use" in pages.LOSS_NOTE

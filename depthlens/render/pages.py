@@ -55,7 +55,11 @@ def table_columns(terminal: bool = False) -> list[tuple[str, Any]]:
 
 
 def table_head(terminal: bool = False) -> tuple[str, ...]:
-    base = ("design", "L", "val loss") if terminal else ("design", "L", "seed", "d", "params", "LR", "val loss")
+    base = (
+        ("design", "L", "val loss")
+        if terminal
+        else ("design", "L", "seed", "d", "params", "LR", "val loss (train.json)", "eval loss (report)")
+    )
     return (*base, *(h for h, _ in table_columns(terminal)))
 
 
@@ -72,6 +76,14 @@ INTERVAL_NOTE = (
     "the untrained permutation runs on a prefix, since it is most of a report's cost; '—' where it did not run: "
     "the eval line above says where it ran). One row per checkpoint: these intervals exclude training "
     "variance (seeds are pooled in the claims below)."
+)
+
+
+LOSS_NOTE = (
+    "Two losses, both in nats per token: 'val loss (train.json)' is the trainer's `final_val_loss` on its own "
+    "held-out batches (train.json `val_batches` × batch × sequence length tokens; NaN when absent); 'eval "
+    "loss (report)' is the clean next-token loss on this report's eval set (the tokens of the eval line "
+    "above), the loss the claims below use."
 )
 
 
@@ -131,7 +143,8 @@ def table_rows(records: list[dict[str, Any]], terminal: bool = False) -> list[li
                 f"{r['params_total']:,}" if r.get("params_total") is not None else NA,
                 _num(r.get("lr"), "g"),
             ]
-        rows.append([*base, _num(r.get("val_loss"), ".3f", "NaN"), *(cell(r) for _, cell in cols)])
+        losses = [_num(r.get("val_loss"), ".3f", "NaN")] + ([] if terminal else [_num(r.get("eval_loss"), ".3f")])
+        rows.append([*base, *losses, *(cell(r) for _, cell in cols)])
     return rows
 
 
@@ -186,7 +199,15 @@ def lr_rows(sweep: dict[str, Any] | None, records: list[dict[str, Any]]) -> tupl
     sweep = sweep or {}
     chosen, interior, losses = sweep.get("chosen", {}), sweep.get("interior", {}), sweep.get("val_loss", {})
     depths = sorted({int(r["n_layer"]) for r in records})
-    head = ["design", *[f"LR used at L = {L}" for L in depths], "sweep: chosen LR per swept depth (grid; interior?)"]
+    budget = f"{sweep['steps']} steps, one seed per LR" if sweep.get("steps") else "short budget"
+    head = [
+        "design",
+        *[f"LR used at L = {L}" for L in depths],
+        f"sweep ({budget}): chosen LR per swept depth (grid; interior?)",
+    ]
+    check = lr400_results()
+    if check:
+        head.append("check at the zoo's budget (400 steps): lowest mean loss (LRs run; seeds shared)")
     out = []
     for design in dict.fromkeys(r["design"] for r in records):
         used = []
@@ -216,8 +237,40 @@ def lr_rows(sweep: dict[str, Any] | None, records: list[dict[str, Any]]) -> tupl
             )
         else:
             swept = NA
-        out.append([design, *used, swept])
+        row = [design, *used, swept]
+        if check:
+            cells = {k: v for k, v in (check.get("cells") or {}).items() if k.rsplit("_l", 1)[0] == design}
+            row.append(
+                "; ".join(
+                    f"L = {k.rsplit('_l', 1)[1]}: not run yet (only the current LR)"
+                    if len(c["per_lr"]) < 3
+                    else f"L = {k.rsplit('_l', 1)[1]}: {c['winner']:g} ({', '.join(c['per_lr'])}; "
+                    f"{c['common_seeds']} seed(s)"
+                    + ("" if c.get("interior") else "; AT AN EDGE, still extending")
+                    + (
+                        f"; within 2 SE: {', '.join(c['indistinguishable_from_winner'])}"
+                        if c.get("indistinguishable_from_winner")
+                        else ""
+                    )
+                    + ")"
+                    for k, c in sorted(cells.items(), key=lambda kv: int(kv[0].rsplit("_l", 1)[1]))
+                )
+                or NA
+            )
+        out.append(row)
     return head, out
+
+
+def lr400_results() -> dict[str, Any] | None:
+    """The committed LR check at the zoo's budget (depthlens/recipes/zoo_cpu_lr400_results.json), None when absent."""
+    try:
+        import json
+
+        from depthlens.training.lr400 import RESULTS_PATH
+
+        return json.loads(RESULTS_PATH.read_text(encoding="utf-8")) if RESULTS_PATH.is_file() else None
+    except (OSError, ValueError, ImportError):
+        return None
 
 
 def lr_sweep() -> dict[str, Any] | None:
@@ -238,8 +291,12 @@ EVAL_SIZE_NOTE = (
 )
 LR_NOTE = (
     "The peak learning rate each checkpoint trained with (train.json), and what the committed sweep "
-    "(depthlens/recipes/zoo_cpu_lr_sweep.json) chose per design and swept depth, with its grid; an optimum "
-    "at an edge of its grid is not a tuned learning rate."
+    "(depthlens/recipes/zoo_cpu_lr_sweep.json) chose per design and swept depth, with its grid and budget; "
+    "an optimum at an edge of its grid is not a tuned learning rate, and one at a shorter budget with one "
+    "seed per LR is a proxy. Where present, the check at the zoo's own budget "
+    "(depthlens/recipes/zoo_cpu_lr400_results.json): the LR with the lowest mean final validation loss over "
+    "the seeds every LR of the cell shares, and the LRs within 2 seed-to-seed SEs of it (indistinguishable "
+    "at this many seeds)."
 )
 
 
@@ -383,8 +440,7 @@ def render_html(rep) -> str:
         '<a href="#overview">overview</a><a href="#checkpoints">per checkpoint</a><a href="#files">files</a></nav>',
         '<h2 id="table">Design × depth</h2>',
         "<p>Shares are over the late pairs (i &lt; j, both in ⌊L/4⌋…L−1), strict &gt;. "
-        f"{_h(INTERVAL_NOTE)} Validation loss: "
-        "<code>train.json</code> <code>final_val_loss</code> (NaN when absent); LR: the peak learning rate it "
+        f"{_h(INTERVAL_NOTE)} {_h(LOSS_NOTE)} LR: the peak learning rate it "
         "trained with. erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.</p>",
         _html_table(table_head(), main_rows),
     ]
@@ -496,9 +552,8 @@ def render_markdown(rep) -> str:
         "",
         "## Design × depth",
         "",
-        "Shares over the late pairs (strict >). " + INTERVAL_NOTE + " Validation loss from "
-        "`train.json` (`final_val_loss`, NaN when absent); LR: the peak learning rate it trained with. erank: "
-        "HC/mHC only; k*(0.05): Full/Block AttnRes only.",
+        "Shares over the late pairs (strict >). " + INTERVAL_NOTE + " " + LOSS_NOTE + " LR: the peak learning "
+        "rate it trained with. erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.",
         "",
         _md_table(table_head(), table_rows(recs)),
         "",

@@ -10,7 +10,8 @@
 the zoo's exact recipe) over its current LR and one x2 grid step on each side. The plan is list-driven, so a
 killed session resumes where it stopped (`scripts/train_zoo_lr400.sh`):
 
-a. seed 0 at the current LR and its two neighbours (one more x2 step past an edge optimum, up to two);
+a. seed 0 at the current LR and its two neighbours, then one more x2 step past an edge optimum until the
+   optimum is interior (within `LR400_STEPS_K`);
 b. a second seed at the LR that wins (a), so the winner is never one run;
 c. the same seeds at the neighbours (the comparison becomes paired by seed), then a third seed everywhere.
 
@@ -36,7 +37,9 @@ from .recipes import RECIPES_DIR, ZOO_CORPUS, ZOO_TARGET, _next_lrs, _zoo_base, 
 
 LR400_DESIGNS = ("preln", "hc", "full_attnres")  # the designs of the paper's headline claims
 LR400_DEPTHS = (16, 32)
-LR400_STEPS_K = (-2, -1, 0, 1, 2)  # x2 steps around the current LR: +-1 first, +-2 only past an edge optimum
+# x2 steps around the current LR: +-1 first, then one more step past an edge optimum until it is interior (Pre-LN
+# at L = 16 kept improving up to 4x its 150-step optimum, so the grid reaches 2^4 above and 2^-3 below)
+LR400_STEPS_K = (-3, -2, -1, 0, 1, 2, 3, 4)
 LR400_SEEDS = (0, 1, 2)
 LR400_RUNS_DIR = ".cache/depthlens/runs/zoo_lr400"
 RECIPE_PATH = RECIPES_DIR / "zoo_cpu_lr400.json"
