@@ -56,7 +56,7 @@ def prune_hf(hf: Any, layers: Any, removed: Sequence[int]) -> Any:
     for i, layer in enumerate(new):
         for m in layer.modules():
             if hasattr(m, "layer_idx"):
-                m.layer_idx = i
+                setattr(m, "layer_idx", i)  # noqa: B010 - an attribute of transformers' attention modules
     hf.set_submodule(path, new)
     cfg = hf.config
     keys = [k for k in LAYER_COUNT_KEYS if isinstance(getattr(cfg, k, None), int)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -103,7 +103,7 @@ def prune(
     typer.echo(f"wrote {dst} and {dst / CERTIFICATE}")
 
 
-def _write(model, ck: Path, cert: dict, dst: Path) -> None:
+def _write(model: Any, ck: Path, cert: dict[str, Any], dst: Path) -> None:
     """The pruned model in the input's format and its certificate, written in a temporary sibling directory and
     renamed into place (no partial output)."""
     import shutil

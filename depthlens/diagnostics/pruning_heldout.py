@@ -252,12 +252,13 @@ class _Calibration:
             assert self.D is not None  # computed when an angular criterion is asked for
             return _smallest({l: self.D[l, 1] for l in allowed}, k)
         if crit == "angular_block":
-            assert self.D is not None
+            D = self.D
+            assert D is not None
             lo, hi = allowed[0], allowed[-1]
-            starts = [l for l in range(lo, hi - k + 2) if np.isfinite(self.D[l, k])]
+            starts = [l for l in range(lo, hi - k + 2) if np.isfinite(D[l, k])]
             if not starts:
                 return None
-            s = min(starts, key=lambda l: (self.D[l, k], l))
+            s = min(starts, key=lambda l: (D[l, k], l))
             return list(range(s, s + k))
         if crit == "causal":
             assert self.causal_effect is not None
@@ -622,7 +623,7 @@ def summarize(ds: xr.Dataset, rnd: xr.Dataset | None = None, *, n_boot: int = 10
     }
     for name, ix in scopes.items():
         loss = {c: [float(np.mean(seq[ci, k, ix])) for k in ks] for ci, c in enumerate(crits)}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for k in ks:
             vals = {c: loss[c][k - 1] for c in crits if np.isfinite(loss[c][k - 1])}
             if not vals:
@@ -633,7 +634,13 @@ def summarize(ds: xr.Dataset, rnd: xr.Dataset | None = None, *, n_boot: int = 10
             tied = [c for c in vals if cut_key(ds, c, k) == key]
             b = seq[crits.index(best), k, ix]
             vs = {c: _paired(seq[crits.index(c), k, ix], b, n_boot, seed) for c in vals if c != best}
-            row = {"k": k, "best": best, "tied": tied, "vs_best": vs, "past_ln_v": [c for c in vals if vals[c] > ln_v]}
+            row: dict[str, Any] = {
+                "k": k,
+                "best": best,
+                "tied": tied,
+                "vs_best": vs,
+                "past_ln_v": [c for c in vals if vals[c] > ln_v],
+            }
             if rnd is not None and k < rnd.sizes["k"]:
                 row["random"] = {}
                 for bl in rnd["baseline"].values:
@@ -656,7 +663,7 @@ def summarize(ds: xr.Dataset, rnd: xr.Dataset | None = None, *, n_boot: int = 10
             return float(np.mean(v)) if v and all(np.isfinite(v)) else None
 
         wins = {c: sum(c in r["tied"] for r in rows) for c in crits}
-        summ = {
+        summ: dict[str, Any] = {
             "clean_loss": c0,
             "loss": loss,
             "rows": rows,
@@ -690,7 +697,7 @@ def prediction_error(ds: xr.Dataset) -> dict[str, Any]:
     L = int(ds.sizes["layer"])
     seq, clean, folds = ds["seq_loss"].values, ds["clean_seq"].values, ds["seq_fold"].values
     crits = [str(c) for c in ds["criterion"].values]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for f in (0, 1):
         held = np.flatnonzero(folds == 1 - f)
         delta = {l: float(v) for l, v in enumerate(ds["single_delta"].values[f]) if np.isfinite(v)}
