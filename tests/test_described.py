@@ -680,3 +680,29 @@ def test_a_native_design_described_equals_itself(arch):
                 np.testing.assert_allclose(b[v].values, a[v].values, rtol=1e-5, atol=1e-6, equal_nan=True)
                 compared += 1
         assert compared >= 3
+
+
+def test_track_follows_a_described_model_over_its_saved_steps(user_dir, tmp_path):
+    """`track FILE.py:FUNCTION --weights step_10.safetensors FILE.py:FUNCTION --weights step_20.safetensors`: one
+    series, the steps read from the weights' names, each step's causal matrix that of its own weights."""
+    import xarray as xr
+    from safetensors.torch import save_file
+
+    from depthlens.studies import api
+
+    for step in (10, 20):
+        save_file(_net(seed=step).state_dict(), str(tmp_path / f"step_{step}.safetensors"))
+    args = ["track"]
+    for step in (10, 20):
+        args += ["mymodel.py:describe", "--weights", tmp_path / f"step_{step}.safetensors"]
+    out = tmp_path / "trk"
+    r = _cli([*args, *EVAL[:4], "--metrics", "causal", "--n-boot", "0", "--out", out, "--quiet"], user_dir)
+    assert r.exit_code == 0, r.output
+    with xr.open_dataset(out / "track.nc") as ds:
+        assert list(ds.step.values) == [10, 20]
+        var = next(v for v in ds.data_vars if "causal" in v and ds[v].ndim >= 3)
+        got = ds[var].values
+    for k, step in enumerate((10, 20)):
+        ref = f"{tmp_path / f'step_{step}.safetensors'}@{user_dir / 'mymodel.py'}:describe"
+        want = api.causal(ref, n_seq=2, seq_len=16).causal_score.sel(variant="current", aggregator="max").values
+        np.testing.assert_allclose(got.reshape(-1, *want.shape)[k], want, rtol=1e-6, atol=1e-7, equal_nan=True)

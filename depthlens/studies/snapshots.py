@@ -175,7 +175,13 @@ def _depthlens_signature(path: Path) -> dict[str, Any]:
 
 
 def signature(path: Path) -> dict[str, Any]:
-    """Architecture identity of one checkpoint from its config (a GGUF file is loaded to learn it)."""
+    """Architecture identity of one checkpoint from its config (a GGUF file is loaded to learn it; a described model,
+    FILE.py:FUNCTION, is its file and function)."""
+    from depthlens.adapters.userref import parse_ref
+
+    ref = parse_ref(path)
+    if ref is not None:
+        return {"kind": "described", "file": str(Path(ref.file).resolve()), "function": ref.function}
     if path.is_dir():
         cfg_path = path / "config.json"
         if not cfg_path.is_file():
@@ -195,6 +201,8 @@ def signature(path: Path) -> dict[str, Any]:
 
 
 def describe(sig: Mapping[str, Any]) -> str:
+    if sig.get("kind") == "described":
+        return f"{Path(str(sig.get('file'))).name}:{sig.get('function')}"
     if sig.get("kind") == "depthlens":
         return f"{sig.get('arch')} L={sig.get('n_layer')} d={sig.get('d_model')}"
     if sig.get("kind") == "hf":
@@ -271,10 +279,12 @@ def scan_run(run: Path, recipes: Sequence[Path] = ()) -> Series:
 
 
 def scan_list(paths: Sequence[Path], name: str, tokens_per_step: float | None = None) -> Series:
-    """Checkpoints given in training order (directories or GGUF files) → a validated Series."""
+    """Checkpoints given in training order (directories, GGUF files, or described models FILE.py:FUNCTION whose
+    --weights name the step) → a validated Series."""
     steps: list[int | None] = []
     records: list[dict[str, Any]] = []
-    for p in paths:
+    for path in paths:
+        p = _weights_of(path)
         if not p.exists():
             raise _fail(f"{p}: no such file or directory")
         rec = _snapshot_record(p) if p.is_dir() and (p / SNAPSHOT_JSON).is_file() else {}
@@ -310,9 +320,13 @@ def scan(
     """Every run directory is its own series; checkpoints given directly form one series, in order."""
     if not paths:
         raise _fail("give at least one run directory or checkpoint")
+    from depthlens.adapters.userref import parse_ref
+
     runs, loose = [], []
     for p in map(Path, paths):
-        if is_run_dir(p):
+        if parse_ref(p) is not None:  # a described model: its weights are the snapshot
+            loose.append(p)
+        elif is_run_dir(p):
             runs.append(scan_run(p, [Path(r) for r in recipes]))
         elif p.is_file() or (p / "config.json").is_file():
             loose.append(p)
@@ -329,6 +343,16 @@ def scan(
     return runs
 
 
+def _weights_of(path: Path) -> Path:
+    """What identifies a snapshot on disk: the path itself, or a described model's weights (its file without)."""
+    from depthlens.adapters.userref import parse_ref
+
+    ref = parse_ref(path)
+    if ref is None:
+        return path
+    return Path(ref.weights if ref.weights is not None else ref.file)
+
+
 def _common_name(paths: Sequence[Path]) -> str:
-    parents = {p.resolve().parent.name for p in paths}
+    parents = {_weights_of(p).resolve().parent.name for p in paths}
     return parents.pop() if len(parents) == 1 else "series"

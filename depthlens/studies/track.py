@@ -136,9 +136,18 @@ def engine_options(metric: str) -> dict[str, Any]:
 
 
 def weights_id(path: Path) -> str:
-    """SHA-256 of what a checkpoint's results depend on: config + weights (a GGUF file: the file)."""
+    """SHA-256 of what a checkpoint's results depend on: config + weights (a GGUF file: the file; a described model:
+    its file, function and weights)."""
+    from depthlens.adapters.userref import parse_ref
     from depthlens.io.dataset import checkpoint_sha256, sha256_file
 
+    ref = parse_ref(path)
+    if ref is not None:  # a described model: its file, its function and its weights
+        from depthlens.adapters.described import weight_files
+
+        parts = [sha256_file(Path(ref.file)), ref.function]
+        parts += [sha256_file(Path(f)) for f in weight_files(ref.weights)] if ref.weights is not None else []
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
     if path.is_file():
         return sha256_file(path)
     files = ["config.json", *sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))]
