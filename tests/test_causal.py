@@ -97,6 +97,16 @@ def ds(preln, data):
     return causal_scores(preln, data, direct=True, outputs=True, batch_size=4)
 
 
+def _undefined_nan(ref: np.ndarray) -> np.ndarray:
+    """A reference [.., s, t] matrix with the cells the engine leaves undefined (t < s) as NaN, as the engine does;
+    the references compute them as 0 (blocks before s never see the skip)."""
+    ref = np.array(ref, dtype=float)
+    below = np.tril(np.ones(ref.shape[-2:], bool), -1)
+    assert np.all(ref[..., below] == 0)  # the reference agrees that nothing is there
+    ref[..., below] = np.nan
+    return ref
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # structure
 
@@ -105,7 +115,8 @@ def test_future_strictly_upper_triangular(ds):
     C = ds.causal_score.sel(variant="future").values  # (aggregator, s, t)
     L = C.shape[-1]
     lower = np.tril(np.ones((L, L), bool))
-    assert np.all(C[:, lower] == 0)
+    assert np.all(np.isnan(C[:, np.tril(lower, -1)]))  # t < s: no measurement, NaN (never a 0 that means "none")
+    assert np.all(C[:, np.eye(L, dtype=bool)] == 0)  # t = s: the future skip leaves u_s after the cut as it was
     assert np.all(C[:, ~lower] > 0)
 
 
@@ -114,7 +125,7 @@ def test_current_unit_diagonal_zero_lower(ds):
     for agg in ("max", "mean", "p95", "p99", "pooled"):
         m = C.sel(aggregator=agg).values
         np.testing.assert_allclose(np.diag(m), 1.0, rtol=1e-6)
-        assert np.all(m[np.tril_indices(4, -1)] == 0)
+        assert np.all(np.isnan(m[np.tril_indices(4, -1)]))  # undefined (t < s), NaN
 
 
 def test_null_intervention_is_exactly_zero(ds):
@@ -128,9 +139,10 @@ def test_zero_output_layer_gives_zero_row(data):
         m.blocks[1].mlp.fn.down_proj.weight.zero_()
     d = causal_scores(m, data, variants=("current",), outputs=True, batch_size=4)
     C = d.causal_score.sel(variant="current")
-    assert np.all(C.sel(aggregator=["max", "mean", "p95", "p99"]).values[:, 1] == 0)
+    assert np.all(C.sel(aggregator=["max", "mean", "p95", "p99"]).values[:, 1, 1:] == 0)
+    assert np.all(np.isnan(C.values[..., 1, :1]))  # t < s: undefined
     pooled = C.sel(aggregator="pooled").values[1]
-    assert np.isnan(pooled[1]) and np.all(np.delete(pooled, 1) == 0)  # 0/0 on its own (zero) update: undefined
+    assert np.isnan(pooled[1]) and np.all(pooled[2:] == 0)  # 0/0 on its own (zero) update: undefined
     assert np.all(d.output_effect.values[:, 1] == 0) and np.all(d.skip_delta_loss.values[1] == 0)
 
 
@@ -322,12 +334,15 @@ def test_equals_csordas_test_effect(preln):
     d = causal_scores(preln, data, variants=("current", "future"), null=False, outputs=False)
     ours = d.causal_score.sel(aggregator="max")
     np.testing.assert_allclose(
-        ours.sel(variant="current").values, csordas_test_effect(preln, data.tokens, [None]), rtol=1e-5, atol=1e-6
+        ours.sel(variant="current").values,
+        _undefined_nan(csordas_test_effect(preln, data.tokens, [None])),
+        rtol=1e-5,
+        atol=1e-6,
     )
     ref, cuts = csordas_run(preln, data.tokens, n_chunks=2)
     d2 = causal_scores(preln, data, variants=("future",), n_cuts=2, null=False, outputs=False)
     np.testing.assert_allclose(
-        d2.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5, atol=1e-6
+        d2.causal_score.sel(variant="future", aggregator="max").values, _undefined_nan(ref), rtol=1e-5, atol=1e-6
     )
     assert d2.attrs["cut_positions_json"] == f'{{"future": {cuts}}}'.replace("'", '"')
     assert len({tuple(c) for c in cuts}) > 1  # sequences get different cuts (not one draw for all)
@@ -350,7 +365,7 @@ def test_resid_norm_equals_hooks(preln, data):
     """norm='resid': |u_t' − u_t| / |h_t| with h_t the clean input of block t, read by plain forward hooks."""
     d = causal_scores(preln, data, variants=("current",), norm="resid", null=False)
     assert d.attrs["norm"] == "resid" and "residual" in d.attrs["norm_definition"]
-    ref = csordas_test_effect(preln, data.tokens, [None], norm="resid")
+    ref = _undefined_nan(csordas_test_effect(preln, data.tokens, [None], norm="resid"))
     np.testing.assert_allclose(
         d.causal_score.sel(variant="current", aggregator="max").values, ref, rtol=1e-5, atol=1e-6
     )
@@ -397,11 +412,11 @@ def test_all_designs_structure(arch, data):
     m = _model(arch, 3)
     d = causal_scores(m, data, n_cuts=2, outputs=True, batch_size=4)
     cur = d.causal_score.sel(variant="current", aggregator="max").values
-    assert np.all(np.isfinite(cur))
-    assert np.all(np.tril(cur, -1) == 0)
+    below = np.tril(np.ones((3, 3), bool), -1)
+    assert np.all(np.isfinite(cur[~below])) and np.all(np.isnan(cur[below]))
     np.testing.assert_allclose(np.diag(cur), 1.0, rtol=1e-5)
     fut = d.causal_score.sel(variant="future").values
-    assert np.all(fut[:, np.tril_indices(3)[0], np.tril_indices(3)[1]] == 0)
+    assert np.all(np.isnan(fut[:, below])) and np.all(fut[:, np.eye(3, dtype=bool)] == 0)
     assert np.all(d.null_score.values == 0)
     assert d.attrs["skip_mode"].startswith(arch)
     # prefix reuse + staircase batching == one full forward per skip, for every design
@@ -445,7 +460,9 @@ def test_future_fewer_sequences_than_cuts(preln):
     d = causal_scores(preln, one, variants=("future",), n_cuts=4, null=False, outputs=False)
     ref, cuts = csordas_run(preln, one.tokens, n_chunks=4)
     assert len(cuts[0]) == 4
-    np.testing.assert_allclose(d.causal_score.sel(variant="future", aggregator="max").values, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        d.causal_score.sel(variant="future", aggregator="max").values, _undefined_nan(ref), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_measure_nothing_is_refused(preln, data):

@@ -78,7 +78,7 @@ def test_coordinates_name_the_axes(results):
 def test_undefined_lower_triangle_is_blank_not_zero(results):
     ds = results["preln"]["causal"]
     C = ds["causal_score"].sel(variant="current", aggregator="max").values
-    assert (C[np.tril_indices(L, -1)] == 0).all()  # stored as 0 ...
+    assert np.isnan(C[np.tril_indices(L, -1)]).all()  # stored as NaN (no measurement) ...
     fig = figures.fig_causal(ds, _entry("preln", {}))
     img = _image(fig.axes[0])
     shown = np.ma.getmaskarray(img).reshape(L, L)

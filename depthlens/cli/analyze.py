@@ -238,7 +238,7 @@ def causal(
     ]
     from ..render.plots import upper_triangle
 
-    # t < s is undefined (stored as 0): "·" in the view, not the shade of "no effect"
+    # t < s is undefined (NaN): "·" in the view, not the shade of "no effect"
     emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", agg, variant)), 1.0))
 
 

@@ -24,6 +24,17 @@ if TYPE_CHECKING:  # typing only: the protocol module is not needed to build a D
 AGGREGATORS = ("max", "mean", "p95", "p99", "pooled")
 
 
+UNDEFINED_NOTE = (
+    "NaN where t < s (blocks before s never see the skip: no measurement); rows of layers not skipped are NaN; "
+    "with unit=block, C(s, s) = 1 by construction (skipping s removes u_s whole)"
+)
+
+
+def _undefined(L: int) -> np.ndarray:
+    """(L, L) bool: the cells of C(s, t) that are no measurement, t < s (the blocks before s never see the skip)."""
+    return np.tril(np.ones((L, L), bool), -1)
+
+
 @dataclass
 class _Results:
     """Everything accumulated over batches."""
@@ -59,11 +70,17 @@ def _dataset(
     dv: dict[str, Any] = {}
     if store:
         agg = {v: store[v].aggregate() for v in variants}
+        undefined = _undefined(L)
         C = np.stack([np.stack([store[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
+        C[..., undefined] = np.nan
         dv["causal_score"] = (
             ("variant", "aggregator", *LL),
             C,
-            {"long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped", "units": "1"},
+            {
+                "long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped",
+                "units": "1",
+                "description": UNDEFINED_NOTE,
+            },
         )
         later = np.triu(np.ones((L, L), bool), 1)  # t > s
         with np.errstate(invalid="ignore"):
@@ -90,8 +107,8 @@ def _dataset(
             ),
         }
         for key, (name, long) in names.items():
-            lower = 0.0 if key in ("max", "sum", "num") else np.nan
-            arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=lower) for v in variants])
+            arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=np.nan) for v in variants])
+            arr[:, undefined] = np.nan
             dv[name] = (("variant", *LL, "sequence"), arr, {"long_name": long, "units": "1"})
     if null_store:
         dv["null_score"] = (
@@ -105,10 +122,16 @@ def _dataset(
         for i in range(L):
             if i in S:
                 Cd[..., i, i] = 0.0  # the direct effect has a zero diagonal (docs/concepts.md#causal-score)
+        Cd[..., _undefined(L)] = np.nan
         dv["direct_score"] = (
             ("variant", "aggregator", *LL),
             Cd,
-            {"long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s", "units": "1"},
+            {
+                "long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s",
+                "units": "1",
+                "description": "NaN where t < s (no measurement: blocks before s never see the skip); t = s is 0 by "
+                "construction",
+            },
         )
     if options["outputs"]:
         Os = np.stack([O[v] for v in variants])

@@ -205,9 +205,7 @@ def resampled_matrix(
                 out = np.sqrt((ds["seq_sq_change"].sel(sel).values @ c) / (ds["seq_sq_update"].sel(sel).values @ c))
         else:
             return np.full((L, L), np.nan)
-        # t < s of a skipped row is exactly 0 (blocks before s never see the skip), as in the engine's matrix
-        lower = np.tril(np.ones((L, L), bool), -1) & ~np.isnan(seq_max[..., 0])
-        return np.where(lower, 0.0, out)
+        return np.asarray(out)  # NaN where the engine's matrix is (t <= s: no measurement), as its seq_* are
     if metric in ("perm_abs", "perm_rel", "perm_kl"):
         n = c.sum()
         if metric == "perm_kl":

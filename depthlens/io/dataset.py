@@ -10,8 +10,11 @@ Conventions:
   What a layer index means differs by metric, so `make_dataset` gives those coordinates a `long_name` from
   `COORD_LONG_NAMES` (plots label their axes with it); the dim names stay as they are.
 - Global attrs: `title`, `Conventions="CF-1.11"`, `source="depthlens <version>"`, `history="<ISO time> <command>"`,
-  `metric`, then every option and provenance value. netCDF only stores str/number attrs, so bool → 0/1,
-  dict/list → JSON string under `<key>_json`, None → omitted (`netcdf_attrs`).
+  `metric`, then every option and provenance value. netCDF only stores str/number attrs, so dict/list → JSON
+  string under `<key>_json`, None → omitted (`netcdf_attrs`); booleans stay booleans in memory and are 0/1 in the
+  file, listed in `bool_attrs_json`, and `read_netcdf` gives them back as booleans.
+- Every dimension has a coordinate and every coordinate a `long_name` (`label_coords`). Cells that are no
+  measurement are NaN, never 0 (C(s, t) for t < s); `read_netcdf` upgrades files written before that (`upgrade`).
 - Comparisons stack runs along a `checkpoint` dim (`concat_checkpoints`); attrs that differ between runs
   become per-checkpoint coordinates.
 """
@@ -49,8 +52,21 @@ COORD_LONG_NAMES: Mapping[str | None, Mapping[str, str]] = {
         "sublayer": "sublayer j",
         "depth_source": "depth source (depth-KV slot)",
     },
-    None: {"layer": "layer", "layer_other": "later layer", "sublayer": "sublayer j (2l = attention, 2l+1 = MLP)"},
+    None: {
+        "layer": "layer",
+        "layer_other": "later layer",
+        "sublayer": "sublayer j (2l = attention, 2l+1 = MLP)",
+        "variant": "causal-score variant (current: skip s where t reads it; future: skip s before a cut, measure after)",
+        "aggregator": "aggregation over tokens (max | mean | p95 | p99 | pooled = sqrt(sum|du|^2 / sum|u|^2))",
+        "sequence": "eval sequence",
+        "eval_seq": "eval sequence",
+        "eval_pos": "token position in the eval sequence (0 = BOS)",
+        "checkpoint": "checkpoint",
+        "window_start": "late-window start rule",
+        "threshold": "threshold theta",
+    },
 }
+BOOL_ATTRS = "bool_attrs_json"  # the attrs that are booleans (netCDF stores them as 0/1; read_netcdf restores them)
 _CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
 
 
@@ -136,11 +152,8 @@ def make_dataset(
             if missing:
                 raise ValueError(f"data variable {name!r} lacks attrs {missing} (CF: long_name, units='1' if none)")
         var.attrs = netcdf_attrs(var.attrs)
-    names = {**COORD_LONG_NAMES[None], **COORD_LONG_NAMES.get(metric, {})}
-    for name in ds.coords:
-        if name in names and "long_name" not in ds[name].attrs:
-            ds[name].attrs["long_name"] = names[name]
-        command = command if command is not None else command_line()
+    label_coords(ds, metric)
+    command = command if command is not None else command_line()
     attrs: dict[str, Any] = {
         "title": title or f"depthlens {metric}",
         "Conventions": "CF-1.11",
@@ -153,7 +166,57 @@ def make_dataset(
             if key in attrs:
                 raise ValueError(f"{group_name} key {key!r} clashes with an attribute already set")
             attrs[key] = value
+            if isinstance(group.get(key), (bool, np.bool_)):
+                attrs[key] = bool(group[key])  # a real boolean in memory; 0/1 in the file, restored on read
     ds.attrs = attrs
+    return ds
+
+
+def label_coords(ds: xr.Dataset, metric: str | None = None) -> xr.Dataset:
+    """In place: a coordinate on every dimension (0..n-1 where the engine gave none) and a `long_name` on every
+    coordinate (`COORD_LONG_NAMES`, else the name in words). Index coordinates carry no units (plots label axes
+    with long_name [units])."""
+    for dim in ds.dims:
+        if dim not in ds.coords:
+            ds.coords[dim] = np.arange(ds.sizes[dim])
+    names = {**COORD_LONG_NAMES[None], **COORD_LONG_NAMES.get(metric, {})}
+    for name in ds.coords:
+        attrs = ds[name].attrs
+        if "long_name" not in attrs:
+            attrs["long_name"] = names.get(str(name), str(name).replace("_", " "))
+    return ds
+
+
+def _for_netcdf(ds: xr.Dataset) -> xr.Dataset:
+    """A shallow copy whose attrs netCDF can store: booleans as 0/1, named in `BOOL_ATTRS` so they come back."""
+    out = ds.copy(deep=False)
+    bools = sorted(k for k, v in ds.attrs.items() if isinstance(v, (bool, np.bool_)))
+    out.attrs = netcdf_attrs(ds.attrs)
+    if bools:
+        out.attrs[BOOL_ATTRS] = json.dumps(bools)
+    for name in out.variables:
+        out[name].attrs = netcdf_attrs(ds[name].attrs)
+    return out
+
+
+def upgrade(ds: xr.Dataset) -> xr.Dataset:
+    """A dataset as read, made what this version writes (in place; returned): its boolean attrs real booleans,
+    and for a causal dataset of a depthlens before NaN cells, the cells of C(s, t) that are no measurement (t < s)
+    as NaN instead of 0, in `causal_score`, `direct_score` and the per-sequence `seq_*` variables."""
+    names = ds.attrs.pop(BOOL_ATTRS, None)
+    for k in json.loads(names) if isinstance(names, str) else ():
+        if k in ds.attrs:
+            ds.attrs[k] = bool(ds.attrs[k])
+    if "causal_score" not in ds or not set(LAYER_DIMS) <= set(ds["causal_score"].dims):
+        return ds
+    below = ds[LAYER_DIMS[1]] < ds[LAYER_DIMS[0]]
+    for name in ("causal_score", "direct_score", "seq_max", "seq_sum", "seq_sq_change"):
+        if name in ds:
+            da = ds[name]
+            old = below & (da == 0)  # what the old writer filled in below the diagonal
+            if bool(old.any()):
+                ds[name] = da.where(~old)
+                ds[name].attrs = da.attrs
     return ds
 
 
@@ -275,7 +338,7 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike, overwrite: bool = Fals
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DepthlensError(f"cannot write {path}: directory {parent} is not writable")
     with atomic_target(path) as tmp:  # created by netCDF itself, so it gets normal permissions
-        ds.to_netcdf(tmp, engine="netcdf4")
+        _for_netcdf(ds).to_netcdf(tmp, engine="netcdf4")
     return path
 
 
@@ -285,9 +348,10 @@ def read_netcdf(path: str | os.PathLike) -> xr.Dataset:
     if not path.is_file():
         raise DepthlensError(f"{path}: no such file")
     try:
-        return xr.load_dataset(path, engine="netcdf4")
+        ds = xr.load_dataset(path, engine="netcdf4")
     except OSError as e:
         raise DepthlensError(f"{path}: not a readable netCDF file ({e})") from e
+    return upgrade(ds)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def fig_causal(ds: xr.Dataset, e: Entry, share: float | None = None) -> Any:
     if computed:
         # rows: the skipped layers that were run; columns from the first of them (earlier t are undefined)
         da = da.sel(layer=computed, layer_other=[int(t) for t in da["layer_other"].values if t >= computed[0]])
-    da = plots.upper_triangle(da)  # t < s is undefined (stored as 0): blank, not the colour of "no effect"
+    da = plots.upper_triangle(da)  # t < s is undefined (NaN): blank, not the colour of "no effect"
     fig, ax = _subplots()
     ax = ax[0, 0]
     top = float(np.nanmax(da.values)) if _finite(da) else 1.0
