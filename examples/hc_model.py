@@ -7,6 +7,8 @@ the end. Nothing here knows depthlens.
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
+
 import torch
 from einops import rearrange
 from hyper_connections import get_init_and_expand_reduce_stream_functions
@@ -51,16 +53,16 @@ class HCModel(nn.Module):
 def describe(model: HCModel | None = None):
     """depthlens's view of `model`: state X (B, T, n, d); a block is one layer; its writers are the two branches."""
     model = HCModel() if model is None else model  # the CLI calls describe() and loads --weights into it
-    n, seen = model.streams, {}
+    n, seen = model.streams, defaultdict(lambda: deque(maxlen=2))  # each router's last two tanh outputs
     for block in model.blocks:  # lucidrains folds the n streams into the batch; depthlens keeps them apart
         block.register_forward_pre_hook(lambda m, args: (rearrange(args[0], "b t s d -> (b s) t d"),))
         block.register_forward_hook(lambda m, args, out: rearrange(out, "(b s) t d -> b t s d", s=n))
-        for hc in (block.attn, block.mlp):  # keep each router's normed input (B, T, n, d): its maps come from it
-            hc.norm.register_forward_hook(lambda m, args, out, hc=hc: seen.__setitem__(hc, out[:, :, 0]))
+        for hc in (block.attn, block.mlp):  # each router's tanh runs on its alpha, then its beta logits: keep both
+            hc.act.register_forward_hook(lambda m, args, out, hc=hc: seen[hc].append(out))
 
-    def maps(hc):  # the package's own maps from its last normed input: A_m, B, A_r as [dest, source]
-        alpha = hc.act(seen[hc] @ hc.dynamic_alpha_fn) * hc.dynamic_alpha_scale + hc.static_alpha
-        beta = hc.act(seen[hc] @ hc.dynamic_beta_fn) * hc.dynamic_beta_scale + hc.static_beta
+    def maps(hc):  # the package's own maps of its last call: A_m, B, A_r as [dest, source]
+        alpha = seen[hc][0][:, :, 0] * hc.dynamic_alpha_scale + hc.static_alpha  # (B, T, n, n + 1)
+        beta = seen[hc][1][:, :, 0] * hc.dynamic_beta_scale + hc.static_beta  # (B, T, n)
         return {"pre": alpha[..., 0], "post": beta, "res_map": alpha[..., 1:].transpose(-1, -2)}
 
     return depthlens.wrap(
