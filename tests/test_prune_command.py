@@ -163,3 +163,36 @@ def test_certificate_bound_recounted():
     mean = sum(d) / n
     sd = (sum((x - mean) ** 2 for x in d) / (n - 1)) ** 0.5
     assert upper_bound(d) == pytest.approx(mean + stats.t.ppf(0.95, n - 1) * sd / n**0.5)
+
+
+def test_prune_gguf_writes_an_hf_directory(tmp_path):
+    """A GGUF input is written as a Hugging Face directory (the float weights depthlens measured; no GGUF writer):
+    plain transformers loads it with L - k layers, and its held-out loss is the certificate's."""
+    from transformers import AutoModelForCausalLM
+
+    from depthlens.adapters.load import open_model
+    from gguf_tiny import tiny_llama, write_tiny_gguf
+
+    hf = tiny_llama(seed=4, n_layer=L)
+    with torch.no_grad():
+        for l, layer in enumerate(hf.model.layers):
+            layer.mlp.down_proj.weight.mul_(0.5 + 2 * l)
+    gguf = write_tiny_gguf(hf, tmp_path / "tiny.F32.gguf")
+    text = tmp_path / "eval.txt"
+    text.write_text(" ".join(f"the cat sat on the mat {i} times and then the dog ran" for i in range(200)))
+    out = tmp_path / "pruned"
+    args = [gguf, "--tolerance", "5", "--out", out, "--data", text, "--n-seq", "8", "--seq-len", "24", "--k-max", "2"]
+    r = run(args)
+    assert r.exit_code == 0, r.output
+    cert = json.loads((out / "prune_certificate.json").read_text())
+    assert cert["model"]["input_format"] == "gguf" and cert["model"]["format"] == "hf"
+    assert set(cert["result"]) == {"pooled"}  # a plain text file: one domain
+    pruned = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert pruned.config.num_hidden_layers == L - cert["k"] and cert["k"] >= 1
+    op = open_model(gguf)
+    data = load_eval_data(text, op.tokenizer, n_seq=8, seq_len=24, seed=0)
+    assert data.sha256 == cert["eval_data"]["sha256"]
+    toks = data.tokens[cert["eval_data"]["heldout_sequences"]]
+    with torch.no_grad():
+        loss = _nll(pruned(toks).logits, toks)
+    assert loss == pytest.approx(cert["result"]["pooled"]["pruned_loss"], abs=1e-5)

@@ -73,6 +73,13 @@ def prune_hf(hf: Any, layers: Any, removed: Sequence[int]) -> Any:
 def write_hf(hf: Any, out: Path, source: Path) -> dict[str, Any]:
     """save_pretrained (safetensors) plus the input's tokenizer: copied files of an HF directory, or the
     tokenizer transformers builds from a GGUF file. Returns what was written."""
+    if getattr(hf, "hf_quantizer", None) is not None and not source.is_dir():
+        # a GGUF load leaves transformers' GGUF quantizer on the model, which refuses to serialise; the weights
+        # are already dequantised floats, so they are saved as a plain float model
+        hf.hf_quantizer = None
+        hf.is_quantized = False
+        if hasattr(hf.config, "quantization_config"):
+            del hf.config.quantization_config
     hf.save_pretrained(str(out), safe_serialization=True)
     note: dict[str, Any] = {"format": "hf", "weights": "model.safetensors (float, save_pretrained)"}
     copied = []
