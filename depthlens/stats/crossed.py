@@ -96,6 +96,21 @@ class Components:
     seed_parts: tuple[float, ...]  # per group: w² s²/S, s² the runs' spread (σ_a² + σ_e²)
     interaction_parts: tuple[float, ...]  # per group: w² σ_e²/S
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Components:
+        """The inverse of `as_dict` (a report's JSON row)."""
+        return cls(
+            seed=float(d["seed"]),
+            sequence=float(d["sequence"]),
+            interaction=float(d["interaction"]),
+            replicate=float(d["replicate"]),
+            n_seeds=tuple(int(x) for x in d["n_seeds"]),
+            n_sequences=int(d["n_sequences"]),
+            df=float(d["df"]),
+            seed_parts=tuple(float(x) for x in d["seed_parts"]),
+            interaction_parts=tuple(float(x) for x in d["interaction_parts"]),
+        )
+
     @property
     def variance(self) -> float:
         return self.seed + self.sequence
@@ -126,7 +141,11 @@ def _rep_var(r: np.ndarray, kind: str) -> np.ndarray:
 
 
 def components(
-    groups: Sequence[Group], weights: Sequence[float] | None = None, *, kind: str = JACKKNIFE, n_sequences: int = 0
+    groups: Sequence[Group],
+    weights: Sequence[float] | np.ndarray | None = None,
+    *,
+    kind: str = JACKKNIFE,
+    n_sequences: int = 0,
 ) -> Components | None:
     """The variance components of Σ_g w_g T̄_g (default: one group, w = 1). None when a group has < 2 runs.
     n_sequences: N for a bootstrap (the jackknife's is its replicate count)."""
@@ -165,7 +184,7 @@ def components(
 
 def crossed_interval(
     groups: Sequence[Group],
-    weights: Sequence[float] | None = None,
+    weights: Sequence[float] | np.ndarray | None = None,
     *,
     kind: str = JACKKNIFE,
     n_sequences: int = 0,
@@ -268,7 +287,8 @@ def _seed_effects(rng: np.random.Generator, S: int, sd: float, dist: str) -> np.
         return rng.normal(0.0, sd, S)
     if dist == "bimodal":  # two runs low, one high in three (HC at L = 32: 0.18 / 0.29 / 0.76); mean 0, sd `sd`
         high = rng.random(S) < 1 / 3
-        return (np.where(high, 2.0, -1.0) / np.sqrt(2.0) + rng.normal(0.0, 0.1, S)) * sd
+        out: np.ndarray = (np.where(high, 2.0, -1.0) / np.sqrt(2.0) + rng.normal(0.0, 0.1, S)) * sd
+        return out
     raise ValueError(f"seed distribution is 'normal' or 'bimodal', got {dist!r}")
 
 

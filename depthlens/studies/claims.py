@@ -25,7 +25,7 @@ from depthlens.errors import DepthlensError
 from depthlens.io.jsonsafe import jsonable
 from depthlens.stats import crossed as cr
 
-RunKey = tuple[str, int, int | None]  # design, depth, training seed
+RunKey = tuple[str | None, int, int | None]  # design, depth, training seed
 Runs = Mapping[RunKey, Mapping[str, Any]]  # -> {metric: xr.Dataset}
 SHARE = {"causal": ("causal", "causal"), "perm": ("permutation", "perm_abs")}  # claim score -> (metric, key)
 KIND = {"causal": cr.JACKKNIFE, "perm": cr.BOOTSTRAP, "loss_change": cr.JACKKNIFE}
@@ -182,13 +182,7 @@ def plan_rows(
         if row is None or not row.get("difference") or not row["difference"].get("components"):
             continue
         d = row["difference"]
-        comp = cr.Components(
-            **{
-                k: (tuple(v) if isinstance(v, list) else v)
-                for k, v in d["components"].items()
-                if k in cr.Components.__dataclass_fields__
-            }
-        )
+        comp = cr.Components.from_dict(d["components"])
         n = int(d["n_seq"])
         Ns = sorted({n, 2 * n, 4 * n, *sequences})
         entry: dict[str, Any] = {"claim": c.paper, "score": c.score, "higher": c.higher, "lower": c.lower, "L": c.L}
@@ -227,7 +221,8 @@ def runs_from_report(directory: str | Path, metrics: Sequence[str] = ("causal", 
 
 PLAN_TITLE = "What it would take: runs and eval sequences for 80 % power"
 PLAN_NOTE = (
-    "For each unresolved claim, from the crossed variance components of its difference (the runs' spread per "
+    "For each claim (in a report: each unresolved one), from the crossed variance components of its difference "
+    "(the runs' spread per "
     "design, the part of the eval noise the runs share): how many training runs per design a 95 % interval "
     "needs to exclude 0 with 80 % power, at this report's eval sequences (N) and at 2N and 4N, for a true "
     "difference of the size observed here and of the paper's size (where the paper gives numbers; the loss "
