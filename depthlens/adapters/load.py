@@ -130,6 +130,10 @@ def open_model(
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint directory or GGUF file")
+    if not (p.is_file() or p.is_dir()):  # a FIFO named like a .gguf would block the reader: named, never opened
+        from ..io.files import _kind
+
+        raise CheckpointError(f"{p}: is {_kind(os.stat(p).st_mode)}; a model is a checkpoint directory or a .gguf file")
     if p.is_file():
         if not _is_gguf(p):
             raise CheckpointError(
@@ -200,6 +204,10 @@ def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
     cfg = checkpoint.read_config(p)
     wfile = p / checkpoint.WEIGHTS
     if not wfile.is_file():
+        if os.path.lexists(wfile):  # a FIFO, a device, a directory: named, never opened (a FIFO would block)
+            from ..io.files import regular_file
+
+            regular_file(wfile, "the weights file", error=CheckpointError)
         raise CheckpointError(f"{p}: missing {checkpoint.WEIGHTS}")
     header = safetensors_header(wfile)
     check_float_dtypes(header, wfile)

@@ -9,13 +9,13 @@ diagnostic's terminal view (`Diagnostic.view`) or the generic one: the headline 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ..diagnostics import registry
+from ..io.files import StrictJSONError, strict_json
 from .analyze import (
     BatchOpt,
     BootOpt,
@@ -52,9 +52,15 @@ def parse_opts(items: list[str]) -> dict[str, Any]:
         if not eq or not key.isidentifier():
             fail(f"--opt expects key=value, got {it!r}", 2)
         try:
-            out[key] = json.loads(raw)
+            out[key] = strict_json(raw)
+        except StrictJSONError as e:  # a duplicate key, NaN inside a list, a 5,000-digit integer
+            if raw.strip() not in ("NaN", "Infinity", "-Infinity"):
+                fail(f"--opt {key}=...: the value {e}", 2)
+            out[key] = raw
         except ValueError:
             out[key] = raw
+        except RecursionError:
+            fail(f"--opt {key}=...: the value is nested too deeply", 2)
     return out
 
 

@@ -18,12 +18,13 @@ from ..errors import DepthlensError, UsageError  # noqa: F401  (UsageError: re-e
 SEED_MAX = 2**63 - 1  # seeds are stored as int64 netCDF attributes and fed to torch/numpy generators
 N_BOOT_MAX = 100_000  # bootstrap resamples: beyond this the CI does not move, the run just never ends
 INT_OPTION_MAX = 2**31 - 1  # counts and sizes: stored as netCDF int attributes, and no run needs more
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|auto)$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")  # "auto" is --device-map's (a torch device it is not)
 
 
 def device(value: str, option: str = "--device") -> str:
     if not _DEVICE.match(value):
-        raise UsageError(f"{option} must be cpu, cuda, cuda:N or mps; got {value!r}")
+        hint = " (several GPUs: --device-map auto)" if value == "auto" else ""
+        raise UsageError(f"{option} must be cpu, cuda, cuda:N or mps; got {value!r}{hint}")
     if value.startswith("cuda"):
         import torch
 
@@ -54,8 +55,8 @@ def input_path(path: Path | None, option: str) -> Path | None:
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         from ..io.files import _kind  # one wording of what a path is, for every refusal
 
-        kind = _kind(mode)
-        raise UsageError(f"{option} {path}: is {kind}; give a regular file or a directory")
+        kind = _kind(mode)  # bad data, as `prepare` says of the same file: exit 1 (docs/cli.md)
+        raise DepthlensError(f"{option} {path}: is {kind}; give a regular file or a directory")
     return path
 
 

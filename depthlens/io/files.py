@@ -8,7 +8,8 @@ Every JSON or text file named by a user (config.json, train.json, recipes, manif
   command documents it (`allow_stdin`).
 * a size cap per kind, checked on the stat before a byte is read (`CONFIG_MAX` for JSON configs, `TEXT_MAX`
   for text corpora read whole); a `MemoryError` while reading or parsing becomes the same one line.
-* `read_json`: a `RecursionError` from JSON nested 100,000 deep is one line, not a traceback.
+* `read_json`: a `RecursionError` from JSON nested 100,000 deep is one line, not a traceback; a duplicate key,
+  NaN or Infinity, or a 5,000-digit integer is refused naming the file (`strict_json`).
 
 Errors are the caller's class (CheckpointError, DataError, ...) so a command keeps its exit code.
 """
@@ -108,10 +109,52 @@ def read_text(
         raise error(f"{path}: out of memory reading {what}") from None
 
 
+MAX_INT_DIGITS = 1000  # an integer in a depthlens input (ids, sizes, seeds) has far fewer digits
+
+
+class StrictJSONError(ValueError):
+    """JSON that parses but is not a depthlens input: a duplicate key, NaN or Infinity, an overlong integer."""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise StrictJSONError(f"has the key {k[:80]!r} twice (which one is meant?)")
+        out[k] = v
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise StrictJSONError(f"holds {name}, which is not a number")
+
+
+def _float(text: str) -> float:
+    x = float(text)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise StrictJSONError(f"holds {text[:40]}, which overflows a float")
+    return x
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise StrictJSONError(f"holds a {len(text.lstrip('-')):,}-digit integer (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def strict_json(text: str | bytes) -> Any:
+    """`json.loads`, refusing duplicate keys, NaN / Infinity (and floats that overflow to them) and integers of
+    more than `MAX_INT_DIGITS` digits (StrictJSONError, a ValueError, its message without a location)."""
+    return json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float, parse_int=_int)
+
+
 def loads_json(text: str | bytes, where: str, what: str, *, error: type[Exception] = DepthlensError) -> Any:
-    """Parsed JSON; `error` (one line) for invalid JSON, nesting too deep for the parser, or no memory."""
+    """Parsed JSON; `error` (one line) for invalid JSON, a duplicate key, NaN or Infinity, an integer too long,
+    nesting too deep for the parser, or no memory."""
     try:
-        return json.loads(text)
+        return strict_json(text)
+    except StrictJSONError as e:
+        raise error(f"{where}: {what} {e}") from None
     except json.JSONDecodeError as e:
         raise error(f"{where}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except UnicodeDecodeError as e:
@@ -120,6 +163,8 @@ def loads_json(text: str | bytes, where: str, what: str, *, error: type[Exceptio
         raise error(f"{where}: {what} is nested too deeply to be a depthlens input") from None
     except MemoryError:
         raise error(f"{where}: out of memory parsing {what}") from None
+    except ValueError as e:  # what else int()/float() refuse
+        raise error(f"{where}: {what} is not valid JSON ({e})") from None
 
 
 def read_json(

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from annotated_types import Ge, Gt, Interval, Le, Lt, MinLen
 
 from ..errors import SchemaError
+from ..io.files import StrictJSONError, strict_json
 from ..models.config import ModelConfig
 from ..schema import LAX, PATH_TEXT, OneOf, build, check_dataclass, require
 
@@ -240,9 +241,13 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
                 f"override {item!r} is not key=value (key: a field name, dotted for model.<field>)", usage=True
             )
         try:
-            value = json.loads(raw)
+            value = strict_json(raw)
         except json.JSONDecodeError:
             value = raw
+        except StrictJSONError as e:  # a duplicate key, a 5,000-digit integer, [NaN]: named, not read as a string
+            if raw.strip() not in ("NaN", "Infinity", "-Infinity"):
+                raise SchemaError(f"override {key}=...: the value {e}", usage=True) from None
+            value = raw  # a string then: a number field refuses it by name, a text field keeps it
         except (RecursionError, MemoryError):
             raise SchemaError(f"override {key}=...: the value is nested too deeply", usage=True) from None
         node = out

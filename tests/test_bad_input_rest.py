@@ -1,0 +1,92 @@
+"""Bad input, the rest (issue 35): JSON that parses but is no depthlens input (a duplicate key, NaN or Infinity, a
+float that overflows, a 5,000-digit integer, nesting past the parser) is refused naming the file, override or
+option; a FIFO given as a .gguf or as a weights file is named and never opened; `--device auto` names the option;
+a FIFO or a device given to --data is bad data (exit 1), as `prepare` says of the same file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from depthlens.cli import app
+from depthlens.errors import DepthlensError
+from depthlens.io.files import StrictJSONError, read_json, strict_json
+from test_owned_outputs import ck, one_line  # noqa: F401  (ck is a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["--n-seq", "2", "--seq-len", "16"]
+BIG = "9" * 5000
+
+NOT_INPUTS = {
+    '{"a": 1, "a": 2}': "the key 'a' twice",
+    '{"x": {"b": 1, "b": 1}}': "the key 'b' twice",
+    '{"vocab_size": NaN}': "holds NaN",
+    '{"lr": Infinity}': "holds Infinity",
+    "[-Infinity]": "holds -Infinity",
+    '{"lr": 1e999}': "overflows a float",
+    f'{{"steps": {BIG}}}': "5,000-digit integer",
+}
+
+
+@pytest.mark.parametrize("text", list(NOT_INPUTS))
+def test_strict_json_refuses_what_json_accepts(text, tmp_path):
+    if BIG not in text:
+        json.loads(text)  # the standard library takes it (a 5,000-digit integer stops at its own digit limit)
+    with pytest.raises(StrictJSONError, match=NOT_INPUTS[text]):
+        strict_json(text)
+    f = tmp_path / "r.json"
+    f.write_text(text)
+    with pytest.raises(DepthlensError) as e:
+        read_json(f, "a recipe", object_only=False)
+    assert str(e.value).startswith(f"{f}: a recipe ") and NOT_INPUTS[text] in str(e.value)
+
+
+def test_strict_json_keeps_what_is_fine():
+    assert strict_json('{"a": [1, 2.5, -3e-2, "NaN"], "b": {"a": 1}, "n": 12345678901234567890}') == {
+        "a": [1, 2.5, -0.03, "NaN"],
+        "b": {"a": 1},
+        "n": 12345678901234567890,
+    }
+
+
+def test_the_listed_messages_name_their_file_or_option(ck, tmp_path):  # noqa: F811
+    runner = CliRunner()
+    recipe = tmp_path / "dup.json"
+    recipe.write_text('{"steps": 10, "steps": 20}')
+    line = one_line(runner.invoke(app, ["train", str(recipe)]))
+    assert str(recipe) in line and "'steps' twice" in line
+    zoo = str(REPO / "depthlens" / "recipes" / "zoo_cpu.json")
+    line = one_line(runner.invoke(app, ["train", zoo, "--run", "preln_l4", f"steps={BIG}"]), code=2)
+    assert "override steps=" in line and "5,000-digit" in line
+    line = one_line(runner.invoke(app, ["train", zoo, "--run", "preln_l4", "meta=" + "[" * 100_000]), code=2)
+    assert "override meta=" in line and "nested too deeply" in line
+    line = one_line(runner.invoke(app, ["causal", str(ck), "--device", "auto", *FAST]), code=2)
+    assert "--device" in line and "'auto'" in line and "--device-map auto" in line
+
+    nan_tok = tmp_path / "nan_tok"
+    shutil.copytree(ck, nan_tok)
+    (nan_tok / "tokenizer_config.json").write_text('{"vocab_size": NaN, "kind": "bytes"}')
+    line = one_line(runner.invoke(app, ["info", str(nan_tok)]))
+    assert "tokenizer_config.json" in line and "NaN" in line
+
+    fifo_gguf = tmp_path / "model.gguf"
+    os.mkfifo(fifo_gguf)
+    line = one_line(runner.invoke(app, ["info", str(fifo_gguf)]))
+    assert str(fifo_gguf) in line and "FIFO" in line
+    fifo_weights = tmp_path / "fifo_weights"
+    shutil.copytree(ck, fifo_weights)
+    (fifo_weights / "model.safetensors").unlink()
+    os.mkfifo(fifo_weights / "model.safetensors")
+    line = one_line(runner.invoke(app, ["info", str(fifo_weights)]))
+    assert str(fifo_weights / "model.safetensors") in line and "FIFO" in line
+
+    fifo = tmp_path / "data.fifo"
+    os.mkfifo(fifo)
+    by_prepare = one_line(runner.invoke(app, ["prepare", str(fifo), "--out", str(tmp_path / "ds")]))
+    by_data = one_line(runner.invoke(app, ["causal", str(ck), "--data", str(fifo), *FAST]))  # the same exit: 1
+    assert "FIFO" in by_prepare and "--data" in by_data and "FIFO" in by_data
