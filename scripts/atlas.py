@@ -117,6 +117,9 @@ def model_summary(d: Path) -> dict[str, Any]:
     }
     if ang is not None:
         out["angular_d1"] = [float(x) for x in ang["profile"].values[:L]]
+    lens = lens_summary(d)  # the logit and tuned lens (scripts/lens_atlas.py), trained and twin
+    if lens:
+        out["lens"] = lens
     # one clean loss, on the positions the pruning curves use (0..T-2; the causal stage's skips 1..T-2)
     if prune is not None:
         out["clean_loss"] = float(prune["loss_clean"])
@@ -320,6 +323,9 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
     held = _heldout_figure(fig_dir, summaries)
     if held is not None:
         out["pruning_heldout"] = held
+    lens = _lens_figure(fig_dir, dirs, summaries)
+    if lens is not None:
+        out["lens"] = lens
     return out
 
 
@@ -586,6 +592,141 @@ def _permutation_section(summaries: list[dict[str, Any]], figs: dict[str, str]) 
     return lines
 
 
+LENS_STAGES = ("logit_lens", "tuned_lens", "untrained_logit_lens", "untrained_tuned_lens")
+
+
+def lens_summary(d: Path) -> dict[str, Any] | None:
+    """The lens family of one model (its `*_lens.nc` stages): per stage, where the prediction forms with its
+    interval, and KL to the final layer and top-1 agreement by relative depth; None when no stage is there."""
+    out: dict[str, Any] = {}
+    for stage in LENS_STAGES:
+        ds = _load(d, stage)
+        if ds is None:
+            continue
+        f = ds["forms_depth"]
+        out[stage] = {
+            "forms": {
+                "estimate": float(f),
+                "low": float(ds["forms_depth_low"]),
+                "high": float(ds["forms_depth_high"]),
+                "forms_at": float(f.attrs["forms_at"]),
+                "ci_method": str(f.attrs["ci_method"]),
+                "ci_unit": str(f.attrs["ci_unit"]),
+            },
+            "depth": [float(x) for x in ds["depth"].values],
+            "kl": _finite(ds["lens_kl"].values),
+            "top1_agree": _finite(ds["top1_agree"].values),
+            "n_seq": int(ds.sizes["sequence"]),
+            **{k: _attr(ds.attrs[k]) for k in ("train_split", "train_steps", "train_tokens_per_step") if k in ds.attrs},
+        }
+    if not out:
+        return None
+    run = d / "data" / "lens_run.json"
+    if run.exists():
+        out["costs"] = json.loads(run.read_text()).get("stages", {})
+    return out
+
+
+def _attr(v: Any) -> Any:
+    """A netCDF attribute as JSON (numpy scalars to Python)."""
+    return v.item() if hasattr(v, "item") else v
+
+
+def _lens_figure(fig_dir: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> str | None:
+    """KL to the final layer and top-1 agreement by relative depth: each model's logit and tuned lens, trained
+    (solid) and untrained twin (dashed), with their 95 % bands over sequences."""
+    import matplotlib.pyplot as plt
+
+    from depthlens.render.lens import draw_lens
+    from depthlens.render.plots import save_figure
+
+    have = [(d, s) for d, s in zip(dirs, summaries) if s.get("lens")]
+    if not have:
+        return None
+    fig, axes = plt.subplots(len(have), 4, figsize=(16, 3.4 * len(have)), squeeze=False)
+    for row, (d, s) in zip(axes, have):
+        for j, kind in enumerate(("logit", "tuned")):
+            pair = (row[2 * j], row[2 * j + 1])
+            for stage, label, dashed in ((f"{kind}_lens", "trained", False), (f"untrained_{kind}_lens", "twin", True)):
+                ds = _load(d, stage)
+                if ds is not None:
+                    draw_lens(pair, ds, label, color="C7" if dashed else "C0", dashed=dashed)
+            pair[0].set(xlabel="layer / L", ylabel="KL(p_final ‖ q_l) (nats)", title=f"{s['name']}: {kind} lens")
+            pair[0].set_yscale("symlog", linthresh=1e-2)
+            pair[1].set(xlabel="layer / L", ylabel="top-1 agreement with the final layer", ylim=(0, 1.02))
+            pair[1].axhline(0.5, color="black", lw=0.6, ls=":")
+            pair[0].legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, fig_dir / "lens.png").name
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _forms(iv: dict[str, Any] | None) -> str:
+    if iv is None:
+        return "—"
+    if iv["estimate"] != iv["estimate"]:
+        return f"never > {iv['forms_at']:g}"
+    ci = f" [{iv['low']:.2f}, {iv['high']:.2f}]" if iv["low"] == iv["low"] else ""
+    return f"{iv['estimate']:.2f}{ci}"
+
+
+def _lens_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> list[str]:
+    """Where each model's prediction forms by relative depth (logit and tuned lens), trained beside the twin."""
+    have = [s for s in summaries if s.get("lens")]
+    if not have:
+        return []
+    lines = [
+        "## Where the prediction forms: the logit lens and the tuned lens",
+        "",
+        "At every layer boundary l the residual after l layers is read out through the model's own final norm and "
+        "unembedding (logit lens), or first through a trained per-layer affine translator (tuned lens, Belrose et "
+        "al. 2023; docs/concepts.md#the-lens-family). *Forms at* is the first relative depth l / L at which the "
+        "readout's top-1 prediction agrees with the final layer's on more than half of the positions (`forms_at` "
+        "0.5), with its interval from a bootstrap over the eval sequences; the untrained twin is the same config "
+        "freshly initialised (seed 0). Computed by `scripts/lens_atlas.py` on the atlas's eval sequences (the "
+        "offline corpus's held-out split); the tuned lens's translators trained on its `train` split.",
+        "",
+        "| model | lens | forms at, trained [95 %] | untrained twin [95 %] | mean KL over l < L, trained / twin (nats) "
+        "| translators trained on | CPU s (trained + twin) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    methods = set()
+    for s in have:
+        lens = s["lens"]
+        for kind in ("logit", "tuned"):
+            tr, tw = lens.get(f"{kind}_lens"), lens.get(f"untrained_{kind}_lens")
+            if tr is None:
+                continue
+            methods.add(f"{tr['forms']['ci_method']} (resampling {tr['forms']['ci_unit']})")
+            kl = ["—" if x is None else f"{_mean([v for v in x['kl'][:-1] if v is not None]):.3g}" for x in (tr, tw)]
+            train = (
+                f"{tr.get('train_split', '—')}, {tr.get('train_steps')} steps × {tr.get('train_tokens_per_step')} "
+                "positions"
+                if kind == "tuned"
+                else "—"
+            )
+            costs = lens.get("costs", {})
+            cpu = [costs.get(st, {}).get("cpu_s") for st in (f"{kind}_lens", f"untrained_{kind}_lens")]
+            lines.append(
+                f"| {s['name']} | {kind} | {_forms(tr['forms'])} | {_forms(tw['forms'] if tw else None)} | "
+                f"{kl[0]} / {kl[1]} | {train} | " + " + ".join("—" if c is None else f"{c:.0f}" for c in cpu) + " |"
+            )
+    lines += ["", "Interval method: " + "; ".join(sorted(methods)) + ".", ""]
+    if "lens" in figs:
+        lines += [
+            f"![KL to the final layer and top-1 agreement by layer / L](figures/{figs['lens']})",
+            "",
+            "Solid: trained; dashed: the untrained twin; bands: 95 % intervals over sequences. A twin's output is "
+            "near uniform, so its KL to the final layer is small at every depth while its top-1 agreement stays "
+            "low: the two curves together, not KL alone, say where a prediction forms.",
+            "",
+        ]
+    return lines
+
+
 def readme(
     summaries: list[dict[str, Any]],
     figs: dict[str, str],
@@ -665,6 +806,7 @@ def readme(
     )
     lines += ["", "Interval methods: " + "; ".join(f"`{m}`" for m in methods) + ".", ""]
     lines += _permutation_section(summaries, figs)
+    lines += _lens_section(summaries, figs)
     lines += [
         "## Angular distance by depth",
         "",

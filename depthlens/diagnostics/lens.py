@@ -598,7 +598,8 @@ def lens_readout(
         if translators is None:
             td = training_data(model, data, checkpoint, o, train_data)
             translators, train_log = load_or_train(model, td, o, cache=cache, batch_size=batch_size, progress=progress)
-            options["train_split"] = f"{td.name} ({td.source})"
+            options["train_split"] = td.name  # e.g. corpus-<tokenizer>/train
+            options["train_source"] = td.source
         else:
             options["train_split"] = "translators given"
     readout = Readout(model)
