@@ -27,6 +27,13 @@ def _one_torch_thread():
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _own_gguf_cache(tmp_path_factory, monkeypatch):
+    """Each test its own GGUF cache (adapters.gguf_cache): no test reads an entry another test (or a user) stored,
+    so results do not depend on test order, and nothing is written under ~/.cache. Subprocesses inherit it."""
+    monkeypatch.setenv("DEPTHLENS_GGUF_CACHE", str(tmp_path_factory.mktemp("gguf-cache")))
+
+
 @pytest.fixture(scope="module")
 def data(request):
     """Random eval tokens over a 97-token vocabulary with BOS 96, one set per test module. The module sizes

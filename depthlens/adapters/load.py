@@ -398,7 +398,7 @@ def _open_gguf(
     model = wrap(hf, tok)
     structure = structure_of(model)  # before a device_map spreads the weights
     model = place_model(model, device_map)
-    raw = json.loads(hf.config.to_json_string(use_diff=False))
+    raw = loaded.config
     extra = {
         "gguf_quantization": info["quantization"],
         "gguf_quantization_source": info["quantization_source"],

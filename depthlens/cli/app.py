@@ -157,8 +157,15 @@ def _root(
     version: bool = typer.Option(
         False, "--version", is_eager=True, callback=_print_version, help="Print the depthlens version and exit."
     ),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="Open GGUF files without the GGUF cache (dequantise again, store nothing); same as DEPTHLENS_NO_CACHE=1.",
+    ),
 ) -> None:
     """Does this residual design turn extra layers into extra computation?"""
+    if no_cache:
+        os.environ["DEPTHLENS_NO_CACHE"] = "1"  # read by adapters.gguf_cache, here and in worker processes
 
 
 def invoked_command() -> str | None:
