@@ -81,3 +81,20 @@ def test_plan_phases_and_zoo_stand_in(tmp_path):
     assert res["runs"][lr400.run_name("preln", 16, 6e-3, 1)]["tokens"] == 819200
     # one seed shared by every LR and a seed SD of 0.007: every neighbour is within 2 SE (0.02) of the winner
     assert cell["common_seeds"] == 1 and cell["indistinguishable_from_winner"] == ["0.0015", "0.003", "0.012"]
+
+
+def test_a_later_session_continues_from_the_committed_results(tmp_path):
+    """Without the git-ignored run directories, the committed results file counts its runs as finished."""
+    recipe = _fake(tmp_path, lr400.lr400_recipe())
+    zoo = tmp_path / "zoo"
+    first = lr400.pending(recipe, zoo)
+    _finish(recipe, first[0], 2.0)
+    res = lr400.collect(recipe, tmp_path / "res.json", zoo)
+    assert first[0] in res["runs"] and first[0] not in res["pending"]
+    import shutil
+
+    shutil.rmtree(Path(recipe["runs"][first[0]]["export"]))  # a fresh checkout: no .cache
+    assert first[0] in lr400.pending(recipe, zoo)
+    assert first[0] not in lr400.pending(recipe, zoo, committed=tmp_path / "res.json")
+    again = lr400.collect(recipe, tmp_path / "res2.json", zoo, committed=tmp_path / "res.json")
+    assert again["runs"][first[0]]["final_val_loss"] == 2.0

@@ -116,11 +116,18 @@ def _zoo_stand_in(run: dict[str, Any], base: dict[str, Any], zoo_dir: Path) -> t
     return None
 
 
-def finished(recipe: dict[str, Any] | None = None, zoo_dir: Path = Path("checkpoints")) -> dict[str, dict[str, Any]]:
-    """{run name: {design, L, lr, seed, steps, tokens, final_val_loss, val_tokens, source}} of the finished runs."""
+def finished(
+    recipe: dict[str, Any] | None = None, zoo_dir: Path = Path("checkpoints"), committed: Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """{run name: {design, L, lr, seed, steps, tokens, final_val_loss, val_tokens, source}} of the finished runs:
+    those whose export (or zoo stand-in) is here, and those a `committed` results file records (a later session
+    without the git-ignored run directories continues from it instead of retraining)."""
     recipe = recipe or lr400_recipe()
     base = recipe["base"]
-    done = {}
+    done: dict[str, dict[str, Any]] = {}
+    if committed is not None and committed.is_file():
+        old = json.loads(committed.read_text(encoding="utf-8")).get("runs", {})
+        done.update({n: r for n, r in old.items() if n in recipe["runs"]})
     for name, run in recipe["runs"].items():
         train, source = _read_train(Path(run["export"]) / "train.json"), run["export"]
         if train is None:
@@ -166,10 +173,12 @@ def _winner(by_lr: dict[float, dict[int, float]]) -> float:
     return min(mean, key=mean.__getitem__)
 
 
-def pending(recipe: dict[str, Any] | None = None, zoo_dir: Path = Path("checkpoints")) -> list[str]:
+def pending(
+    recipe: dict[str, Any] | None = None, zoo_dir: Path = Path("checkpoints"), committed: Path | None = None
+) -> list[str]:
     """The runs of the earliest unfinished phase (a, then b, then c) over every (design, depth), in order."""
     recipe = recipe or lr400_recipe()
-    done = finished(recipe, zoo_dir)
+    done = finished(recipe, zoo_dir, committed)
     phases: list[list[str]] = [[], [], []]
     for design in LR400_DESIGNS:
         for L in LR400_DEPTHS:
@@ -202,12 +211,15 @@ def pending(recipe: dict[str, Any] | None = None, zoo_dir: Path = Path("checkpoi
 
 
 def collect(
-    recipe: dict[str, Any] | None = None, path: Path | None = None, zoo_dir: Path = Path("checkpoints")
+    recipe: dict[str, Any] | None = None,
+    path: Path | None = None,
+    zoo_dir: Path = Path("checkpoints"),
+    committed: Path | None = None,
 ) -> dict[str, Any]:
     """Write the results: every finished run, and per (design, depth) the mean loss per LR, the winner, the
     seed-to-seed SD (pooled over LRs with >= 2 seeds) and which neighbours are within 2 SE of the winner."""
     recipe = recipe or lr400_recipe()
-    done = finished(recipe, zoo_dir)
+    done = finished(recipe, zoo_dir, committed)
     cells: dict[str, Any] = {}
     for design in LR400_DESIGNS:
         for L in LR400_DEPTHS:
@@ -254,7 +266,7 @@ def collect(
         "`python -m depthlens.training.lr400 collect`.",
         "runs": {n: done[n] for n in sorted(done)},
         "cells": cells,
-        "pending": pending(recipe, zoo_dir),
+        "pending": pending(recipe, zoo_dir, committed),
     }
     path = path or RESULTS_PATH
     atomic_write_text(path, json.dumps(res, indent=1, sort_keys=True) + "\n")
@@ -269,11 +281,11 @@ if __name__ == "__main__":
         atomic_write_text(RECIPE_PATH, json.dumps(lr400_recipe(), indent=1) + "\n")
         print(RECIPE_PATH)
     elif cmd == ["next"]:
-        print(next(iter(pending()), ""))
+        print(next(iter(pending(committed=RESULTS_PATH)), ""))
     elif cmd == ["pending"]:
-        sys.stdout.write("".join(f"{n}\n" for n in pending()))
+        sys.stdout.write("".join(f"{n}\n" for n in pending(committed=RESULTS_PATH)))
     elif cmd == ["collect"]:
-        r = collect()
+        r = collect(committed=RESULTS_PATH)
         print(f"{len(r['runs'])} run(s) finished; {len(r['pending'])} pending in the current phase")
     else:
         print(__doc__.strip().splitlines()[2:6], file=sys.stderr)
