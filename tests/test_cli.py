@@ -67,10 +67,15 @@ def test_causal_json_headline_and_dataset(zoo, tmp_path):
     ds.close()
     # the printed line: the estimate inside its own interval, which names its method and unit
     r = run(["causal", zoo["preln"], "--out", tmp_path / "c2.nc", "--n-boot", "50", *FAST])
-    text = " ".join(r.stdout.split())  # rich wraps long lines
-    line = text[text.index("share C > ") :]
-    x, lo, hi = (float(v) for v in re.search(r"([0-9.]+)% \[([0-9.]+)%, ([0-9.]+)%\]", line).groups())
-    assert lo <= x <= hi and "jackknife" in line and "eval sequences" in line and f"m = {k} sequences" in line
+    first = r.stdout.splitlines()[0]  # one headline line: number, interval, method in a few words
+    x, lo, hi = (float(v) for v in re.search(r"([0-9.]+)% \[([0-9.]+), ([0-9.]+)\]", first).groups())
+    assert lo <= x <= hi and f"of 3 late pairs have C > 0.45 (95% CI, jackknife over {N} eval sequences" in first
+    assert first.endswith(f"at m = {k})") and "share C >" not in r.stdout and "shards" not in r.stdout
+    v = run(["causal", zoo["preln"], "--out", tmp_path / "c3.nc", "--n-boot", "50", "--verbose", *FAST])
+    text = " ".join(v.stdout.split())
+    line = text[text.index("share C > ") :]  # --verbose: the method in full, the share at all sequences
+    x2, lo2, hi2 = (float(v) for v in re.search(r"([0-9.]+)% \[([0-9.]+)%, ([0-9.]+)%\]", line).groups())
+    assert (x2, lo2, hi2) == (x, lo, hi) and "jackknife" in line and f"m = {k} of {N} sequences" in line
 
 
 def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
@@ -88,7 +93,7 @@ def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     late = [(i, j) for i in range(1, 4) for j in range(i + 1, 4)]
     assert h["share"] == pytest.approx(sum(m[i, j] > 0.45 for i, j in late) / len(late))
     ds.close()
-    text = run(["causal", zoo["preln"], "--out", tmp_path / "u.nc", "--n-boot", "0", *FAST])
+    text = run(["causal", zoo["preln"], "--out", tmp_path / "u.nc", "--n-boot", "0", "-v", *FAST])
     assert "variant=current, aggregator=max, norm=update" in text.stdout
     one_error_line(run(["causal", zoo["preln"], "--norm", "rms", *FAST]), 2)
     p = run(["permute", zoo["preln"], "--norm", "rel", "--json", "--out", tmp_path / "p.nc", "--n-boot", "0", *FAST])
@@ -114,7 +119,7 @@ def test_causal_companions_only_with_outputs(zoo, tmp_path):
 def test_causal_text_has_heatmap(zoo, tmp_path):
     r = run(["causal", zoo["hc"], "--out", tmp_path / "c.nc", *FAST])
     assert r.exit_code == 0, r.output
-    assert "share C > 0.45" in r.stdout and "█" in r.stdout
+    assert "have C > 0.45" in r.stdout and "█" in r.stdout
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from .common import (
     SeqLenOpt,
     ThreadsOpt,
     TokensOpt,
+    VerboseOpt,
     _common,
     _fmt_share,
     _json,
@@ -44,6 +45,7 @@ from .common import (
     check_threshold,
     emit,
     eval_data,
+    headline_line,
     open_model,
     resolve_out,
     write,
@@ -199,6 +201,7 @@ def causal(
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
@@ -228,14 +231,14 @@ def causal(
     ds.attrs.update(interval_attrs(h))
     write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
-    lines = [
-        f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}, unit={unit}",
-        f"share C > {threshold}: {_fmt_share(h)}",
-        f"noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
-        *_skip_loss_lines(ds),
-        f"dataset: {path}",
-        "rows: skipped layer s, columns: later layer t",
-    ]
+    lines = [headline_line(h, "C", f"{ckpt} ({h['design']}, L={h['n_layer']})")]
+    if verbose:
+        lines += [
+            f"  {h['definition']}, unit={unit}",
+            f"  share C > {threshold}: {_fmt_share(h)}",
+            f"  noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
+        ]
+    lines += [*_skip_loss_lines(ds), f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
     from ..render.plots import upper_triangle
 
     # t < s is undefined (NaN): "·" in the view, not the shade of "no effect"
@@ -288,6 +291,7 @@ def permute(
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Permutation score P(i, j): swap layers i and j, how much does the LM loss rise."""
@@ -316,11 +320,14 @@ def permute(
     ds.attrs.update(interval_attrs(h))
     write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
-    lines = [
-        f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): {h['definition']}",
-        f"clean loss {h.get('clean_loss', float('nan')):.4f} nats; share P > {threshold}: {_fmt_share(h)}",
-        f"dataset: {path}",
-    ]
+    symbol = {"abs": "P_abs", "rel": "P_rel", "kl": "P_KL"}[norm]
+    lines = [headline_line(h, symbol, f"{ckpt} ({h['design']}, L={h['n_layer']})")]
+    if verbose:
+        lines += [
+            f"  {h['definition']}",
+            f"  clean loss {h.get('clean_loss', float('nan')):.4f} nats; share {symbol} > {threshold}: {_fmt_share(h)}",
+        ]
+    lines += [f"dataset: {path}", "rows: swapped layer i, columns: swapped layer j"]
     emit(h, as_json, lines, _matrix_view(score_matrix(ds, metric, None, None)))
 
 

@@ -203,7 +203,7 @@ def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: A
 
     con = Console()
     for line in text_lines:
-        con.print(line, highlight=False)
+        con.print(line, highlight=False, soft_wrap=True)  # one line in a log or pipe, not wrapped at 80 columns
     if view is not None:
         con.print(view)
 
@@ -213,6 +213,34 @@ def _json(x: Any) -> str:
     from ..io.jsonsafe import jsonable
 
     return json.dumps(jsonable(x), indent=2, default=str)
+
+
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v", help="Also the definition, the share at all sequences, shard spread, noise floor, method."
+    ),
+]
+
+
+def short_method(h: dict[str, Any]) -> str:
+    """The interval's method in a few words: '95% CI, jackknife over 32 eval sequences at m = 16'."""
+    if h.get("ci_method") is None or math.isnan(h.get("ci_low", float("nan"))):
+        return "no interval"
+    how = "jackknife" if "jackknife" in str(h["ci_method"]) else "bootstrap"
+    n, unit = h.get("ci_n_units") or h.get("n_sequences"), h.get("ci_unit") or "eval sequences"
+    at = f" at m = {h['subsample_m']}" if h.get("subsample_m") is not None else ""
+    return f"{100 * h.get('level', 0.95):.0f}% CI, {how} over {n} {unit}{at}"
+
+
+def headline_line(h: dict[str, Any], symbol: str, name: str) -> str:
+    """The one default line: the share with its interval and its method in a few words.
+    'hc_l32: 36.2% [32.5, 40.0] of 276 late pairs have C > 0.45 (95% CI, jackknife over 32 eval sequences at m = 16)'"""
+    ci = "" if math.isnan(h.get("ci_low", float("nan"))) else f" [{100 * h['ci_low']:.1f}, {100 * h['ci_high']:.1f}]"
+    return (
+        f"[bold]{name}[/bold]: {100 * h['share']:.1f}%{ci} of {h['n_pairs']} late pairs have {symbol} > "
+        f"{h['threshold']:g} ({short_method(h)})"
+    )
 
 
 def _fmt_share(h: dict[str, Any]) -> str:
