@@ -90,3 +90,51 @@ def test_the_listed_messages_name_their_file_or_option(ck, tmp_path):  # noqa: F
     by_prepare = one_line(runner.invoke(app, ["prepare", str(fifo), "--out", str(tmp_path / "ds")]))
     by_data = one_line(runner.invoke(app, ["causal", str(ck), "--data", str(fifo), *FAST]))  # the same exit: 1
     assert "FIFO" in by_prepare and "--data" in by_data and "FIFO" in by_data
+
+
+# --- token ids past the vocabulary --------------------------------------------------------------------------
+
+
+def _shards(d: Path, dtype: str, bad: int, at: int) -> Path:
+    import numpy as np
+
+    from depthlens.data.shards import write_shard
+
+    d.mkdir()
+    ids = (np.arange(6000) % 250).astype(dtype)
+    ids[at] = bad
+    for split in ("train", "val"):
+        write_shard(d / f"{split}_000.bin", ids, np.dtype(dtype))
+    return d
+
+
+@pytest.mark.parametrize(("dtype", "bad"), [("<u2", 300), ("<u2", 65535), ("<u4", 2**32 - 1)])
+def test_training_refuses_ids_past_the_vocabulary_before_any_step(tmp_path, dtype, bad):
+    data = _shards(tmp_path / "sh", dtype, bad, at=4321)
+    recipe = tmp_path / "r.json"
+    model = {"arch": "preln", "d_model": 32, "n_layer": 2, "n_head": 2, "vocab_size": 257, "max_seq_len": 32}
+    cfg = {"model": model, "data": str(data), "seq_len": 16, "global_batch": 4, "steps": 3, "warmup": 1}
+    recipe.write_text(json.dumps({**cfg, "out": str(tmp_path / "run"), "export": str(tmp_path / "ck")}))
+    line = one_line(CliRunner().invoke(app, ["train", str(recipe)]))
+    assert f"token id {bad}" in line and "vocabulary of 257" in line and str(data) in line, line
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "run" / "log.jsonl").exists()
+
+
+def test_a_large_dataset_is_checked_window_by_window(tmp_path, monkeypatch):
+    from depthlens.data.shards import TokenDataset
+    from depthlens.errors import DataError
+
+    data = _shards(tmp_path / "sh", "<u4", 2**32 - 1, at=100)
+    monkeypatch.setattr(TokenDataset, "SCAN_TOKENS", 10)  # too large to read whole: checked as read
+    ds = TokenDataset.from_dir(data, "train")
+    ds.require_vocab(257)
+    assert ds.batch([0], 16).max() < 257  # tokens 0..16: fine
+    with pytest.raises(DataError, match=f"token id {2**32 - 1} is outside the model's vocabulary of 257"):
+        ds.batch([6], 16)  # tokens 96..112 hold it
+
+
+def test_analysis_refuses_ids_past_the_vocabulary(ck, tmp_path):  # noqa: F811
+    for dtype, bad in (("<u2", 300), ("<u4", 2**32 - 1)):
+        data = _shards(tmp_path / f"sh{dtype[-1]}", dtype, bad, at=7)
+        line = one_line(CliRunner().invoke(app, ["causal", str(ck), "--data", str(data), *FAST, "--n-seq", "200"]))
+        assert f"token id {bad}" in line and "vocab_size 257" in line

@@ -284,6 +284,7 @@ class TokenDataset:
         self.paths = [Path(p) for p in shard_paths]
         self.manifest = dict(manifest) if manifest is not None else None
         self._shards = [read_shard(p) for p in self.paths]
+        self.vocab_size: int | None = None  # set by `require_vocab`: every window read is then checked
         # starts[k] = stream offset of shard k; starts[-1] = total tokens
         self._starts = np.concatenate([[0], np.cumsum([len(s) for s in self._shards])]).astype(np.int64)
 
@@ -338,10 +339,32 @@ class TokenDataset:
         return self.tokens(i * seq_len, i * seq_len + seq_len + 1)
 
     def batch(self, ids: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:
-        """Windows `ids` stacked: int64 [len(ids), seq_len + 1]."""
+        """Windows `ids` stacked: int64 [len(ids), seq_len + 1] (ids checked against `vocab_size` once set)."""
         if not len(ids):
             return np.zeros((0, seq_len + 1), np.int64)
-        return np.stack([self.sequence(int(i), seq_len) for i in ids])
+        out = np.stack([self.sequence(int(i), seq_len) for i in ids])
+        if self.vocab_size is not None and out.size and int(out.max()) >= self.vocab_size:
+            raise self._too_large(int(out.max()))
+        return out
+
+    SCAN_TOKENS = 1 << 26  # `require_vocab` reads every id of a dataset up to this size (64 Mi tokens: < 1 s)
+
+    def require_vocab(self, vocab_size: int) -> None:
+        """Refuse ids at or above `vocab_size` (a model's embedding has no row for them: training ended in an
+        IndexError). A dataset of up to `SCAN_TOKENS` ids is read whole now, before any work; a larger one is
+        checked window by window as `batch` reads it (a few ids per batch). DataError names the shards."""
+        self.vocab_size = int(vocab_size)
+        if self.n_tokens <= self.SCAN_TOKENS:
+            hi = max((int(s.max()) for s in self._shards if len(s)), default=-1)
+            if hi >= self.vocab_size:
+                raise self._too_large(hi)
+
+    def _too_large(self, hi: int) -> DataError:
+        where = self.paths[0].parent if len(self.paths) > 1 else self.paths[0]
+        return DataError(
+            f"{where}: token id {hi} is outside the model's vocabulary of {self.vocab_size} ids "
+            "(shards of another tokenizer?)"
+        )
 
     def step_batch(self, step: int, global_batch: int, seq_len: int, seed: int) -> np.ndarray:
         """The whole global batch of `step`: int64 [global_batch, seq_len + 1] (see `batch_indices`)."""

@@ -139,6 +139,9 @@ def evaluate(
     batch) so FSDP's collectives stay matched."""
     dist = dist or DistInfo(device=next(model.parameters()).device)
     ds = open_data(data, "val")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(vocab, int):
+        ds.require_vocab(vocab)
     n = ds.n_sequences(seq_len)
     if max_sequences:
         n = min(n, max_sequences)
@@ -195,6 +198,7 @@ class Trainer:
         )
         mcfg = cfg.model_config()
         self._check_tokenizer(mcfg.vocab_size)
+        self.train_data.require_vocab(mcfg.vocab_size)  # ids past the embedding: one line, not an IndexError
 
         torch.manual_seed(cfg.seed)  # same on every rank: nothing random happens per rank
         self.raw = build_model(mcfg, seed=cfg.seed).to(dist.device)  # identical init on every rank
