@@ -44,6 +44,7 @@ from ..errors import DepthlensError
 from ..models.protocol import check_run_layers_args, same_logits
 from ..models.readouts import Readouts, readout_key, sublayer_label
 from ..models.residual.base import Design, RunContext, State, apply_keep
+from .placement import Placement
 from .userref import PICKLE_HINT, Ref, pair_weights, parse_ref
 
 UserState = Any  # torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
@@ -223,7 +224,7 @@ class DescribedModel(nn.Module):
         _check_design_name(d.design)
         self._blocks = _check_blocks(module, d.blocks)
         self._writers = _writers(self._blocks, d.sublayers)
-        self.placement: Any = None
+        self.placement: Placement | None = None
         self.tokenizer: Any = None
         self._switch = _Switch()
         self._handles = [
@@ -524,44 +525,66 @@ class MixingDescribedModel(DescribedModel):
 
     @torch.no_grad()
     def depth_mixing(self, tokens: torch.Tensor) -> torch.Tensor | None:
-        """M[i -> j] (B, T, 2L+1, 2L+1) from the readouts, as the native HC/mHC or Full AttnRes design composes
-        it (stream maps: res_map, pre, post; AttnRes: alpha over [emb, every earlier write]); None otherwise."""
+        """M[i -> j] (B, T, 2L+1, 2L+1) from the readouts, as the native HC/mHC, Full or Block AttnRes design
+        composes it (stream maps: res_map, pre, post; Full AttnRes: alpha over [emb, every earlier write]; Block
+        AttnRes: alpha over [completed blocks, partial] with the block starts, `_block_starts`); None otherwise."""
         rec = self.readouts(tokens)
         n_sub = 2 * self.n_layer
-        from ..models.residual.attnres import FullAttnRes
+        from ..models.residual.attnres import BlockAttnRes, FullAttnRes
         from ..models.residual.streams import MultiStreamDesign
 
         if all(rec.has(k, j) for k in ("res_map", "pre", "post") for j in range(n_sub)):
             n = int(rec.sublayer("res_map", 0).shape[-1])
-            shim = MultiStreamDesign(SimpleNamespace(hc_streams=n, hc_collapse="sum", multistream_skip="mix"))
+            cfg = SimpleNamespace(hc_streams=n, hc_collapse="sum", multistream_skip="mix")
+            shim = MultiStreamDesign(cfg)  # type: ignore[no-untyped-call]
             if rec.has("collapse", final=True):
                 c = torch.as_tensor(rec.final("collapse")).double()
                 shim.collapse_vector = lambda dtype=torch.float64, device=None: c.to(device, dtype)  # type: ignore[method-assign]
             return shim.depth_mixing(rec, n_sub)
-        full = all(rec.has("alpha", j) and rec.sublayer("alpha", j).shape[-1] == j + 1 for j in range(n_sub))
-        if full and rec.has("alpha", final=True) and rec.final("alpha").shape[-1] == n_sub + 1:
+        if not (all(rec.has("alpha", j) for j in range(n_sub)) and rec.has("alpha", final=True)):
+            return None
+        starts = _block_starts(rec, self.n_layer)
+        if starts is not None:
+            return BlockAttnRes(SimpleNamespace(block_starts=starts)).depth_mixing(rec, n_sub)  # type: ignore[arg-type]
+        full = all(rec.sublayer("alpha", j).shape[-1] == j + 1 for j in range(n_sub))
+        if full and rec.final("alpha").shape[-1] == n_sub + 1:
             return FullAttnRes(SimpleNamespace(attnres_skip="zero_value")).depth_mixing(rec, n_sub)  # type: ignore[arg-type]
         return None
 
 
+def _block_starts(rec: Readouts, n_layer: int) -> list[int] | None:
+    """Block AttnRes's block starts (layers): `block_starts` of the final mapping, or read off the writers' source
+    labels as natively written (the attention of a layer that starts a block reads the finished block last, not
+    'partial'); None when neither is there."""
+    if rec.has("block_starts", final=True):
+        return [int(l) for l in rec.final("block_starts")]
+    labels = [rec.get(readout_key("source_labels", j)) for j in range(2 * n_layer)]
+    listed = [list(lab) for lab in labels if isinstance(lab, (list, tuple)) and lab]
+    if len(listed) != len(labels) or not any("partial" in lab for lab in listed):
+        return None
+    return [l for l in range(n_layer) if listed[2 * l][-1] != "partial"]
+
+
 def _derive_attnres(rec: Readouts, n_sub: int) -> None:
-    """Fill what the AttnRes diagnostic reads and a writer's mapping left out, from alpha (B, T, S): labels
-    ["emb", attn_0, mlp_0, ...], the weight on the last source as the self-weight (NaN where the only source is the
-    embedding, as natively), on the first as the embedding weight."""
+    """Fill what the AttnRes diagnostic reads and a writer's mapping left out, from alpha (B, T, S): the labels
+    ["emb", attn_0, mlp_0, ...] (Full AttnRes), the weight on the last source as the self-weight where that source
+    is the writer's own computation (a sublayer's output or Block AttnRes's 'partial'; NaN where it is the embedding
+    or a finished block, as natively), the weight on the first source as the embedding weight."""
     for j in [*range(n_sub), None]:
-        if readout_key("alpha", j, final=j is None) not in rec:
+        key = readout_key("alpha", j, final=j is None)
+        if key not in rec:
             continue
-        alpha = torch.as_tensor(rec[readout_key("alpha", j, final=j is None)])
-        S = int(alpha.shape[-1])
-        defaults = {
-            "source_labels": ["emb"] + [sublayer_label(k) for k in range(S - 1)],
-            "self_weight": alpha[..., -1] if S > 1 or j is None else torch.full_like(alpha[..., -1], float("nan")),
-            "embedding_weight": alpha[..., 0],
-        }
-        for name, v in defaults.items():
-            key = readout_key(name, j, final=j is None)
-            if key not in rec:
-                rec[key] = v
+        alpha = torch.as_tensor(rec[key])
+        at = {"final": True} if j is None else {}
+        labels = rec.setdefault(
+            readout_key("source_labels", j, **at), ["emb"] + [sublayer_label(k) for k in range(alpha.shape[-1] - 1)]
+        )
+        own = j is None or re.fullmatch(r"partial|(attn|mlp)_\d+", str(labels[-1])) is not None
+        rec.setdefault(
+            readout_key("self_weight", j, **at),
+            alpha[..., -1] if own else torch.full_like(alpha[..., -1], float("nan")),
+        )
+        rec.setdefault(readout_key("embedding_weight", j, **at), alpha[..., 0])
 
 
 # --- checks ---------------------------------------------------------------------------------------------------
