@@ -336,7 +336,7 @@ def train_step(readout: Readout, tr: Translators, opt: Optimizer, hs: torch.Tens
     total = 0.0
     for blk in layer_blocks(L, hs.shape[1], final_logp.shape[-1]):
         loss = lens_kl_loss(readout, tr, hs[blk], final_logp, blk)
-        loss.backward()
+        torch.autograd.backward(loss)
         total += float(loss.detach())
     clip_grad_norm(list(tr.parameters()), 1.0)
     opt.step()
@@ -513,7 +513,8 @@ class PositionStats:
 
 def per_sequence(values: np.ndarray, how: str = "mean") -> np.ndarray:
     """(layer, sequence, position) → (layer, sequence): the position mean (or median)."""
-    return np.median(values, axis=-1) if how == "median" else values.mean(axis=-1)
+    out: np.ndarray = np.median(values, axis=-1) if how == "median" else values.mean(axis=-1)
+    return out
 
 
 def forms_at_depth(agree_seq: np.ndarray, depth: np.ndarray, level: float) -> float:
@@ -540,7 +541,9 @@ def forms_interval(
     return {**out, "low": iv.low, "high": iv.high, "n_units": N}
 
 
-def _interval_var(seq: np.ndarray, n_boot: int, seed: int, bounds: tuple[float, float]) -> tuple[np.ndarray, dict]:
+def _interval_var(
+    seq: np.ndarray, n_boot: int, seed: int, bounds: tuple[float, float]
+) -> tuple[np.ndarray, dict[str, Any]]:
     """(layer, bound) low/high of each layer's mean over sequences; the interval's attrs."""
     c = bootstrap_counts(seq.shape[-1], n_boot, seed) if n_boot >= 1 and seq.shape[-1] >= 2 else None
     ivs = [mean_interval(row, n_boot=n_boot, seed=seed, counts=c, bounds=bounds)[0] for row in seq]
