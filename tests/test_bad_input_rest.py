@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from depthlens.cli import app
 from depthlens.errors import DepthlensError
 from depthlens.io.files import StrictJSONError, read_json, strict_json
-from test_owned_outputs import ck, one_line  # noqa: F401  (ck is a fixture)
+from test_owned_outputs import ck, one_line, run_with_snapshots  # noqa: F401  (fixtures)
+from test_trainer import corpus  # noqa: F401  (a fixture run_with_snapshots needs)
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--n-seq", "2", "--seq-len", "16"]
@@ -138,3 +139,24 @@ def test_analysis_refuses_ids_past_the_vocabulary(ck, tmp_path):  # noqa: F811
         data = _shards(tmp_path / f"sh{dtype[-1]}", dtype, bad, at=7)
         line = one_line(CliRunner().invoke(app, ["causal", str(ck), "--data", str(data), *FAST, "--n-seq", "200"]))
         assert f"token id {bad}" in line and "vocab_size 257" in line
+
+
+# --- --json is strict JSON ------------------------------------------------------------------------------------
+
+
+def test_json_output_is_strict_json_track_check_included(ck, run_with_snapshots):  # noqa: F811
+    runner = CliRunner()
+    r = runner.invoke(app, ["track", str(run_with_snapshots), "--check", "--json"])
+    assert r.exit_code == 0, r.output
+    got = strict_json(r.stdout)
+    assert got == {
+        "runs": [
+            {"name": "preln_l4", "steps": [0, 2, 4], "requested_by": got["runs"][0]["requested_by"], "pending": []}
+        ]
+    }
+    plain = runner.invoke(app, ["track", str(run_with_snapshots), "--check"])
+    assert plain.exit_code == 0 and "3 snapshots" in plain.stdout  # without --json: the lines for a person
+    for args in (["info", str(ck), "--json"], ["hooks", str(ck), "--json"], ["causal", str(ck), *FAST, "--json"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, (args, r.output)
+        assert isinstance(strict_json(r.stdout), dict), args  # no NaN / Infinity, one object

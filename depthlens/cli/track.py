@@ -160,6 +160,18 @@ def track(
     if threads:
         torch.set_num_threads(threads)
     series = scan(runs, recipes=recipe or (), name=name, tokens_per_step=tokens_per_step)  # refuses before any write
+    if check and as_json:  # strict JSON on stdout, as every --json
+        runs_info = [
+            {
+                "name": s.name,
+                "steps": [x.step for x in s.snapshots],
+                "requested_by": s.requested_from if s.requested is not None else None,
+                "pending": list(s.pending) if s.pending else [],
+            }
+            for s in series
+        ]
+        typer.echo(dumps({"runs": runs_info}, indent=1))
+        return
     if check:
         for s in series:
             typer.echo(
