@@ -14,16 +14,17 @@
 # one process per model (JOBS at a time, one thread each). Each stage is written as soon
 # as it is done and kept on a rerun (--resume), so a killed run continues where it stopped.
 # Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three), EXACT (1: run the
-# exactness tests first), CLI (1: then scripts/real-model-cli.sh, every command by path).
+# exactness tests first), CLI (1: then scripts/real-model-cli.sh, every command by path), K_MAX (0 = L/2: the
+# largest k of the held-out pruning stages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 PY=.venv/bin/python
 OUT=reports/atlas
-N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128} JOBS=${JOBS:-1}
-# pruning last: it ranks layers by the angular, causal and permutation stages; the twin is the untrained model of
-# each config. The permutation pair of stages is most of the cost (25-56 min each on one core at 16 x 128 tokens).
-STAGES=${STAGES:-angular,causal_update,causal_resid,untrained_causal_update,permutation,untrained_permutation,pruning}
+N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128} JOBS=${JOBS:-1} K_MAX=${K_MAX:-0}
+# pruning last: it ranks layers by the angular, causal and permutation stages (pruning_heldout: on the calibration
+# fold only, from their per-sequence sums); the twin is the untrained model of each config. The permutation pair of stages is most of the cost (25-56 min each on one core at 16 x 128 tokens).
+STAGES=${STAGES:-angular,causal_update,causal_resid,untrained_causal_update,permutation,untrained_permutation,pruning,pruning_heldout,pruning_random}
 MODELS=${MODELS:-smollm2-135m-instruct gemma-3-270m qwen2.5-coder-0.5b-instruct}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
@@ -41,10 +42,10 @@ if [ "${1:-}" != "--render-only" ]; then
   one() {  # name path: every stage of one model, into reports/atlas/<name>/data, resumable
     mkdir -p "$OUT/$1"
     "$PY" scripts/real_model_report.py "$2" --out "$OUT/$1" --n-seq "$N_SEQ" --seq-len "$SEQ_LEN" --threads 1 \
-      --stages "$STAGES" --resume --calibration none > "$OUT/$1/compute.log" 2>&1 \
+      --stages "$STAGES" --resume --calibration none --k-max "${K_MAX:-0}" > "$OUT/$1/compute.log" 2>&1 \
       && echo "atlas: $1 done" || { echo "atlas: $1 FAILED (see $OUT/$1/compute.log)" >&2; return 1; }
   }
-  export -f one; export PY OUT N_SEQ SEQ_LEN STAGES
+  export -f one; export PY OUT N_SEQ SEQ_LEN STAGES K_MAX
   echo "$paths" | xargs -P "$JOBS" -L 1 bash -c 'one "$0" "$1"'
   # every command by path, as a user types it (small eval size): reports/atlas/cli.json; CLI=0 skips it
   if [ "${CLI:-1}" = 1 ]; then MODELS="$MODELS" bash scripts/real-model-cli.sh; fi
