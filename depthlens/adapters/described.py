@@ -43,8 +43,8 @@ from torch import nn
 from ..errors import DepthlensError
 from ..models.protocol import check_run_layers_args, same_logits
 from ..models.readouts import Readouts, readout_key, sublayer_label
-from ..models.residual.base import Design, RunContext, State, apply_keep
-from .placement import Placement
+from ..models.residual.base import Design, RunContext, State, apply_keep, keep_input
+from .placement import Placement, move
 from .userref import PICKLE_HINT, Ref, pair_weights, parse_ref
 
 UserState = Any  # torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
@@ -391,7 +391,7 @@ class DescribedModel(nn.Module):
         for pos in range(start, stop):
             src = order[pos] if order is not None else pos
             home, dev = self._home(pos, state), self._home(src, state)
-            before = _move(state, dev)
+            before = move(state, dev)
             after = self._call(src, before, keep.get(pos), unit)
             if on_layer is not None or ctx.record is not None:
                 mix = self._mixing(src) if self.description.mixing is not None else []
@@ -401,9 +401,9 @@ class DescribedModel(nn.Module):
                             ctx.put(name, v, sublayer=2 * pos + i)
                 if on_layer is not None:
                     update = self._update(before, after, mix)
-                    after = _move(after, home)
+                    after = move(after, home)
                     on_layer(pos, after, update.to(home))
-            state = _move(after, home)
+            state = move(after, home)
         return state
 
     def _call(self, i: int, state: State, keep: torch.Tensor | None = None, unit: str = "block") -> State:
@@ -419,7 +419,7 @@ class DescribedModel(nn.Module):
             finally:
                 self._switch.now = None
         out = self._out(i, block(self.layout.to_user(state)))
-        return {k: _keep_input(out[k], state[k], keep) for k in state}
+        return {k: keep_input(out[k], state[k], keep) for k in state}
 
     def _out(self, i: int, raw: UserState) -> State:
         state = self.layout.to_state(raw) if _Layout.of(raw, f"block {i}") == self.layout else None
@@ -469,7 +469,7 @@ class DescribedModel(nn.Module):
         return f(self.layout.to_user(state)) if f is not None else self.design.view(state)
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
-        return self.description.head(self.layout.to_user(_move(state, self.input_device)))
+        return self.description.head(self.layout.to_user(move(state, self.input_device)))
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
         ctx = self.context(tokens.shape[1])
@@ -636,16 +636,6 @@ def _writers(blocks: tuple[nn.Module, ...], sublayers: Any) -> list[tuple[nn.Mod
             raise DescriptionError(f"sublayers(block {i}) must return the block's own writer modules (attention, MLP)")
         out.append(ws)
     return out
-
-
-def _keep_input(out: torch.Tensor, inp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """out where keep == 1, the block's input where keep == 0 (keep (B, T) broadcast over trailing dims)."""
-    k = keep.to(out.device, out.dtype).view(*keep.shape, *([1] * (out.dim() - 2)))
-    return k * out + (1 - k) * inp
-
-
-def _move(state: State, dev: torch.device) -> State:
-    return {k: v.to(dev) for k, v in state.items()}
 
 
 def _shape_of(x: Any) -> str:

@@ -38,7 +38,7 @@ from transformer_lens.hook_points import HookPoint
 from ..errors import CheckpointError
 from ..models.hook_contract import fire
 from ..models.protocol import Unembedding, check_run_layers_args, same_logits
-from ..models.residual.base import Design, RunContext, State
+from ..models.residual.base import Design, RunContext, State, keep_input
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
@@ -335,9 +335,8 @@ class GenericBlocksModel(HookedRootModule):
             out = self.layers[src](h, *rest, **kw)
             out = out[0] if isinstance(out, tuple) else out
             k = keep.get(pos)
-            if k is not None:  # (B, T) -> (B, T, 1): block input passed through where k == 0
-                k = k.to(dev, out.dtype).unsqueeze(-1)
-                out = k * out + (1 - k) * h
+            if k is not None:  # block input passed through where k == 0
+                out = keep_input(out, h, k)
             out = fire(hk.hook_resid_post, out).to(home)
             if on_layer is not None:
                 on_layer(pos, {"h": out}, out - h.to(home))

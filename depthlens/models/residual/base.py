@@ -75,6 +75,13 @@ def apply_keep(y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     return y * k.view(*k.shape, *([1] * (y.dim() - 2)))
 
 
+def keep_input(out: torch.Tensor, inp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """A whole block skipped where keep (B, T) is 0: its output `out` (B, T, ...) there replaced by its input `inp`
+    (the generic-blocks and described paths, which cannot reach inside a block)."""
+    k = keep.to(out.device, out.dtype).view(*keep.shape, *([1] * (out.dim() - 2)))
+    return k * out + (1 - k) * inp.to(out.device)
+
+
 @dataclass(frozen=True)
 class SublayerCall:
     """What a router needs to run one sublayer (the record `Block.forward` hands every router).
