@@ -364,3 +364,68 @@ def test_report_puts_the_worked_adapters_in_one_table(trained, tmp_path):
     rows = json.loads((out / "summary.json").read_text())
     names = {row["checkpoint"] for row in (rows["rows"] if isinstance(rows, dict) else rows)}
     assert names == {f.replace(":", "_") for f in FUNCTION.values()}
+
+
+# --- the adapters as the docs show them ------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "own-model.md"
+ADAPTER_FILES = ["hc_model.py", "mhc_model.py", "attnres_model.py", "nanogpt_model.py"]
+
+
+def code_lines(src: str) -> int:
+    """Lines of code: not blank, not a comment, not part of a docstring."""
+    import ast
+
+    doc: set[int] = set()
+    for node in ast.walk(ast.parse(src)):
+        first = (
+            getattr(node, "body", [None])[0] if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) else None
+        )
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            doc.update(range(first.lineno, first.end_lineno + 1))
+    return sum(
+        1
+        for i, line in enumerate(src.splitlines(), 1)
+        if line.strip() and not line.strip().startswith("#") and i not in doc
+    )
+
+
+def test_code_lines_counts_code_only():
+    src = 'def f(x):\n    """Doc\n    string."""\n    # a comment\n\n    return (x +\n            1)\n'
+    assert code_lines(src) == 3
+
+
+@pytest.mark.parametrize("file", ADAPTER_FILES)
+def test_each_adapter_is_at_most_30_lines(file):
+    """The adapter: from the file's `# --- the adapter` line to its `__main__` part (the model above is the user's)."""
+    s = (EXAMPLES / file).read_text()
+    adapter = s[s.index("# --- the adapter") : s.index("\n# python examples/")]
+    assert 5 < code_lines(adapter) <= 30
+
+
+def test_docs_show_the_adapters_the_tests_run():
+    """Every function a docs/own-model.md block defines next to `from X_model import` is the examples' own, verbatim."""
+    import ast
+    import re
+
+    text = DOC.read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    seen = set()
+    for code in blocks:
+        m = re.search(r"^from (\w+_model) import", code, re.M)
+        if m is None:
+            continue
+        ours = {n.name: n for n in ast.parse((EXAMPLES / f"{m.group(1)}.py").read_text()).body if hasattr(n, "name")}
+        for node in ast.parse(code).body:
+            if isinstance(node, ast.FunctionDef):
+                assert ast.dump(node) == ast.dump(ours[node.name]), f"{m.group(1)}.{node.name} differs from the docs"
+                seen.add(f"{m.group(1)}.{node.name}")
+    assert {f"{f[:-3]}.describe" for f in ADAPTER_FILES} | {"attnres_model.describe_block"} <= seen
+
+
+def test_docs_speed_ratio_is_the_committed_bench():
+    import json
+
+    bench = json.loads((Path(__file__).resolve().parents[1] / "reports" / "bench" / "own_model.json").read_text())
+    ratio = bench["ratio_described_over_native"]
+    assert f"the description costs {ratio:.2f}× the native run" in DOC.read_text()
