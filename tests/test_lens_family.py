@@ -145,6 +145,14 @@ def test_training_lowers_kl_on_held_out_data(zoo, tmp_path):
     assert other.attrs["cache"] == "miss" and other.attrs["cache_key"] != tuned.attrs["cache_key"]
 
 
+def test_trains_under_no_grad_as_the_study_runs_it(data):
+    m = debug_model("preln", n_layer=2, seed=0)
+    train = random_eval_data(97, n_seq=4, seq_len=20, seed=5, bos_id=96)
+    with torch.no_grad():  # studies/study.py runs every engine under no_grad
+        ds = lens_readout(m, data, kind="tuned", train_data=train, steps=3, cache=False, n_boot=0)
+    assert ds["train_loss"].size == 3 and np.isfinite(ds["train_loss"].values).all()
+
+
 def test_eval_sequences_in_the_training_split_are_refused(zoo, tmp_path):
     model, data = zoo
     with pytest.raises(DataError, match="shares sequences"):

@@ -380,7 +380,7 @@ def train_translators(
     losses: list[float] = []
     count = Count(progress, o.steps)
     R = min(o.tokens_per_step, rows)
-    with frozen(model), evaluating(model):
+    with frozen(model), evaluating(model), torch.enable_grad():  # the callers may run under no_grad
         for _ in range(o.steps):
             idx = torch.randint(0, rows, (R,), generator=g)
             losses.append(train_step(readout, tr, opt, hs[:, idx].to(dev, dtype), hL[idx].to(dev, dtype)))
