@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = dict(steps=a.steps, tokens_per_step=a.tokens_per_step, train_n_seq=a.train_n_seq)
         run["options"] = {"n_seq": a.n_seq, "seq_len": a.seq_len, "eval_split": data.source, **opts}
         twin = None
-        for untrained in (False, True) if not a.no_twin else (False,):
-            for kind in a.kinds.split(","):
+        for kind in a.kinds.split(","):  # each lens on the trained model, then on its twin
+            for untrained in (False, True) if not a.no_twin else (False,):
                 stage = f"{'untrained_' if untrained else ''}{kind}_lens"
                 if (data_dir / f"{stage}.nc").is_file():
                     continue
