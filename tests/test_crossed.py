@@ -148,3 +148,9 @@ def test_one_checkpoints_sequence_interval_at_the_report_sizes():
     perm = c.sequence_coverage("perm", 8, sims=300, seed=2, n_boot=300)
     assert 0.88 <= causal <= 0.99 and abs(causal - c.COVERAGE["causal/1/16/one_run/normal"]) < 0.06
     assert perm < 0.93 and abs(perm - c.COVERAGE["perm/1/8/one_run/normal"]) < 0.06
+
+
+def test_sequence_coverage_note_names_the_shortfall():
+    note = c.sequence_coverage_note(16, 8)
+    assert "causal at 16 sequences: 92 %;" in note and "permutation at 8 sequences: 88 % (short of nominal)" in note
+    assert "not simulated" in c.sequence_coverage_note(4, 4)

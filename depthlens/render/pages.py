@@ -356,6 +356,15 @@ def robustness_rows(rob: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
+def _coverage_line(rep) -> str:
+    """The per-checkpoint intervals' simulated coverage at this report's sizes (stats.crossed.COVERAGE)."""
+    from depthlens.stats.crossed import sequence_coverage_note
+
+    n = rep.data.n_seq
+    k = rep.options.perm_n_seq
+    return sequence_coverage_note(n, k if k and k < n else n)
+
+
 def _perm_prefix(k: int | None, n: int) -> str:
     return f", on the first {k} of the {n} sequences" if k and k < n else ""
 
@@ -440,7 +449,7 @@ def render_html(rep) -> str:
         '<a href="#overview">overview</a><a href="#checkpoints">per checkpoint</a><a href="#files">files</a></nav>',
         '<h2 id="table">Design × depth</h2>',
         "<p>Shares are over the late pairs (i &lt; j, both in ⌊L/4⌋…L−1), strict &gt;. "
-        f"{_h(INTERVAL_NOTE)} {_h(LOSS_NOTE)} LR: the peak learning rate it "
+        f"{_h(INTERVAL_NOTE)} {_h(_coverage_line(rep))} {_h(LOSS_NOTE)} LR: the peak learning rate it "
         "trained with. erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.</p>",
         _html_table(table_head(), main_rows),
     ]
@@ -552,7 +561,13 @@ def render_markdown(rep) -> str:
         "",
         "## Design × depth",
         "",
-        "Shares over the late pairs (strict >). " + INTERVAL_NOTE + " " + LOSS_NOTE + " LR: the peak learning "
+        "Shares over the late pairs (strict >). "
+        + INTERVAL_NOTE
+        + " "
+        + _coverage_line(rep)
+        + " "
+        + LOSS_NOTE
+        + " LR: the peak learning "
         "rate it trained with. erank: HC/mHC only; k*(0.05): Full/Block AttnRes only.",
         "",
         _md_table(table_head(), table_rows(recs)),

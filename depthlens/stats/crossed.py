@@ -456,3 +456,17 @@ def coverage_note(kind: str, n_seeds: int, n_sequences: int) -> str | None:
         parts.append(f"{round(100 * worst)} % with normal run effects")
     parts.append(f"{round(100 * bimodal)} % if the runs are bimodal")
     return f"simulated coverage of this 95 % interval at {size}: " + "; ".join(parts)
+
+
+def sequence_coverage_note(n_causal: int, n_perm: int) -> str:
+    """One sentence on the per-checkpoint sequence intervals' simulated coverage at these sizes (the table's
+    `one_run` entries), naming a shortfall below 90 %; sizes not simulated are said to be."""
+    parts = []
+    for kind, n, what in (("causal", n_causal, "causal"), ("perm", n_perm, "permutation")):
+        cov = COVERAGE.get(f"{kind}/1/{n}/one_run/normal")
+        if cov is None:
+            parts.append(f"{what} at {n} sequences: not simulated")
+        else:
+            short = " (short of nominal)" if cov < SHORTFALL else ""
+            parts.append(f"{what} at {n} sequences: {round(100 * cov)} %{short}")
+    return "Simulated coverage of these per-checkpoint 95 % intervals: " + "; ".join(parts) + "."
