@@ -173,17 +173,28 @@ def _zero_after_bos(mods: list[torch.nn.Module]) -> list:
     return [m.register_forward_hook(hook) for m in mods]
 
 
-def trace(kind: str, model: torch.nn.Module, tok: torch.Tensor, skip: int | None = None):
+def trace(kind: str, model: torch.nn.Module, tok: torch.Tensor, skip: int | None = None, maps: dict | None = None):
     """One forward of the user's model: views h_0..h_L (B, T, d), updates u_0..u_{L-1} (B, T, D), logits.
 
     Updates: one stream, h_{l+1} - h_l; HC/mHC, X_{l+1} - R_mlp R_attn X_l with the residual maps R
-    re-derived here from the package's parameters; AttnRes (attn-res), the layer's two writes summed.
+    re-derived here from the package's parameters; AttnRes (attn-res), the layer's two writes summed. `maps`, when
+    given, receives the mixing objects: R per (layer, sublayer) for HC/mHC, the depth softmax (B, T, S) per
+    sublayer for AttnRes.
     """
-    hooks, rec = [], {"in": {}, "out": {}, "R": {}, "w": {}}
+    hooks, rec = [], {"in": {}, "out": {}, "R": {} if maps is None else maps, "w": {}}
     put = lambda key, i: lambda m, args, out: rec[key].__setitem__(i, out)  # noqa: E731
     if kind.endswith("attnres"):
         subs = list(model.layers)
         hooks += [s.register_forward_hook(put("w", i)) for i, s in enumerate(subs)]
+        for i, sub in enumerate(subs):  # alpha_i = softmax over sources of w . rms(v_i) (attn-res: no key gain)
+            op = sub.attn_res
+            softmax = lambda m, a, op=op, i=i: rec["R"].__setitem__(  # noqa: E731
+                i,
+                torch.einsum(
+                    "d,nbtd->btn", op.pseudo_query, F.rms_norm(a[0], (a[0].shape[-1],), eps=op.key_norm.eps)
+                ).softmax(-1),
+            )
+            hooks.append(op.register_forward_pre_hook(softmax))
         hooks.append(model.token_emb.register_forward_hook(put("in", 0)))
         if skip is not None:
             hooks += _zero_after_bos(subs[2 * skip : 2 * skip + 2])
@@ -273,6 +284,34 @@ def swapped(kind: str, model, i: int, j: int) -> Callable[[torch.Tensor], torch.
     return run
 
 
+def hook_erank(kind: str, model, tok) -> float:
+    """Token mean (positions 1..) of the effective rank exp H(σ / Σσ) of the full product R_{2L-1} ... R_0 (NumPy)."""
+    maps: dict = {}
+    trace(kind, model, tok, maps=maps)
+    P = None
+    for key in sorted(maps):
+        R = maps[key].double().numpy()
+        P = R if P is None else R @ P  # the later map on the left
+    sv = np.linalg.svd(P[:, 1:], compute_uv=False)
+    p = sv / sv.sum(-1, keepdims=True)
+    return float(np.exp(-(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)).mean())
+
+
+def hook_self_weight(kind: str, model, tok) -> np.ndarray:
+    """Per layer: the token mean (positions 1..) of the weight each sublayer puts on its own block's partial sum
+    (Full: on the previous sublayer), averaged over the layer's two sublayers where defined (NaN at the first
+    sublayer and at a block's first sublayer, whose last source is a finished block)."""
+    maps: dict = {}
+    trace(kind, model, tok, maps=maps)
+    bs = 1 if kind == "full_attnres" else model.cfg.block_size
+    own = [
+        maps[j][..., -1] if (j > 0 and (bs == 1 or j % bs)) else torch.full_like(maps[j][..., 0], torch.nan)
+        for j in sorted(maps)
+    ]
+    per_layer = torch.stack(own).double().view(len(own) // 2, 2, *own[0].shape).nanmean(1)  # (L, B, T)
+    return per_layer[:, :, 1:].flatten(1).nanmean(1).numpy()
+
+
 @pytest.mark.parametrize("kind", PACKAGES)
 @torch.no_grad()
 def test_described_equals_hook_loop(kind, trained):
@@ -291,6 +330,12 @@ def test_described_equals_hook_loop(kind, trained):
     for i, j in late_pairs(L):
         ref = float(token_nll(swapped(kind, user, int(i), int(j))(tok), tok).mean() - base)
         diffs[f"permute {i},{j}"] = abs(P[i, j] - ref)
+    if kind in ("hc", "mhc"):
+        ds = depthlens.rank(described, DATA, progress=False)
+        diffs["erank"] = abs(float(ds.erank.sel(product="full", statistic="mean")) - hook_erank(kind, user, tok))
+    if kind.endswith("attnres"):
+        a = depthlens.attnres(described, DATA, progress=False).self_weight.values
+        diffs["self_weight"] = maxdiff(a, hook_self_weight(kind, user, tok))
     print(kind, {k: f"{v:.1e}" for k, v in diffs.items()})  # the exactness numbers, shown with -s
     assert max(diffs.values()) < TOL, diffs
 
