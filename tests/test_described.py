@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import depthlens
+import depthlens.errors
 from depthlens.adapters.described import DescribedModel, DescriptionError
 from depthlens.diagnostics.angular import angular_distances
 from depthlens.diagnostics.causal import causal_scores
@@ -315,6 +316,7 @@ import torch
 from torch import nn
 
 import depthlens
+import depthlens.errors
 
 
 class Toy(nn.Module):
@@ -719,3 +721,18 @@ def test_track_follows_a_described_model_over_its_saved_steps(user_dir, tmp_path
         ref = f"{tmp_path / f'step_{step}.safetensors'}@{user_dir / 'mymodel.py'}:describe"
         want = api.causal(ref, n_seq=2, seq_len=16).causal_score.sel(variant="current", aggregator="max").values
         np.testing.assert_allclose(got.reshape(-1, *want.shape)[k], want, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def test_placement_by_device_map(tokens):
+    """place(device_map) as for Hugging Face models: the same results on an explicit map (CPU here: every part on
+    'cpu'), and a head off the embedding's device refused with one line."""
+    net = _net(seed=2)
+    model = _wrap(net)
+    with torch.no_grad():
+        want = model(tokens)
+        model.place({"embed": "cpu", "layers": ["cpu"] * 4, "head": "cpu"})
+        assert model.placement is not None and model.input_device == torch.device("cpu")
+        torch.testing.assert_close(model(tokens), want, rtol=0, atol=0)
+    assert model.part_sizes().layers == tuple(sum(p.numel() for p in b.parameters()) for b in net.blocks)
+    with pytest.raises(depthlens.errors.DepthlensError, match="head on the embedding's device"):
+        model.place({"embed": "cpu", "layers": ["cpu"] * 4, "head": "meta"})
