@@ -301,7 +301,7 @@ CASES += [
     ("train-override-text-lr", ["train", "@recipe:lrtext", "lr=abc"], 2, "'lr'"),
     ("train-override-conflict", ["train", "@recipe:conflict", "lr=1", "lr.x=2"], 2, "lr"),
     ("train-override-empty-key", ["train", "@recipe:emptykey", "=3"], 2, "key=value"),
-    ("train-override-null-byte", ["train", "@recipe:nul", "out=a\x00b"], 2, "'out'"),
+    ("train-override-null-byte", ["train", "@recipe:nul", "export=a\x00b"], 2, "'export'"),
     ("info-tied-own-head", ["info", "{root}/ck_tied_own_head"], 1, "tie_embeddings"),
     ("info-f64-overflow", ["info", "{root}/ck_f64_overflow"], 1, "NaN or Inf"),
     ("causal-f64-overflow", ["causal", "{root}/ck_f64_overflow", *FAST], 1, "NaN or Inf"),
@@ -341,7 +341,7 @@ CASES += [
 # the run that made it, -o DIR/ names a directory, two outputs never share a path, names fit the filesystem, an
 # unwritable directory is refused before the computation (more, with reruns and locks: test_owned_outputs.py)
 CASES += [
-    ("train-out-user-dir", ["train", "@recipe:userdir", "out={root}/foreign_dir"], 1, "refusing to write into it"),
+    ("train-out-user-dir", ["train", "@recipe:userdir", "--out", "{root}/foreign_dir"], 1, "refusing to write into it"),
     (
         "train-export-user-dir",
         ["train", "@recipe:userexport", "export={root}/foreign_dir"],

@@ -81,7 +81,20 @@ def test_causal_json_headline_and_dataset(zoo, tmp_path):
 def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     out = tmp_path / "r.nc"
     r = run(
-        ["causal", zoo["preln"], "--norm", "resid", "--agg", "pooled", "--json", "--out", out, "--n-boot", "0", *FAST]
+        [
+            "causal",
+            zoo["preln"],
+            "--norm",
+            "resid",
+            "--aggregator",
+            "pooled",
+            "--json",
+            "--out",
+            out,
+            "--n-boot",
+            "0",
+            *FAST,
+        ]
     )
     assert r.exit_code == 0, r.output
     h = json.loads(r.stdout)
@@ -96,7 +109,9 @@ def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     text = run(["causal", zoo["preln"], "--out", tmp_path / "u.nc", "--n-boot", "0", "-v", *FAST])
     assert "variant=current, aggregator=max, norm=update" in text.stdout
     one_error_line(run(["causal", zoo["preln"], "--norm", "rms", *FAST]), 2)
-    p = run(["permute", zoo["preln"], "--norm", "rel", "--json", "--out", tmp_path / "p.nc", "--n-boot", "0", *FAST])
+    p = run(
+        ["permute", zoo["preln"], "--metric", "perm_rel", "--json", "--out", tmp_path / "p.nc", "--n-boot", "0", *FAST]
+    )
     assert json.loads(p.stdout)["definition"] == "permutation P_rel = P_abs / L(id), swap=body"
 
 
@@ -246,7 +261,7 @@ def test_bad_threshold_is_a_usage_error(zoo, tmp_path, cmd, opt, value):
 def test_bad_threshold_grid_and_choice(zoo):
     one_error_line(run(["sweep", zoo["preln"], "--thresholds", "1:0:0.1", *FAST]), 2)
     one_error_line(run(["sweep", zoo["preln"], "--thresholds", "-1,0.5", *FAST]), 2)
-    one_error_line(run(["causal", zoo["preln"], "--agg", "median", *FAST]), 2)
+    one_error_line(run(["causal", zoo["preln"], "--aggregator", "median", *FAST]), 2)
     one_error_line(run(["causal", zoo["preln"], "--bogus"]), 2)
 
 

@@ -133,7 +133,7 @@ def test_a_directory_without_the_marker_is_never_replaced(tmp_path):
 def test_train_into_a_user_directory_refuses_and_changes_nothing(corpus, tmp_path, user_dir):  # noqa: F811
     """`train out=<a user's directory>` rewrote its log.jsonl; now: one line, before any work."""
     before = snapshot(tmp_path)
-    line = one_line(CliRunner().invoke(app, ["train", str(recipe(tmp_path, corpus)), f"out={user_dir}"]))
+    line = one_line(CliRunner().invoke(app, ["train", str(recipe(tmp_path, corpus)), "--out", str(user_dir)]))
     assert str(user_dir) in line and "refusing" in line
     after = snapshot(tmp_path)
     after.pop("r.json"), before.pop("r.json", None)

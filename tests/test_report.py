@@ -293,7 +293,7 @@ CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_doc
     "sweep": "depthlens sweep checkpoints/preln_l8 checkpoints/hc_l8 checkpoints/mhc_l8 --metric causal \\\n"
     "    --order preln_l8,mhc_l8,hc_l8 --plot depthlens-out/sweep.png",
     "report": "depthlens report checkpoints/*_l4/ --out depthlens-out/report_l4",
-    "track": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 steps=100 \\\n"
+    "track": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 --out .cache/depthlens/runs/docs/hc_l4 steps=100 \\\n"
     "    export=depthlens-out/hc_l4 'snapshots=[25,50,100]'     # 100 steps of hc_l4's recipe, with snapshots (30 s)\n"
     "depthlens track .cache/depthlens/runs/docs/hc_l4 --n-seq 8 --out depthlens-out/track",
     "compare": "depthlens compare checkpoints/preln_l8 checkpoints/hc_l8 --metrics causal,perm_abs",
@@ -302,7 +302,7 @@ CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_doc
     "prepare": "depthlens prepare --out data/offline --max-bytes 1000000           # the packaged offline corpus, capped\n"
     "python -c 'import this' > data/zen.txt                               # or your .txt/.jsonl/.parquet files\n"
     "depthlens prepare data/zen.txt --out data/zen --tokenizer bytes",
-    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 out=.cache/depthlens/runs/docs/hc_l4 steps=100 \\\n"
+    "train": "depthlens train depthlens/recipes/zoo_cpu.json --run hc_l4 --out .cache/depthlens/runs/docs/hc_l4 steps=100 \\\n"
     "    export=depthlens-out/hc_l4 'snapshots=[25,50,100]'     # its first 100 of 400 steps",
     "eval": "depthlens eval checkpoints/hc_l16 --no-humaneval",
 }

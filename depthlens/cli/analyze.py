@@ -165,9 +165,14 @@ def causal(
         float, typer.Option(help="Headline threshold θ (share of late pairs with C > θ).")
     ] = registry.CAUSAL.theta,
     variant: Annotated[Literal["current", "future"], typer.Option(help="current | future")] = "current",
-    agg: Annotated[
-        Literal["max", "mean", "p95", "p99", "pooled"], typer.Option("--agg", help="max | mean | p95 | p99 | pooled")
+    aggregator: Annotated[
+        Literal["max", "mean", "p95", "p99", "pooled"],
+        typer.Option(help="Over tokens (the Dataset's aggregator dimension): max | mean | p95 | p99 | pooled"),
     ] = "max",
+    agg: Annotated[
+        Literal["max", "mean", "p95", "p99", "pooled"] | None,
+        typer.Option("--agg", hidden=True, help="Deprecated spelling of --aggregator."),
+    ] = None,
     unit: Annotated[Literal["block", "attn", "mlp"], typer.Option(help="block | attn | mlp")] = "block",
     norm: Annotated[
         Literal["update", "resid"],
@@ -206,6 +211,9 @@ def causal(
 ) -> None:
     """Causal score C(s, t): skip layer s, how much do later layers' updates change (Csordás et al. 2025)."""
     check_threshold(threshold)
+    if agg is not None:
+        deprecated("--agg", "--aggregator")
+        aggregator = agg
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
@@ -227,7 +235,9 @@ def causal(
             progress=p.engine(),
             **_opts(c),
         )
-    h = headline(ds, "causal", threshold, aggregator=agg, variant=variant, start=window, n_boot=n_boot, seed=seed)
+    h = headline(
+        ds, "causal", threshold, aggregator=aggregator, variant=variant, start=window, n_boot=n_boot, seed=seed
+    )
     ds.attrs.update(interval_attrs(h))
     write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
@@ -242,7 +252,7 @@ def causal(
     from ..render.plots import upper_triangle
 
     # t < s is undefined (NaN): "·" in the view, not the shade of "no effect"
-    emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", agg, variant)), 1.0))
+    emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", aggregator, variant)), 1.0))
 
 
 def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
@@ -265,7 +275,13 @@ def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
 def permute(
     ckpt: CkptArg,
     threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
-    norm: Annotated[Literal["abs", "rel", "kl"], typer.Option(help="abs (nats) | rel | kl")] = "abs",
+    metric: Annotated[
+        Literal["perm_abs", "perm_rel", "perm_kl"],
+        typer.Option(help="The score (a Dataset variable): perm_abs (nats) | perm_rel | perm_kl (nats)"),
+    ] = "perm_abs",
+    norm: Annotated[
+        Literal["abs", "rel", "kl"] | None, typer.Option(hidden=True, help="Deprecated spelling of --metric.")
+    ] = None,
     swap: Annotated[Literal["body", "all"], typer.Option(help="body (routing stays) | all")] = "body",
     layers: Annotated[
         Literal["late", "all"],
@@ -299,6 +315,9 @@ def permute(
     if pairs is not None:
         deprecated("--pairs", "--layers")
         layers = pairs
+    if norm is not None:
+        deprecated(f"--norm {norm}", f"--metric perm_{norm}")
+        metric = f"perm_{norm}"  # type: ignore[assignment]
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
@@ -315,12 +334,11 @@ def permute(
             progress=p.engine(),
             **_opts(c),
         )
-    metric = f"perm_{norm}"
     h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
     ds.attrs.update(interval_attrs(h))
     write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
-    symbol = {"abs": "P_abs", "rel": "P_rel", "kl": "P_KL"}[norm]
+    symbol = {"perm_abs": "P_abs", "perm_rel": "P_rel", "perm_kl": "P_KL"}[metric]
     lines = [headline_line(h, symbol, f"{ckpt} ({h['design']}, L={h['n_layer']})")]
     if verbose:
         lines += [

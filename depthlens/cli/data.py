@@ -18,7 +18,7 @@ def prepare(
         typer.Argument(help="Local .txt / .jsonl / .parquet files. Omit to build the offline corpus."),
     ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory for the shards and manifest.json.")] = Path(
-        "data/corpus"
+        "depthlens-out/corpus"
     ),
     tokenizer: Annotated[str, typer.Option(help="bytes | gpt2 | bpe:<dir or tokenizer.json>")] = "bytes",
     val_fraction: Annotated[float, typer.Option(min=0.0, max=0.5)] = 0.05,

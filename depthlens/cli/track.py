@@ -90,7 +90,7 @@ def track(
             help="Output directory: track.nc, track.png, README.md, parts/ "
             "(per-snapshot cache; a rerun resumes from it).",
         ),
-    ] = Path("track"),
+    ] = Path("depthlens-out/track"),
     recipe: Annotated[
         list[Path] | None,
         typer.Option(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .app import QuietOpt, app, domain_errors, dumps
+from .app import QuietOpt, app, deprecated, domain_errors, dumps
 
 
 @app.command()
@@ -26,6 +26,11 @@ def train(
         typer.Option(help="Run name inside a grid recipe (same as run=NAME; under torchrun write run=NAME)."),
     ] = None,
     list_runs: Annotated[bool, typer.Option("--list", help="List the recipe's runs and exit.")] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Run directory (logs, resume state, snapshots); the recipe's out= otherwise."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Train a model from a committed recipe; resumable, seeded; exports a depthlens checkpoint.
@@ -49,6 +54,10 @@ def train(
     from .feedback import bar
 
     overrides, run = split_run_name(overrides or [], run)
+    if any(o.startswith("out=") for o in overrides):
+        deprecated("the override out=DIR", "--out DIR (the one way every command names its output)")
+    if out is not None:
+        overrides = [*(o for o in overrides if not o.startswith("out=")), f"out={out}"]
     cfg = load_recipe(recipe, overrides, run=run)  # validated before any work; also sizes the bar
     check_recipe_export(recipe, overrides, run)  # said before any data is built or a step is trained
     main = int(os.environ.get("RANK", "0")) == 0
@@ -70,7 +79,25 @@ def train(
             raise
     if int(os.environ.get("RANK", "0")) == 0:
         keys = ("name", "steps", "tokens", "final_val_loss", "wall_time_s", "checkpoint", "stopped")
-        typer.echo(dumps({k: record[k] for k in keys if k in record}))
+        summary = {k: record[k] for k in keys if k in record}
+        if as_json:
+            typer.echo(dumps(summary))
+        else:
+            typer.echo(summary_line(summary))
+
+
+def summary_line(s: dict) -> str:
+    """The run in one line: 'hc_l4: 100 steps, 819,200 tokens, val loss 2.134 nats, 31.2 s; checkpoint X'."""
+    val = s.get("final_val_loss")
+    parts = [
+        f"{s.get('steps')} steps",
+        f"{s['tokens']:,} tokens" if isinstance(s.get("tokens"), int) else None,
+        f"val loss {val:.3f} nats" if isinstance(val, float) else None,
+        f"{s['wall_time_s']:.1f} s" if isinstance(s.get("wall_time_s"), (int, float)) else None,
+        f"stopped: {s['stopped']}" if s.get("stopped") else None,
+    ]
+    ckpt = f"; checkpoint {s['checkpoint']}" if s.get("checkpoint") else ""
+    return f"{s.get('name') or 'train'}: " + ", ".join(p for p in parts if p) + ckpt
 
 
 def no_shards(data: Path) -> bool:

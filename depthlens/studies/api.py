@@ -580,6 +580,8 @@ def check_scores(keys: str | Sequence[str], option: str = "--metrics") -> tuple[
     """Score keys (a comma list or a sequence) checked against `registry.sweepable()`; ValueError (usage)."""
     wanted = [k.strip() for k in (keys.split(",") if isinstance(keys, str) else keys) if k.strip()]
     every = registry.sweepable()
+    by_var = {registry.score(k).var: k for k in every}  # a Dataset variable name is the score's name too
+    wanted = [by_var.get(k, k) for k in wanted]
     bad = [k for k in wanted if k not in every]
     if bad or not wanted:
         raise UsageError(f"{option} must be one of {', '.join(every)}; got {', '.join(map(repr, bad)) or 'none'}")
