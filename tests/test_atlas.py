@@ -74,15 +74,38 @@ def test_pruning_table_recomputes_from_the_curves():
 DISPLAY = {"smollm2-135m-instruct": "SmolLM2", "gemma-3-270m": "Gemma", "qwen2.5-coder-0.5b-instruct": "Qwen"}
 
 
+def _check_heldout_claims(sentence: str, display: str, h: dict) -> None:
+    """The README's held-out pruning claim for one model: the k range, each scope's lowest mean excess loss over
+    k <= L/4, and where (if anywhere) the pooled best cut is distinguishable from every other criterion."""
+    from helpers import load_script
+
+    want = f"on {display} at k ≤ {h['scopes']['pooled']['k_quarter'][-1]}"
+    assert want in sentence, want
+    for scope, summ in h["scopes"].items():
+        assert f"{scope} `{summ['winner_quarter']}`" in sentence, (display, scope)
+    yes, _ = load_script("atlas")._distinguishable(h["scopes"]["pooled"]["rows"])
+    claim = (
+        "at no k is the best cut distinguishable"
+        if not yes
+        else f"distinguishable only at k = {', '.join(map(str, yes))}"
+    )
+    assert claim in sentence, claim
+
+
 def test_readme_sentence_quotes_the_atlas():
     text = (ROOT / "README.md").read_text()
     m = re.search(r"<!-- atlas -->(.*?)<!-- /atlas -->", text, re.S)
     assert m, "README has no atlas sentence"
     sentence = " ".join(m.group(1).split())
     atlas = _atlas()
+    # pruning: only what the held-out curves show (the in-sample curves name no winner)
+    assert "the least harmful cut is" not in sentence
     for s in atlas["models"]:
-        if s.get("pruning"):  # each model's least harmful criterion, as the atlas table names it
-            assert f"{DISPLAY[s['name']]} `{s['pruning']['winner']}`" in sentence, s["name"]
+        h = s.get("pruning_heldout")
+        if not h:  # no held-out curves: the sentence names no pruning winner for this model
+            assert f"{DISPLAY[s['name']]} `" not in sentence.split("held out", 1)[-1], s["name"]
+        else:
+            _check_heldout_claims(sentence, DISPLAY[s["name"]], h)
         head = next(
             (
                 r
@@ -206,6 +229,10 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     ]
     assert "## Layer pruning, held out" in page and "figures/pruning_heldout.png" in page
     _recount_heldout(out / "data", h)
+    assert atlas.main([str(tmp_path / "atlas"), "tiny", "--pruning-only"]) == 0  # the section alone (a zoo page)
+    alone = (tmp_path / "atlas" / "README.md").read_text()
+    assert alone.startswith("# Held-out layer pruning: tiny") and "### tiny (L = 4" in alone
+    assert json.loads((tmp_path / "atlas" / "pruning.json").read_text())["models"][0]["pruning_heldout"] == h
     norms = [(r["norm"], r.get("untrained") is not None) for r in s["causal_definitions"]]
     assert set(norms) == {("update", True), ("resid", False)}  # resid measured on the trained model only
     assert "| tiny | resid | current | max |" in page
