@@ -94,5 +94,5 @@ def test_atlas_lens_section_from_a_tiny_model(tmp_path):
     assert (
         "| tiny | logit |" in page
         and "| tiny | tuned |" in page
-        and "| corpus-bytes/train, 3 steps × 256 positions |" in page
+        and "| corpus-bytes/train, 3 steps × 128 positions |" in page
     )
