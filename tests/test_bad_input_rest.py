@@ -138,7 +138,7 @@ def test_analysis_refuses_ids_past_the_vocabulary(ck, tmp_path):  # noqa: F811
     for dtype, bad in (("<u2", 300), ("<u4", 2**32 - 1)):
         data = _shards(tmp_path / f"sh{dtype[-1]}", dtype, bad, at=7)
         line = one_line(CliRunner().invoke(app, ["causal", str(ck), "--data", str(data), *FAST, "--n-seq", "200"]))
-        assert f"token id {bad}" in line and "vocab_size 257" in line
+        assert f"token id {bad}" in line and "vocab_size 257" in line and str(data) in line
 
 
 # --- --json is strict JSON ------------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ class EvalData:
         hi = int(self.tokens.max())
         if vocab_size is not None and hi >= vocab_size:
             raise DataError(
-                f"eval data {self.name!r} has token id {hi} >= the model's vocab_size {vocab_size} "
+                f"eval data {self.name!r} ({self.source}) has token id {hi} >= the model's vocab_size {vocab_size} "
                 "(wrong tokenizer for this checkpoint?)"
             )
 
