@@ -15,8 +15,9 @@ over their training seeds (train.json `seed`), and every verdict is read off an 
 Intervals: with ≥ 2 seeds, a share or loss claim uses the crossed seed × sequence interval
 (depthlens.stats.crossed: every run is scored on the same eval sequences, so the part of the eval noise they
 share is added to the runs' spread) when the report computed it (`"crossed"` rows of its comparisons); reports
-without those rows fall back to Student t over per-seed differences. The effective rank (a property of the
-weights, no eval-sequence sampling in the claim) and the dead prefix use Welch / Student t over runs. With one
+without those rows fall back to Student t over per-seed differences. The effective rank and the dead prefix are
+stored per run, not per sequence (HC's maps depend on the input, so the rank has eval noise too), and use Welch /
+Student t over runs, which leaves their shared eval-sequence noise out. With one
 seed, the paired interval over eval sequences, which excludes training variance (the table says so). Every
 claim is also checked on the untrained models of the same configs and seeds ("at init"): a claim that
 already holds there is a property of the architecture at initialisation, not of what training learned.
@@ -391,7 +392,8 @@ CAVEAT = (
     "present. Shares and losses: every run is scored on the same eval sequences, so a design value and a "
     "difference between designs (or depths) get the crossed seed × sequence interval (two-way random effects, "
     "Satterthwaite t: the runs' spread plus the eval noise they share), where the report computed it; the "
-    "effective rank and the dead prefix, Welch / Student t over runs; with one seed, the interval over eval "
+    "effective rank and the dead prefix (stored per run, not per sequence), Welch / Student t over runs, "
+    "without their shared eval-sequence noise; with one seed, the interval over eval "
     "sequences, which excludes training variance. Losses are the report's eval loss (the table's 'eval loss "
     "(report)' column, on the eval set of the eval line), not train.json's val loss. The verdict is read off "
     "the 95 % interval of the claimed "
