@@ -342,3 +342,5 @@ def test_registry_and_cli(tmp_path):
     assert float(ds["forms_depth"]) == head["forms"] and ds["layer"].size == 5
     r = CliRunner().invoke(app, ["tuned_lens", "checkpoints/preln_l4", "--n-seq", "4", "--opt", "optimizer=bfgs"])
     assert r.exit_code != 0 and "optimizer must be one of" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["logit_lens", "checkpoints/preln_l4", "--n-seq", "4", "--opt", "stepz=3"])
+    assert r.exit_code != 0 and "unknown lens option 'stepz'" in r.output and "Traceback" not in r.output

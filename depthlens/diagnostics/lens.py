@@ -726,11 +726,22 @@ def lens_readout(
     return ds
 
 
+def _checked(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options as given, or one line naming an unknown one (a `--opt` typo)."""
+    import inspect
+
+    known = set(inspect.signature(lens_readout).parameters) - {"model", "data", "kind"}
+    bad = sorted(set(opts) - known)
+    if bad:
+        raise DepthlensError(f"unknown lens option {', '.join(map(repr, bad))}; choose from {', '.join(sorted(known))}")
+    return opts
+
+
 def logit_lens(model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
     """The logit lens (`lens_readout(kind="logit")`)."""
-    return lens_readout(model, data, kind="logit", **opts)
+    return lens_readout(model, data, kind="logit", **_checked(opts))
 
 
 def tuned_lens(model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
     """The tuned lens (`lens_readout(kind="tuned")`)."""
-    return lens_readout(model, data, kind="tuned", **opts)
+    return lens_readout(model, data, kind="tuned", **_checked(opts))
