@@ -394,7 +394,8 @@ def test_cli_runs_each_worked_adapter_as_the_api_does(kind, trained, tmp_path):
 
 @pytest.mark.slow
 def test_report_puts_the_worked_adapters_in_one_table(trained, tmp_path):
-    """`depthlens report` (a subprocess, as a user runs it) on all five models trained with their packages."""
+    """`depthlens report` (a subprocess, as a user runs it) on all five models trained with their packages, and the
+    same report from the Python API."""
     import json
     import subprocess
 
@@ -407,8 +408,21 @@ def test_report_puts_the_worked_adapters_in_one_table(trained, tmp_path):
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     rows = json.loads((out / "summary.json").read_text())
-    names = {row["checkpoint"] for row in (rows["rows"] if isinstance(rows, dict) else rows)}
+    names = {row["checkpoint"] for row in rows}
     assert names == {f.replace(":", "_") for f in FUNCTION.values()}
+    # the Python API's report on the same models (WEIGHTS@FILE.py:FUNCTION) gives the same table
+    from depthlens.studies import api
+
+    refs = [f"{trained[k]}@{EXAMPLES / FUNCTION[k]}" for k in PACKAGES]
+    api.report(
+        refs, tmp_path / "api", metrics="causal,permutation,angular", n_seq=2, seq_len=16, n_boot=0, progress=False
+    )
+    by_name = {row["checkpoint"]: row for row in json.loads((tmp_path / "api" / "summary.json").read_text())}
+    for row in rows:
+        other = by_name[row["checkpoint"]]
+        assert (row["design"], row["n_layer"]) == (other["design"], other["n_layer"])
+        for key in ("eval_loss", "causal_share", "perm_share", "causal_theta_50"):
+            assert row[key] == pytest.approx(other[key], abs=1e-6), (row["checkpoint"], key)
 
 
 # --- the adapters as the docs show them ------------------------------------------------------------------------
