@@ -264,3 +264,11 @@ def test_read_only_views_under_inference_mode():
         )
         with pytest.raises(HookError, match="read-only.*in place"):
             model.run_with_hooks(toks, fwd_hooks=[("blocks.1.hook_resid_pre", _scale_in_place)])
+
+
+def test_a_backward_hook_on_a_read_only_view_is_refused_not_silently_idle():
+    model = _model("full_attnres")
+    toks = _toks(model.config.vocab_size)
+    with pytest.raises(HookError, match="read-only view .* no gradient flows through it"):
+        model.run_with_hooks(toks, bwd_hooks=[("blocks.1.hook_resid_pre", lambda g, hook: None)])
+    assert not model.blocks[1].hook_resid_pre._backward_hooks  # run_with_hooks removed it again

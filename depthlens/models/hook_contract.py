@@ -83,10 +83,15 @@ def fire_read_only(hook: Any, value: torch.Tensor, what: str, editable: str) -> 
     by returning another value, raises HookError pointing to the hook points that do write back (`editable`).
     Returns `value` itself. An in-place edit is seen by the tensor's version counter (a copy for an inference
     tensor, which has none)."""
+    if hook._backward_hooks or hook._backward_pre_hooks:
+        raise HookError(
+            f"{_name(hook)} is a read-only view ({what}): no gradient flows through it, so a backward hook there "
+            f"would never run; hook {editable} instead"
+        )
     if not hook._forward_hooks:
-        return hook(value)
+        return value  # unhooked: the identity
     version = _version(value)
-    before = value.detach().clone() if version is None else None
+    before = value.detach().clone() if version is None else value
     out = fire(hook, value)
     if version is not None:
         in_place = value._version != version
