@@ -19,9 +19,8 @@ Interventions (docs/own-model.md#semantics):
   otherwise as written (HC/mHC keep their stream mixing: native `multistream_skip="mix"`; AttnRes writes a
   zero value: native `attnres_skip="zero_value"`; Block AttnRes adds nothing to the partial); without
   `sublayers`, the block's input passes through as its output there (every tensor of the state).
-* order / swap: `swap="all"` runs block `order[p]` at position p, whole (its mixing moves with it); `swap="body"`
-  (the default) runs block p holding the writers of block `order[p]`, so the mixing stays at its position as
-  natively (without `sublayers`, the whole block moves either way).
+* order / swap: block `order[p]` runs at position p, whole (its mixing moves with it: native `swap="all"`);
+  `swap="body"` means the same here, since a described block has no separate routing parameters.
 * the update u_l handed to `on_layer`: with stream maps (`mixing` gives `res_map` per sublayer; the state's first
   tensor holds the streams X (B, T, n, d)) u_l = X_{l+1} - R_{2l+1} R_{2l} X_l, normed over (n, d), native HC/mHC's
   update; otherwise u_l = view(state_{l+1}) - view(state_l) (B, T, d): h_{l+1} - h_l for one stream, v_2l + v_2l+1
@@ -32,9 +31,8 @@ Bad descriptions are refused with one line (`DescriptionError`) when `wrap` runs
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -226,7 +224,6 @@ class DescribedModel(nn.Module):
         _check_design_name(d.design)
         self._blocks = _check_blocks(module, d.blocks)
         self._writers = _writers(self._blocks, d.sublayers)
-        self._paths = _writer_paths(self._blocks, self._writers)
         self.placement: Placement | None = None
         self.tokenizer: Any = None
         self._switch = _Switch()
@@ -393,17 +390,11 @@ class DescribedModel(nn.Module):
         keep = keep or {}
         for pos in range(start, stop):
             src = order[pos] if order is not None else pos
-            body = swap == "body" and src != pos and self._paths is not None
-            runs = pos if body else src  # the block whose routing (everything but its writers) runs here
-            home, dev = self._home(pos, state), self._home(runs, state)
+            home, dev = self._home(pos, state), self._home(src, state)
             before = move(state, dev)
-            if body:
-                with self._bodies(pos, src, dev):
-                    after = self._call(pos, before, keep.get(pos), unit, writers=src)
-            else:
-                after = self._call(src, before, keep.get(pos), unit)
+            after = self._call(src, before, keep.get(pos), unit)
             if on_layer is not None or ctx.record is not None:
-                mix = self._mixing(runs) if self.description.mixing is not None else []
+                mix = self._mixing(src) if self.description.mixing is not None else []
                 if ctx.record is not None:
                     for i, m in enumerate(mix):
                         for name, v in m.items():
@@ -415,43 +406,20 @@ class DescribedModel(nn.Module):
             state = move(after, home)
         return state
 
-    def _call(
-        self, i: int, state: State, keep: torch.Tensor | None = None, unit: str = "block", writers: int | None = None
-    ) -> State:
-        """Block i on `state`, holding the writers of block `writers` (default its own); keep (B, T): 0 = skip
-        (writers zeroed, or the input passed through)."""
+    def _call(self, i: int, state: State, keep: torch.Tensor | None = None, unit: str = "block") -> State:
+        """Block i on `state`; keep (B, T): 0 = skip (writers zeroed, or the input passed through)."""
         block = self._blocks[i]
         if keep is None:
             return self._out(i, block(self.layout.to_user(state)))
         if self.description.sublayers is not None:
             which = {"block": tuple(range(len(self._writers[i]))), "attn": (0,), "mlp": (1,)}[unit]
-            self._switch.now = (i if writers is None else writers, keep, which)
+            self._switch.now = (i, keep, which)
             try:
                 return self._out(i, block(self.layout.to_user(state)))
             finally:
                 self._switch.now = None
         out = self._out(i, block(self.layout.to_user(state)))
         return {k: keep_input(out[k], state[k], keep) for k in state}
-
-    @contextlib.contextmanager
-    def _bodies(self, pos: int, src: int, dev: torch.device) -> Iterator[None]:
-        """Block `pos` holds the writers of block `src` (on `dev`) for the duration: native swap="body", whose
-        routing stays at its position while the sublayer bodies move."""
-        assert self._paths is not None
-        own, other = self._writers[pos], self._writers[src]
-        homes = [next((p.device for p in w.parameters()), dev) for w in other]
-        slots = []
-        for path in self._paths[pos]:
-            parent_path, _, leaf = path.rpartition(".")
-            slots.append((self._blocks[pos].get_submodule(parent_path), leaf))
-        try:
-            for (parent, leaf), w in zip(slots, other):
-                setattr(parent, leaf, w.to(dev))
-            yield
-        finally:
-            for (parent, leaf), w, mine, home in zip(slots, other, own, homes):
-                setattr(parent, leaf, mine)
-                w.to(home)
 
     def _out(self, i: int, raw: UserState) -> State:
         state = self.layout.to_state(raw) if _Layout.of(raw, f"block {i}") == self.layout else None
@@ -655,21 +623,6 @@ def _check_blocks(module: nn.Module, blocks: Any) -> tuple[nn.Module, ...]:
                     f"blocks {j} and {i} share a module (parameter {name!r}); each block owns its own"
                 )
     return out
-
-
-def _writer_paths(blocks: tuple[nn.Module, ...], writers: list[tuple[nn.Module, ...]]) -> list[list[str]] | None:
-    """Where each writer sits inside its block (dotted names), so swap="body" can hand a block another block's
-    writers; None when that is not possible (no sublayers, a writer that is its block, unequal writer counts)."""
-    if not writers or not writers[0] or len({len(w) for w in writers}) != 1:
-        return None
-    paths = []
-    for block, ws in zip(blocks, writers):
-        names = {id(m): n for n, m in block.named_modules()}
-        row = [names[id(w)] for w in ws]
-        if any(not n for n in row):
-            return None
-        paths.append(row)
-    return paths
 
 
 def _writers(blocks: tuple[nn.Module, ...], sublayers: Any) -> list[tuple[nn.Module, ...]]:
