@@ -88,6 +88,117 @@ class Lens:
             return [tok.decode(row) for row in ids]
         return tok.decode(ids)
 
+    def to_str_tokens(self, input: Any, prepend_bos: bool | None = None, **_: Any) -> list[str] | list[list[str]]:
+        """One string per token, as TransformerLens: text is tokenised first (BOS per `prepend_bos`, as
+        `to_tokens`); a (T,) tensor or list gives list[str], a (B, T) one list[list[str]]. BOS shows as the
+        tokenizer's BOS text (`<bos>` for the byte tokenizer), never as an empty string."""
+        if isinstance(input, str):
+            input = self.to_tokens(input, prepend_bos=prepend_bos)[0]
+        ids = input.tolist() if isinstance(input, torch.Tensor) else list(input)
+        if ids and isinstance(ids[0], list):
+            return [[self._piece(i) for i in row] for row in ids]
+        return [self._piece(int(i)) for i in ids]
+
+    def _piece(self, i: int) -> str:
+        tok = self._tokenizer()
+        hf = getattr(tok, "tok", None)  # adapters.tokenizer.HFTokenizer: the transformers tokenizer
+        if hf is not None:
+            return str(hf.decode([i], clean_up_tokenization_spaces=False))
+        if i == getattr(tok, "bos_id", None):
+            return "<bos>"
+        return str(tok.decode([i]))
+
+    def to_single_token(self, string: str) -> int:
+        """The id of `string` when it is exactly one token (ValueError otherwise), as TransformerLens."""
+        ids = self._tokenizer().encode(string)
+        if len(ids) != 1:
+            raise ValueError(f"{string!r} is {len(ids)} tokens, not one: {ids}")
+        return int(ids[0])
+
+    @property
+    def W_E(self) -> torch.Tensor:
+        """The token embedding, (d_vocab, d_model)."""
+        return self._embedding().weight
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        """The unembedding, (d_model, d_vocab): logits = final_norm(h_L) @ W_U (+ b_U where the head has one).
+        The final norm's gain is not folded in (TransformerLens folds it); `tokens_to_residual_directions` does."""
+        return self._unembedding().weight.T
+
+    def _embedding(self) -> Any:
+        m = self.model
+        emb = getattr(m, "embed_tokens", None)
+        if emb is None and hasattr(getattr(m, "hf", None), "get_input_embeddings"):
+            emb = m.hf.get_input_embeddings()
+        if emb is None:
+            raise AttributeError(f"W_E: {type(m).__name__} has no token embedding depthlens knows")
+        return emb
+
+    def _unembedding(self) -> Any:
+        m = self.model
+        head = getattr(m, "lm_head", None)
+        if head is None and hasattr(getattr(m, "hf", None), "get_output_embeddings"):
+            head = m.hf.get_output_embeddings()
+        if head is None or getattr(head, "weight", None) is None:
+            raise AttributeError(f"W_U: {type(m).__name__} has no linear LM head depthlens knows")
+        return head
+
+    def tokens_to_residual_directions(self, tokens: Any) -> torch.Tensor:
+        """The residual-stream direction whose dot product with the final-normalised state h_L / scale is the
+        token's logit: W_U[:, t] times the final norm's gain (what TransformerLens gets by folding the gain into
+        W_U). (d_model,) for one token (an id or a one-token string), (..., d_model) for a tensor of ids. This is
+        what `ActivationCache.logit_attrs` calls. Native depthlens models only: a foreign model's final norm
+        may not be gain * x / rms (Gemma's 1 + gain, a LayerNorm's centring and bias), which the cache's
+        attribution would silently get wrong; it is refused there."""
+        from ..models.model import DepthModel
+
+        if not isinstance(self.model, DepthModel) or getattr(self.model, "ln_final", None) is None:
+            raise NotImplementedError(
+                f"logit_attrs / tokens_to_residual_directions: supported on native depthlens models with a final "
+                f"RMSNorm; {type(self.model).__name__} is not one. Use cache.decompose_resid(apply_ln=True) and "
+                f"lens.W_U with the model's own final norm instead"
+            )
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        ids = torch.as_tensor(tokens, device=self.W_U.device)
+        folded = self.model.norm.weight[:, None] * self.W_U  # (d_model, d_vocab)
+        return folded[:, ids].movedim(0, -1)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input: Any = "",
+        max_new_tokens: int = 10,
+        *,
+        prepend_bos: bool | None = None,
+        do_sample: bool = False,
+        return_type: str = "input",
+        **kwargs: Any,
+    ) -> Any:
+        """Greedy decoding (argmax at every step; the whole sequence is re-run each step, no KV cache): text in,
+        text out (the prompt and what follows; special tokens dropped), or (B, T) ids in, (B, T + max_new_tokens)
+        ids out; `return_type` "str" or "tokens" forces one. Sampling is refused (`do_sample`, temperature...)."""
+        if do_sample or any(k in kwargs for k in ("temperature", "top_k", "top_p")):
+            raise NotImplementedError(
+                "Lens.generate decodes greedily only (do_sample=False, no temperature/top_k/top_p)"
+            )
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        text_in = isinstance(input, (str, list)) and (isinstance(input, str) or isinstance(input[0], str))
+        toks = self.to_tokens(input, prepend_bos=prepend_bos) if text_in else torch.as_tensor(input)
+        toks = toks[None] if toks.ndim == 1 else toks
+        ctx = getattr(getattr(self.model, "config", None), "max_seq_len", None)
+        for _ in range(max_new_tokens):
+            window = toks if ctx is None else toks[:, -ctx:]
+            nxt = self.model(window)[:, -1].argmax(-1, keepdim=True)
+            toks = torch.cat([toks, nxt.to(toks.device)], dim=1)
+        as_text = return_type == "str" or (return_type == "input" and text_in)
+        if not as_text:
+            return toks
+        out = self.to_string(toks)
+        return out[0] if isinstance(input, str) and isinstance(out, list) else out
+
 
 def ln_stack_refusal(model: Any, layer: int | None, mlp_input: bool) -> str | None:
     """Why an LN-scaled stack at `layer` (None/-1/L: the final norm; else ln2 if mlp_input, ln1) would not mean
