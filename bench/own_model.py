@@ -8,13 +8,13 @@ The model: a 12-layer, d = 256, 4-stream Hyper-Connections LM built with lucidra
 the native HC carrying the same weights (tests/shared_weights.native_multistream). Both run
 `causal_scores(variants=("current",), layers="all")` on the same random tokens; first their scores are checked to
 agree (max |Δ|), then each callable is timed, interleaved within a round so that load drift on a shared machine
-hits all alike (bench/diagnostics.interleaved_times: best of --repeats wall-clock runs).
+hits all alike: best of --repeats runs, process CPU time (steadier than wall time on a shared machine) with wall time
+beside it.
 
 Plain-forward equivalents (as bench/diagnostics.py): time / time of one plain forward of the same batch, each
-model's own (`user_plain_forward`: the user's model's forward; `native_plain_forward`: the native model's). The
-headline ratio is process CPU time (steadier than wall
-time on a shared machine; wall time is reported beside it), description / native (the same work on the same weights). Writes
-reports/bench/own_model.json.
+model's own (`user_plain_forward`: the described model's forward, i.e. the user's modules called by depthlens;
+`native_plain_forward`: the native model's). The headline ratio is CPU time, description / native (the same work on
+the same weights). Writes reports/bench/own_model.json.
 """
 
 from __future__ import annotations
