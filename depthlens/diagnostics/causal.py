@@ -280,6 +280,7 @@ def causal_scores(
     norm: str = "update",
     n_cuts: int = 4,
     cut_seed: int = 123,
+    first_seq: int = 0,
     eps: float = EPS,
     direct: bool = False,
     null: bool = True,
@@ -298,6 +299,8 @@ def causal_scores(
     outputs=True adds the companions O[s] and ΔL_skip(s) (and the clean loss): one LM-head pass per skipped
     layer, a (rows, V) softmax each, about a third of the default run's cost on a 49K-vocabulary model, so
     they are computed only when asked. measure=False skips the update ratios (only O and ΔL_skip).
+    first_seq: the index of data's first sequence in a larger eval set this run is a part of (the `future` cuts
+    continue that set's cut sequence, so parts concatenated equal one run over the set: studies/precision.py).
     progress: called as (skip runs done, total), a skip run = one arm (skipped layer, variant, cut) on one batch.
     Returns a Dataset; see `_dataset` for the variables.
     """
@@ -317,7 +320,7 @@ def causal_scores(
         raise DepthlensError(f"causal score needs seq_len >= 2 (position 0 is never intervened on), got {T}")
     S = resolve_layers(L, layers)
     ndims = int(model.design.update_norm_dims())
-    arms, cuts = make_arms(T, N, S, variants, n_cuts, cut_seed, null and measure)
+    arms, cuts = make_arms(T, N, S, variants, n_cuts, cut_seed, null and measure, first_seq=first_seq)
     rows = batch_size or default_rows(data, model)
     per_chunk = max(1, min(len([a for a in arms if a.variant == variants[0]]), 4, rows))
     b_seq = seq_batch or max(1, min(N, rows // per_chunk))  # few sequences: more arms per chunk instead

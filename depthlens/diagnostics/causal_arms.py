@@ -58,13 +58,25 @@ class Arm:
 
 
 def make_arms(
-    T: int, N: int, layers: list[int], variants: Sequence[str], n_cuts: int, cut_seed: int, null: bool
+    T: int,
+    N: int,
+    layers: list[int],
+    variants: Sequence[str],
+    n_cuts: int,
+    cut_seed: int,
+    null: bool,
+    first_seq: int = 0,
 ) -> tuple[list[Arm], dict[str, np.ndarray]]:
-    """All arms, sorted by s (staircase order); plus the cut positions (N, K) of each variant."""
+    """All arms, sorted by s (staircase order); plus the cut positions (N, K) of each variant: the `future` cuts
+    of sequences first_seq .. first_seq + N − 1 of the run's cut sequence."""
     pos = torch.arange(T)
     arms, cuts = [], {}
     for v in variants:
-        cuts[v] = np.ones((N, 1), np.int64) if v == "current" else future_cut_table(T, N, n_cuts, cut_seed)
+        cuts[v] = (
+            np.ones((N, 1), np.int64)
+            if v == "current"
+            else future_cut_table(T, first_seq + N, n_cuts, cut_seed)[first_seq:]
+        )
         for k in range(cuts[v].shape[1]):
             c = torch.from_numpy(cuts[v][:, k])[:, None]  # (N, 1)
             if v == "current":
