@@ -160,3 +160,9 @@ def test_a_changed_training_never_lands_on_the_recipes_export(tmp_path, plain_ck
     line = one_line(CliRunner().invoke(app, ["train", str(r), "run=preln_l2", "steps=3"]), code=2)
     assert "steps" in line and "export=PATH" in line and str(r) in line
     assert snapshot(plain_ckpt) == before and not (tmp_path / "r").exists()
+
+
+def test_the_documented_hash_limit():
+    from depthlens.io.ownership import HASHED_BYTES
+
+    assert HASHED_BYTES == 64 << 20  # docs/quickstart.md: "the size of one over 64 MiB"
