@@ -65,7 +65,11 @@ def test_report_renders_nontrivial_pngs(report):
     for name in ("index.html", "README.md", "summary.json", "manifest.json"):
         assert (out / name).is_file(), name
     pngs = sorted((out / "figures").glob("*.png"))
-    expected = {f"{s}_l4_{m}" for s in DESIGNS for m in ("causal", "permutation", "angular", "mixing")}
+    expected = {
+        f"{s}_l4_{m}"
+        for s in DESIGNS
+        for m in ("causal", "permutation", "angular", "mixing", "logit_lens", "tuned_lens")
+    }
     expected |= {
         "hc_l4_rank",
         "block_attnres_l4_attnres",
