@@ -114,3 +114,26 @@ def test_coverage_under_the_rule_at_the_sizes_it_stops_at():
     for n in np.unique(stops):
         if (stops == n).sum() >= 50:
             assert hits[stops == n].mean() >= 0.85, (n, hits[stops == n].mean())
+
+
+def test_cli_precision_on_causal_and_permute(tmp_path):
+    from typer.testing import CliRunner
+
+    from depthlens.cli import app
+
+    r = CliRunner()
+    for cmd in ("causal", "permute"):
+        out = tmp_path / f"{cmd}.nc"
+        res = r.invoke(app, [cmd, "checkpoints/hc_l16", "--precision", "0.3", "--n-seq", "32", "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert "precision: ±" in res.stdout and "target reached" in res.stdout
+        import xarray as xr
+
+        with xr.open_dataset(out) as ds:
+            assert ds.attrs["precision_n_seq"] == 16 and ds.attrs["precision_cap_hit"] == 0
+            assert ds.sizes["sequence"] == 16 and ds.attrs["eval_n_seq"] == 16
+    bad = r.invoke(
+        app, ["causal", "checkpoints/hc_l16", "--precision", "0.3", "--outputs", "--out", str(tmp_path / "x.nc")]
+    )
+    assert bad.exit_code == 1 and "--precision does not combine with --outputs" in bad.stderr
+    assert not (tmp_path / "x.nc").exists()

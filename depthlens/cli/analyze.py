@@ -50,6 +50,9 @@ from .common import (
     resolve_out,
     write,
 )
+from .precision import PrecisionOpt
+from .precision import line as precision_line
+from .precision import run as precision_run
 
 if TYPE_CHECKING:  # typing only: the CLI imports xarray where a command needs it
     import xarray as xr
@@ -203,6 +206,7 @@ def causal(
     device_map: DeviceMapOpt = None,
     threads: ThreadsOpt = 1,
     n_boot: BootOpt = 1000,
+    precision: PrecisionOpt = None,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
@@ -220,11 +224,14 @@ def causal(
 
     model, ck = open_model(ckpt, c)
     variants = ("current", "future") if variant == "future" else ("current",)
+    hkw = {"threshold": threshold, "aggregator": aggregator, "variant": variant, "start": window, "n_boot": n_boot}
     with busy(f"causal {ckpt.name} (layer skips)") as p:
-        ds = registry.run(
+        ds = precision_run(
             "causal",
             model,
             eval_data(model, ck, c),
+            precision,
+            {**hkw, "seed": seed},
             variants=variants,
             layers=layers,
             unit=unit,
@@ -248,7 +255,12 @@ def causal(
             f"  share C > {threshold}: {_fmt_share(h)}",
             f"  noise floor (null intervention): {h.get('noise_floor', float('nan')):.2e}",
         ]
-    lines += [*_skip_loss_lines(ds), f"dataset: {path}", "rows: skipped layer s, columns: later layer t"]
+    lines += [
+        *_skip_loss_lines(ds),
+        *precision_line(ds),
+        f"dataset: {path}",
+        "rows: skipped layer s, columns: later layer t",
+    ]
     from ..render.plots import upper_triangle
 
     # t < s is undefined (NaN): "·" in the view, not the shade of "no effect"
@@ -304,6 +316,7 @@ def permute(
     device_map: DeviceMapOpt = None,
     threads: ThreadsOpt = 1,
     n_boot: BootOpt = 1000,
+    precision: PrecisionOpt = None,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
@@ -324,10 +337,12 @@ def permute(
 
     model, ck = open_model(ckpt, c)
     with busy(f"permute {ckpt.name} (layer pairs)") as p:
-        ds = registry.run(
+        ds = precision_run(
             "permutation",
             model,
             eval_data(model, ck, c),
+            precision,
+            {"metric": metric, "threshold": threshold, "start": window, "n_boot": n_boot, "seed": seed},
             pairs=layers,
             swap=swap,
             checkpoint=ck,
@@ -345,7 +360,7 @@ def permute(
             f"  {h['definition']}",
             f"  clean loss {h.get('clean_loss', float('nan')):.4f} nats; share {symbol} > {threshold}: {_fmt_share(h)}",
         ]
-    lines += [f"dataset: {path}", "rows: swapped layer i, columns: swapped layer j"]
+    lines += [*precision_line(ds), f"dataset: {path}", "rows: swapped layer i, columns: swapped layer j"]
     emit(h, as_json, lines, _matrix_view(score_matrix(ds, metric, None, None)))
 
 

@@ -42,11 +42,11 @@ N_START = 16  # smaller first steps stop on chance-narrow intervals and undercov
 SUPPORTED = {"causal": "causal", "permutation": "perm_abs"}
 
 
-def half_width(ds: Any, metric: str, **headline_kw: Any) -> float:
+def half_width(ds: Any, metric: str, threshold: float | None = None, **headline_kw: Any) -> float:
     """Half-width of the headline share's interval on `ds` (NaN when it has none)."""
     from ..diagnostics.sweep import headline
 
-    h = headline(ds, metric, **headline_kw)
+    h = headline(ds, metric, threshold, **headline_kw)
     lo, hi = h.get("ci_low"), h.get("ci_high")
     if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
         return float("nan")
@@ -92,11 +92,13 @@ def to_precision(
     *,
     n_start: int = N_START,
     headline_kw: dict[str, Any] | None = None,
+    metric: str | None = None,
     **opts: Any,
 ) -> Any:
     """Run diagnostic `name` (causal or permutation) on prefixes of `data` that double until the headline
     interval's half-width is at most `target` (module docstring); the concatenated dataset, with the rule's
-    record in its attrs."""
+    record in its attrs. metric: the headline score the rule watches (default causal, perm_abs); headline_kw:
+    its threshold and options as `sweep.headline` takes them."""
     from ..diagnostics import registry
 
     d = registry.get(name)
@@ -109,8 +111,9 @@ def to_precision(
             "--precision does not combine with --outputs: O[s] and ΔL_skip are whole-run maxima with no "
             "per-sequence values to concatenate"
         )
-    metric = SUPPORTED[d.name]
+    metric = metric or SUPPORTED[d.name]
     hkw = dict(headline_kw or {})
+    threshold = hkw.pop("threshold", None)
     parts: list[Any] = []
     state: dict[str, Any] = {"done": 0, "ds": None}
 
@@ -119,7 +122,7 @@ def to_precision(
         parts.append(registry.run(d.name, model, _slice(data, state["done"], n), **opts, **extra))  # new ones only
         state["done"] = n
         state["ds"] = concat_sequences(parts, d.name, _slice(data, 0, n))
-        return half_width(state["ds"], metric, **hkw)
+        return half_width(state["ds"], metric, threshold, **hkw)
 
     done, steps, cap_hit = grow(width_at, float(target), n_start, int(data.n_seq))
     ds = state["ds"]
