@@ -63,14 +63,22 @@ def test_logit_attrs_sum_to_the_logit(lens):
     torch.testing.assert_close(diff, logits[0, :, 97] - logits[0, :, 98], rtol=1e-4, atol=1e-5)
 
 
-def test_logit_attrs_is_refused_in_one_line_where_the_final_norm_is_not_known():
-    from depthlens.adapters.hf import HFLayeredModel
+def test_on_a_foreign_model_what_works_works_and_the_rest_is_refused_in_one_line(lens, tmp_path):
+    """hooks.md and foreign-models.md say the same, and this is what they say: on an HF model through the adapter,
+    the cache's stacks work without LN scaling and equal the native model's; apply_ln and logit_attrs, which need
+    the norms' recorded scales and gains, are refused with one line instead of a KeyError or IndexError."""
+    from depthlens.adapters.convert import export_llama
+    from depthlens.adapters.load import load_any
 
-    class Foreign(HFLayeredModel):  # any model depthlens did not build: its final norm is not ours to fold
-        def __init__(self):  # noqa: D107 - no HF model needed to reach the refusal
-            torch.nn.Module.__init__(self)
-
-    lens = Lens.__new__(Lens)
-    lens.__dict__.update(model=Foreign(), tokenizer=ByteTokenizer())
+    hf, _ = load_any(export_llama(lens.model, tmp_path / "hf"))
+    foreign = Lens(hf, ByteTokenizer())
+    toks = lens.to_tokens("residual")
+    _, cache = foreign.run_with_cache(toks)
+    _, native = lens.run_with_cache(toks)
+    torch.testing.assert_close(cache.decompose_resid(), native.decompose_resid(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache.accumulated_resid(), native.accumulated_resid(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(foreign.W_U, lens.W_U) and torch.testing.assert_close(foreign.W_E, lens.W_E)
+    with pytest.raises(ValueError, match="apply_ln=False"):
+        cache.accumulated_resid(apply_ln=True)
     with pytest.raises(NotImplementedError, match="native depthlens models"):
-        lens.tokens_to_residual_directions(5)
+        cache.logit_attrs(cache.decompose_resid(), tokens=torch.tensor([5]))

@@ -247,6 +247,17 @@ def _cache_class() -> type:
                 why = ln_stack_refusal(self.model, layer, mlp_input)
                 if why is not None:
                     raise ValueError(why)
+                n = self.model.cfg.n_layers
+                key = (
+                    "ln_final.hook_scale"
+                    if layer is None or layer in (-1, n)
+                    else f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
+                )
+                if key not in self.cache_dict:  # a foreign model's norms are its own modules: no scale recorded
+                    raise ValueError(
+                        f"apply_ln needs the norm scale {key}, which {type(self.model).__name__} does not record "
+                        "(its norms are the HF model's own); use apply_ln=False"
+                    )
                 return super().apply_ln_to_stack(residual_stack, layer, mlp_input, *args, **kwargs)
 
         _CACHE = DepthActivationCache
