@@ -66,6 +66,8 @@ def test_the_listed_messages_name_their_file_or_option(ck, tmp_path):  # noqa: F
     assert "override steps=" in line and "5,000-digit" in line
     line = one_line(runner.invoke(app, ["train", zoo, "--run", "preln_l4", "meta=" + "[" * 100_000]), code=2)
     assert "override meta=" in line and "nested too deeply" in line
+    line = one_line(runner.invoke(app, ["causal", str(ck), "--device-map", "[" * 100_000, *FAST]), code=2)
+    assert "--device-map" in line and "100,000 characters" in line and len(line) < 300  # one readable line
     line = one_line(runner.invoke(app, ["causal", str(ck), "--device", "auto", *FAST]), code=2)
     assert "--device" in line and "'auto'" in line and "--device-map auto" in line
 

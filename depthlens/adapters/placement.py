@@ -195,7 +195,8 @@ def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
 
         if not re.match(DEVICE_NAME, text):
             raise SchemaError(
-                f"expected auto, cpu, mps, cuda, cuda:N or a JSON map {{embed, layers, head}}, got {text!r}",
+                f"expected auto, cpu, mps, cuda, cuda:N or a JSON map {{embed, layers, head}}, got "
+                f"{text[:60]!r}{f' ... ({len(text):,} characters)' if len(text) > 60 else ''}",
                 where="--device-map",
                 usage=True,
             )
