@@ -449,6 +449,10 @@ def test_report_and_compare_put_a_described_model_beside_a_native_one(user_dir, 
     rows = json.loads((out / "summary.json").read_text())
     names = {row["checkpoint"] for row in (rows["rows"] if isinstance(rows, dict) else rows)}
     assert names == {"preln_l4", "mymodel.py_describe"}
+    args = ["sweep", native, "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL[:4], "--json"]
+    r = _cli([*args, "-o", tmp_path / "sweep.nc"], user_dir)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["checkpoints"] == ["preln_l4", "mymodel.py_describe"]
 
 
 def test_weights_pair_with_models_in_order_and_a_bad_pairing_is_a_usage_error(user_dir):
@@ -736,3 +740,20 @@ def test_placement_by_device_map(tokens):
     assert model.part_sizes().layers == tuple(sum(p.numel() for p in b.parameters()) for b in net.blocks)
     with pytest.raises(depthlens.errors.DepthlensError, match="head on the embedding's device"):
         model.place({"embed": "cpu", "layers": ["cpu"] * 4, "head": "meta"})
+
+
+def test_hook_points_read_the_residual_view(net, model, tokens):
+    """blocks.{i}.hook_resid_pre/post and hook_resid_final (TransformerLens names) see the hook loop's states; they
+    are read-only (an edit is refused with one line: the model's own modules are where to edit)."""
+    from depthlens.models.hook_contract import HookError
+
+    with torch.no_grad():
+        _, states, _ = hook_loop(net, tokens)
+        _, cache = model.run_with_cache(tokens)
+    for l in range(4):
+        torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_pre"], states[l], rtol=0, atol=0)
+        torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_post"], states[l + 1], rtol=0, atol=0)
+    torch.testing.assert_close(cache["hook_resid_final"], states[4], rtol=0, atol=0)
+    assert set(model.hook_names()) >= {"hook_embed", "blocks.0.hook_resid_pre", "hook_resid_final"}
+    with pytest.raises(HookError, match="read-only"), torch.no_grad():
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: x * 0)])

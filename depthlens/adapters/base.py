@@ -125,14 +125,14 @@ def _lens_config(**kw: Any) -> Any:
     return TransformerLensConfig(d_head=kw["d_model"] // kw["n_heads"], **kw)
 
 
-def setup_own_hooks(root: HookedRootModule) -> None:
-    """HookedRootModule.setup over a wrapper's own modules and hook points, skipping the wrapped HF model
-    under `root.hf` (its module names stay untouched)."""
+def setup_own_hooks(root: HookedRootModule, inner: str = "hf") -> None:
+    """HookedRootModule.setup over a wrapper's own modules and hook points, skipping the wrapped model under
+    `root.<inner>` (an HF model's, or a described user module's, names stay untouched)."""
     from transformer_lens.hook_points import HookPoint  # heavy: only when a wrapper is built
 
     root.mod_dict, root.hook_dict = {}, {}
     for name, module in root.named_modules():
-        if name in ("", "hf") or name.startswith("hf."):
+        if name in ("", inner) or name.startswith(inner + "."):
             continue
         module.name = name
         root.mod_dict[name] = module

@@ -39,11 +39,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 from ..errors import DepthlensError
+from ..models.hook_contract import fire_read_only
 from ..models.protocol import check_run_layers_args, same_logits
 from ..models.readouts import Readouts, readout_key, sublayer_label
 from ..models.residual.base import Design, RunContext, State, apply_keep, keep_input
+from .base import _lens_config, setup_own_hooks
 from .placement import Placement, move
 from .userref import PICKLE_HINT, Ref, pair_weights, parse_ref
 
@@ -150,7 +154,7 @@ class DescribedDesign(Design):
     """The residual view, update norm and stream access of a described model (`model.design`)."""
 
     editable_view = False
-    view_name = "the description's residual view (read-only)"
+    view_name = "the description's residual view"
     norm_reads_view = final_reads_view = False  # the model's norms are its own; nothing is assumed
 
     def __init__(self, slug: str, layout: _Layout, view: Callable[[UserState], torch.Tensor] | None, streams: bool):
@@ -211,8 +215,10 @@ def _zero_where(out: Any, keep: torch.Tensor, where: str) -> Any:
     raise DescriptionError(f"{where} returned {type(out).__name__}; a writer returns a tensor (B, T, ...)")
 
 
-class DescribedModel(nn.Module):
-    """The LayeredLM protocol over a user's module, from its `Description` (see the module docstring)."""
+class DescribedModel(HookedRootModule):
+    """The LayeredLM protocol over a user's module, from its `Description` (see the module docstring); a
+    TransformerLens `HookedRootModule` with read-only hook points on the residual view: `hook_embed`,
+    `blocks.{i}.hook_resid_pre` / `hook_resid_post` and `hook_resid_final` (edit the model's own modules instead)."""
 
     adapter_path = "described"
 
@@ -233,6 +239,27 @@ class DescribedModel(nn.Module):
             for i, w in enumerate(ws)
         ]
         self._probe()
+        from .generic import _BlockHooks
+
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([_BlockHooks() for _ in self._blocks])
+        self.hook_resid_final = HookPoint()
+        self.cfg = _lens_config(
+            n_layers=self.n_layer, d_model=self.d_model, n_heads=1, n_ctx=self.max_seq_len, d_vocab=self.vocab_size
+        )
+        self.setup()
+
+    def setup(self) -> None:
+        """HookedRootModule.setup over this wrapper's own hook points only (the user's module keeps its names)."""
+        setup_own_hooks(self, inner="module")
+
+    def _fire(self, hook: HookPoint, state: State) -> None:
+        """A read-only hook point on the residual view of `state` (the view is computed only when hooked)."""
+        if hook._forward_hooks or hook._backward_hooks or hook._backward_pre_hooks:
+            fire_read_only(hook, self.design.view(state), self.design.view_name, "the model's own modules")
+
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
 
     # --- shape ------------------------------------------------------------------------------------------------
     @property
@@ -367,6 +394,7 @@ class DescribedModel(nn.Module):
     def embed(self, tokens: torch.Tensor, ctx: RunContext) -> State:
         state = self.layout.to_state(self.description.embed(tokens.to(self.input_device)))
         ctx.put("h0", self.design.view(state))
+        self._fire(self.hook_embed, state)
         return state
 
     def run_layers(
@@ -392,7 +420,9 @@ class DescribedModel(nn.Module):
             src = order[pos] if order is not None else pos
             home, dev = self._home(pos, state), self._home(src, state)
             before = move(state, dev)
+            self._fire(self.blocks[pos].hook_resid_pre, before)
             after = self._call(src, before, keep.get(pos), unit)
+            self._fire(self.blocks[pos].hook_resid_post, after)
             if on_layer is not None or ctx.record is not None:
                 mix = self._mixing(src) if self.description.mixing is not None else []
                 if ctx.record is not None:
@@ -466,9 +496,14 @@ class DescribedModel(nn.Module):
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
         """h_L (B, T, d): the description's `final`, or the view."""
         f = self.description.final
-        return f(self.layout.to_user(state)) if f is not None else self.design.view(state)
+        h = f(self.layout.to_user(state)) if f is not None else self.design.view(state)
+        if self.hook_resid_final._forward_hooks or self.hook_resid_final._backward_hooks:
+            fire_read_only(self.hook_resid_final, h, "h_L", "the model's own modules")
+        return h
 
     def head(self, state: State, ctx: RunContext) -> torch.Tensor:
+        if self.hook_resid_final._forward_hooks or self.hook_resid_final._backward_hooks:
+            self.final_hidden(state, ctx)  # what the head reads, before its own norm, shown at hook_resid_final
         return self.description.head(self.layout.to_user(move(state, self.input_device)))
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:

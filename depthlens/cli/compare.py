@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import QuietOpt, app, domain_errors, fail, in_default_dir, print_table
+from .app import QuietOpt, app, domain_errors, fail, print_table
 from .common import (
     BatchOpt,
     BootOpt,
@@ -34,9 +34,11 @@ from .common import (
     _json,
     _study,
     busy,
+    check_plot,
     check_threshold,
     emit,
     resolve_out,
+    save_plot,
     write,
 )
 
@@ -118,17 +120,12 @@ def sweep(
         check_threshold(headline_threshold)
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
-    if plot is not None:  # checked now, so a bad --plot cannot fail after the dataset was written
-        from ..io.atomic import check_target, distinct_outputs
-
-        distinct_outputs({"--out": path, "--plot": plot})  # one path for both: the plot would replace the dataset
-        if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
-            fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
-        if plot.parent.exists() or not in_default_dir(plot):
-            check_target(plot, overwrite, kinds=("figure",))
-    names = [p.resolve().name for p in ckpts]
-    if len(set(names)) != len(names):
+    check_plot(plot, path, overwrite)  # now, so a bad --plot cannot fail after the dataset was written
+    if len({p.resolve().name for p in ckpts}) != len(ckpts):
         fail("checkpoint names must be distinct", 2)
+    from ..studies.study import _names
+
+    names = _names(ckpts)  # the names the study gives them (file-name safe: a described model's FILE.py_FUNCTION)
     rank_order = [s.strip() for s in order.split(",")] if order else None
     if rank_order is not None and sorted(rank_order) != sorted(names):
         fail(f"--order must list each checkpoint name once ({', '.join(names)}); got {order!r}", 2)
@@ -144,12 +141,9 @@ def sweep(
         res["robustness"],
     )
     write(ds, path, ow)
-    if plot is not None:
-        from ..render.plots import save_figure
-        from ..render.plots import share_curves as draw
+    from ..render.plots import share_curves as draw
 
-        plot.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here
-        save_figure(draw(headline_curves, headline=theta), plot)
+    save_plot(plot, lambda: draw(headline_curves, headline=theta))
     from ..diagnostics.sweep import definition
 
     defn = definition(
