@@ -114,6 +114,15 @@ def main() -> None:
     }
     for v in variants:
         out[v] = {c: summary(s) for c, s in samples[v].items()}
+    torch_runs = []
+    for _ in range(a.runs):  # the floor of any command that builds a model: `import torch` alone
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        torch_runs.append((time.perf_counter() - t0, cpu))
+    out["import_torch_alone"] = summary(torch_runs)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
