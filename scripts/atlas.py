@@ -408,18 +408,22 @@ def _heldout_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> l
                 lines.append(f"| {scope} | {r['k']} | " + " | ".join(cells) + " |")
         lines += [
             "",
-            "| scope | clean loss | mean excess loss over k ≤ L/4 computed (wins, ties included) | lowest | "
-            "first k past ln V | the best cut distinguishable (every other interval above 0) at k | not at k |",
-            "|---|---|---|---|---|---|---|",
+            "| scope | clean loss | mean excess loss over k ≤ L/4 computed (wins at those k, ties included) | "
+            "lowest | first k past ln V | lowest mean excess over every k before it | the best cut distinguishable "
+            "(every other interval above 0) at k | not at k |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for scope, summ in h["scopes"].items():
             yes, no = _distinguishable(summ["rows"])
             ex = ", ".join(
-                f"{c} {v:.3f} ({summ['wins'][c]})" for c, v in summ["mean_excess_quarter"].items() if v is not None
+                f"{c} {v:.3f} ({summ['wins_quarter'][c]})"
+                for c, v in summ["mean_excess_quarter"].items()
+                if v is not None
             )
             lines.append(
                 f"| {scope} | {summ['clean_loss']:.3f} | {ex} | **{summ['winner_quarter']}** | "
-                f"{summ['first_k_past_ln_v'] or 'none'} | {', '.join(map(str, yes)) or 'none'} | "
+                f"{summ['first_k_past_ln_v'] or 'none'} | {summ['winner_before_ln_v']} | "
+                f"{', '.join(map(str, yes)) or 'none'} | "
                 f"{', '.join(map(str, no)) or 'none'} |"
             )
         pr = h.get("prediction", {})

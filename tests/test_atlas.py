@@ -274,6 +274,8 @@ def _recount_heldout(data_dir: Path, h: dict) -> None:
                 if iv["low"] is not None:
                     assert iv["low"] <= iv["estimate"] <= iv["high"] and "paired" in iv["method"]
         assert summ["wins"] == wins, scope
+        quarter = {c: sum(c in r["tied"] for r in summ["rows"] if r["k"] in summ["k_quarter"]) for c in crits}
+        assert summ["wins_quarter"] == quarter, scope
 
 
 def test_heldout_pruning_recounts_from_the_stored_data():
@@ -283,3 +285,37 @@ def test_heldout_pruning_recounts_from_the_stored_data():
         pytest.skip("no model of the committed atlas has held-out pruning curves yet")
     for s in models:
         _recount_heldout(ATLAS / s["name"] / "data", s["pruning_heldout"])
+
+
+def test_the_default_prune_criterion_is_the_zoo_pages_minimax():
+    """docs/concepts.md#layer-pruning's reason for `depthlens prune`'s default, against reports/pruning-zoo/: the
+    default has the smallest worse-domain mean excess loss over k <= L/4; it and block_influence have the lowest
+    pooled one; pooled, neither is distinguishably worse than the best at any k <= L/4."""
+    from depthlens.diagnostics.pruning_heldout import DEFAULT_CRITERION
+
+    path = ROOT / "reports" / "pruning-zoo" / "pruning.json"
+    if not path.exists():
+        pytest.skip("reports/pruning-zoo not generated")
+    (s,) = json.loads(path.read_text())["models"]
+    scopes = s["pruning_heldout"]["scopes"]
+    domains = [d for d in scopes if d != "pooled"]
+    crits = s["pruning_heldout"]["criteria"]
+    worse = {c: max(scopes[d]["mean_excess_quarter"][c] for d in domains) for c in crits}
+    assert min(worse, key=worse.get) == DEFAULT_CRITERION == "greedy"
+    pooled = scopes["pooled"]["mean_excess_quarter"]
+    assert sorted(crits, key=pooled.get)[:2] == sorted(["greedy", "block_influence"], key=pooled.get)
+    assert pooled["block_influence"] == pytest.approx(pooled["greedy"], abs=5e-4)  # "ties it pooled"
+    assert scopes["code"]["winner_quarter"] == "block_influence" and scopes["english"]["winner_quarter"] == "greedy"
+    lead_code = (
+        scopes["code"]["mean_excess_quarter"]["greedy"] - scopes["code"]["mean_excess_quarter"]["block_influence"]
+    )
+    lead_prose = (
+        scopes["english"]["mean_excess_quarter"]["block_influence"] - scopes["english"]["mean_excess_quarter"]["greedy"]
+    )
+    assert lead_prose > lead_code > 0  # "greedy leads on prose by more"
+    k_quarter = set(scopes["pooled"]["k_quarter"])
+    for r in scopes["pooled"]["rows"]:
+        if r["k"] in k_quarter:
+            for c in ("greedy", "block_influence"):
+                if c not in r["tied"]:
+                    assert r["vs_best"][c]["low"] <= 0, (c, r["k"])

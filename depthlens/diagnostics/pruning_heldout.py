@@ -52,8 +52,9 @@ from .pruning import _Pruner
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "greedy", "predicted")
 BASELINES = ("random_uniform", "random_stratified")
-# `depthlens prune`'s default criterion: greedy (SLEB), chosen on the held-out curves of SmolLM2-135M, the one
-# model re-run with them (reports/atlas/, k <= 4; Gemma and Qwen not yet); docs/concepts.md#layer-pruning
+# `depthlens prune`'s default criterion: greedy (SLEB). It ranks by the certified quantity itself, and on the one
+# model with every criterion held out so far (the zoo's preln_l32, reports/pruning-zoo/) it has the smallest mean
+# excess over k <= L/4 in its worse domain (tests/test_atlas.py checks it); docs/concepts.md#layer-pruning
 DEFAULT_CRITERION = "greedy"
 PROTECT = ("ends", "none")
 INTERVAL_METHOD = "paired normal interval with bootstrap standard error over held-out eval sequences"
@@ -663,6 +664,7 @@ def summarize(ds: xr.Dataset, rnd: xr.Dataset | None = None, *, n_boot: int = 10
             return float(np.mean(v)) if v and all(np.isfinite(v)) else None
 
         wins = {c: sum(c in r["tied"] for r in rows) for c in crits}
+        wins_quarter = {c: sum(c in r["tied"] for r in rows if r["k"] in quarter) for c in crits}
         summ: dict[str, Any] = {
             "clean_loss": c0,
             "loss": loss,
@@ -673,6 +675,7 @@ def summarize(ds: xr.Dataset, rnd: xr.Dataset | None = None, *, n_boot: int = 10
             "mean_excess_quarter": {c: excess(c, quarter) for c in crits},
             "mean_excess_before_ln_v": {c: excess(c, upto) for c in crits},
             "wins": wins,
+            "wins_quarter": wins_quarter,
             "ties": [{"k": r["k"], "tied": r["tied"]} for r in rows if len(r["tied"]) > 1],
         }
         if rnd is not None:
@@ -684,6 +687,8 @@ def summarize(ds: xr.Dataset, rnd: xr.Dataset | None = None, *, n_boot: int = 10
             }
         q = {c: v for c, v in summ["mean_excess_quarter"].items() if v is not None}
         summ["winner_quarter"] = min(q, key=lambda c: (q[c], crits.index(c))) if q else None
+        u = {c: v for c, v in summ["mean_excess_before_ln_v"].items() if v is not None}
+        summ["winner_before_ln_v"] = min(u, key=lambda c: (u[c], crits.index(c))) if u else None
         out["scopes"][name] = summ
     return out
 
