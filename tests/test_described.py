@@ -290,6 +290,17 @@ def _bad_descriptions():
     yield "share", _Toy([shared, nn.Sequential(lin)]), {}
     yield "are one module", _Toy([lin, lin]), {}
     yield "not causal", _Toy([_Peek()]), {}
+    yield "not a submodule", _Toy([nn.Linear(8, 8)]), {"blocks": [nn.Linear(8, 8)]}
+    yield "own writer modules", _Toy([nn.Linear(8, 8)]), {"sublayers": lambda b: (nn.Linear(8, 8),)}
+    yield "design must be a short name", _Toy([nn.Linear(8, 8)]), {"design": "my design"}
+    yield (
+        "residual maps over 2 streams",
+        _Toy([nn.Sequential(nn.Linear(8, 8))]),
+        {
+            "sublayers": lambda b: (b[0],),
+            "mixing": lambda b: [{"res_map": torch.eye(2).expand(2, 4, 2, 2)}] if b is not None else {},
+        },
+    )
 
 
 @pytest.mark.parametrize("match,toy,kw", list(_bad_descriptions()), ids=lambda x: x if isinstance(x, str) else "")
