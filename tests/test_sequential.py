@@ -137,3 +137,21 @@ def test_cli_precision_on_causal_and_permute(tmp_path):
     )
     assert bad.exit_code == 1 and "--precision does not combine with --outputs" in bad.stderr
     assert not (tmp_path / "x.nc").exists()
+
+
+def test_report_precision():
+    """`report --precision`: causal and permutation stop at the first size (a loose target), the other
+    diagnostics keep --n-seq; the option is in the report's options."""
+    from depthlens.studies.report import ReportOptions
+    from depthlens.studies.study import run_study
+
+    opts = ReportOptions(
+        n_seq=32, seq_len=32, metrics=("causal", "permutation", "angular"), untrained=(), precision=0.49
+    )
+    study = run_study(["checkpoints/hc_l4"], opts)
+    assert study is not None
+    e = study.entries[0]
+    assert e.datasets["causal"].attrs["precision_n_seq"] == 16 and e.datasets["causal"].sizes["sequence"] == 16
+    assert e.datasets["permutation"].attrs["precision_cap_hit"] == 0
+    assert e.datasets["angular"].attrs["eval_n_seq"] == 32
+    assert opts.as_dict()["precision"] == 0.49

@@ -23,6 +23,7 @@ from .common import (
     ThreadsOpt,
     check_choice,
 )
+from .precision import PrecisionOpt
 
 
 class UntrainedPermFor(StrEnum):  # StudyOptions.untrained_perm_for (a real choice type for --help and errors)
@@ -78,6 +79,7 @@ def report(
             help="Eval sequences (a prefix) for the trained permutation, its main cost at depth; 0 = all --n-seq.",
         ),
     ] = 0,
+    precision: PrecisionOpt = None,
     threads: ThreadsOpt = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json to stdout.")] = False,
@@ -119,6 +121,7 @@ def report(
         untrained_perm_n_seq=untrained_perm_n_seq or None,
         untrained_perm_for=untrained_perm_for.value,
         perm_n_seq=perm_n_seq or None,
+        precision=precision,
     )
     t0 = time.perf_counter()
     with Progress("report") as bar:  # under torchrun only rank 0 shows progress (feedback.mode)

@@ -87,6 +87,9 @@ class StudyOptions:
     # the trained permutation on the first `perm_n_seq` eval sequences (None: all): a report's main cost at
     # L = 32 (every late pair re-runs the layers after it); the other diagnostics keep all `n_seq`
     perm_n_seq: int | None = None
+    # --precision: causal and permutation grow their eval set in doublings (new sequences only) until the headline
+    # interval's half-width is at most this, up to n_seq (studies/precision.py); None: the fixed n_seq
+    precision: float | None = None
 
     def __post_init__(self) -> None:
         if self.untrained_perm_for not in UNTRAINED_PERM_FOR:
@@ -124,6 +127,7 @@ class StudyOptions:
             "untrained_perm_n_seq": self.untrained_perm_n_seq,
             "untrained_perm_for": self.untrained_perm_for,
             "perm_n_seq": self.perm_n_seq,
+            "precision": self.precision,
             **({} if self.device_map is None else {"device_map": self.device_map}),
             **({} if self.tokens is None else {"tokens": self.tokens}),
         }
@@ -294,9 +298,21 @@ def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progr
         for e, m in tasks(entries, opts):
             t0 = time.perf_counter()
             try:
-                e.datasets[m] = registry.run(
-                    m, e.model, metric_data(data, m, opts), checkpoint=e.path, **opts.engine_options(m)
-                )
+                if opts.precision is not None and registry.get(m).name in ("causal", "permutation"):
+                    from .precision import to_precision
+
+                    e.datasets[m] = to_precision(
+                        m,
+                        e.model,
+                        metric_data(data, m, opts),
+                        opts.precision,
+                        checkpoint=e.path,
+                        **opts.engine_options(m),
+                    )
+                else:
+                    e.datasets[m] = registry.run(
+                        m, e.model, metric_data(data, m, opts), checkpoint=e.path, **opts.engine_options(m)
+                    )
             except (DepthlensError, ValueError) as err:
                 e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
             e.seconds[m] = round(time.perf_counter() - t0, 3)
