@@ -81,8 +81,10 @@ def test_the_api_takes_the_clis_names():
         for p in _options(COMMANDS[cmd]):
             if p.hidden or p.name in ("out", "overwrite", "as_json", "quiet", "verbose"):
                 continue  # output and printing options: the API returns the Dataset
-            if p.name in ("threshold", "window", "aggregator", "metric"):
-                continue  # the printed headline's choices: the API's Dataset holds every aggregator and score
+            if p.name in ("threshold", "window", "aggregator", "metric", "plot"):
+                continue  # the printed headline's choices and its figure: the API's Dataset holds every aggregator
+            if p.name == "precision":
+                continue  # the CLI's precision comparison (cli/precision.py) runs the engine per dtype: API dtype=
             if p.name in ("n_boot", "device_map", "threads"):
                 continue  # the headline's interval (sweep.headline), placement and threads: not engine options
             assert p.name in api_names, (cmd, p.name)

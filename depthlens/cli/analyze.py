@@ -29,6 +29,7 @@ from .common import (
     NSeqOpt,
     OutOpt,
     OverwriteOpt,
+    PlotOpt,
     SeedOpt,
     SeqLenOpt,
     ThreadsOpt,
@@ -42,12 +43,14 @@ from .common import (
     _study,
     busy,
     check_choice,
+    check_plot,
     check_threshold,
     emit,
     eval_data,
     headline_line,
     open_model,
     resolve_out,
+    save_plot,
     write,
 )
 from .precision import PrecisionOpt
@@ -208,6 +211,7 @@ def causal(
     n_boot: BootOpt = 1000,
     precision: PrecisionOpt = None,
     out: OutOpt = None,
+    plot: PlotOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -220,6 +224,7 @@ def causal(
         aggregator = agg
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
+    check_plot(plot, path, overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
 
     model, ck = open_model(ckpt, c)
@@ -263,8 +268,14 @@ def causal(
     ]
     from ..render.plots import upper_triangle
 
-    # t < s is undefined (NaN): "·" in the view, not the shade of "no effect"
-    emit(h, as_json, lines, _matrix_view(upper_triangle(score_matrix(ds, "causal", aggregator, variant)), 1.0))
+    C = upper_triangle(
+        score_matrix(ds, "causal", aggregator, variant)
+    )  # t < s is undefined (NaN): "·", not "no effect"
+    save_plot(
+        plot, lambda: _figure(C, f"{ckpt.name}: C(s, t) > {threshold:g} in {100 * h['share']:.1f}% of late pairs")
+    )
+    h["plot"] = str(plot) if plot else None
+    emit(h, as_json, lines, _matrix_view(C, 1.0))
 
 
 def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
@@ -318,6 +329,7 @@ def permute(
     n_boot: BootOpt = 1000,
     precision: PrecisionOpt = None,
     out: OutOpt = None,
+    plot: PlotOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -333,6 +345,7 @@ def permute(
         metric = f"perm_{norm}"  # type: ignore[assignment]
     c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
+    check_plot(plot, path, overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
 
     model, ck = open_model(ckpt, c)
@@ -361,7 +374,22 @@ def permute(
             f"  clean loss {h.get('clean_loss', float('nan')):.4f} nats; share {symbol} > {threshold}: {_fmt_share(h)}",
         ]
     lines += [*precision_line(ds), f"dataset: {path}", "rows: swapped layer i, columns: swapped layer j"]
-    emit(h, as_json, lines, _matrix_view(score_matrix(ds, metric, None, None)))
+    P = score_matrix(ds, metric, None, None)
+    save_plot(
+        plot, lambda: _figure(P, f"{ckpt.name}: {symbol} > {threshold:g} in {100 * h['share']:.1f}% of late pairs")
+    )
+    h["plot"] = str(plot) if plot else None
+    emit(h, as_json, lines, _matrix_view(P))
+
+
+def _figure(da: xr.DataArray, title: str) -> Any:
+    """The (layer, layer_other) matrix as a heatmap (axes and colour bar labelled from the Dataset's attrs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ..render.plots import heatmap
+
+    return heatmap(da, vmin=0.0, title=title)
 
 
 @app.command()

@@ -205,7 +205,7 @@ def emit(headline: dict[str, Any], as_json: bool, text_lines: list[str], view: A
     for line in text_lines:
         con.print(line, highlight=False, soft_wrap=True)  # one line in a log or pipe, not wrapped at 80 columns
     if view is not None:
-        con.print(view)
+        con.print(view, soft_wrap=True)
 
 
 def _json(x: Any) -> str:
@@ -274,7 +274,36 @@ def _matrix_view(da: Any, vmax: float | None = None) -> Any:
     import numpy as np
 
     hi = vmax if vmax is not None else (float(np.nanmax(m)) if np.isfinite(m).any() else 1.0)
-    return terminal_heatmap(m, labels, labels, vmin=0.0, vmax=max(hi, 1e-12))
+    return terminal_heatmap(m, labels, labels, vmin=0.0, vmax=max(hi, 1e-12), legend=True)
+
+
+PlotOpt = Annotated[
+    Path | None, typer.Option("--plot", help="Also draw the matrix as a figure here (.png, .pdf or .svg).")
+]
+
+
+def check_plot(plot: Path | None, out: Path, overwrite: bool) -> None:
+    """Refuse a bad --plot before any work: a format we cannot write, the same path as --out, or a file that may not
+    be replaced (as --out: depthlens's own figure in depthlens-out/ is replaced on a re-run)."""
+    if plot is None:
+        return
+    from ..io.atomic import check_target, distinct_outputs
+
+    distinct_outputs({"--out": out, "--plot": plot})  # one path for both: the plot would replace the dataset
+    if plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+        fail(f"--plot {plot}: use a .png, .pdf or .svg file name", 2)
+    if plot.parent.exists() or not in_default_dir(plot):
+        check_target(plot, overwrite, kinds=("figure",))
+
+
+def save_plot(plot: Path | None, draw: Any) -> None:
+    """`draw()` (an Axes or Figure) saved atomically at --plot (its folder made when it is the default one)."""
+    if plot is None:
+        return
+    from ..render.plots import save_figure
+
+    plot.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here (check_plot)
+    save_figure(draw(), plot)
 
 
 def _common(

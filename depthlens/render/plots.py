@@ -267,8 +267,10 @@ def terminal_heatmap(
     col_labels: Sequence[object] | None = None,
     vmin: float = 0.0,
     vmax: float = 1.0,
+    legend: bool = False,
 ) -> Text:
-    """A compact coloured heatmap as `rich.text.Text`: one header line of column labels + one line per row.
+    """A compact coloured heatmap as `rich.text.Text`: one header line of column labels + one line per row
+    (+ with `legend`, one line saying what each glyph means).
 
     Each cell is two characters, shaded (" ░▒▓█") and coloured (viridis) by its value clipped to
     [vmin, vmax]; NaN cells show a dim "·". Column labels are thinned so they never overlap.
@@ -300,7 +302,18 @@ def terminal_heatmap(
                 out.append(shade * _CELL, style=_VIRIDIS[min(int(f * len(_VIRIDIS)), len(_VIRIDIS) - 1)])
         if i < n_rows - 1:
             out.append("\n")
+    if legend:
+        out.append("\n" + glyph_legend(vmin, vmax), style="dim")
     return out
+
+
+def glyph_legend(vmin: float, vmax: float) -> str:
+    """What each glyph of `terminal_heatmap` means, each from the value before it: 'glyphs from 0: [  ] 0.2 [░░]
+    0.4 [▒▒] 0.6 [▓▓] 0.8 [██] up to 1 and above; · no value'."""
+    k = len(_SHADES)
+    edges = [vmin + (vmax - vmin) * i / k for i in range(1, k)]
+    parts = [f"[{_SHADES[0] * _CELL}]", *(f"{e:.3g} [{g * _CELL}]" for e, g in zip(edges, _SHADES[1:], strict=True))]
+    return f"glyphs from {vmin:.3g}: {' '.join(parts)} up to {vmax:.3g} and above; · no value"
 
 
 def _header(cols: list[str]) -> str:
