@@ -162,7 +162,8 @@ class Lens:
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
         ids = torch.as_tensor(tokens, device=self.W_U.device)
-        folded = self.model.norm.weight[:, None] * self.W_U  # (d_model, d_vocab)
+        gain: torch.Tensor = self.model.norm.weight  # the final RMSNorm's gain (d_model,)
+        folded = gain[:, None] * self.W_U  # (d_model, d_vocab)
         return folded[:, ids].movedim(0, -1)
 
     @torch.no_grad()

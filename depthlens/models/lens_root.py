@@ -20,7 +20,6 @@ at once, so `type(model)(config)` and `copy.deepcopy(model)` keep their hooks.
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -73,19 +72,24 @@ def hook_point() -> nn.Module:
     """A hook point for a model under construction: TransformerLens' own when it is already imported, else a
     `HookSite` (turned into one by `make_lens`)."""
     if "transformer_lens.hook_points" in sys.modules:
-        return sys.modules["transformer_lens.hook_points"].HookPoint()
+        hp: nn.Module = sys.modules["transformer_lens.hook_points"].HookPoint()
+        return hp
     return HookSite()
 
 
-@functools.cache
+_LENS_CLASSES: dict[type, type] = {}
+
+
 def _lens_class(cls: type) -> type:
+    """(cls, HookedRootModule), made once per class."""
     from transformer_lens import HookedRootModule
 
     if issubclass(cls, HookedRootModule):
         return cls
-    lens = type(cls.__name__, (cls, HookedRootModule), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    lens._is_lens_class = True  # type: ignore[attr-defined]
-    return lens
+    if cls not in _LENS_CLASSES:
+        ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_is_lens_class": True}
+        _LENS_CLASSES[cls] = type(cls.__name__, (cls, HookedRootModule), ns)
+    return _LENS_CLASSES[cls]
 
 
 def make_lens(root: nn.Module) -> None:
@@ -94,13 +98,13 @@ def make_lens(root: nn.Module) -> None:
         return
     from transformer_lens.hook_points import HookPoint
 
-    fresh = HookPoint().__dict__
+    fresh = HookPoint().__dict__  # type: ignore[no-untyped-call]
     for m in root.modules():
         if type(m) is HookSite:
             for k, v in fresh.items():
                 if k not in m.__dict__:
                     m.__dict__[k] = v.copy() if isinstance(v, dict | list) else v
-            m.__class__ = HookPoint
+            m.__class__ = HookPoint  # type: ignore[assignment]
     root.__dict__.setdefault("is_caching", False)
     root.__dict__.setdefault("context_level", 0)
     root.__class__ = _lens_class(type(root))
