@@ -27,7 +27,7 @@ remove what they add. `attached_hooks(model)` lists leftovers (tests assert it i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -162,7 +162,7 @@ class Lens:
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
         ids = torch.as_tensor(tokens, device=self.W_U.device)
-        gain: torch.Tensor = self.model.norm.weight  # the final RMSNorm's gain (d_model,)
+        gain = cast(torch.Tensor, self.model.norm.weight)  # the final RMSNorm's gain (d_model,)
         folded = gain[:, None] * self.W_U  # (d_model, d_vocab)
         return folded[:, ids].movedim(0, -1)
 
