@@ -58,3 +58,33 @@ def test_the_heatmap_says_what_its_glyphs_mean(ckpt, tmp_path):
         glyph_legend(0.0, 2.0)
         == "glyphs from 0: [  ] 0.4 [░░] 0.8 [▒▒] 1.2 [▓▓] 1.6 [██] up to 2 and above; · no value"
     )
+
+
+def test_the_track_table_has_one_header_per_cell():
+    """`depthlens track`'s terminal table: the headers come from the same place as the cells (the shipped
+    reports/track/track.nc has both shares and erank, where the old fixed headers slid one column over)."""
+    from pathlib import Path
+
+    from depthlens.io.dataset import read_netcdf
+    from depthlens.render.track import track_columns, track_rows
+
+    ds = read_netcdf(Path(__file__).parents[1] / "reports" / "track" / "track.nc")
+    rows = track_rows(ds)
+    assert rows and all(len(r) == len(track_columns(ds, short=True)) == len(track_columns(ds)) for r in rows)
+    assert track_columns(ds, short=True)[-1] == "val loss first → last" and rows[0][-1].count("→") == 1
+
+
+def test_a_wide_table_is_printed_whole_into_a_pipe(capsys):
+    from rich.table import Table
+
+    from depthlens.cli.app import print_table
+
+    t = Table(title="wide")
+    for k in range(12):
+        t.add_column(f"column {k} GFLOP/tok", justify="right")
+    t.add_row(*[f"{1000.5 * k:.1f}" for k in range(12)])
+    print_table(t)
+    lines = capsys.readouterr().out.splitlines()
+    body = [ln for ln in lines if ln.startswith(("┏", "┃", "┡", "│", "└"))]
+    assert body and all(ln.endswith(("┓", "┃", "┩", "│", "┘")) for ln in body), lines  # no column cut off
+    assert "11005.5" in lines[-2]  # the last cell, whole

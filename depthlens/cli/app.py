@@ -217,6 +217,7 @@ def print_table(table: Any) -> None:
     at 80 columns shows every digit (rich's default squeezes 406.2M into 406…)."""
     from rich.cells import cell_len
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.padding import Padding
 
     for col in table.columns:
@@ -227,6 +228,8 @@ def print_table(table: Any) -> None:
     con = Console()
     _, right, _, left = Padding.unpack(table.padding)
     need = sum(col.min_width + left + right for col in table.columns) + table._extra_width  # cells, edges, borders
+    # rich's own natural width: at the sum of minimum widths it still crops a column whose cells cannot wrap
+    need = max(need, Measurement.get(con, con.options.update(width=10**4), table).maximum)
     if need > con.width:  # wider than the terminal or the 80-column pipe default: widen rather than crop
         con = Console(width=need)
     con.print(table)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, invoked_command
+from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, invoked_command, print_table
 from .common import (
     DTYPES,
     BatchOpt,
@@ -192,8 +192,6 @@ def track(
 def _track_into(
     out: Path, series: Sequence[Series], opts: TrackOptions, runs: list[Path], metric: str | None, as_json: bool
 ) -> None:
-    from rich.console import Console
-
     from ..io.atomic import atomic_write_text, claim_dir
     from ..studies.track import eval_tokens
     from ..studies.track import track as run_track
@@ -217,21 +215,14 @@ def _track_into(
         return
     from rich.table import Table
 
+    from ..render.track import track_columns
+
     t = Table(title=f"{out} ({len(series)} run(s), {total} snapshots)")
-    for col in (
-        "design",
-        "L",
-        "run",
-        "snapshots",
-        "tokens",
-        *(["causal share"] if "causal_share" in ds else []),
-        *(["perm share"] if "perm_share" in ds else []),
-        "val loss",
-    ):
+    for col in track_columns(ds, short=True):  # one header per cell of track_rows, in its order
         t.add_column(col)
     for r in rows:
         t.add_row(*r)
-    Console(width=160).print(t)
+    print_table(t)  # aligned and never cropped, on a terminal or in a pipe
     typer.echo(f"wrote {out / 'track.nc'}, {out / 'track.png'} and {out / 'README.md'}")
 
 

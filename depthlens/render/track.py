@@ -228,20 +228,34 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
     return out
 
 
-def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: str = "##") -> str:
-    """The "Depth over training" report section."""
+def track_columns(ds: xr.Dataset, short: bool = False) -> list[str]:
+    """The headers of `track_rows`' cells, one per cell in the same order (`short`: for a terminal table)."""
     head = ["design", "L", "run", "snapshots (steps)", "tokens first → last"]
     for prefix, label in (
         ("causal", f"C > {ds.attrs['causal_threshold']:g}"),
         ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat"),
     ):
         if f"{prefix}_share" in ds:
-            head.append(f"share {label} [95%], first → last; min, max (at tokens), last − first")
-            head.append(f"{label}: trained − untrained (step 0) [95%, paired over sequences]")
+            head.append(
+                f"share {label}, first → last"
+                if short
+                else f"share {label} [95%], first → last; min, max (at tokens), last − first"
+            )
+            head.append(
+                f"{label}: trained − untrained"
+                if short
+                else f"{label}: trained − untrained (step 0) [95%, paired over sequences]"
+            )
     if "erank" in ds:
         products = "/".join(str(v) for v in ds["product"].values) if "product" in ds.coords else "each product"
-        head.append(f"erank of the mixing products ({products}), first → last")
+        head.append("erank, first → last" if short else f"erank of the mixing products ({products}), first → last")
     head.append("val loss first → last")
+    return head
+
+
+def track_markdown(ds: xr.Dataset, figure: str | None = "track.png", heading: str = "##") -> str:
+    """The "Depth over training" report section."""
+    head = track_columns(ds)
     lines = [
         f"{heading} Depth over training",
         "",
