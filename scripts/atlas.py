@@ -377,7 +377,11 @@ def _heldout_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> l
         lines += [
             f"### {s['name']} (L = {s['n_layer']}, k = 1 … {ks[-1]}; windows per scope: "
             + ", ".join(f"{sc} {n}" for sc, n in h["n_sequences"].items())
-            + f"; {h['n_random']} random draws per k and baseline)",
+            + (
+                f"; {h['n_random']} random draws per k and baseline)"
+                if h["n_random"]
+                else "; no random draws yet: `--stages pruning_random`)"
+            ),
             "",
             "| scope | k | " + " | ".join(crits) + " | random uniform (min–max) | random stratified (min–max) |",
             "|---|---|" + "---|" * (len(crits) + 2),
@@ -428,7 +432,15 @@ def _heldout_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> l
             )
         pr = h.get("prediction", {})
         q = pr.get("quarter", {})
-        if q.get("pairwise"):
+        if q.get("pairwise") and not pr.get("n_pairs_measured"):  # no pairs: only the additive model exists
+            lines += [
+                "",
+                f"Predicting a cut's held-out Δloss before running it, additively (Σ of the calibration fold's "
+                f"single-layer Δloss; no pair was measured, as the `predicted` criterion was not run): over the "
+                f"{q['n']} distinct cuts of k ≤ L/4, mean absolute error {q['additive']['mae']:.3f} nats (median "
+                f"{q['additive']['median_ae']:.3f}, Spearman ρ {q['additive']['spearman']:.2f}).",
+            ]
+        elif q.get("pairwise"):
             lines += [
                 "",
                 f"Predicting a cut's held-out Δloss before running it ({pr['definition']}): over the "

@@ -296,7 +296,7 @@ def compute(
             curves = heldout_curves(
                 model,
                 data,
-                domains=window_domains(data),
+                domains=window_domains(data, op.tokenizer),
                 k_max=k_max_heldout or None,
                 criteria=todo,
                 causal=xr.load_dataset(inputs["causal_update"]) if "causal" in todo else None,

@@ -248,3 +248,36 @@ def test_window_domains_of_the_offline_corpus(tmp_path, monkeypatch):
         mid = body[len(body) // 2 - 12 : len(body) // 2 + 12]
         assert mid in texts[dom], (dom, mid)
     assert window_domains(EvalData.from_tokens(data.tokens)) is None  # not the corpus's windows: unknown
+
+
+def test_window_domains_without_a_bos(tmp_path, monkeypatch):
+    """A tokenizer without BOS packs documents with no delimiter (SmolLM2's GGUF tokenizer): each document's
+    length is recounted by tokenizing the packaged sources again; checked against the decoded windows."""
+    import json
+
+    from depthlens.data.corpus import build_corpus, code_sources, english_sources
+    from depthlens.data.tokenizers import ByteTokenizer
+    from depthlens.runtime import evaldata
+
+    class NoBos(ByteTokenizer):
+        name = "bytes-nobos"
+        bos_id = None
+
+    tok = NoBos()
+    corpus = tmp_path / "corpus"
+    build_corpus(corpus, tok, max_bytes=400_000)
+    monkeypatch.setattr(evaldata, "default_corpus_dir", lambda t, max_bytes=0: corpus)
+    data = evaldata.load_eval_data(None, tok, n_seq=12, seq_len=64, seed=0)
+    assert not data.bos
+    doms = window_domains(data, tok)
+    assert doms is not None and set(doms) == {"english", "code"}
+    assert window_domains(data) is None  # no BOS and no tokenizer: unknown, never guessed
+    by_name = {s.name: s for s in english_sources() + code_sources()}
+    texts = {"english": "", "code": ""}
+    for s in json.loads((corpus / "manifest.json").read_text())["sources"]:
+        if s["split"] == "val":
+            texts[s["kind"]] += by_name[s["name"]].read()[: s["bytes_used"]].decode("utf-8") + "\n"
+    for row, dom in zip(data.tokens.numpy(), doms):
+        body = bytes(int(t) for t in row if t < 256).decode("utf-8", errors="ignore")
+        mid = body[len(body) // 2 - 10 : len(body) // 2 + 10]
+        assert mid in texts[dom], (dom, mid)

@@ -66,39 +66,48 @@ FOLD_RULE = "2-fold cross-fitting; folds alternate within each domain in stream 
 # domains and folds
 
 
-def window_domains(data: EvalData) -> list[str] | None:
+def window_domains(data: EvalData, tokenizer: Any = None) -> list[str] | None:
     """The domain ("english" or "code") of each eval window drawn from the offline corpus, from the corpus
-    manifest: documents are packed in manifest order, each after a BOS, so the k-th BOS of the split's stream
-    starts its k-th document. A window's domain is that of the document holding its middle token. None when the
-    windows are not the corpus's (a file, token shards, random ids) or the tokenizer has no BOS."""
+    manifest: documents are packed in manifest order. With a BOS, the k-th BOS of the split's stream starts its
+    k-th document; without one, each document's token count is recounted by tokenizing the manifest's sources
+    again with `tokenizer` (the model's; checked against the corpus's token count). A window's domain is that
+    of the document holding its middle token. None when the windows are not the corpus's (a file, token shards,
+    random ids), or without BOS or tokenizer, or when the recount disagrees with the corpus."""
     from ..data.shards import TokenDataset
     from ..runtime.evaldata import pack_stream
 
     src = str(data.source)
-    if not data.bos or not src.endswith(" split)") or "/" not in str(data.name):
+    if not src.endswith(" split)") or "/" not in str(data.name):
         return None
     directory, split = Path(src.rsplit(" (", 1)[0]), src.rsplit("(", 1)[1].split()[0]
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
         return None
     manifest = json.loads(manifest_path.read_text())
-    kinds = [s["kind"] for s in manifest.get("sources", []) if s.get("split") == split]
+    sources = [s for s in manifest.get("sources", []) if s.get("split") == split]
+    kinds = [s["kind"] for s in sources]
     bos = (manifest.get("tokenizer") or {}).get("bos_id")
-    if bos is None or not kinds:
+    if not kinds:
         return None
     ds = TokenDataset.from_dir(directory, split)
     stream = np.asarray(ds.tokens(0, ds.n_tokens), dtype=np.int64)
-    doc_starts = np.flatnonzero(stream == bos)
+    if bos is not None:
+        doc_starts = np.flatnonzero(stream == bos)
+    else:
+        lengths = _document_lengths(sources, tokenizer, manifest)
+        if lengths is None or sum(lengths) != stream.size:
+            return None
+        doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     if len(doc_starts) != len(kinds):  # a BOS inside a document's text, or another build: unknown
         return None
     T = data.seq_len
     windows = pack_stream(stream, T, bos)
     starts, pos = [], 0  # the stream offset of each window's first body token (pack_stream's own walk)
     for _ in range(windows.shape[0]):
-        if pos < stream.size and stream[pos] == bos:
+        if bos is not None and pos < stream.size and stream[pos] == bos:
             pos += 1
         starts.append(pos)
-        pos += T - 1
+        pos += T - 1 if bos is not None else T
     index = {w.tobytes(): i for i, w in enumerate(windows)}
     out = []
     for row in data.tokens.numpy():
@@ -108,6 +117,37 @@ def window_domains(data: EvalData) -> list[str] | None:
         mid = starts[i] + (T - 1) // 2
         out.append(kinds[int(np.searchsorted(doc_starts, mid, side="right")) - 1])
     return out
+
+
+def _document_lengths(sources: list[dict[str, Any]], tokenizer: Any, manifest: dict[str, Any]) -> list[int] | None:
+    """Token count of each corpus document (no BOS), tokenizing the packaged source text the corpus used (the
+    first `bytes_used` bytes, sha256-checked) with `tokenizer`; None if a source is missing or changed, or the
+    tokenizer is not the corpus's."""
+    import hashlib
+
+    from ..data.corpus import code_sources, english_sources
+
+    if tokenizer is None or getattr(tokenizer, "name", None) != (manifest.get("tokenizer") or {}).get("name"):
+        return None
+    by_name = {s.name: s for s in english_sources() + code_sources()}
+    lengths = []
+    for s in sources:
+        src = by_name.get(s["name"])
+        if src is None:
+            return None
+        raw = src.read()
+        if hashlib.sha256(raw).hexdigest() != s.get("sha256"):
+            return None
+        lengths.append(len(tokenizer.encode(raw[: int(s["bytes_used"])].decode("utf-8"))))
+    return lengths
+
+
+def _tokenizer_of(model: Any) -> Any:
+    """The tokenizer the loader found with `model` (None for an in-memory model)."""
+    from ..adapters.load import opened_of
+
+    op = opened_of(model)
+    return None if op is None else op.tokenizer
 
 
 def assign_folds(domains: Sequence[str]) -> np.ndarray:
@@ -364,7 +404,7 @@ def heldout_curves(
             f"k_max must be in [1, {len(allowed)}] for a {L}-layer model (protect={protect}), got {k_max}"
         )
     if domains is None:
-        domains = window_domains(data) or ["all"] * N
+        domains = window_domains(data, _tokenizer_of(model)) or ["all"] * N
     domains = [str(d) for d in domains]
     if len(domains) != N:
         raise DepthlensError(f"{len(domains)} domain labels for {N} eval sequences")
@@ -744,7 +784,9 @@ def prediction_error(ds: xr.Dataset) -> dict[str, Any]:
             }
         return res
 
+    n_pairs = int(np.isfinite(ds["pair_gamma"].values).sum() // 2)  # both folds, each pair stored twice
     return {
+        "n_pairs_measured": n_pairs,
         "definition": "Δloss(S) ≈ Σ δ_l + Σ γ_ij (pairs of the pool), δ and γ measured on the calibration fold; "
         "error against the measured held-out Δloss of every distinct cut of the curves",
         "quarter": err([r for r in rows if r["k"] <= L // 4]),
@@ -789,7 +831,7 @@ def certify(
     allowed = allowed_layers(L, protect)
     k_max = len(allowed) if k_max is None else min(int(k_max), len(allowed))
     if domains is None:
-        domains = window_domains(data) or ["all"] * N
+        domains = window_domains(data, _tokenizer_of(model)) or ["all"] * N
     domains = [str(d) for d in domains]
     folds = assign_folds(domains)
     cal_idx, held_idx = np.flatnonzero(folds == 0), np.flatnonzero(folds == 1)
