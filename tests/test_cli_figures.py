@@ -88,3 +88,43 @@ def test_a_wide_table_is_printed_whole_into_a_pipe(capsys):
     body = [ln for ln in lines if ln.startswith(("┏", "┃", "┡", "│", "└"))]
     assert body and all(ln.endswith(("┓", "┃", "┩", "│", "┘")) for ln in body), lines  # no column cut off
     assert "11005.5" in lines[-2]  # the last cell, whole
+
+
+def test_the_overview_has_no_dead_space_and_no_overlapping_labels():
+    """The report's overview grid: the title sits right above the panels (it floated an inch above them), and the
+    headline θ is named in the colour bar's label, not in a text that overlapped the panels next to the bar."""
+    import types
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from depthlens.io.dataset import read_netcdf
+    from depthlens.render import figures
+
+    entries = []
+    for L in (4, 8):
+        ds = read_netcdf(Path(__file__).parents[1] / "reports" / "zoo" / f"causal_l{L}.nc")
+        for name in [str(n) for n in ds["checkpoint"].values if str(n).startswith(("preln_", "hc_"))]:
+            entries.append(
+                types.SimpleNamespace(
+                    slug=name.rsplit("_l", 1)[0], n_layer=L, datasets={"causal": ds.sel(checkpoint=name)}
+                )
+            )
+    fig = figures.fig_overview(entries, "causal")
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(r)
+    panels = [ax for ax in fig.axes if ax.get_images() and ax.get_title()]  # the top row (titled by design)
+    top = max(ax.get_tightbbox(r).y1 for ax in panels)
+    assert 0 <= title.y0 - top < 0.25 * fig.dpi, (title.y0, top)  # under a quarter inch between title and panels
+    bar = fig.axes[-1]
+    assert "θ = 0.45" in bar.get_ylabel()
+    texts = [t for ax in fig.axes for t in ax.texts if t.get_text().startswith("θ")]
+    assert texts == []
+    boxes = [ax.get_tightbbox(r) for ax in fig.axes]
+    bar_box = boxes[-1]
+    assert not any(b.overlaps(bar_box) for b in boxes[:-1]), "the colour bar overlaps a panel"
+    plt.close(fig)

@@ -396,7 +396,8 @@ def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
     slugs = [s for s in SLUGS if any(e.slug == s for e in have)]
     slugs += sorted({e.slug for e in have} - set(slugs))
     depths = sorted({e.n_layer for e in have})
-    fig, axes = _subplots(len(slugs), len(depths), size=(1.9, 2.0))
+    # constrained layout: the title, the panels and the colour bar packed without the default margins' dead space
+    fig, axes = _subplots(len(slugs), len(depths), size=(1.7, 1.75), layout="constrained")
     score = registry.get(metric).headline
     assert score is not None
 
@@ -443,10 +444,11 @@ def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
             ax.set_yticks([0, n - 1], [str(a), str(L - 1)], fontsize=6)
             ax.tick_params(length=2, pad=1)
     if im is not None:
-        cb = fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend=extend, pad=0.02)
-        theta = score.theta
-        cb.ax.axhline(theta, color="white" if metric == "causal" else "0.2", linewidth=1.5)  # the headline θ
-        cb.ax.text(-0.12, norm(theta), f"θ = {theta:g}", transform=cb.ax.transAxes, va="center", ha="right", fontsize=7)
+        theta, line = score.theta, "white" if metric == "causal" else "0.2"
+        # the headline θ as a line on the bar, named in the bar's label (a text beside it overlapped the panels)
+        label += f"; {'white' if metric == 'causal' else 'dark'} line: θ = {theta:g}"
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend=extend, pad=0.01, aspect=30)
+        cb.ax.axhline(theta, color=line, linewidth=1.5)
     what = {"causal": "causal score (skipped s → measured t)", "permutation": "permutation P_abs (i, j)"}.get(
         metric, f"{score.label} (i, j)"
     )
@@ -455,7 +457,6 @@ def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
         f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
         f"panel {within}, ticks: first and last layer)",
         fontsize=11,
-        y=1.04,
     )
     return fig
 
