@@ -117,3 +117,15 @@ def test_errors_are_in_depthlens_words():
     line = r.stderr.strip()
     assert r.exit_code == 2 and line.startswith("depthlens: error:") and "lates" in line
     assert not re.search(r"Value error|validation error|pydantic|Input should be", line), line
+
+
+def test_prepare_takes_the_text_files_data_takes(tmp_path):
+    """`--data notes.md` was read as text while `prepare notes.md` was refused: both read it as one document."""
+    from depthlens.data.corpus import prepare_files
+    from depthlens.data.tokenizers import ByteTokenizer
+
+    md = tmp_path / "notes.md"
+    md.write_text("# Depth\n\nLayers compute on what earlier layers computed. " * 40)
+    manifest = prepare_files([md], tmp_path / "shards", ByteTokenizer(), 0.1)
+    assert [s["n_documents"] for s in manifest["sources"]] == [1]
+    assert sum(v["n_tokens"] for v in manifest["splits"].values()) >= len(md.read_bytes())

@@ -15,7 +15,7 @@ from .app import app, domain_errors, dumps, fail
 def prepare(
     files: Annotated[
         list[Path] | None,
-        typer.Argument(help="Local .txt / .jsonl / .parquet files. Omit to build the offline corpus."),
+        typer.Argument(help="Local .txt / .md / .jsonl / .parquet files. Omit to build the offline corpus."),
     ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory for the shards and manifest.json.")] = Path(
         "depthlens-out/corpus"

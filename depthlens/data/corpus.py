@@ -316,10 +316,14 @@ def build_corpus(
 # user files
 
 
+PLAIN_TEXT = (".txt", ".md", ".rst", ".text")  # one document each, as `--data` reads them
+
+
 def _records(path: Path, text: str, text_field: str) -> list[str]:
-    """Documents of one file: the whole .txt, or field `text_field` of each .jsonl line / .parquet row."""
+    """Documents of one file: the whole plain-text file (.txt, .md, .rst), or field `text_field` of each .jsonl
+    line / .parquet row."""
     suffix = path.suffix.lower()
-    if suffix == ".txt":
+    if suffix in PLAIN_TEXT:
         return [text]
     if suffix == ".jsonl":
         docs = []
@@ -334,7 +338,9 @@ def _records(path: Path, text: str, text_field: str) -> list[str]:
                 raise DataError(f"{path}:{lineno}: no string field {text_field!r}")
             docs.append(record[text_field])
         return docs
-    raise DataError(f"{path}: unsupported file type {path.suffix!r} (expected .txt, .jsonl or .parquet)")
+    raise DataError(
+        f"{path}: unsupported file type {path.suffix!r} (expected {', '.join(PLAIN_TEXT)}, .jsonl or .parquet)"
+    )
 
 
 def _parquet_records(path: Path, text_field: str) -> list[str]:
@@ -409,7 +415,7 @@ def prepare_files(
     sources: list[dict[str, Any]] = []
     for path in paths:
         texts, data = _load_documents(path, text_field)
-        single = path.suffix.lower() == ".txt"
+        single = path.suffix.lower() in PLAIN_TEXT
         docs += [Document(path.name if single else f"{path.name}#{i}", t) for i, t in enumerate(texts)]
         sources.append(
             {
