@@ -100,6 +100,12 @@ def test_readme_sentence_quotes_the_atlas():
     atlas = _atlas()
     # pruning: only what the held-out curves show (the in-sample curves name no winner)
     assert "the least harmful cut is" not in sentence
+    zoo = ROOT / "reports" / "pruning-zoo" / "pruning.json"
+    n = re.search(r"(\d+) random draws per k ran on a zoo checkpoint", sentence)
+    if n:  # the zoo page's numbers, as the sentence quotes them
+        (z,) = json.loads(zoo.read_text())["models"]
+        assert z["pruning_heldout"]["n_random"] == int(n.group(1))
+        assert {"greedy", "predicted"} <= set(z["pruning_heldout"]["criteria"])
     for s in atlas["models"]:
         h = s.get("pruning_heldout")
         if not h:  # no held-out curves: the sentence names no pruning winner for this model
