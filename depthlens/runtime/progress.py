@@ -35,7 +35,7 @@ def progress_bar(what: str, show: bool = True) -> Iterator[ProgressFn | None]:
     if not show:
         yield None
         return
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     bars: list[Any] = []  # made at the first call, when the engine has said its total
 
