@@ -247,81 +247,6 @@ def test_without_sublayers_a_skip_passes_the_block_input_through(net, tokens):
 # --- refusals (item 5): one line each ----------------------------------------------------------------------------
 
 
-class _Grow(nn.Module):
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        return torch.cat([x, self.lin(x)], -1)
-
-
-class _Peek(nn.Module):
-    """Not causal: every position sees the mean over the whole sequence."""
-
-    def __init__(self, d=8):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.lin(x.mean(1, keepdim=True))
-
-
-class _Toy(nn.Module):
-    def __init__(self, blocks, d=8, vocab=11):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(blocks)
-        self.out = nn.Linear(d, vocab)
-
-
-def _toy_wrap(toy, **kw):
-    args = dict(embed=toy.emb, blocks=toy.blocks, head=toy.out)
-    args.update(kw)
-    return depthlens.wrap(toy, **args)
-
-
-def _bad_descriptions():
-    lin = nn.Linear(8, 8)
-    shared = nn.Sequential(lin)
-    yield "block 0 changes the state's shape", _Toy([_Grow()]), {}
-    yield "head returned", _Toy([nn.Linear(8, 8)]), {"head": lambda x: x.sum(-1)}
-    yield "view of the embed output", _Toy([nn.Linear(8, 8)]), {"view": lambda x: x[..., :4]}
-    yield "share", _Toy([shared, nn.Sequential(lin)]), {}
-    yield "are one module", _Toy([lin, lin]), {}
-    yield "not causal", _Toy([_Peek()]), {}
-    yield "not a submodule", _Toy([nn.Linear(8, 8)]), {"blocks": [nn.Linear(8, 8)]}
-    yield "own writer modules", _Toy([nn.Linear(8, 8)]), {"sublayers": lambda b: (nn.Linear(8, 8),)}
-    yield "design must be a short name", _Toy([nn.Linear(8, 8)]), {"design": "my design"}
-    yield (
-        "residual maps over 2 streams",
-        _Toy([nn.Sequential(nn.Linear(8, 8))]),
-        {
-            "sublayers": lambda b: (b[0],),
-            "mixing": lambda b: [{"res_map": torch.eye(2).expand(2, 4, 2, 2)}] if b is not None else {},
-        },
-    )
-
-
-@pytest.mark.parametrize("match,toy,kw", list(_bad_descriptions()), ids=lambda x: x if isinstance(x, str) else "")
-def test_bad_descriptions_are_refused_with_one_line(match, toy, kw):
-    with pytest.raises(DescriptionError, match=match) as e:
-        _toy_wrap(toy, **kw)
-    assert "\n" not in str(e.value)
-
-
-def test_a_causal_model_is_not_refused_at_any_thread_count(net):
-    was = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            _wrap(net)
-    finally:
-        torch.set_num_threads(was)
-
-
-# --- from the command line: FILE.py:FUNCTION --weights W --------------------------------------------------------
-
 BAD_SRC = """
 import torch
 from torch import nn
@@ -380,6 +305,49 @@ def share():
 def peek():
     return _wrap(Toy([Peek()]))
 """
+
+BAD: dict = {}
+exec(compile(BAD_SRC, "bad_models", "exec"), BAD)  # noqa: S102 (the test's own source)
+
+
+def _bad_descriptions():
+    Toy, lin = BAD["Toy"], nn.Linear(8, 8)
+    yield "block 0 changes the state's shape", BAD["grow"]
+    yield "head returned", BAD["head"]
+    yield "view of the embed output", BAD["view"]
+    yield "share a module", BAD["share"]
+    yield "are one module", lambda: BAD["_wrap"](Toy([lin, lin]))
+    yield "not causal", BAD["peek"]
+    yield "not a submodule", lambda: BAD["_wrap"](Toy([nn.Linear(8, 8)]), blocks=[nn.Linear(8, 8)])
+    yield "own writer modules", lambda: BAD["_wrap"](Toy([lin]), sublayers=lambda b: (nn.Linear(8, 8),))
+    yield "design must be a short name", lambda: BAD["_wrap"](Toy([lin]), design="my design")
+    maps = {"res_map": torch.eye(2).expand(2, 4, 2, 2)}
+    yield (
+        "residual maps over 2 streams",
+        lambda: BAD["_wrap"](
+            Toy([nn.Sequential(nn.Linear(8, 8))]), sublayers=lambda b: (b[0],), mixing=lambda b: [maps] if b else {}
+        ),
+    )
+
+
+@pytest.mark.parametrize("match,build", list(_bad_descriptions()), ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_descriptions_are_refused_with_one_line(match, build):
+    with pytest.raises(DescriptionError, match=match) as e:
+        build()
+    assert "\n" not in str(e.value)
+
+
+def test_a_causal_model_is_not_refused_at_any_thread_count(net):
+    was = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            _wrap(net)
+    finally:
+        torch.set_num_threads(was)
+
+
+# --- from the command line: FILE.py:FUNCTION --weights W --------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

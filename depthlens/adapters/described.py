@@ -241,9 +241,9 @@ class DescribedModel(HookedRootModule):
         self._probe()
         from .generic import _BlockHooks
 
-        self.hook_embed = HookPoint()
+        self.hook_embed = HookPoint()  # type: ignore[no-untyped-call]
         self.blocks = nn.ModuleList([_BlockHooks() for _ in self._blocks])
-        self.hook_resid_final = HookPoint()
+        self.hook_resid_final = HookPoint()  # type: ignore[no-untyped-call]
         self.cfg = _lens_config(
             n_layers=self.n_layer, d_model=self.d_model, n_heads=1, n_ctx=self.max_seq_len, d_vocab=self.vocab_size
         )
@@ -257,6 +257,11 @@ class DescribedModel(HookedRootModule):
         """A read-only hook point on the residual view of `state` (the view is computed only when hooked)."""
         if hook._forward_hooks or hook._backward_hooks or hook._backward_pre_hooks:
             fire_read_only(hook, self.design.view(state), self.design.view_name, "the model's own modules")
+
+    def _hook(self, pos: int, where: str) -> HookPoint:
+        """blocks.{pos}.hook_resid_{where}."""
+        hook: HookPoint = getattr(self.blocks[pos], f"hook_resid_{where}")
+        return hook
 
     def hook_names(self) -> list[str]:
         return list(self.hook_dict)
@@ -420,9 +425,9 @@ class DescribedModel(HookedRootModule):
             src = order[pos] if order is not None else pos
             home, dev = self._home(pos, state), self._home(src, state)
             before = move(state, dev)
-            self._fire(self.blocks[pos].hook_resid_pre, before)
+            self._fire(self._hook(pos, "pre"), before)
             after = self._call(src, before, keep.get(pos), unit)
-            self._fire(self.blocks[pos].hook_resid_post, after)
+            self._fire(self._hook(pos, "post"), after)
             if on_layer is not None or ctx.record is not None:
                 mix = self._mixing(src) if self.description.mixing is not None else []
                 if ctx.record is not None:
