@@ -235,7 +235,7 @@ def short_method(h: dict[str, Any]) -> str:
 
 def headline_line(h: dict[str, Any], symbol: str, name: str) -> str:
     """The one default line: the share with its interval and its method in a few words.
-    'hc_l32: 36.2% [32.5, 40.0] of 276 late pairs have C > 0.45 (95% CI, jackknife over 32 eval sequences at m = 16)'"""
+    'hc_l32: 36.2% [32.5, 40.0] of 276 late pairs have C > θ (95% CI, jackknife over 32 eval sequences at m = 16)'"""
     ci = "" if math.isnan(h.get("ci_low", float("nan"))) else f" [{100 * h['ci_low']:.1f}, {100 * h['ci_high']:.1f}]"
     return (
         f"[bold]{name}[/bold]: {100 * h['share']:.1f}%{ci} of {h['n_pairs']} late pairs have {symbol} > "
