@@ -113,7 +113,7 @@ GEMMA = GEMMA / "gemma-3-270m.gguf"
 @pytest.mark.skipif(not GEMMA.is_file(), reason=f"{GEMMA} not fetched (bash scripts/fetch-real-models.sh)")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemma3_gguf_at_one_and_two_threads(threads, tmp_path):
-    # about 1 min per command on 2 idle cores (the GGUF load is most of it); 2.5-4 min each on a loaded machine
+    # slow: measured 2.5-4 min per command at 2 threads on a machine at load average 8-10 (the GGUF load is most)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DEPTHLENS_PROGRESS": "off", "HF_HUB_OFFLINE": "1"}
     size = ["--n-seq", "2", "--seq-len", "16", "--threads", str(threads), "--json"]
     for cmd in (
