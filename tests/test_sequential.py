@@ -58,7 +58,7 @@ def test_to_precision_records_the_rule_and_reuses_sequences(monkeypatch):
     real = registry.run
     monkeypatch.setattr(registry, "run", lambda n, mod, d, **k: runs.append(d.n_seq) or real(n, mod, d, **k))
     real_width = pr.half_width
-    monkeypatch.setattr(pr, "half_width", lambda ds, metric, **k: 0.3)  # never narrow enough: runs to the cap
+    monkeypatch.setattr(pr, "half_width", lambda ds, metric, *a, **k: 0.3)  # never narrow enough: runs to the cap
     ds = pr.to_precision("permutation", m, DATA, 0.1, n_start=2)
     assert runs == [2, 2, 4]  # each step computes only its new sequences
     assert ds.attrs["precision_n_seq"] == 8 and ds.attrs["precision_cap_hit"] == 1
