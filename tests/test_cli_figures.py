@@ -128,3 +128,14 @@ def test_the_overview_has_no_dead_space_and_no_overlapping_labels():
     bar_box = boxes[-1]
     assert not any(b.overlaps(bar_box) for b in boxes[:-1]), "the colour bar overlaps a panel"
     plt.close(fig)
+
+
+def test_a_sweep_reruns_into_the_default_folder(ckpt, tmp_path, monkeypatch):
+    """The sequential docs run found it: a sweep's dataset (curves built by concat) carried no `source`, so it was
+    not recognisably ours and its re-run into depthlens-out/ was refused."""
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", ckpt, "--n-seq", "2", "--seq-len", "16", "--metric", "causal"]
+    for _ in range(2):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.stderr
+    assert recognise(tmp_path / "depthlens-out" / "sweep.causal.nc") == "netCDF dataset"

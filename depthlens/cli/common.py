@@ -184,9 +184,13 @@ def write(ds: Any, path: Path, overwrite: bool, command: str | None = None) -> N
     if not is_main():  # under torchrun only rank 0 writes the merged dataset
         return
 
+    from .._version import __version__
     from ..io.atomic import parents_made
 
     ds.attrs["command"] = invoked_command() or command or ""
+    # what makes the file recognisably ours (io.ownership.recognise), so a re-run may replace it: a sweep's curves
+    # are built by concat, not make_dataset, and had no `source`, so its re-run into depthlens-out/ was refused
+    ds.attrs.setdefault("source", f"depthlens {__version__}")
     with parents_made(path):  # `-o NEWDIR/`: created now, removed again if the write fails
         write_netcdf(ds, path, overwrite=overwrite)
 
