@@ -141,7 +141,12 @@ def test_adopt_takes_a_dataset_only_whole(tmp_path):
 
 def _recipe(tmp_path: Path, export: Path) -> Path:
     r = tmp_path / "recipe.json"
-    base = {"model": {"arch": "preln", "d_model": 32, "n_head": 2, "n_layer": 2}, "steps": 400, "seq_len": 16, "warmup": 1}
+    base = {
+        "model": {"arch": "preln", "d_model": 32, "n_head": 2, "n_layer": 2},
+        "steps": 400,
+        "seq_len": 16,
+        "warmup": 1,
+    }
     r.write_text(json.dumps({"base": base, "runs": {"preln_l2": {"export": str(export), "out": str(tmp_path / "r")}}}))
     return r
 

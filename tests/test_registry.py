@@ -20,7 +20,16 @@ PKG = Path(__file__).parents[1] / "depthlens"
 
 def test_names_and_aliases_resolve_to_one_declaration():
     # table and summary.json order: the share columns, then erank and k*, then angular
-    assert registry.NAMES == ("causal", "permutation", "rank", "attnres", "angular", "mixing", "logit_lens", "tuned_lens")
+    assert registry.NAMES == (
+        "causal",
+        "permutation",
+        "rank",
+        "attnres",
+        "angular",
+        "mixing",
+        "logit_lens",
+        "tuned_lens",
+    )
     assert registry.names() == registry.NAMES  # nothing registered
     perm = registry.get("permutation")
     assert registry.get("permute") is perm and registry.get("perm") is perm  # the CLI command, the record prefix

@@ -26,7 +26,14 @@ from depthlens.errors import DepthlensError, UsageError
 from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
 
 DEFAULT_N_BOOT = 1000
-UNTRAINED_METRICS = ("causal", "permutation", "rank", "attnres", "logit_lens", "tuned_lens")  # those the report table and the orderings read
+UNTRAINED_METRICS = (
+    "causal",
+    "permutation",
+    "rank",
+    "attnres",
+    "logit_lens",
+    "tuned_lens",
+)  # those the report table and the orderings read
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
 
