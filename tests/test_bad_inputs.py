@@ -365,6 +365,15 @@ CASES += [
     ("angular-out-name-too-long", ["angular", "{preln}", "-o", "{root}/" + "z" * 256, *FAST], 1, "256 bytes"),
     ("angular-out-read-only-dir", ["angular", "{preln}", "-o", "/sys/a.nc", *FAST], 1, "not writable"),
     ("train-two-run-names", ["train", "@recipe:tworun", "run=a", "--run", "b"], 2, "two run names"),
+    ("plan-ckpt-missing", ["plan", "{root}/no_ckpt"], 1, "no_ckpt"),
+    ("plan-one-seed", ["plan", "{preln}", "{hc}"], 2, ">= 2 seeds per design"),
+    ("plan-power-out-of-range", ["plan", "{preln}", "--power", "1.5"], 2, "--power"),
+    ("prune-ckpt-missing", ["prune", "{root}/no_ckpt", "--tolerance", "0.1", "-o", "{root}/pruned"], 1, "no_ckpt"),
+    ("prune-tolerance-negative", ["prune", "{preln}", "--tolerance", "-1", "-o", "{root}/pruned"], 2, "--tolerance"),
+    ("prune-tolerance-nan", ["prune", "{preln}", "--tolerance", "nan", "-o", "{root}/pruned"], 2, "--tolerance"),
+    ("prune-out-is-input", ["prune", "{preln}", "--tolerance", "0.1", "-o", "{preln}"], 2, "input model's own"),
+    ("prune-out-user-dir", ["prune", "{preln}", "--tolerance", "0.1", "-o", "{root}/foreign_dir"], 2, "exists"),
+    ("cache-unknown-subcommand", ["cache", "frob"], 2, "No such command"),
 ]
 
 

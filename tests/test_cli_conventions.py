@@ -169,7 +169,7 @@ def test_train_builds_the_recipe_corpus_on_first_use(tmp_path, monkeypatch):
     from depthlens.data.tokenizers import get_tokenizer
 
     monkeypatch.chdir(tmp_path)  # the recipe's paths are relative, as in the committed recipes
-    r = run(["train", _recipe(tmp_path, corpus=True), "--run", "tiny"])
+    r = run(["train", _recipe(tmp_path, corpus=True), "--run", "tiny", "--json"])
     assert r.exit_code == 0, r.output
     assert "building the recipe's corpus into cache/corpus" in r.stderr and "corpus ready" in r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 3

@@ -274,6 +274,7 @@ CLI_ORDER = (
     "attnres",
     "logit_lens",
     "tuned_lens",
+    "mixing",
     "sweep",
     "report",
     "track",
@@ -283,7 +284,14 @@ CLI_ORDER = (
     "prepare",
     "train",
     "eval",
+    "prune",
+    "cache",
 )
+CLI_INTRO = "Every command prints one line on stderr and exits 1 on a domain error (bad checkpoint, bad data, an existing output of yours without `--overwrite`; depthlens's own output in `depthlens-out/` is simply replaced on a re-run), 2 on a usage error; never a traceback. `causal` and `permute` print one headline line (the share, its interval and the interval's method in a few words; `--verbose` adds the definition, the share at all sequences, the shard spread and the full method); `--json` prints everything machine-readable on stdout. Outputs are written atomically (temp file, then rename). Work that runs longer than 2 s shows progress on stderr: a bar with a count and an ETA on a terminal, one line per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it. Datasets go to `depthlens-out/` (git-ignored) unless `--out` says otherwise, and record the command line as given (`command` attribute). `-h` is `--help`; `depthlens --version` prints the version; `depthlens --install-completion` installs shell completion (bash, zsh, fish, PowerShell)."
+CLI_VOCABULARY = "## Vocabulary\n\nOne name, one meaning, in every command and in the Python API (`import depthlens as dl`; `tests/test_vocabulary.py`\nchecks it over every command's options):\n\n| name | means | where |\n|---|---|---|\n| `--layers` | which layers: `all` or `late` (the late window); for `permute`, the swapped pairs within them | causal, permute |\n| `--metric` / `--metrics` | one score / a comma list; a score's name is its Dataset variable (`perm_abs`, ...; `causal_score` is `causal`) | permute, sweep / compare, report, track |\n| `--norm` | the causal score's denominator: `update` or `resid` | causal |\n| `--aggregator`, `--variant` | the causal score's `aggregator` and `variant` dimensions | causal (API: `variant=`) |\n| `--out` | where the output goes; without it, `depthlens-out/` (the one default folder, git-ignored, replaced on a re-run) | every command that writes, `train` too |\n| `--n-seq`, `--seq-len`, `--tokens`, `--seed`, `--data` | the eval data | every analysis (API: `n_seq=`, ...) |\n\nOld spellings work for one more version, hidden from `--help`, with one `depthlens: note: ... is deprecated` line on\nstderr: `--pairs` of permute (now `--layers`), `--norm` of permute, abs|rel|kl (now `--metric perm_abs|perm_rel|perm_kl`),\n`--agg` of causal (now `--aggregator`), `out=DIR` of train (now `--out DIR`); in the API, `causal(variants=...)` (now\n`variant=`) and `permutation(pairs=...)` (now `layers=`), and the module `depthlens.analysis.api` (now\n`import depthlens as dl`), with a DeprecationWarning."  # written by hand: the option names every command shares (tests/test_vocabulary.py)
+CLI_NOTES = {  # what a command's --help cannot show: sub-commands, environment variables (written by hand)
+    "cache": "```text\ndepthlens cache list [--json]\ndepthlens cache clear [KEY...]\n```\n\n| command | does |\n|---|---|\n| `list` | every entry (least recently used first): key, GGUF file, dtype, size, last use; the folder, its total and the limit. `--json`: machine-readable |\n| `clear` | removes the entries whose key starts with one of KEYs (as `list` shows them), or every entry; exit 1 when no key matches |",
+}
 CLI_EXAMPLES = {  # each runs as pasted from the repository root (tests/test_docs.py runs docs/cli.md)
     "info": "depthlens info checkpoints/hc_l16 --json",
     "hooks": "depthlens hooks checkpoints/preln_l4",
@@ -362,24 +370,20 @@ def cli_reference() -> str:
     out = [
         "# CLI reference",
         "",
-        "Every command prints one line on stderr and exits 1 on a domain error (bad checkpoint, bad data, an "
-        "existing output without `--overwrite`), 2 on a usage error; never a traceback. `--json` prints "
-        "machine-readable output on stdout. Outputs are written atomically (temp file, then rename). Work that "
-        "runs longer than 2 s shows progress on stderr: a bar with a count and an ETA on a terminal, one line "
-        "per step otherwise (`[12/57] report: hc_l16: causal 7.7 s, eta 5m10s`); `--quiet` silences it. Datasets "
-        "go to `depthlens-out/` (git-ignored) unless `--out` says otherwise, and record the command line as "
-        "given (`command` attribute). `-h` is `--help`; `depthlens --version` prints the version; "
-        "`depthlens --install-completion` installs shell completion (bash, zsh, fish, PowerShell).",
+        CLI_INTRO,
         "",
         "<!-- generated from `depthlens <command> --help` by `.venv/bin/python tests/test_report.py`; "
         "do not edit by hand -->",
         "",
         " · ".join(f"[{c}](#depthlens-{c})" for c in order),
         "",
+        CLI_VOCABULARY,
+        "",
     ]
     for cmd in order:
         usage, desc, panels = _parse_help(_cli_help(cmd))
-        out += [f"## depthlens {cmd}", "", desc, "", "```text", usage, "```", ""]
+        out += [f"## depthlens {cmd}", "", desc, ""]
+        out += [CLI_NOTES[cmd], ""] if cmd in CLI_NOTES else ["```text", usage, "```", ""]
         for title, rows in panels:
             rows = [r for r in rows if not r[0].startswith("`--help`")]  # `--help`, `-h`
             if not rows:

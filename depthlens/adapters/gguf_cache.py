@@ -156,9 +156,8 @@ def _builder() -> dict[str, str]:
     import hashlib
     from importlib.metadata import version
 
-    from . import load
-
-    code = hashlib.sha256(Path(load.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
+    load_py = Path(__file__).with_name("load.py")  # read, not imported: `load` imports this module
+    code = hashlib.sha256(load_py.read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
     return {"transformers": version("transformers"), "gguf": version("gguf"), "code": code}
 
 

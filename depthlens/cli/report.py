@@ -49,13 +49,13 @@ def report(
     dtype: DtypeOpt = "fp32",
     metrics: Annotated[
         str | None,
-        typer.Option(help=f"Comma-separated subset of {','.join(registry.NAMES)} (default: every diagnostic)."),
+        typer.Option(help=f"Comma-separated subset of {', '.join(registry.NAMES)} (default: every diagnostic)."),
     ] = None,
     n_boot: BootOpt = 1000,
     untrained: Annotated[
         str,
         typer.Option(
-            help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a subset of causal,permutation,rank,attnres,logit_lens,tuned_lens, or 'none'."
+            help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a comma-separated subset of causal, permutation, rank, attnres, logit_lens, tuned_lens, or 'none'."
         ),
     ] = "causal,permutation,rank,attnres,logit_lens,tuned_lens",
     untrained_perm_n_seq: Annotated[

@@ -8,7 +8,7 @@ from typing import Any
 
 from depthlens.designs import DESIGNS
 from depthlens.diagnostics import registry
-from depthlens.stats import orderings
+from depthlens.stats import orderings, plans
 
 NA = "—"
 
@@ -471,13 +471,11 @@ def render_html(rep) -> str:
     parts.append(f"<p>{_h(orderings.CAVEAT)}</p>")
     parts.append(_html_table(orderings.HEAD, [[_h(c) for c in row] for row in orderings.rows(checked)]))
     parts.append(f"<p>{_h(orderings.summary_line(checked))}</p>")
-    from depthlens.studies import claims as _claims
-
-    plans = _claims.unresolved_plans(rep.comparisons, checked)
-    if plans:
-        parts.append(f'<h2 id="plan">{_h(_claims.PLAN_TITLE)}</h2>')
-        parts.append(f"<p>{_h(_claims.PLAN_NOTE)}</p>")
-        parts.append(_html_table(_claims.PLAN_HEAD, [[_h(c) for c in row] for row in _claims.plan_table(plans)]))
+    todo = plans.unresolved_plans(rep.comparisons, checked)
+    if todo:
+        parts.append(f'<h2 id="plan">{_h(plans.PLAN_TITLE)}</h2>')
+        parts.append(f"<p>{_h(plans.PLAN_NOTE)}</p>")
+        parts.append(_html_table(plans.PLAN_HEAD, [[_h(c) for c in row] for row in plans.plan_table(todo)]))
     parts.append('<h2 id="sweeps">Threshold sweeps and crossing points</h2>')
     parts.append(
         "<p>S(θ): share of late pairs above θ, one curve per checkpoint, grouped by depth; the dashed line "
@@ -550,6 +548,18 @@ def _md_table(head, rows) -> str:
     return "\n".join(lines)
 
 
+def plan_section(rows: list[dict[str, Any]] | Any) -> str:
+    """The power plan's markdown section for `stats.plans` rows ("" when there are none)."""
+    if not rows:
+        return ""
+    return (
+        "\n".join(
+            [f"## {plans.PLAN_TITLE}", "", plans.PLAN_NOTE, "", _md_table(plans.PLAN_HEAD, plans.plan_table(rows)), ""]
+        )
+        + "\n"
+    )
+
+
 def render_markdown(rep) -> str:
     recs = rep.records
     out = [
@@ -589,9 +599,7 @@ def render_markdown(rep) -> str:
         out += [f"![headline numbers against depth]({rep.figures['summary']})", ""]
     checked = orderings.check_all(recs, rep.comparisons)
     out += [orderings.markdown(checked), ""]
-    from depthlens.studies import claims as _claims
-
-    plan_md = _claims.plan_markdown(_claims.unresolved_plans(rep.comparisons, checked))
+    plan_md = plan_section(plans.unresolved_plans(rep.comparisons, checked))
     if plan_md:
         out += [plan_md]
     out += ["## Threshold sweeps and crossing points", ""]
