@@ -16,8 +16,11 @@ KERNEL = "depthlens-test-python"
 def kernel_env(tmp_path, monkeypatch):
     """A kernelspec pointing at sys.executable (the venv), found first via JUPYTER_PATH; runtime files in tmp.
 
-    The venv's own `python3` spec launches plain `python` from PATH, which need not be the venv's.
+    The venv's own `python3` spec launches plain `python` from PATH, which need not be the venv's. Skips, with the
+    reason, where the dev extra's notebook tools are not installed (a runtime-only `pip install .`).
     """
+    for mod in ("nbclient", "nbformat", "ipykernel"):
+        pytest.importorskip(mod, reason=f"{mod} is not installed (pip install -e '.[dev]' brings it)")
     spec = tmp_path / "jupyter" / "kernels" / KERNEL
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(
@@ -106,6 +109,7 @@ def _widgets(outputs: list[dict]) -> list[dict]:
 def test_the_api_shows_a_notebook_progress_bar_and_none_when_asked(kernel_env):
     """`dl.causal(...)` in a notebook draws an ipywidgets progress bar (tqdm.auto's notebook bar), which ends at
     the engine's total; `progress=False` draws nothing; no warning either way."""
+    pytest.importorskip("ipywidgets", reason="ipywidgets is not installed (the notebook extra): no widget to draw")
     (setup, shown, hidden), state = _run_cells(
         [
             TINY,
