@@ -736,3 +736,83 @@ def test_hook_points_read_the_residual_view(net, model, tokens):
     assert set(model.hook_names()) >= {"hook_embed", "blocks.0.hook_resid_pre", "hook_resid_final"}
     with pytest.raises(HookError, match="read-only"), torch.no_grad():
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: x * 0)])
+
+
+# --- what a description does not give is refused with the field, never an all-NaN result ---------------------------
+
+
+def _rewrapped(model, **changes):
+    """`model`'s description with some fields changed, wrapped again over the same module."""
+    import dataclasses
+
+    d = model.description
+    return depthlens.wrap(model.module, **{**{f.name: getattr(d, f.name) for f in dataclasses.fields(d)}, **changes})
+
+
+def test_depth_mixing_without_the_mixing_objects_is_refused_naming_the_field(model, tokens):
+    """No `mixing`: the depth-mixing matrix cannot be read off blocks seen from outside (refused, not NaN); with
+    `mixing` but without what the matrix needs (streams without pre/post, AttnRes without the final readout's
+    alpha), the line names what is missing. The complete description gives the native matrix (the control)."""
+    from depthlens.diagnostics.attnres import depth_mixing_dataset
+
+    data = EvalData.from_tokens(tokens)
+    with pytest.raises(DescriptionError, match="needs the description's `mixing` field") as e:
+        depth_mixing_dataset(model, data)
+    assert "\n" not in str(e.value)
+    hc = _described_native(_native("hc"))
+    data = EvalData.from_tokens(tokens[:, :12] % hc.vocab_size)
+    streams_only = _rewrapped(
+        hc, mixing=lambda b: [{"res_map": m["res_map"]} for m in hc.description.mixing(b)] if b else {}
+    )
+    with pytest.raises(DescriptionError, match="'pre' and 'post' next to 'res_map'"):
+        depth_mixing_dataset(streams_only, data)
+    full = _described_native(_native("full_attnres"))
+    no_final = _rewrapped(full, mixing=lambda b: full.description.mixing(b) if b is not None else {})
+    with pytest.raises(DescriptionError, match=r"`mixing\(None\)` must return \{'alpha'"):
+        depth_mixing_dataset(no_final, data)
+    M = depth_mixing_dataset(full, data).depth_mixing.values
+    assert np.isfinite(M).all() and np.allclose(M.sum(0)[1:], 1.0)  # each input is a softmax mix of its sources
+
+
+def test_depth_mixing_of_a_model_with_nothing_to_read_is_refused():
+    """A model that gives neither a matrix nor depth-mass readouts (a Hugging Face model, say) is refused: the
+    engine never writes an all-NaN matrix (MoDA, with depth_mass, keeps its NaN matrix and a note)."""
+    from depthlens.diagnostics.attnres import depth_mixing_dataset
+    from helpers import debug_model
+
+    inner = debug_model("preln", n_layer=2)
+
+    class Plain:  # the layered-LM core only
+        design, n_layer = inner.design, inner.n_layer
+
+        def parameters(self):
+            return inner.parameters()
+
+    data = EvalData.from_tokens(torch.randint(0, inner.config.vocab_size, (2, 8), generator=torch.Generator()))
+    with pytest.raises(depthlens.errors.DepthlensError, match="no matrix .model.depth_mixing. and no"):
+        depth_mixing_dataset(Plain(), data)
+    assert np.isfinite(depth_mixing_dataset(inner, data).depth_mixing.values).all()  # native Pre-LN: a matrix
+
+
+def test_the_lens_refuses_a_state_that_is_not_its_view_and_reads_one_that_is(model, tokens):
+    """The logit lens reads h_l through the description's head: a one-tensor state with no view/final is read
+    (at l = L the lens is the model's own prediction: KL 0); HC's stream state (a `view`) is refused with one line
+    before any work, not a shape error from inside the user's head."""
+    from depthlens.diagnostics.lens import logit_lens
+
+    data = EvalData.from_tokens(tokens)
+    kl = logit_lens(model, data, n_boot=0).lens_kl.values  # (layer,): sequence means
+    assert abs(float(kl[-1])) < 1e-6 and float(kl[0]) > 1e-3
+    hc = _described_native(_native("hc"))
+    assert model.lens_refusal() is None and "gives `view`" in hc.lens_refusal()
+    with pytest.raises(depthlens.errors.DepthlensError, match="gives `view`") as e:
+        logit_lens(hc, EvalData.from_tokens(tokens[:, :8] % hc.vocab_size), n_boot=0)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_mixing_on_a_description_without_mixing_exits_1_and_writes_nothing(user_dir):
+    r = _cli(["mixing", "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL, "-o", "mix.nc"], user_dir)
+    lines = [l for l in r.output.splitlines() if l.strip() and not l.startswith("loading")]
+    assert r.exit_code == 1, r.output
+    assert len(lines) == 1 and lines[0].startswith("depthlens: error:") and "`mixing` field" in lines[0], r.output
+    assert not (user_dir / "mix.nc").exists()

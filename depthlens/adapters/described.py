@@ -63,6 +63,7 @@ __all__ = [
     "open_described",
     "pair_weights",
     "parse_ref",
+    "untrained_twin",
     "wrap",
 ]
 
@@ -546,6 +547,30 @@ class DescribedModel(HookedRootModule):
     def extra_repr(self) -> str:
         return f"design={self.description.design!r}, n_layer={self.n_layer}, d_model={self.d_model}"
 
+    # --- what the description does not give: refused with the field that is missing, never NaN ---------------
+    def depth_mixing(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """Refused (DescriptionError): M[i -> j] is composed from the blocks' mixing objects, and this description
+        has no `mixing`. A block seen from outside does not say how its input was mixed from earlier outputs
+        (a Pre-LN block and a parallel or scaled one look alike), so nothing is assumed."""
+        raise DescriptionError(
+            "the depth-mixing matrix needs the description's `mixing` field (the blocks' stream maps res_map, pre, "
+            "post, or their AttnRes depth weights alpha; docs/own-model.md#fields); this description has none"
+        )
+
+    def lens_refusal(self) -> str | None:
+        """Why the logit and tuned lens cannot read this model (None: they can). They read h_l = final_hidden(state)
+        through the head as if the model stopped there, so the head must take h_l as it takes the last state: one
+        tensor (B, T, d) that is its own residual view, with no `view` and no `final`."""
+        d, fields = self.description, [f for f in ("view", "final") if getattr(self.description, f) is not None]
+        if self.layout.kind == "tensor" and not fields:
+            return None
+        what = f"gives `{'` and `'.join(fields)}`" if fields else f"keeps its state as a {self.layout.kind}"
+        return (
+            f"the logit and tuned lens read h_l through the description's head, which takes the state; "
+            f"{d.design!r} {what}, so its head does not take h_l (a lens needs one state tensor (B, T, d) and no "
+            "`view` or `final`)"
+        )
+
 
 class MixingDescribedModel(DescribedModel):
     """A described model whose blocks expose their mixing objects: readouts and the depth-mixing matrix too."""
@@ -567,13 +592,20 @@ class MixingDescribedModel(DescribedModel):
     def depth_mixing(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """M[i -> j] (B, T, 2L+1, 2L+1) from the readouts, as the native HC/mHC, Full or Block AttnRes design
         composes it (stream maps: res_map, pre, post; Full AttnRes: alpha over [emb, every earlier write]; Block
-        AttnRes: alpha over [completed blocks, partial] with the block starts, `_block_starts`); None otherwise."""
+        AttnRes: alpha over [completed blocks, partial] with the block starts, `_block_starts`). Refused
+        (DescriptionError, naming what `mixing` left out) when the mixing objects do not determine it."""
         rec = self.readouts(tokens)
         n_sub = 2 * self.n_layer
         from ..models.residual.attnres import BlockAttnRes, FullAttnRes
         from ..models.residual.streams import MultiStreamDesign
 
-        if all(rec.has(k, j) for k in ("res_map", "pre", "post") for j in range(n_sub)):
+        if all(rec.has("res_map", j) for j in range(n_sub)):
+            lacking = [k for k in ("pre", "post") if not all(rec.has(k, j) for j in range(n_sub))]
+            if lacking:
+                raise DescriptionError(
+                    f"the depth-mixing matrix needs {' and '.join(map(repr, lacking))} next to 'res_map' in every "
+                    "mapping `mixing(block)` returns (the branch's read and write weights over the streams)"
+                )
             n = int(rec.sublayer("res_map", 0).shape[-1])
             cfg = SimpleNamespace(hc_streams=n, hc_collapse="sum", multistream_skip="mix")
             shim = MultiStreamDesign(cfg)  # type: ignore[no-untyped-call]
@@ -581,15 +613,27 @@ class MixingDescribedModel(DescribedModel):
                 c = torch.as_tensor(rec.final("collapse")).double()
                 shim.collapse_vector = lambda dtype=torch.float64, device=None: c.to(device, dtype)  # type: ignore[method-assign]
             return shim.depth_mixing(rec, n_sub)
-        if not (all(rec.has("alpha", j) for j in range(n_sub)) and rec.has("alpha", final=True)):
-            return None
+        if not all(rec.has("alpha", j) for j in range(n_sub)):
+            raise DescriptionError(
+                "the depth-mixing matrix needs 'res_map', 'pre' and 'post' (stream designs) or 'alpha' (AttnRes) in "
+                "the mapping `mixing(block)` returns for every writer; this description's mixing gives neither"
+            )
+        if not rec.has("alpha", final=True):
+            raise DescriptionError(
+                "the depth-mixing matrix needs the final readout's depth weights: `mixing(None)` must return "
+                "{'alpha': ...} (B, T, S) over the sources the head reads; this description's returns none"
+            )
         starts = _block_starts(rec, self.n_layer)
         if starts is not None:
             return BlockAttnRes(SimpleNamespace(block_starts=starts)).depth_mixing(rec, n_sub)  # type: ignore[arg-type]
         full = all(rec.sublayer("alpha", j).shape[-1] == j + 1 for j in range(n_sub))
         if full and rec.final("alpha").shape[-1] == n_sub + 1:
             return FullAttnRes(SimpleNamespace(attnres_skip="zero_value")).depth_mixing(rec, n_sub)  # type: ignore[arg-type]
-        return None
+        raise DescriptionError(
+            "the depth-mixing matrix cannot place the sources of 'alpha': with Full AttnRes writer j reads j + 1 "
+            f"sources and the final readout {n_sub + 1}; Block AttnRes names them ('source_labels' with 'partial', "
+            "or 'block_starts' in the mapping `mixing(None)` returns)"
+        )
 
 
 def _block_starts(rec: Readouts, n_layer: int) -> list[int] | None:
@@ -876,3 +920,52 @@ def open_described(
     else:
         model.module.to(device)
     return model.eval(), prov
+
+
+# --- the untrained twin: the description's own init ---------------------------------------------------------------
+
+TWIN_SEED = 0  # the torch seed the untrained twin of a described model is built under (its training seed is unknown)
+
+
+def untrained_init(seed: int = TWIN_SEED) -> str:
+    """How the untrained twin of a described model is initialised, as provenance and the report record it."""
+    return f"the description's own init, torch seed {seed}"
+
+
+def untrained_twin(model: DescribedModel, seed: int = TWIN_SEED) -> DescribedModel:
+    """The untrained model of a described model opened from FILE.py:FUNCTION with weights: FUNCTION() run again
+    (its file imported afresh) under `torch.manual_seed(seed)`, with no weights loaded, on the model's device,
+    dtype and placement; its provenance records `untrained_init`. The caller's random stream is left as it was.
+
+    Refused with one line (DescriptionError) when depthlens cannot rebuild it: a model built in Python (it has no
+    FILE.py:FUNCTION), a model analysed without weights (it is FUNCTION's own init already), or a FUNCTION that
+    returns a module it did not build (the twin would share the analysed model's parameters)."""
+    from .load import open_model, opened_of
+
+    op = opened_of(model)
+    ref = parse_ref(op.meta.path) if op is not None and op.meta.kind == "described" else None
+    if ref is None:
+        raise DescriptionError(
+            "no untrained twin for a model described in Python: depthlens rebuilds one only from FILE.py:FUNCTION"
+        )
+    if ref.weights is None:
+        raise DescriptionError(
+            f"no untrained twin: {ref.name} is analysed without --weights, as FUNCTION builds it (its own init)"
+        )
+    p = next(model.module.parameters())
+    where: dict[str, Any] = {"device": str(p.device), "dtype": p.dtype}
+    if model.placement is not None:
+        where = {"dtype": p.dtype, "device_map": model.placement}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        twin_op = open_model(str(Ref(ref.file, ref.function)), **where)
+    twin = twin_op.model
+    mine = {id(t) for t in model.module.parameters()}
+    if any(id(t) in mine for t in twin.module.parameters()):
+        raise DescriptionError(
+            f"no untrained twin: {ref.name} returns a module it did not build (its parameters are the analysed "
+            "model's); build the model inside FUNCTION"
+        )
+    twin_op.provenance["untrained_init"] = untrained_init(seed)
+    twin_op.provenance["untrained_twin_of"] = str(ref)
+    return twin.eval()

@@ -240,7 +240,9 @@ def depth_mixing_dataset(
     (0 = embedding, i ≥ 1 = sublayer i−1's output) in the input of sublayer j (j = 2L: the final readout).
 
     Designs without a residual mix (MoDA) return None there: their `sub{j}.depth_mass` readouts are
-    averaged instead (variable `depth_mass`), or the matrix is all NaN with a note.
+    averaged instead (variable `depth_mass`) and the matrix is all NaN with a note. A model with neither (a
+    Hugging Face model) is refused with one line (DepthlensError), as is a described model whose description does
+    not give the mixing objects (its `depth_mixing` says which field is missing).
     progress: called as (batches done, total) (`depthlens.runtime.progress`).
     """
     L = model.n_layer
@@ -265,6 +267,11 @@ def depth_mixing_dataset(
                 summed = m[:, 1:].reshape(m.shape[0] * (m.shape[1] - 1), -1).sum(0).cpu().numpy()
                 prev = masses.get(j, (0, 0))
                 masses[j] = (prev[0] + summed, prev[1] + toks.shape[0] * (toks.shape[1] - 1))
+        if not masses:  # nothing to average: refused, never an all-NaN matrix
+            raise DepthlensError(
+                f"the depth-mixing matrix is not defined for this model ({type(model).__name__}): it gives no "
+                "matrix (model.depth_mixing) and no sub{j}.depth_mass readouts"
+            )
         done.add()
     dv: dict[str, Any] = {}
     if count:

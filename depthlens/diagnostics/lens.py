@@ -85,6 +85,8 @@ class Readout:
         norm = getattr(model, "final_norm", None)
         self._norm: Callable[[torch.Tensor], torch.Tensor] | None = norm if callable(norm) else None
         self._ctx: dict[tuple[int, str], RunContext] = {}
+        if self._norm is None and self.u is None:
+            check_readable(model)
 
     @property
     def chunked(self) -> bool:
@@ -109,6 +111,15 @@ class Readout:
         if self.u is not None:
             return F.linear(self.normed(h), self.u.weight, self.u.bias)
         return self.model.head({"h": h}, self.ctx(h))
+
+
+def check_readable(model: LayeredLM) -> None:
+    """Refuse (one line) a model that says its head cannot read h_l (`lens_refusal()`: a described model whose
+    state is not its residual view), before any work; a model without that method is read as the protocol says."""
+    refusal = getattr(model, "lens_refusal", None)
+    why = refusal() if callable(refusal) else None
+    if why:
+        raise DepthlensError(why)
 
 
 def boundary_states(model: LayeredLM, tokens: torch.Tensor) -> list[torch.Tensor]:
@@ -589,6 +600,7 @@ def lens_readout(
         raise DepthlensError(f"forms_at must be a number in (0, 1), got {forms_at!r}")
     if data.seq_len < 3:
         raise DataError(f"the lens needs sequences of >= 3 tokens (BOS, a position, its target), got {data.seq_len}")
+    check_readable(model)
     L = model.n_layer
     dev = model_device(model)
     bs = batch_size or default_batch_size(data)
