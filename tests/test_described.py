@@ -816,3 +816,90 @@ def test_cli_mixing_on_a_description_without_mixing_exits_1_and_writes_nothing(u
     assert r.exit_code == 1, r.output
     assert len(lines) == 1 and lines[0].startswith("depthlens: error:") and "`mixing` field" in lines[0], r.output
     assert not (user_dir / "mix.nc").exists()
+
+
+# --- beside the zoo in a report: no recorded val loss, the description's own init as the untrained twin -------------
+
+
+def test_untrained_twin_is_functions_own_init_under_a_fixed_seed(user_dir):
+    """The twin of FILE.py:FUNCTION with weights: FUNCTION() again under torch.manual_seed(TWIN_SEED), no weights
+    loaded (its state dict is what a user gets by seeding and calling describe() by hand), recorded in provenance;
+    the caller's random stream is untouched."""
+    from depthlens.adapters.described import TWIN_SEED, untrained_twin
+    from depthlens.adapters.load import open_model, opened_of
+
+    model = open_model(f"{user_dir / 'run' / 'model.safetensors'}@{user_dir / 'mymodel.py'}:describe").model
+    rng = torch.get_rng_state()
+    twin = untrained_twin(model)
+    assert torch.equal(torch.get_rng_state(), rng)
+    torch.manual_seed(TWIN_SEED)
+    want = NS["describe"]().module.state_dict()
+    got, trained = twin.module.state_dict(), model.module.state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert not torch.equal(got["lm_head.weight"], trained["lm_head.weight"])  # not the loaded weights
+    assert opened_of(twin).provenance["untrained_init"] == f"the description's own init, torch seed {TWIN_SEED}"
+
+
+def test_no_untrained_twin_is_refused_with_the_reason(user_dir, tmp_path, net):
+    from safetensors.torch import save_file
+
+    from depthlens.adapters.described import untrained_twin
+    from depthlens.adapters.load import open_model
+
+    with pytest.raises(DescriptionError, match="described in Python"):
+        untrained_twin(_wrap(net))
+    with pytest.raises(DescriptionError, match="without --weights"):
+        untrained_twin(open_model(f"{user_dir / 'mymodel.py'}:describe").model)
+    # FUNCTION wraps a module another (cached) module built: the twin would be the analysed model itself
+    toy = (
+        "from torch import nn\n\nNET = nn.ModuleDict(\n"
+        "    dict(emb=nn.Embedding(11, 8), blocks=nn.ModuleList([nn.Linear(8, 8)]), out=nn.Linear(8, 11))\n)\n"
+    )
+    (tmp_path / "_dl_test_cached_net.py").write_text(toy)
+    (tmp_path / "shared.py").write_text(
+        "import depthlens\nfrom _dl_test_cached_net import NET\n\n\ndef describe():\n"
+        "    return depthlens.wrap(NET, embed=NET.emb, blocks=NET.blocks, head=NET.out)\n"
+    )
+    ns: dict = {}
+    exec(toy, ns)  # noqa: S102 (the test's own source)
+    save_file(ns["NET"].state_dict(), str(tmp_path / "toy.safetensors"))
+    model = open_model(f"{tmp_path / 'toy.safetensors'}@{tmp_path / 'shared.py'}:describe").model
+    with pytest.raises(DescriptionError, match="returns a module it did not build"):
+        untrained_twin(model)
+
+
+def test_report_shows_no_val_loss_as_not_recorded_the_twin_and_skips_mixing_with_a_note(user_dir, tmp_path):
+    """A described model beside a native one: its val loss is '—' (depthlens did not train it; never 'NaN'), its
+    untrained columns are filled from the description's own init (untrained_init in summary.json and a note), and
+    the depth-mixing matrix its description cannot give is skipped with a note, not written as NaN."""
+    import json
+
+    import xarray as xr
+
+    from depthlens.models.config import ModelConfig
+    from depthlens.models.model import build_model
+
+    native = tmp_path / "preln_l4"
+    cfg = ModelConfig(arch="preln", n_layer=4, d_model=32, n_head=2, vocab_size=257, max_seq_len=64)
+    depthlens.save(build_model(cfg, seed=0), native)
+    out = tmp_path / "report"
+    args = ["report", native, "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL[:4]]
+    r = _cli([*args, "--metrics", "causal,mixing", "--n-boot", "0", "-o", out, "--quiet"], user_dir)
+    assert r.exit_code == 0, r.output
+    rows = {row["checkpoint"]: row for row in json.loads((out / "summary.json").read_text())}
+    mine = rows["mymodel.py_describe"]
+    assert mine["val_loss"] is None and mine["untrained_init"] == "the description's own init, torch seed 0"
+    assert mine["causal_share_untrained"] is not None and mine["eval_loss_untrained"] is not None
+    readme = (out / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| tiny_preln |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    head = next(line for line in readme.splitlines() if line.startswith("| design |"))
+    col = [c.strip() for c in head.strip("|").split("|")].index("val loss (train.json)")
+    assert cells[col] == "—" and "NaN" not in row
+    assert "no train.json" in readme  # the footnote says why
+    assert "mymodel.py_describe: mixing: not computed (" in readme and "`mixing` field" in readme
+    assert "mymodel.py_describe: untrained baseline: the description's own init, torch seed 0" in readme
+    assert "not recorded" in (out / "index.html").read_text()
+    with xr.open_dataset(out / "mixing.nc") as ds:
+        assert [str(c) for c in np.atleast_1d(ds.checkpoint.values)] == ["preln_l4"]
+        assert np.isfinite(ds.depth_mixing.values).all()

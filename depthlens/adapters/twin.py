@@ -28,11 +28,17 @@ def untrained_twin(model: Any, seed: int = 0) -> Any:
     """The model of `model`'s config at initialisation (seed `seed`), in eval mode, on its device and dtype.
 
     depthlens models: `build_model(config, seed)`; HF and GGUF models (`model.hf`): the HF class built from
-    the same config under `torch.manual_seed(seed)` and wrapped like the original (hand-mapped or generic)."""
+    the same config under `torch.manual_seed(seed)` and wrapped like the original (hand-mapped or generic);
+    described models (FILE.py:FUNCTION with weights): FUNCTION's own init under `torch.manual_seed(seed)`, no
+    weights loaded (`adapters.described.untrained_twin`)."""
     import torch
 
     from ..models.config import ModelConfig
 
+    if getattr(model, "adapter_path", None) == "described":  # FUNCTION() again, under the seed, no weights loaded
+        from .described import untrained_twin as described_twin
+
+        return described_twin(model, seed=seed)
     p = next(model.parameters())
     cfg = getattr(model, "config", None)
     if isinstance(cfg, ModelConfig):

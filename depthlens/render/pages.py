@@ -81,7 +81,9 @@ INTERVAL_NOTE = (
 
 LOSS_NOTE = (
     "Two losses, both in nats per token: 'val loss (train.json)' is the trainer's `final_val_loss` on its own "
-    "held-out batches (train.json `val_batches` × batch × sequence length tokens; NaN when absent); 'eval "
+    "held-out batches (train.json `val_batches` × batch × sequence length tokens; '—' where none is recorded: a "
+    "model depthlens did not train, such as a described model FILE.py:FUNCTION or a Hugging Face or GGUF model, "
+    "has no train.json); 'eval "
     "loss (report)' is the clean next-token loss on this report's eval set (the tokens of the eval line "
     "above), the loss the claims below use."
 )
@@ -131,7 +133,7 @@ def _share(r: dict[str, Any], key: str) -> str:
 
 
 def table_rows(records: list[dict[str, Any]], terminal: bool = False) -> list[list[str]]:
-    """The paper-form table as strings: design × depth, NaN where the validation loss is unknown (`table_head`)."""
+    """The paper-form table as strings: design × depth, NA where no validation loss is recorded (`table_head`)."""
     cols = table_columns(terminal)
     rows = []
     for r in records:
@@ -143,7 +145,7 @@ def table_rows(records: list[dict[str, Any]], terminal: bool = False) -> list[li
                 f"{r['params_total']:,}" if r.get("params_total") is not None else NA,
                 _num(r.get("lr"), "g"),
             ]
-        losses = [_num(r.get("val_loss"), ".3f", "NaN")] + ([] if terminal else [_num(r.get("eval_loss"), ".3f")])
+        losses = [_num(r.get("val_loss"), ".3f")] + ([] if terminal else [_num(r.get("eval_loss"), ".3f")])
         rows.append([*base, *losses, *(cell(r) for _, cell in cols)])
     return rows
 
@@ -510,7 +512,7 @@ def render_html(rep) -> str:
             f"d = {e.d_model}, {r.get('params_total') or 0:,} params</h3>"
         )
         parts.append(
-            f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'NaN'))} · "
+            f"<p><code>{_h(e.path)}</code> · val loss {_h(_num(r.get('val_loss'), '.3f', 'not recorded'))} · "
             f"eval loss {_h(_num(r.get('eval_loss'), '.3f'))}</p>"
         )
         imgs = [_img(p, metric_titles().get(m, m)) for m, p in e.figures.items()]

@@ -108,6 +108,7 @@ RECORD_BASE = (
     "val_loss",
     "eval_loss",
     "eval_loss_untrained",
+    "untrained_init",
 )
 RECORD_END = (
     "erank_full_untrained",
@@ -139,6 +140,7 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
         lr=_f((e.train.get("recipe") or {}).get("lr")),
         train_git_sha=str(e.train["git_sha"])[:12] if e.train.get("git_sha") else None,
         decay_mixing=(e.train.get("recipe") or {}).get("decay_mixing"),
+        untrained_init=e.untrained_init,
     )
     base_row: dict[str, Any] = {"n_layer": e.n_layer, "eval_loss": None}  # the untrained model's own row
     for d in registry.diagnostics():

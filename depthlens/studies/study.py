@@ -157,6 +157,7 @@ class Entry:
     seconds: dict[str, float] = field(default_factory=dict)
     figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
     notes: list[str] = field(default_factory=list)
+    untrained_init: str | None = None  # how the untrained model was initialised (None: no untrained model)
 
     @property
     def seed(self) -> int | None:
@@ -331,14 +332,30 @@ def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progr
 
 def untrained_model(e: Entry) -> Any:
     """The model of `e`'s config as the trainer initialises it for `e`'s training seed (`build_model(config,
-    seed)`, exactly the trainer's step-0 weights), on `e`'s device and dtype; None when the seed or a
-    depthlens config is unknown."""
+    seed)`, exactly the trainer's step-0 weights), on `e`'s device and dtype; a described model's own init
+    (`untrained_of`); None when there is none."""
+    return untrained_of(e)[0]
+
+
+def untrained_of(e: Entry) -> tuple[Any, str]:
+    """(the untrained model of `e` or None, how it was initialised or why there is none), on `e`'s device and dtype.
+
+    depthlens checkpoints: the trainer's step-0 weights for the training seed. Described models (FILE.py:FUNCTION
+    with weights: depthlens did not train them, so no seed is recorded): FUNCTION's own init under the fixed torch
+    seed `adapters.described.TWIN_SEED`, no weights loaded."""
     from depthlens.adapters.twin import untrained_twin
     from depthlens.models.config import ModelConfig
 
+    if getattr(e.model, "adapter_path", None) == "described":
+        from depthlens.adapters.described import TWIN_SEED, untrained_init
+
+        try:
+            return untrained_twin(e.model, seed=TWIN_SEED), untrained_init(TWIN_SEED)
+        except DepthlensError as err:
+            return None, str(err).splitlines()[0]
     if e.seed is None or not isinstance(getattr(e.model, "config", None), ModelConfig):
-        return None
-    return untrained_twin(e.model, seed=e.seed)
+        return None, "no training seed in train.json"
+    return untrained_twin(e.model, seed=e.seed), f"the trainer's step-0 weights, seed {e.seed}"
 
 
 def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool = False) -> EvalData:
@@ -363,10 +380,13 @@ def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
         )
     if not todo:
         return
-    model = untrained_model(e)
+    model, how = untrained_of(e)
     if model is None:
-        e.notes.append("untrained baseline: not computed (no training seed in train.json)")
+        e.notes.append(f"untrained baseline: not computed ({how})")
         return
+    e.untrained_init = how
+    if getattr(e.model, "adapter_path", None) == "described":  # not the trainer's step 0: say what it is
+        e.notes.append(f"untrained baseline: {how} (FUNCTION() with no weights loaded)")
     t0 = time.perf_counter()
     for m in todo:
         try:
