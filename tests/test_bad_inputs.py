@@ -105,6 +105,30 @@ def _hostile_checkpoints(root: Path, e: dict[str, Path]) -> None:
     os.mkfifo(root / "map.json")
     for name, text in RAW_RECIPES.items():
         (root / f"raw_{name}.json").write_text(text)
+    _strict_json_inputs(root, e)
+
+
+def _strict_json_inputs(root: Path, e: dict[str, Path]) -> None:
+    """JSON the standard library takes but depthlens must refuse (issue 35): a key twice or NaN in a JSONL line of
+    --data / prepare / eval --jsonl, a tensor named twice in a safetensors header, a shard manifest's key twice."""
+    import struct
+
+    (root / "dup.jsonl").write_text('{"text": "one text"}\n{"text": "kept?", "text": "or this?"}\n')
+    (root / "nan.jsonl").write_text('{"text": "one text", "weight": NaN}\n')
+    (root / "dupqa.jsonl").write_text('{"q": "1 + 1 =", "a": "2", "a": "3"}\n')
+    d = root / "ck_safetensors_dup"
+    d.mkdir()
+    for f in e["preln"].iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            (d / f.name).write_bytes(f.read_bytes())
+    blob = (e["preln"] / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    pairs = list(json.loads(blob[8 : 8 + n]).items())
+    name, info = next((k, v) for k, v in pairs if k != "__metadata__")
+    header = "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in [*pairs, (name, info)]) + "}"
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode() + blob[8 + n :])
+    (root / "dup_manifest").mkdir()
+    (root / "dup_manifest" / "manifest.json").write_text('{"splits": {}, "splits": {"train": {}}}')
 
 
 _BASE = {
@@ -374,6 +398,23 @@ CASES += [
     ("prune-out-is-input", ["prune", "{preln}", "--tolerance", "0.1", "-o", "{preln}"], 2, "input model's own"),
     ("prune-out-user-dir", ["prune", "{preln}", "--tolerance", "0.1", "-o", "{root}/foreign_dir"], 2, "exists"),
     ("cache-unknown-subcommand", ["cache", "frob"], 2, "No such command"),
+]
+# --- issue 35: every JSON a user hands depthlens is read strictly (a key twice, NaN), naming file and line ------
+CASES += [
+    ("causal-data-jsonl-key-twice", ["causal", "{preln}", "--data", "{root}/dup.jsonl", *FAST], 1, "'text' twice"),
+    ("angular-data-jsonl-nan", ["angular", "{preln}", "--data", "{root}/nan.jsonl", *FAST], 1, "nan.jsonl:1: line"),
+    (
+        "prune-data-jsonl-key-twice",
+        ["prune", "{preln}", "--tolerance", "0.1", "-o", "{root}/pruned", "--data", "{root}/dup.jsonl", *FAST],
+        1,
+        "dup.jsonl:2: line has the key 'text' twice",
+    ),
+    ("prepare-jsonl-key-twice", ["prepare", "{root}/dup.jsonl", "--out", "{root}/shards"], 1, "'text' twice"),
+    ("prepare-jsonl-nan", ["prepare", "{root}/nan.jsonl", "--out", "{root}/shards"], 1, "holds NaN"),
+    ("eval-jsonl-key-twice", ["eval", "{preln}", "--jsonl", "x={root}/dupqa.jsonl:q,a"], 1, "'a' twice"),
+    ("info-safetensors-name-twice", ["info", "{root}/ck_safetensors_dup"], 1, "safetensors header has the key"),
+    ("causal-safetensors-name-twice", ["causal", "{root}/ck_safetensors_dup", *FAST], 1, "twice"),
+    ("train-data-manifest-key-twice", ["train", "@recipe:dupman", "data={root}/dup_manifest"], 1, "'splits' twice"),
 ]
 
 

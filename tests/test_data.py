@@ -331,7 +331,7 @@ def test_prepare_parquet_without_pyarrow(tmp_path, monkeypatch):
     [
         ("empty.txt", b"", "empty"),
         ("latin1.txt", "caf\u00e9".encode("latin-1"), "not valid UTF-8"),
-        ("bad.jsonl", b'{"text": "ok"}\n{oops\n', ":2: invalid JSON"),
+        ("bad.jsonl", b'{"text": "ok"}\n{oops\n', ":2: line is not valid JSON"),
         ("nofield.jsonl", b'{"content": "x"}\n', "no string field 'text'"),
         ("table.csv", b"a,b\n1,2\n", "unsupported file type"),
     ],

@@ -65,6 +65,12 @@ CORRUPTIONS = {
     "truncated": (lambda s: (s / STATE_TENSORS).write_bytes((s / STATE_TENSORS).read_bytes()[:5000]), "unreadable"),
     "tensors file gone": (lambda s: (s / STATE_TENSORS).unlink(), "missing"),
     "json not JSON": (lambda s: (s / STATE_JSON).write_text('{"step": 4,'), "not valid JSON"),
+    "json key twice": (
+        lambda s: (s / STATE_JSON).write_text(
+            (s / STATE_JSON).read_text().replace('"step": 4', '"step": 4, "step": 4', 1)
+        ),
+        "'step' twice",
+    ),
     "wrong step in json": (
         lambda s: (s / STATE_JSON).write_text((s / STATE_JSON).read_text().replace('"step": 4', '"step": 7', 1)),
         "step",

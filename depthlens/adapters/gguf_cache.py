@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DepthlensError
+from ..io.files import strict_json
 
 FORMAT = 1
 KIND = "gguf cache entry"
@@ -204,8 +205,8 @@ def _write(
 
 def _read(entry: Path, digest: str, dtype: Any) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
     try:
-        meta = json.loads((entry / "entry.json").read_text())
-    except (OSError, ValueError) as e:
+        meta = strict_json((entry / "entry.json").read_text())
+    except (OSError, ValueError, RecursionError) as e:
         raise _Damaged(f"entry.json: {e.__class__.__name__}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _Damaged("entry.json: unknown format")
@@ -263,9 +264,10 @@ def entries(root: Path | None = None) -> list[dict[str, Any]]:
         if not d.is_dir() or d.name.startswith("."):
             continue
         try:
-            meta = json.loads((d / "entry.json").read_text())
-        except (OSError, ValueError):
+            meta = strict_json((d / "entry.json").read_text())
+        except (OSError, ValueError, RecursionError):
             meta = {}
+        meta = meta if isinstance(meta, dict) else {}  # a list or a number is as damaged as no JSON
         size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
         used = (d / "used").stat().st_mtime if (d / "used").exists() else d.stat().st_mtime
         out.append(

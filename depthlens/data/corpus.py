@@ -326,14 +326,13 @@ def _records(path: Path, text: str, text_field: str) -> list[str]:
     if suffix in PLAIN_TEXT:
         return [text]
     if suffix == ".jsonl":
+        from depthlens.io.files import loads_json
+
         docs = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            record = loads_json(line, f"{path}:{lineno}", "line", error=DataError)
             if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                 raise DataError(f"{path}:{lineno}: no string field {text_field!r}")
             docs.append(record[text_field])

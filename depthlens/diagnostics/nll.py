@@ -50,17 +50,14 @@ def humaneval_items() -> list[Item]:
 def jsonl_items(path: str | Path, prompt_field: str, answer_field: str) -> list[Item]:
     """Items from a user-supplied JSONL file with the given field names."""
     path = Path(path)
-    from depthlens.io.files import TEXT_MAX, read_text
+    from depthlens.io.files import TEXT_MAX, loads_json, read_text
 
     text = read_text(path, "a JSONL file", max_bytes=TEXT_MAX, error=DataError)
     items = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            raise DataError(f"{path}:{n}: not valid JSON (or nested too deeply)") from None
+        row = loads_json(line, f"{path}:{n}", "line", error=DataError)
         if not isinstance(row, dict) or prompt_field not in row or answer_field not in row:
             raise DataError(f"{path}:{n}: missing field {prompt_field!r} or {answer_field!r}")
         items.append(Item(str(row[prompt_field]), str(row[answer_field])))

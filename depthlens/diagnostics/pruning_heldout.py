@@ -45,8 +45,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ..errors import DepthlensError
+from ..errors import DataError, DepthlensError
 from ..io.dataset import make_dataset
+from ..io.files import read_json
 from ..runtime.evaldata import EvalData, evaluating, model_provenance
 from .pruning import _Pruner
 
@@ -83,7 +84,7 @@ def window_domains(data: EvalData, tokenizer: Any = None) -> list[str] | None:
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
         return None
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_json(manifest_path, "a shard manifest", error=DataError)
     sources = [s for s in manifest.get("sources", []) if s.get("split") == split]
     kinds = [s["kind"] for s in sources]
     bos = (manifest.get("tokenizer") or {}).get("bos_id")

@@ -199,12 +199,17 @@ def _for_netcdf(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
-def upgrade(ds: xr.Dataset) -> xr.Dataset:
+def upgrade(ds: xr.Dataset, where: str = "dataset") -> xr.Dataset:
     """A dataset as read, made what this version writes (in place; returned): its boolean attrs real booleans,
     and for a causal dataset of a depthlens before NaN cells, the cells of C(s, t) that are no measurement (t < s)
     as NaN instead of 0, in `causal_score`, `direct_score` and the per-sequence `seq_*` variables."""
+    from depthlens.io.files import loads_json
+
     names = ds.attrs.pop(BOOL_ATTRS, None)
-    for k in json.loads(names) if isinstance(names, str) else ():
+    keys = [] if names is None else loads_json(str(names), where, f"attribute {BOOL_ATTRS!r}")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise DepthlensError(f"{where}: attribute {BOOL_ATTRS!r} must be a JSON list of attribute names")
+    for k in keys:
         if k in ds.attrs:
             ds.attrs[k] = bool(ds.attrs[k])
     if "causal_score" not in ds or not set(LAYER_DIMS) <= set(ds["causal_score"].dims):
@@ -351,7 +356,7 @@ def read_netcdf(path: str | os.PathLike) -> xr.Dataset:
         ds = xr.load_dataset(path, engine="netcdf4")
     except OSError as e:
         raise DepthlensError(f"{path}: not a readable netCDF file ({e})") from e
-    return upgrade(ds)
+    return upgrade(ds, str(path))
 
 
 # ---------------------------------------------------------------------------------------------------------------

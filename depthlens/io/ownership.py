@@ -9,12 +9,12 @@ non-empty directory without the marker is never modified. Writing the marker (`w
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import DepthlensError
+from .files import strict_json
 from .temps import _guard, name_max, recover, temp_name
 
 # -------------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def _json(p: Path) -> object:
     try:
         if p.is_symlink() or not p.is_file() or p.stat().st_size > 1 << 20:
             return None
-        return json.loads(p.read_text(encoding="utf-8"))
+        return strict_json(p.read_text(encoding="utf-8"))  # a marker with a key twice is no marker
     except (OSError, ValueError, RecursionError):
         return None
 

@@ -14,7 +14,6 @@ Checks shared by every source the loader opens (depthlens checkpoint, Hugging Fa
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from .files import loads_json
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -77,11 +77,11 @@ def safetensors_header(path: Path) -> Header:
             (n,) = struct.unpack("<Q", raw)
             if n > min(MAX_HEADER_BYTES, size - 8):
                 raise CheckpointError(f"{path}: corrupt safetensors header (claims {n} bytes in a {size}-byte file)")
-            meta = json.loads(f.read(n))
+            raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{path}: unreadable ({e.__class__.__name__})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not JSON)") from None
+    # strict: a duplicate tensor name would let this header and the loader read different entries
+    meta = loads_json(raw, str(path), "safetensors header", error=CheckpointError)
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header")
     out: Header = {}

@@ -16,7 +16,6 @@ same tokens on every machine and for every checkpoint. Without a BOS, windows ar
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -201,6 +200,8 @@ def _read_text(path: Path) -> str:
 
 def _read_docs(path: Path) -> list[str]:
     """A .jsonl file: one document per line (field `text`); anything else: the whole file is one document."""
+    from depthlens.io.files import loads_json
+
     text = _read_text(path)
     if path.suffix.lower() not in (".jsonl", ".ndjson"):
         return [text]
@@ -208,10 +209,7 @@ def _read_docs(path: Path) -> list[str]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+        rec = loads_json(line, f"{path}:{n}", "line", error=DataError)
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f"{path}:{n}: each JSONL line needs a string field 'text'")
         if rec["text"]:

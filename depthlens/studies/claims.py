@@ -162,12 +162,14 @@ def degenerate_rows(runs: Runs, claims: Sequence[Any]) -> list[dict[str, Any]]:
 def runs_from_report(directory: str | Path, metrics: Sequence[str] = ("causal", "permutation", "rank")) -> Runs:
     """A report directory's merged per-checkpoint datasets as a run mapping (design, L, seed) -> {metric: ds},
     seeds from its summary.json records."""
-    import json
-
     import xarray as xr
 
+    from depthlens.io.files import read_json
+
     d = Path(directory)
-    recs = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+    recs = read_json(d / "summary.json", "a report summary", object_only=False)
+    if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
+        raise DepthlensError(f"{d / 'summary.json'}: a report summary is a JSON list of records")
     key = {r["checkpoint"]: (r["design"], int(r["n_layer"]), r.get("seed")) for r in recs}
     runs: dict[RunKey, dict[str, Any]] = {}
     for m in metrics:

@@ -81,13 +81,12 @@ def has_state(path: Path) -> bool:
 
 def read_meta(path: Path) -> dict[str, Any]:
     """state.json, checked to be an object with a manifest (tensors not read)."""
+    from ..io.files import read_json
+
     f = path / STATE_JSON
-    try:
-        meta = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StateError(f"{f}: missing (incomplete resume state; delete {path} or use resume=false)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StateError(f"{f}: not valid JSON ({e.__class__.__name__}): corrupt resume state") from None
+    if not os.path.lexists(f):
+        raise StateError(f"{f}: missing (incomplete resume state; delete {path} or use resume=false)")
+    meta = read_json(f, "the resume state", error=StateError, object_only=False)
     man = meta.get("manifest") if isinstance(meta, dict) else None
     if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("tensors"), dict):
         raise StateError(
