@@ -903,3 +903,22 @@ def test_report_shows_no_val_loss_as_not_recorded_the_twin_and_skips_mixing_with
     with xr.open_dataset(out / "mixing.nc") as ds:
         assert [str(c) for c in np.atleast_1d(ds.checkpoint.values)] == ["preln_l4"]
         assert np.isfinite(ds.depth_mixing.values).all()
+
+
+def test_wrap_and_description_are_public_and_lazy():
+    """`import depthlens as dl; dl.wrap(...)`, `dl.Description`: public names (in __all__), resolved on first use,
+    so `import depthlens` (and `depthlens --help`) imports neither torch nor the described adapter."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\nimport depthlens as dl\n"
+        "before = sorted(m for m in ('torch', 'depthlens.adapters.described') if m in sys.modules)\n"
+        "from depthlens.adapters import described\n"
+        "print(json.dumps([before, dl.wrap is described.wrap, dl.Description is described.Description,\n"
+        "                  sorted({'wrap', 'Description'} & set(dl.__all__))]))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == [[], True, True, ["Description", "wrap"]]
