@@ -922,3 +922,27 @@ def test_wrap_and_description_are_public_and_lazy():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.splitlines()[-1]) == [[], True, True, ["Description", "wrap"]]
+
+
+def test_a_report_runs_rank_and_attnres_on_what_the_description_gives(model):
+    """In a study, `rank` and `attnres` apply to a described model by what its description gives (stream maps,
+    AttnRes weights), not by its name (no registry design has it): they ran on no described model before. The
+    table shows the value it computed (it showed NA by the design's name)."""
+    from depthlens.render.pages import table_head, table_rows
+    from depthlens.studies.study import Entry, applies
+
+    def entry(m):
+        return Entry("x", Path("x"), m, m.design.slug, m.n_layer, m.d_model, params={}, train={})
+
+    hc, full = (_described_native(_native(a)) for a in ("hc", "full_attnres"))
+    got = {k: [applies(k, entry(m)) for m in (model, hc, full)] for k in ("rank", "attnres", "mixing", "causal")}
+    assert got == {
+        "rank": [False, True, False],
+        "attnres": [False, False, True],
+        "mixing": [True, True, True],  # run everywhere: refused with a note where the description cannot give it
+        "causal": [True, True, True],
+    }
+    rec = {"design": "described_hc", "n_layer": 4, "d_model": 32, "erank_full": 2.5, "erank_full_untrained": 3.0}
+    assert dict(zip(table_head(), table_rows([rec])[0]))["erank (full); untrained"] == "2.50; 3.00"
+    rec = {"design": "tiny_preln", "n_layer": 4, "d_model": 32}
+    assert dict(zip(table_head(), table_rows([rec])[0]))["erank (full); untrained"] == "—"

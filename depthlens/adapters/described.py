@@ -164,6 +164,9 @@ class DescribedDesign(Design):
         self.layout = layout
         self._view = view
         self.multi_stream = streams
+        # the design capabilities (depthlens.designs.CAPABILITIES) its description gives: "multistream" with stream
+        # maps, "depth_softmax" with AttnRes weights; a report runs `rank` / `attnres` on it by these, not its name
+        self.capabilities: frozenset[str] = frozenset()
 
     def view(self, state: State) -> torch.Tensor:
         if self._view is None:
@@ -352,6 +355,10 @@ class DescribedModel(HookedRootModule):
             )
         n = self._stream_count(mixes, first)
         self.design.multi_stream = n > 0
+        softmax = bool(mixes) and all(ms and all("alpha" in m for m in ms) for ms in mixes)
+        self.design.capabilities = frozenset({"multistream"} if n else set()) | (
+            {"depth_softmax"} if softmax else set()
+        )
         self.max_seq_len = int(d.max_seq_len) if d.max_seq_len is not None else 1 << 20
         self.config = DescribedConfig(
             n_layer=self.n_layer,

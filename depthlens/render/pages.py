@@ -46,7 +46,7 @@ def table_columns(terminal: bool = False) -> list[tuple[str, Any]]:
                             if init
                             else _num(r.get(c.field), c.fmt)
                         )
-                        if d.applies(r["design"])
+                        if d.applies(r["design"]) or r.get(c.field) is not None  # a described design: if run
                         else NA
                     ),
                 )

@@ -280,7 +280,17 @@ def study_eval_data(
 
 def tasks(entries: Sequence[Entry], opts: StudyOptions) -> list[tuple[Entry, str]]:
     """(checkpoint, diagnostic) pairs to run: the requested diagnostics that apply to each design."""
-    return [(e, m) for e in entries for m in opts.metrics if registry.get(m).applies(e.slug)]
+    return [(e, m) for e in entries for m in opts.metrics if applies(m, e)]
+
+
+def applies(metric: str, e: Entry) -> bool:
+    """Whether diagnostic `metric` applies to `e`'s design: by the registry's design capabilities, or, for a
+    described model (its design is its own, not a registry slug), by those its description gives
+    (`adapters.described.DescribedDesign.capabilities`: stream maps, AttnRes weights)."""
+    d = registry.get(metric)
+    if getattr(e.model, "adapter_path", None) == "described":  # whatever name it has, even a registry slug
+        return d.requires is None or d.requires in e.model.design.capabilities
+    return d.applies(e.slug)
 
 
 def compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progress: Progress = _noop) -> None:
@@ -372,7 +382,7 @@ def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool
 def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
     from depthlens.stats.orderings import claim_cells
 
-    todo = [m for m in opts.metrics if m in opts.untrained and registry.get(m).applies(e.slug)]
+    todo = [m for m in opts.metrics if m in opts.untrained and applies(m, e)]
     if "permutation" in todo and opts.untrained_perm_for == "claims" and (e.slug, e.n_layer) not in claim_cells("perm"):
         todo.remove("permutation")
         e.notes.append(
