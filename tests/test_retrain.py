@@ -4,6 +4,7 @@ committed recipe by the code as it is now, is the shipped file bit for bit."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,15 +17,19 @@ from depthlens.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / "depthlens" / "recipes" / "zoo_cpu.json"
-NAME = "preln_l4"  # the smallest shipped run (about 50 s on one core)
+# the smallest shipped run (about 50 s on one core); DEPTHLENS_RETRAIN_RUNS=all (or a comma list) retrains every
+# design's L = 4 checkpoint, the check behind each entry of depthlens/recipes/code_moves.json
+_RUNS = os.environ.get("DEPTHLENS_RETRAIN_RUNS", "preln_l4")
+NAMES = sorted(p.name for p in (REPO / "checkpoints").glob("*_l4")) if _RUNS == "all" else _RUNS.split(",")
 PATH_FIELDS = ("out", "export", "data", "resume")  # where things go: not what is computed
 
 
 @pytest.mark.slow
-def test_shipped_checkpoint_retrains_bit_for_bit(tmp_path):
-    shipped = REPO / "checkpoints" / NAME
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_checkpoint_retrains_bit_for_bit(tmp_path, name):
+    shipped = REPO / "checkpoints" / name
     record = json.loads((shipped / "train.json").read_text(encoding="utf-8"))
-    recipe = load_recipe(ZOO, run=NAME).to_dict()
+    recipe = load_recipe(ZOO, run=name).to_dict()
     # the shipped checkpoint is what the committed recipe asks for ...
     assert {k: v for k, v in record["recipe"].items() if k not in PATH_FIELDS} == {
         k: v for k, v in recipe.items() if k not in PATH_FIELDS
@@ -32,7 +37,7 @@ def test_shipped_checkpoint_retrains_bit_for_bit(tmp_path):
     data = prepare_zoo_data(read_recipe(ZOO), str(tmp_path / "data"))
     cfg = load_recipe(
         ZOO,
-        run=NAME,
+        run=name,
         overrides={"out": str(tmp_path / "run"), "export": str(tmp_path / "ckpt"), "data": str(data), "resume": False},
     )
     out = train(cfg)

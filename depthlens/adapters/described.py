@@ -966,7 +966,7 @@ def untrained_twin(model: DescribedModel, seed: int = TWIN_SEED) -> DescribedMod
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         twin_op = open_model(str(Ref(ref.file, ref.function)), **where)
-    twin = twin_op.model
+    twin: DescribedModel = twin_op.model
     mine = {id(t) for t in model.module.parameters()}
     if any(id(t) in mine for t in twin.module.parameters()):
         raise DescriptionError(
@@ -975,4 +975,5 @@ def untrained_twin(model: DescribedModel, seed: int = TWIN_SEED) -> DescribedMod
         )
     twin_op.provenance["untrained_init"] = untrained_init(seed)
     twin_op.provenance["untrained_twin_of"] = str(ref)
-    return twin.eval()
+    twin.eval()
+    return twin

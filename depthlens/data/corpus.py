@@ -407,12 +407,12 @@ def prepare_files(
     """
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    paths = [Path(p) for p in paths]
-    if not paths:
+    files = [Path(p) for p in paths]
+    if not files:
         raise DataError("no input files given")
     docs: list[Document] = []
     sources: list[dict[str, Any]] = []
-    for path in paths:
+    for path in files:
         texts, data = _load_documents(path, text_field)
         single = path.suffix.lower() in PLAIN_TEXT
         docs += [Document(path.name if single else f"{path.name}#{i}", t) for i, t in enumerate(texts)]

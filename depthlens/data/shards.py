@@ -37,7 +37,7 @@ HEADER_INTS = 256  # int32 slots; only the first three are used
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")  # uint16: ids < 65,536 (GPT-2's 50,257 fits)
 TOKEN_DTYPE_U32 = np.dtype("<u4")  # uint32: any vocabulary (Gemma 3's 262,144 ids)
-SHARD_DTYPES = {SHARD_VERSION: TOKEN_DTYPE, SHARD_VERSION_U32: TOKEN_DTYPE_U32}
+SHARD_DTYPES: dict[int, np.dtype[Any]] = {SHARD_VERSION: TOKEN_DTYPE, SHARD_VERSION_U32: TOKEN_DTYPE_U32}
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

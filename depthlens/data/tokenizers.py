@@ -37,7 +37,10 @@ class Tokenizer(Protocol):
 
     name: str  # stable identity recorded in manifests and checkpoints
     vocab_size: int  # embedding rows needed (ids are < vocab_size)
-    bos_id: int | None  # document delimiter prepended to every document; None if the tokenizer has none
+
+    @property
+    def bos_id(self) -> int | None:  # read-only here, so a class with a plain int id satisfies it
+        """Document delimiter prepended to every document; None if the tokenizer has none."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -266,7 +269,11 @@ class BPETokenizer:
 # ---------------------------------------------------------------------------------------------
 # registry
 
-_KINDS: dict[str, type] = {"bytes": ByteTokenizer, "gpt2": GPT2Tokenizer, "bpe": BPETokenizer}
+_KINDS: dict[str, type[ByteTokenizer] | type[GPT2Tokenizer] | type[BPETokenizer]] = {
+    "bytes": ByteTokenizer,
+    "gpt2": GPT2Tokenizer,
+    "bpe": BPETokenizer,
+}
 
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:

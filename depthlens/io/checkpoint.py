@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,7 @@ def save(
     path: str | os.PathLike,
     *,
     train: dict[str, Any] | None = None,
-    extra_files: dict[str, str | bytes] | None = None,
+    extra_files: Mapping[str, str | bytes] | None = None,
     overwrite: bool = False,
     owner: dict[str, str] | None = None,
 ) -> Path:

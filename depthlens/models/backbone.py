@@ -57,6 +57,8 @@ class NormHooks(nn.Module):
     lens calls).
     """
 
+    _norm: RMSNorm | None  # kept in __dict__ (see __init__): declared for the type checker only
+
     def __init__(self, norm: RMSNorm | None = None):
         super().__init__()
         self.hook_scale = hook_point()
@@ -214,6 +216,19 @@ class Sublayer(nn.Module):
     hook points: the block at a layer *position* passes its own (`hooks`, the position's sublayer; `ln`,
     `ln_post`, its norm sites), so `blocks.3.attn.hook_pattern` is whatever runs at position 3.
     """
+
+    # the hook points set in __init__ (ATTN_HOOKS or MLP_HOOKS, by kind): declared for the type checker only
+    hook_q: nn.Module
+    hook_k: nn.Module
+    hook_v: nn.Module
+    hook_rot_q: nn.Module
+    hook_rot_k: nn.Module
+    hook_attn_scores: nn.Module
+    hook_pattern: nn.Module
+    hook_z: nn.Module
+    hook_pre: nn.Module
+    hook_pre_linear: nn.Module
+    hook_post: nn.Module
 
     def __init__(self, cfg: ModelConfig, kind: str, post_norm: bool = False):
         super().__init__()

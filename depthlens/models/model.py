@@ -145,14 +145,19 @@ class DepthModel(LensRoot):
         self.final_router = self.design.make_final_router()
         self.hook_resid_final = hook_point()  # h_L before the final norm (B, T, d)
         use_final_norm = not (config.arch == "deepnorm" and not config.deepnorm_final_norm)
-        self.norm = RMSNorm(d, config.norm_eps) if use_final_norm else nn.Identity()
-        self.ln_final = NormHooks(self.norm) if use_final_norm else None  # TransformerLens' name of the final norm
+        final_norm = RMSNorm(d, config.norm_eps) if use_final_norm else None
+        self.norm = final_norm if final_norm is not None else nn.Identity()
+        self.ln_final = NormHooks(final_norm) if final_norm is not None else None  # TransformerLens' final norm
         self.lm_head = nn.Linear(d, V, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._init_weights()
         self.tokenizer: Any = None  # set by depthlens.load for a checkpoint that carries one (Lens.to_tokens)
         self.lens_ready()
+
+    def _blocks(self) -> list[Block]:
+        """`blocks` with its element type (nn.ModuleList's items are untyped)."""
+        return [b for b in self.blocks if isinstance(b, Block)]
 
     def lens_config(self) -> Any:
         """The TransformerLens config (`cfg`), built when transformer-lens is first asked for."""
@@ -164,7 +169,7 @@ class DepthModel(LensRoot):
         nn.init.normal_(self.embed_tokens.weight, std=std)
         if not self.config.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, std=std)
-        for blk in self.blocks:
+        for blk in self._blocks():
             for sub in (blk.attn, blk.mlp):
                 for m in sub.fn.modules():
                     if isinstance(m, nn.Linear):
@@ -266,12 +271,13 @@ class DepthModel(LensRoot):
         ctx = self.context(tokens.shape[1], record=True)
         self.head(self.run_layers(self.embed(tokens, ctx), ctx), ctx)
         rec = Readouts(ctx.record or {})
-        for l, blk in enumerate(self.blocks):
+        for l, blk in enumerate(self._blocks()):
             for j, r in ((2 * l, blk.router_attn), (2 * l + 1, blk.router_mlp)):
                 for k, v in r.readout().items():
                     rec[readout_key(k, j, static=True)] = v
-        if self.final_router is not None and hasattr(self.final_router, "readout"):
-            for k, v in self.final_router.readout().items():
+        final_readout = getattr(self.final_router, "readout", None)  # AttnRes' final operator has one
+        if final_readout is not None:
+            for k, v in final_readout().items():
                 rec[readout_key(k, static=True, final=True)] = v
         return rec
 

@@ -82,7 +82,7 @@ def adopt_recipe_export(cfg: RunConfig) -> bool:
     recipe = record.get("recipe") if isinstance(record, dict) else None
     if not isinstance(recipe, dict) or record.get("name") != cfg.name or recipe.get("export") != cfg.export:
         return False
-    write_marker(d, "checkpoint", **run_owner(cfg))
+    write_marker(d, "checkpoint", run=run_owner(cfg)["run"])
     return True
 
 

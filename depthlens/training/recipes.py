@@ -207,13 +207,13 @@ def lr_sweep_pending(recipe: dict[str, Any] | None = None) -> list[str]:
     pending = []
     for design in SLUGS:
         shallow = losses.get(design, {}).get(str(ZOO_SWEEP_DEPTH), {})
-        todo = _next_lrs(shallow, ZOO_LRS)
-        if not todo and design in ZOO_CONFIRM_DESIGNS:
+        lrs = _next_lrs(shallow, ZOO_LRS)
+        if not lrs and design in ZOO_CONFIRM_DESIGNS:
             best = min(shallow, key=shallow.__getitem__)
             deep = losses.get(design, {}).get(str(ZOO_CONFIRM_DEPTH), {})
             todo = [(ZOO_CONFIRM_DEPTH, lr) for lr in _next_lrs(deep, (best / 2, best, best * 2))]
         else:
-            todo = [(ZOO_SWEEP_DEPTH, lr) for lr in todo]
+            todo = [(ZOO_SWEEP_DEPTH, lr) for lr in lrs]
         for L, lr in todo:
             name = lr_sweep_name(design, L, lr)
             if name not in recipe["runs"]:

@@ -163,8 +163,8 @@ def evaluate(
             total += loss.item()
             count += xy[:, 1:].numel()
     model.train(was)
-    total, count = all_reduce([total, float(count)], dist, op="sum")
-    return total / count
+    total, n_tokens = all_reduce([total, float(count)], dist, op="sum")
+    return total / n_tokens
 
 
 # -------------------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ class Trainer:
         lr = lr_at(step, cfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        loss_sum = 0.0
+        loss_sum: torch.Tensor | float = 0.0
         batches = self.micro_batches(step)
         for a, xy in enumerate(batches):
             with grad_sync(self.model, a == self.accum - 1), autocast(self.dist.device, cfg.dtype):
@@ -274,8 +274,8 @@ class Trainer:
         norm = clip_grad_norm(self.model, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, grad_norm = all_reduce([float(loss_sum) / self.accum, float(norm)], self.dist)
-        return {"loss": loss, "lr": lr, "grad_norm": grad_norm}
+        mean_loss, grad_norm = all_reduce([float(loss_sum) / self.accum, float(norm)], self.dist)
+        return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
 
     def log(self, record: dict[str, Any]) -> None:
         if self.dist.is_main:
@@ -420,7 +420,10 @@ class Trainer:
                 "seed": cfg.seed,
                 "data_hash": self.data_hash,
             }
-            files = {**self.tokenizer_files(), SNAPSHOT_JSON: json.dumps(info, indent=1, sort_keys=True) + "\n"}
+            files: dict[str, str | bytes] = {
+                **self.tokenizer_files(),
+                SNAPSHOT_JSON: json.dumps(info, indent=1, sort_keys=True) + "\n",
+            }
             checkpoint.save(model, path, extra_files=files, owner=run_owner(cfg))
         barrier(self.dist)
         return path
@@ -513,7 +516,8 @@ def split_run_name(overrides: Sequence[str], run: str | None = None) -> tuple[li
     """Take the run name out of the key=value arguments: `run=NAME` is how the documented launch lines name a
     grid recipe's run, because torchrun's own parser reads every `--option` after the module and refuses
     `--run` as an ambiguous abbreviation of its `--run-path`. `--run NAME` still works without torchrun."""
-    rest, names = [], []
+    rest: list[str] = []
+    names: list[str] = []
     for item in overrides:
         key, sep, value = item.partition("=")
         (names if sep and key == "run" else rest).append(value if sep and key == "run" else item)

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..config import ModelConfig
 from ..readouts import readout_key
+
+if TYPE_CHECKING:  # backbone imports this module at run time
+    from ..backbone import Sublayer
 
 State = dict[str, torch.Tensor]
 Branch = Callable[..., torch.Tensor]  # branch(x, **kw) -> y: hooks + body of one sublayer
@@ -146,7 +149,7 @@ class Design:
     def post_norm_on_branch(self) -> bool:
         return False
 
-    def make_sublayer(self, kind: str) -> nn.Module:
+    def make_sublayer(self, kind: str) -> Sublayer:
         """The body of one sublayer (pre-norm + Attn/MLP [+ post-norm]); MoDA overrides the attention."""
         from ..backbone import Sublayer
 

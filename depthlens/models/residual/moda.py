@@ -31,7 +31,7 @@ import torch
 from einops import einsum, rearrange
 from torch import nn
 
-from ..backbone import NormHooks, Sublayer, apply_rope, hooked, side_hook
+from ..backbone import Attention, NormHooks, Sublayer, apply_rope, hooked, side_hook
 from ..config import ModelConfig
 from ..readouts import sublayer_label
 from .base import Design, Router, State, SublayerCall, apply_keep
@@ -101,6 +101,8 @@ class MoDAAttentionBody(Sublayer):
     out (filled when given): "k", "v" (B, T, H_kv, e) the slot this layer appends (un-rotated, or rotated
     under "rotate_ffn"), and the attention pieces of `depth_attention` for readouts.
     """
+
+    fn: Attention  # Sublayer(kind="attn") builds one: declared for the type checker only
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, "attn")
@@ -212,7 +214,7 @@ class MoDA(Design):
     def make_router(self, j: int) -> Router:
         return MoDARouter()
 
-    def make_sublayer(self, kind: str) -> nn.Module:
+    def make_sublayer(self, kind: str) -> Sublayer:
         return MoDAAttentionBody(self.cfg) if kind == "attn" else MoDAMLPBody(self.cfg)
 
     def init_state(self, h0: torch.Tensor) -> State:
