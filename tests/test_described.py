@@ -946,3 +946,21 @@ def test_a_report_runs_rank_and_attnres_on_what_the_description_gives(model):
     assert dict(zip(table_head(), table_rows([rec])[0]))["erank (full); untrained"] == "2.50; 3.00"
     rec = {"design": "tiny_preln", "n_layer": 4, "d_model": 32}
     assert dict(zip(table_head(), table_rows([rec])[0]))["erank (full); untrained"] == "—"
+
+
+def test_the_untrained_baseline_runs_only_where_the_trained_model_was_computed(model):
+    """A diagnostic refused on the trained model (its note is in the report) is not run again on the untrained one
+    (the note came twice); where it was computed, the baseline is attempted (here refused, with its reason: a
+    model described in Python has no FILE.py:FUNCTION to rebuild)."""
+    from depthlens.studies.study import Entry, StudyOptions, _compute_untrained
+
+    data = EvalData.from_tokens(torch.zeros(1, 4, dtype=torch.long))
+    e = Entry("x", Path("x"), model, model.design.slug, model.n_layer, model.d_model, params={}, train={})
+    _compute_untrained(e, data, StudyOptions(metrics=("logit_lens",)))
+    assert e.notes == []
+    e.datasets["logit_lens"] = None  # computed (the value is not read here)
+    _compute_untrained(e, data, StudyOptions(metrics=("logit_lens",)))
+    assert e.notes == [
+        "untrained baseline: not computed (no untrained twin for a model described in Python: "
+        "depthlens rebuilds one only from FILE.py:FUNCTION)"
+    ]

@@ -382,7 +382,8 @@ def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool
 def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
     from depthlens.stats.orderings import claim_cells
 
-    todo = [m for m in opts.metrics if m in opts.untrained and applies(m, e)]
+    # the baseline of what was computed on the trained model (a refusal there is noted once, not twice)
+    todo = [m for m in opts.metrics if m in opts.untrained and applies(m, e) and m in e.datasets]
     if "permutation" in todo and opts.untrained_perm_for == "claims" and (e.slug, e.n_layer) not in claim_cells("perm"):
         todo.remove("permutation")
         e.notes.append(
