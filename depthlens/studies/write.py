@@ -21,14 +21,16 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import jsonable
 
-Entry = Report = Any  # report.build's Entry and Report (named here for the signatures; build imports this module)
+if TYPE_CHECKING:  # for the signatures only: report imports this module at run time
+    from depthlens.studies.report import Report
+    from depthlens.studies.study import Entry
 
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
@@ -254,7 +256,9 @@ def write_report(rep: Report, out: str | os.PathLike, overwrite: bool = False, p
                     write_netcdf(reproducible(ds), tmp / fname)
                     rep.files[fname] = names
             for metric, sw in rep.sweeps.items():
-                fname = f"sweep_{registry.get(metric).headline.key}.nc"
+                score = registry.get(metric).headline
+                assert score is not None, metric  # a sweep is made only for a metric with a headline score
+                fname = f"sweep_{score.key}.nc"
                 write_netcdf(reproducible(sw), tmp / fname)
                 rep.files[fname] = [str(n) for n in sw["checkpoint"].values]
             rep.seconds["datasets"] = round(time.perf_counter() - t0, 2)
