@@ -31,7 +31,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -42,6 +42,10 @@ from ..errors import CheckpointError
 from ..models.hook_contract import fire
 from ..models.protocol import Unembedding, check_run_layers_args
 from ..models.residual.base import Design, RunContext, State, apply_keep
+
+if TYPE_CHECKING:
+    from ..models.config import ModelConfig
+    from .placement import Placement
 from .base import AdapterSpec, ForeignConfig, _lens_config, resolve, setup_own_hooks
 from .families import spec_for
 
@@ -56,7 +60,7 @@ class ForeignPreLN(Design):
     view_name = "residual stream h (the HF hidden_states passed between decoder layers)"
 
     def __init__(self, family: str):
-        super().__init__(cfg=None)  # type: ignore[arg-type]  (no depthlens ModelConfig)
+        super().__init__(cfg=cast("ModelConfig", None))  # a foreign model has no depthlens ModelConfig
         self.family = family
 
 
@@ -99,7 +103,7 @@ class HFLayeredModel(HookedRootModule):
             d_vocab=c.vocab_size,
         )
         self._kinds = _layer_kinds(c, self.n_layer)
-        self.placement = None  # a `placement.Placement` once `place` ran; None: the model's own single device
+        self.placement: Placement | None = None  # set by `place`; None: the model's own single device
         self.setup()
 
     def setup(self) -> None:
@@ -128,7 +132,7 @@ class HFLayeredModel(HookedRootModule):
 
     @property
     def layers(self) -> nn.ModuleList:
-        return resolve(self.hf, self.spec.blocks)
+        return cast(nn.ModuleList, resolve(self.hf, self.spec.blocks))
 
     @property
     def n_layer(self) -> int:
@@ -147,7 +151,7 @@ class HFLayeredModel(HookedRootModule):
         return int(self.hf_config.vocab_size)
 
     def _param(self) -> torch.Tensor:
-        return resolve(self.hf, self.spec.embed).weight
+        return cast(torch.Tensor, resolve(self.hf, self.spec.embed).weight)
 
     # --- placement over several devices -----------------------------------------------------------------
     def part_sizes(self) -> Any:
@@ -479,7 +483,7 @@ def load_hf(
         kw["attn_implementation"] = attn_implementation
     try:
         with _quiet_hf():
-            hf, info = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+            hf, info = cast(tuple[Any, dict[str, Any]], AutoModelForCausalLM.from_pretrained(str(path), **kw))
     except CheckpointError:
         raise
     except Exception as e:  # transformers/safetensors raise many types for a corrupt dir; report one line
@@ -527,7 +531,7 @@ class _quiet_hf:
         self._level = hf_logging.get_verbosity()
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-        self._gguf = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+        self._gguf: Any = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
         if self._gguf is None:
             import importlib
 

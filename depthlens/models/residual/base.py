@@ -60,7 +60,7 @@ class RunContext:
     cos: torch.Tensor  # (T, head_dim) RoPE table
     sin: torch.Tensor
     record: dict[str, Any] | None = None  # when not None, routers store their mixing objects here
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[Any, Any] = field(default_factory=dict)  # str keys here; adapters cache by tuple keys too
 
     def put(self, name: str, value: Any, sublayer: int | None = None, *, final: bool = False) -> None:
         """Record readout `name` of sublayer `sublayer` (or of the final router, or model-level) under its
