@@ -31,7 +31,7 @@ def _ckpt(root: Path, slug: str, L: int = 4, train: dict | None = None) -> Path:
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
-    # hc has no train.json: its validation loss must show as NaN / null
+    # hc has no train.json: its validation loss must show as — / null
     return [_ckpt(root, s, train=None if s == "hc" else {"final_val_loss": 5.0 + k}) for k, s in enumerate(DESIGNS)]
 
 
@@ -104,7 +104,10 @@ def test_html_and_markdown_reference_only_existing_local_files(report):
     assert any(l.endswith(".png") for l in links)
     for link in links:
         assert (out / link).is_file(), link
-    assert "| design | L |" in md and "NaN" in md  # the table, with hc's unknown validation loss
+    head = next(l for l in md.splitlines() if l.startswith("| design | L |"))  # the table, with hc's unknown val loss
+    hc = next(l for l in md.splitlines() if l.startswith("| HC |"))
+    col = [c.strip() for c in head.strip("|").split("|")].index("val loss (train.json)")
+    assert [c.strip() for c in hc.strip("|").split("|")][col] == "—" and "NaN" not in hc  # not recorded, not NaN
 
 
 def test_summary_records(report):
