@@ -639,7 +639,10 @@ def lens_summary(d: Path) -> dict[str, Any] | None:
         return None
     run = d / "data" / "lens_run.json"
     if run.exists():
-        out["costs"] = json.loads(run.read_text()).get("stages", {})
+        doc = json.loads(run.read_text())
+        out["costs"] = doc.get("stages", {})
+        if doc.get("options"):
+            out["options"] = doc["options"]  # the eval size and the training budget the stages ran at
     return out
 
 
@@ -671,7 +674,8 @@ def _lens_figure(fig_dir: Path, dirs: list[Path], summaries: list[dict[str, Any]
             pair[0].set_yscale("symlog", linthresh=1e-2)
             pair[1].set(xlabel="layer / L", ylabel="top-1 agreement with the final layer", ylim=(0, 1.02))
             pair[1].axhline(0.5, color="black", lw=0.6, ls=":")
-            pair[0].legend(fontsize=7)
+            if pair[0].get_legend_handles_labels()[0]:  # a lens not computed yet leaves its panels empty
+                pair[0].legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, fig_dir / "lens.png").name
 
@@ -689,6 +693,17 @@ def _forms(iv: dict[str, Any] | None) -> str:
     return f"{iv['estimate']:.2f}{ci}"
 
 
+def _lens_sizes(have: list[dict[str, Any]]) -> str:
+    """The lens stages' eval size, "8 windows × 128 tokens" (per model where they differ)."""
+    sizes = {}
+    for s in have:
+        o = s["lens"].get("options", {})
+        sizes[s["name"]] = f"{o['n_seq']} windows × {o['seq_len']} tokens" if "n_seq" in o else "size not recorded"
+    if len(set(sizes.values())) == 1:
+        return next(iter(sizes.values()))
+    return "; ".join(f"{n}: {v}" for n, v in sizes.items())
+
+
 def _lens_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> list[str]:
     """Where each model's prediction forms by relative depth (logit and tuned lens), trained beside the twin."""
     have = [s for s in summaries if s.get("lens")]
@@ -702,8 +717,8 @@ def _lens_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> list
         "al. 2023; docs/concepts.md#the-lens-family). *Forms at* is the first relative depth l / L at which the "
         "readout's top-1 prediction agrees with the final layer's on more than half of the positions (`forms_at` "
         "0.5), with its interval from a bootstrap over the eval sequences; the untrained twin is the same config "
-        "freshly initialised (seed 0). Computed by `scripts/lens_atlas.py` on the atlas's eval sequences (the "
-        "offline corpus's held-out split); the tuned lens's translators trained on its `train` split.",
+        "freshly initialised (seed 0). Computed by `scripts/lens_atlas.py` on the offline corpus's held-out "
+        f"split ({_lens_sizes(have)}, seed 0); the tuned lens's translators trained on its `train` split.",
         "",
         "| model | lens | forms at, trained [95 %] | untrained twin [95 %] | mean KL over l < L, trained / twin (nats) "
         "| translators trained on | CPU s (trained + twin) |",
@@ -731,6 +746,16 @@ def _lens_section(summaries: list[dict[str, Any]], figs: dict[str, str]) -> list
                 f"{kl[0]} / {kl[1]} | {train} | " + " + ".join("—" if c is None else f"{c:.0f}" for c in cpu) + " |"
             )
     lines += ["", "Interval method: " + "; ".join(sorted(methods)) + ".", ""]
+    missing = [
+        f"{s['name']}: {', '.join(st for st in LENS_STAGES if st not in s['lens'])}"
+        for s in have
+        if not set(LENS_STAGES) <= set(s["lens"])
+    ]
+    if missing:  # a stage not run is said, not left as a dash to be guessed at
+        lines += [
+            "Not computed (yet): " + "; ".join(missing) + " (`scripts/lens_atlas.py <model>` runs what is missing).",
+            "",
+        ]
     if "lens" in figs:
         lines += [
             f"![KL to the final layer and top-1 agreement by layer / L](figures/{figs['lens']})",
