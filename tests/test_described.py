@@ -964,3 +964,13 @@ def test_the_untrained_baseline_runs_only_where_the_trained_model_was_computed(m
         "untrained baseline: not computed (no untrained twin for a model described in Python: "
         "depthlens rebuilds one only from FILE.py:FUNCTION)"
     ]
+
+
+def test_prune_refuses_a_described_model_with_its_reason(user_dir):
+    """prune writes the pruned model in its input's format; a described model is the user's code: one line that
+    says so (it said 'no such checkpoint directory'), exit 1, nothing written."""
+    args = ["prune", "mymodel.py:describe", "--weights", "run/model.safetensors", "--tolerance", "0.1"]
+    r = _cli([*args, *EVAL, "-o", "pruned"], user_dir)
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert r.exit_code == 1 and len(lines) == 1 and "a described model is your own code" in lines[0], r.output
+    assert not (user_dir / "pruned").exists()

@@ -69,6 +69,15 @@ def prune(
         fail(f"--tolerance must be a finite number > 0 (nats/token), got {tolerance}", 2)
     if criterion not in CRITERIA:
         fail(f"--criterion must be one of {', '.join(CRITERIA)}; got {criterion!r}", 2)
+    from ..adapters.userref import parse_ref
+
+    ref = parse_ref(ckpt)
+    if ref is not None:  # prune writes the pruned model in its input's format: a described model is the user's code
+        fail(
+            f"{ref.name}: prune writes the pruned model in its input's format, and a described model is your own "
+            "code, which depthlens does not rewrite; remove the layers there (causal, permute and report rank them)",
+            1,
+        )
     src, dst = Path(ckpt).resolve(), Path(out).resolve()
     home = src if src.is_dir() else src.parent
     if dst in (src, home) or (src.is_dir() and src in dst.parents):
