@@ -380,6 +380,17 @@ class GenericBlocksModel(HookedRootModule):
         return self._unembedding
 
     def _check_unembedding(self) -> Unembedding | None:
+        """The split head, when two checks on a probe state hold; else None (the analysis then forms whole
+        logits through `head`, which is always right).
+
+        1. Nothing transforms the LM head's output: its `forward` is made to emit known values (integers in
+           [-128, 128], exact in fp16, bf16 and fp32) and the model's logits must be those values exactly (a
+           cast or a pass-through is exact on them; Gemma 2's soft-capping, a logit scale or a forward hook on
+           the head is not), whatever the dtype.
+        2. F.linear on the head's captured input gives the head's logits up to the rounding of a length-d dot
+           product in the weights' dtype (`_head_agrees`): two kernels, or one at another thread count, may
+           sum in another order, and bf16 / fp16 round far more coarsely than fp32.
+        """
         lm_head = self.hf.get_output_embeddings()
         if type(lm_head) is not nn.Linear:
             return None
@@ -388,12 +399,40 @@ class GenericBlocksModel(HookedRootModule):
             g = torch.Generator().manual_seed(0)
             h = 3 * torch.randn(2, 4, self.d_model, generator=g, device="cpu")  # seeded on the host, then moved
             state = {"h": h.to(self._device(), lm_head.weight.dtype)}
-            logits = self.head(state, ctx).float()
-            direct = F.linear(self._head_input(state, ctx), lm_head.weight, lm_head.bias).float()
-        if not torch.allclose(logits, direct, rtol=1e-4, atol=1e-4 * float(logits.abs().max())):
-            return None  # something transforms the logits after the projection
+            if not self._head_passes_through(lm_head, state, ctx):
+                return None  # something transforms the logits after the projection
+            x = self._head_input(state, ctx)
+            logits = self.head(state, ctx)
+            direct = F.linear(x, lm_head.weight, lm_head.bias)
+            if not _head_agrees(logits, direct, x, lm_head.weight, lm_head.bias):
+                return None
         return Unembedding(
             hidden=lambda state, ctx: self._head_input(state, ctx), weight=lm_head.weight, bias=lm_head.bias
+        )
+
+    def _head_passes_through(self, lm_head: nn.Linear, state: State, ctx: RunContext) -> bool:
+        """Whether the model returns what its LM head emits, unchanged (check 1 of `_check_unembedding`): the
+        head's `forward` (not its hooks: they run) is swapped for one emitting `_known_logits`."""
+        emitted: list[torch.Tensor] = []
+
+        def emit(x: torch.Tensor) -> torch.Tensor:
+            z = _known_logits((*x.shape[:-1], lm_head.out_features), lm_head.weight.dtype, x.device)
+            emitted.append(z)
+            return z
+
+        own = lm_head.__dict__.get("forward")  # accelerate's offload hook, say, lives there
+        lm_head.forward = emit  # type: ignore[method-assign]
+        try:
+            out = self.head(state, ctx)
+        finally:
+            if own is None:
+                del lm_head.forward
+            else:
+                lm_head.forward = own  # type: ignore[method-assign]
+        return (
+            len(emitted) == 1
+            and out.shape == emitted[0].shape
+            and torch.equal(out.detach().cpu().double(), emitted[0].cpu().double())  # exact values, see above
         )
 
     def forward(self, tokens: torch.Tensor, **run_kw: Any) -> torch.Tensor:
@@ -410,6 +449,38 @@ class GenericBlocksModel(HookedRootModule):
 
     def extra_repr(self) -> str:
         return f"family={self.spec.family}, path=generic-blocks, n_layer={self.n_layer}, d_model={self.d_model}"
+
+
+def _known_logits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Integers in [-128, 128] varying over every position and id: exactly representable in fp16, bf16 and
+    fp32, so any dtype cast leaves them as they are, and large enough that a soft-cap or scale moves them."""
+    n = 1
+    for s in shape:
+        n *= s
+    return ((torch.arange(n, device=device) * 37) % 257 - 128).reshape(shape).to(dtype)
+
+
+def _head_agrees(
+    logits: torch.Tensor, direct: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> bool:
+    """Whether `logits` and `direct` = F.linear(x, weight, bias) are the same dot products up to rounding:
+    elementwise |logits - direct| <= sqrt(d) * eps * (||x_i|| * ||w_j|| + |b_j|), eps of the coarser of the two
+    dtypes (the typical error bound of a length-d dot product summed in any order, Higham; ||x|| ||w|| bounds
+    sum |x_k w_k|). Scale-aware by row and vocabulary id, dtype-aware by eps: fp32 allows ~1e-7 * sqrt(d) of
+    the dot product's magnitude, bf16 ~8e-3 * sqrt(d). NaN or infinity never agrees."""
+    if logits.shape != direct.shape or not (bool(logits.isfinite().all()) and bool(direct.isfinite().all())):
+        return False
+    eps = max(torch.finfo(t.dtype).eps for t in (logits, direct, weight))
+    d = x.shape[-1]
+
+    def host(t: torch.Tensor) -> torch.Tensor:  # float64 on the host (an MPS device has none); a few rows
+        return t.detach().cpu().double()
+
+    xn = torch.linalg.vector_norm(host(x), dim=-1, keepdim=True)  # (B, T, 1)
+    # (V,) row norms in float32 chunks on the weight's device: no float64 copy of a 262,144-row weight
+    wn = torch.cat([host(torch.linalg.vector_norm(w.detach().float(), dim=-1)) for w in weight.split(1 << 14)])
+    bound = xn * wn + (0 if bias is None else host(bias).abs())
+    return bool(((host(logits) - host(direct)).abs() <= d**0.5 * eps * bound).all())
 
 
 class _Capture(nn.Module):
