@@ -974,3 +974,27 @@ def test_prune_refuses_a_described_model_with_its_reason(user_dir):
     lines = [l for l in r.output.splitlines() if l.strip()]
     assert r.exit_code == 1 and len(lines) == 1 and "a described model is your own code" in lines[0], r.output
     assert not (user_dir / "pruned").exists()
+
+
+def test_untrained_twin_keeps_the_modules_own_dtypes(tmp_path):
+    """The twin is built as FUNCTION builds it, cast only if the model was opened in another dtype: a complex buffer
+    (RoPE frequencies, as attn-res keeps them) stays complex (a cast to fp32 warned and dropped its phase)."""
+    from safetensors.torch import save_file
+
+    from depthlens.adapters.described import untrained_twin
+    from depthlens.adapters.load import open_model
+
+    src = (
+        "import torch\nfrom torch import nn\nimport depthlens\n\n\n"
+        "class Toy(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.emb, self.blocks, self.out = nn.Embedding(11, 8), nn.ModuleList([nn.Linear(8, 8)]), nn.Linear(8, 11)\n"
+        "        self.register_buffer('freqs', torch.polar(torch.ones(4), torch.arange(4.0)), persistent=False)\n\n\n"
+        "def describe():\n    toy = Toy()\n"
+        "    return depthlens.wrap(toy, embed=toy.emb, blocks=toy.blocks, head=toy.out)\n"
+    )
+    (tmp_path / "cplx.py").write_text(src)
+    ns: dict = {}
+    exec(src, ns)  # noqa: S102 (the test's own source)
+    save_file(ns["Toy"]().state_dict(), str(tmp_path / "w.safetensors"))
+    twin = untrained_twin(open_model(f"{tmp_path / 'w.safetensors'}@{tmp_path / 'cplx.py'}:describe").model)
+    assert twin.module.freqs.is_complex() and float(twin.module.freqs.imag.abs().max()) > 0.5

@@ -960,13 +960,13 @@ def untrained_twin(model: DescribedModel, seed: int = TWIN_SEED) -> DescribedMod
             f"no untrained twin: {ref.name} is analysed without --weights, as FUNCTION builds it (its own init)"
         )
     p = next(model.module.parameters())
-    where: dict[str, Any] = {"device": str(p.device), "dtype": p.dtype}
-    if model.placement is not None:
-        where = {"dtype": p.dtype, "device_map": model.placement}
+    where: dict[str, Any] = {"device": str(p.device)} if model.placement is None else {"device_map": model.placement}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         twin_op = open_model(str(Ref(ref.file, ref.function)), **where)
     twin: DescribedModel = twin_op.model
+    if next(twin.module.parameters()).dtype != p.dtype:  # the model was opened in another dtype: the same cast
+        twin.module.to(p.dtype)
     mine = {id(t) for t in model.module.parameters()}
     if any(id(t) in mine for t in twin.module.parameters()):
         raise DescriptionError(
