@@ -416,6 +416,22 @@ CASES += [
     ("causal-safetensors-name-twice", ["causal", "{root}/ck_safetensors_dup", *FAST], 1, "twice"),
     ("train-data-manifest-key-twice", ["train", "@recipe:dupman", "data={root}/dup_manifest"], 1, "'splits' twice"),
 ]
+# --- issue 35: a checkpoint is never an output, and nothing is written inside one (each writer, --overwrite or not)
+INSIDE = "inside the model checkpoint"
+CASES += [
+    ("sweep-out-inside-checkpoint", ["sweep", "{preln}", "-o", "{preln}/s.nc", *FAST], 1, INSIDE),
+    ("sweep-plot-inside-checkpoint", ["sweep", "{preln}", "--plot", "{preln}/p.png", *FAST], 1, INSIDE),
+    ("causal-out-dir-checkpoint", ["causal", "{preln}", "-o", "{preln}/", "--overwrite", *FAST], 1, INSIDE),
+    (
+        "prepare-out-checkpoint",
+        ["prepare", "{txt}", "--out", "{preln}", "--overwrite"],
+        1,
+        "model checkpoint directory",
+    ),
+    ("prepare-out-inside-checkpoint", ["prepare", "{txt}", "--out", "{preln}/ds"], 1, INSIDE),
+    ("report-out-inside-checkpoint", ["report", "{preln}", "--out", "{preln}/rep"], 1, INSIDE),
+    ("track-out-checkpoint", ["track", "{preln}", "--out", "{preln}"], 1, "not a track output directory"),
+]
 
 
 def _argv(args: list[str], env: dict[str, Path]) -> list[str]:
