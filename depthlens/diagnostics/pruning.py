@@ -276,6 +276,18 @@ def pruning_curves(
     )
 
 
+def same_losses(a: Any, b: Any, dtype: Any) -> bool:
+    """Whether two runs' losses are the same measurement up to the rounding of the model's `dtype` (an attr:
+    "float32", "bfloat16", ...): `models.protocol.same_logits` on them in that dtype, so a run at another thread
+    count or on another machine (last bits of every sum) still matches, and another model or data does not."""
+    from ..models.protocol import same_logits
+
+    name = str(dtype)
+    dt = torch.bfloat16 if "bfloat16" in name else torch.float16 if "float16" in name else torch.float32
+    x, y = torch.as_tensor(np.asarray(a, dtype=np.float64)), torch.as_tensor(np.asarray(b, dtype=np.float64))
+    return same_logits(x.to(dt), y.to(dt))
+
+
 def add_criteria(base: xr.Dataset, extra: xr.Dataset) -> xr.Dataset:
     """`base`'s curves with the criteria of `extra` it lacks added, e.g. a criterion whose input diagnostic
     was computed after the curves. Both must be of the same weights on the same eval data with the same k
@@ -286,7 +298,7 @@ def add_criteria(base: xr.Dataset, extra: xr.Dataset) -> xr.Dataset:
             raise DepthlensError(
                 f"pruning curves to merge differ in {key} ({base.attrs.get(key)} vs {extra.attrs.get(key)})"
             )
-    if not np.allclose(float(base["loss_clean"]), float(extra["loss_clean"]), rtol=1e-6, atol=0):
+    if not same_losses(base["loss_clean"].values, extra["loss_clean"].values, base.attrs.get("dtype")):
         raise DepthlensError(
             f"pruning curves to merge differ in the clean loss ({float(base['loss_clean']):.6f} vs "
             f"{float(extra['loss_clean']):.6f}): not the same model on the same data"

@@ -49,7 +49,7 @@ from ..errors import DataError, DepthlensError
 from ..io.dataset import make_dataset
 from ..io.files import read_json
 from ..runtime.evaldata import EvalData, evaluating, model_provenance
-from .pruning import _Pruner
+from .pruning import _Pruner, same_losses
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "greedy", "predicted")
 BASELINES = ("random_uniform", "random_stratified")
@@ -944,8 +944,8 @@ def merge_heldout(base: xr.Dataset, extra: xr.Dataset) -> xr.Dataset:
             raise DepthlensError(
                 f"held-out curves to merge differ in {key} ({base.attrs.get(key)} vs {extra.attrs.get(key)})"
             )
-    if list(base["domain"].values) != list(extra["domain"].values) or not np.allclose(
-        base["clean_seq"].values, extra["clean_seq"].values, rtol=1e-9, atol=0
+    if list(base["domain"].values) != list(extra["domain"].values) or not same_losses(
+        base["clean_seq"].values, extra["clean_seq"].values, base.attrs.get("dtype")
     ):
         raise DepthlensError("held-out curves to merge differ in their windows' domains or clean losses")
     new = [str(c) for c in extra["criterion"].values if c not in base["criterion"].values]
