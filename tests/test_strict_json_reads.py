@@ -75,3 +75,25 @@ def test_a_report_summary_with_a_key_twice_is_refused(tmp_path):
         runs_from_report(tmp_path)
     (tmp_path / "summary.json").write_text('[{"checkpoint": "a", "design": "preln", "n_layer": 4}]')
     assert runs_from_report(tmp_path) == {}  # well-formed, no datasets: nothing to merge
+
+
+def test_a_hugging_face_tokenizer_file_with_a_key_twice_is_refused(tmp_path):
+    """transformers reads tokenizer_config.json and friends with json.load (the last of two keys wins):
+    depthlens reads them strictly first, naming the file."""
+    from depthlens.adapters.tokenizer import load_hf_tokenizer
+    from depthlens.errors import CheckpointError
+    from test_adapters import _tokenizer
+
+    _tokenizer(tmp_path, bos=True)
+    assert load_hf_tokenizer(tmp_path).bos_id == 0  # the well-formed files load
+    cfg = tmp_path / "tokenizer_config.json"
+    text = cfg.read_text()
+    cfg.write_text(text.replace('"bos_token": "<s>"', '"bos_token": "<s>", "bos_token": "</s>"', 1))
+    assert cfg.read_text() != text
+    with pytest.raises(CheckpointError, match="'bos_token' twice") as e:
+        load_hf_tokenizer(tmp_path)
+    assert str(cfg) in str(e.value)
+    cfg.write_text(text)
+    (tmp_path / "special_tokens_map.json").write_text('{"unk_token": "<unk>", "x": NaN}')
+    with pytest.raises(CheckpointError, match="holds NaN"):
+        load_hf_tokenizer(tmp_path)

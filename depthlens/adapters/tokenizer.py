@@ -25,6 +25,9 @@ import torch
 from ..errors import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# the small JSON files of a tokenizer, read strictly before transformers reads them (tokenizer.json, up to tens of
+# MB, is left to the Rust `tokenizers` parser)
+STRICT_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
 
 
 class HFTokenizer:
@@ -84,6 +87,12 @@ def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer | None:
     if not has_tokenizer_files(path):
         return None
     from transformers import AutoTokenizer
+
+    from ..io.files import read_json
+
+    for name in STRICT_FILES:  # transformers reads them with json.load: a key twice would silently be the last
+        if (Path(path) / name).exists():
+            read_json(Path(path) / name, "a tokenizer file", error=CheckpointError)
 
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
