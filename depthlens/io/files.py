@@ -1,7 +1,8 @@
 """One way to open a user file: asked what it is before it is read, capped in size, one line when it fails.
 
 Every JSON or text file named by a user (config.json, train.json, recipes, manifests, tokenizer configs,
---device-map, track --recipe, --data, prepare inputs) is read through this module:
+--device-map, track --recipe, --data, prepare inputs) is read through this module, and every JSON a user can hand
+depthlens (JSONL lines, safetensors headers, markers, resume state too) is parsed by `strict_json`:
 
 * `regular_file`: a regular file (symlinks followed). A FIFO would block for ever, /dev/zero never ends, a
   socket or a device is not data: each is refused by name, as is a directory; `/dev/stdin` only where the
