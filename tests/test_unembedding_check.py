@@ -127,3 +127,19 @@ def test_the_agreement_bound_is_the_dot_products_rounding():
     nan[0, 0, 0] = float("nan")
     assert not _head_agrees(nan, direct, x, w, b)
     assert not _head_agrees(direct[..., :-1], direct, x, w, b)  # another shape
+
+
+@pytest.mark.parametrize("path", ["hand-mapped", "generic-blocks"])
+def test_a_hook_put_on_the_head_after_the_check_unsplits_it(path):
+    """F.linear on the head's weight would bypass a PyTorch hook on the head module, so a hooked head is not
+    split, asked on every call (the generic path's numeric check is cached)."""
+    from depthlens.adapters.hf import HFLayeredModel
+
+    hf = _tiny("llama", torch.float32, **KW)
+    m = HFLayeredModel(hf) if path == "hand-mapped" else _generic(hf)
+    assert m.unembedding() is not None
+    for add in ("register_forward_hook", "register_forward_pre_hook"):
+        handle = getattr(hf.get_output_embeddings(), add)(lambda *a: None)
+        assert m.unembedding() is None
+        handle.remove()
+        assert m.unembedding() is not None

@@ -37,7 +37,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.hook_contract import fire
-from ..models.protocol import Unembedding, check_run_layers_args, same_logits
+from ..models.protocol import Unembedding, check_run_layers_args, head_hooked, same_logits
 from ..models.residual.base import Design, RunContext, State, keep_input
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
 
@@ -375,6 +375,8 @@ class GenericBlocksModel(HookedRootModule):
         """The head split at its one matmul, when the model applies nothing after its `nn.Linear` LM head
         (checked once numerically on a probe state: Gemma 2's logit soft-capping, say, fails it -> None), so
         large vocabularies (Gemma 3: 262,144 ids) are walked in chunks by the analysis."""
+        if head_hooked(self.hf.get_output_embeddings()):
+            return None  # a hook added since the check (F.linear would bypass it): asked on every call
         if not hasattr(self, "_unembedding"):
             self._unembedding = self._check_unembedding()
         return self._unembedding

@@ -40,7 +40,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.hook_contract import fire
-from ..models.protocol import Unembedding, check_run_layers_args
+from ..models.protocol import Unembedding, check_run_layers_args, head_hooked
 from ..models.residual.base import Design, RunContext, State, apply_keep
 
 if TYPE_CHECKING:
@@ -332,7 +332,7 @@ class HFLayeredModel(HookedRootModule):
         """final norm, then the `lm_head` Linear (the spec'd families apply nothing after it); None when the
         head module is not a plain nn.Linear."""
         lm_head = resolve(self.hf, self.spec.lm_head)
-        if type(lm_head) is not nn.Linear:
+        if type(lm_head) is not nn.Linear or head_hooked(lm_head):
             return None
         return Unembedding(hidden=self._normed_final, weight=lm_head.weight, bias=lm_head.bias)
 

@@ -104,6 +104,12 @@ class Unembedding:
     bias: torch.Tensor | None  # (V,) or None
 
 
+def head_hooked(module: Any) -> bool:
+    """Whether a PyTorch forward hook or pre-hook sits on an LM head module: F.linear on its weight (the split
+    head, `Unembedding`) would bypass it, so a hooked head is never split."""
+    return bool(getattr(module, "_forward_hooks", None) or getattr(module, "_forward_pre_hooks", None))
+
+
 def unembedding_of(model: Any) -> Unembedding | None:
     """The model's `Unembedding`, or None when it has none (its head is then only callable whole)."""
     fn = getattr(model, "unembedding", None)
