@@ -825,8 +825,9 @@ def test_untrained_twin_is_functions_own_init_under_a_fixed_seed(user_dir):
     """The twin of FILE.py:FUNCTION with weights: FUNCTION() again under torch.manual_seed(TWIN_SEED), no weights
     loaded (its state dict is what a user gets by seeding and calling describe() by hand), recorded in provenance;
     the caller's random stream is untouched."""
-    from depthlens.adapters.described import TWIN_SEED, untrained_twin
+    from depthlens.adapters.described import TWIN_SEED
     from depthlens.adapters.load import open_model, opened_of
+    from depthlens.adapters.twin import described_twin as untrained_twin
 
     model = open_model(f"{user_dir / 'run' / 'model.safetensors'}@{user_dir / 'mymodel.py'}:describe").model
     rng = torch.get_rng_state()
@@ -843,8 +844,8 @@ def test_untrained_twin_is_functions_own_init_under_a_fixed_seed(user_dir):
 def test_no_untrained_twin_is_refused_with_the_reason(user_dir, tmp_path, net):
     from safetensors.torch import save_file
 
-    from depthlens.adapters.described import untrained_twin
     from depthlens.adapters.load import open_model
+    from depthlens.adapters.twin import described_twin as untrained_twin
 
     with pytest.raises(DescriptionError, match="described in Python"):
         untrained_twin(_wrap(net))
@@ -981,8 +982,8 @@ def test_untrained_twin_keeps_the_modules_own_dtypes(tmp_path):
     (RoPE frequencies, as attn-res keeps them) stays complex (a cast to fp32 warned and dropped its phase)."""
     from safetensors.torch import save_file
 
-    from depthlens.adapters.described import untrained_twin
     from depthlens.adapters.load import open_model
+    from depthlens.adapters.twin import described_twin as untrained_twin
 
     src = (
         "import torch\nfrom torch import nn\nimport depthlens\n\n\n"

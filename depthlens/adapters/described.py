@@ -63,7 +63,6 @@ __all__ = [
     "open_described",
     "pair_weights",
     "parse_ref",
-    "untrained_twin",
     "wrap",
 ]
 
@@ -937,43 +936,3 @@ TWIN_SEED = 0  # the torch seed the untrained twin of a described model is built
 def untrained_init(seed: int = TWIN_SEED) -> str:
     """How the untrained twin of a described model is initialised, as provenance and the report record it."""
     return f"the description's own init, torch seed {seed}"
-
-
-def untrained_twin(model: DescribedModel, seed: int = TWIN_SEED) -> DescribedModel:
-    """The untrained model of a described model opened from FILE.py:FUNCTION with weights: FUNCTION() run again
-    (its file imported afresh) under `torch.manual_seed(seed)`, with no weights loaded, on the model's device,
-    dtype and placement; its provenance records `untrained_init`. The caller's random stream is left as it was.
-
-    Refused with one line (DescriptionError) when depthlens cannot rebuild it: a model built in Python (it has no
-    FILE.py:FUNCTION), a model analysed without weights (it is FUNCTION's own init already), or a FUNCTION that
-    returns a module it did not build (the twin would share the analysed model's parameters)."""
-    from .load import open_model, opened_of
-
-    op = opened_of(model)
-    ref = parse_ref(op.meta.path) if op is not None and op.meta.kind == "described" else None
-    if ref is None:
-        raise DescriptionError(
-            "no untrained twin for a model described in Python: depthlens rebuilds one only from FILE.py:FUNCTION"
-        )
-    if ref.weights is None:
-        raise DescriptionError(
-            f"no untrained twin: {ref.name} is analysed without --weights, as FUNCTION builds it (its own init)"
-        )
-    p = next(model.module.parameters())
-    where: dict[str, Any] = {"device": str(p.device)} if model.placement is None else {"device_map": model.placement}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        twin_op = open_model(str(Ref(ref.file, ref.function)), **where)
-    twin: DescribedModel = twin_op.model
-    if next(twin.module.parameters()).dtype != p.dtype:  # the model was opened in another dtype: the same cast
-        twin.module.to(p.dtype)
-    mine = {id(t) for t in model.module.parameters()}
-    if any(id(t) in mine for t in twin.module.parameters()):
-        raise DescriptionError(
-            f"no untrained twin: {ref.name} returns a module it did not build (its parameters are the analysed "
-            "model's); build the model inside FUNCTION"
-        )
-    twin_op.provenance["untrained_init"] = untrained_init(seed)
-    twin_op.provenance["untrained_twin_of"] = str(ref)
-    twin.eval()
-    return twin

@@ -30,14 +30,12 @@ def untrained_twin(model: Any, seed: int = 0) -> Any:
     depthlens models: `build_model(config, seed)`; HF and GGUF models (`model.hf`): the HF class built from
     the same config under `torch.manual_seed(seed)` and wrapped like the original (hand-mapped or generic);
     described models (FILE.py:FUNCTION with weights): FUNCTION's own init under `torch.manual_seed(seed)`, no
-    weights loaded (`adapters.described.untrained_twin`)."""
+    weights loaded (`described_twin`)."""
     import torch
 
     from ..models.config import ModelConfig
 
     if getattr(model, "adapter_path", None) == "described":  # FUNCTION() again, under the seed, no weights loaded
-        from .described import untrained_twin as described_twin
-
         return described_twin(model, seed=seed)
     p = next(model.parameters())
     cfg = getattr(model, "config", None)
@@ -54,6 +52,52 @@ def untrained_twin(model: Any, seed: int = 0) -> Any:
         torch.manual_seed(seed)
         twin = type(hf)(hf.config)
     return wrap(twin.to(device=p.device, dtype=p.dtype).eval(), getattr(model, "tokenizer", None))
+
+
+def described_twin(model: Any, seed: int | None = None) -> Any:
+    """The untrained model of a described model opened from FILE.py:FUNCTION with weights: FUNCTION() run again
+    (its file imported afresh) under `torch.manual_seed(seed)`, with no weights loaded, on the model's device,
+    dtype and placement; its provenance records `untrained_init`. The caller's random stream is left as it was.
+
+    Refused with one line (DescriptionError) when depthlens cannot rebuild it: a model built in Python (it has no
+    FILE.py:FUNCTION), a model analysed without weights (it is FUNCTION's own init already), or a FUNCTION that
+    returns a module it did not build (the twin would share the analysed model's parameters)."""
+    import torch
+
+    from .described import TWIN_SEED, DescriptionError, untrained_init
+
+    seed = TWIN_SEED if seed is None else seed
+    from .load import open_model, opened_of
+    from .userref import Ref, parse_ref
+
+    op = opened_of(model)
+    ref = parse_ref(op.meta.path) if op is not None and op.meta.kind == "described" else None
+    if ref is None:
+        raise DescriptionError(
+            "no untrained twin for a model described in Python: depthlens rebuilds one only from FILE.py:FUNCTION"
+        )
+    if ref.weights is None:
+        raise DescriptionError(
+            f"no untrained twin: {ref.name} is analysed without --weights, as FUNCTION builds it (its own init)"
+        )
+    p = next(model.module.parameters())
+    where: dict[str, Any] = {"device": str(p.device)} if model.placement is None else {"device_map": model.placement}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        twin_op = open_model(str(Ref(ref.file, ref.function)), **where)
+    twin = twin_op.model
+    if next(twin.module.parameters()).dtype != p.dtype:  # the model was opened in another dtype: the same cast
+        twin.module.to(p.dtype)
+    mine = {id(t) for t in model.module.parameters()}
+    if any(id(t) in mine for t in twin.module.parameters()):
+        raise DescriptionError(
+            f"no untrained twin: {ref.name} returns a module it did not build (its parameters are the analysed "
+            "model's); build the model inside FUNCTION"
+        )
+    twin_op.provenance["untrained_init"] = untrained_init(seed)
+    twin_op.provenance["untrained_twin_of"] = str(ref)
+    twin.eval()
+    return twin
 
 
 def shuffled_twin(model: Any, seed: int = 0) -> Any:

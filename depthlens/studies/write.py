@@ -21,16 +21,16 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.atomic import atomic_dir, atomic_write_text, recover
 from depthlens.io.jsonsafe import jsonable
 
-if TYPE_CHECKING:  # for the signatures only: report imports this module at run time
-    from depthlens.studies.report import Report
-    from depthlens.studies.study import Entry
+# report.build's Report and study's Entry, named for the signatures; not imported (report imports this module)
+Entry: TypeAlias = Any
+Report: TypeAlias = Any
 
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
