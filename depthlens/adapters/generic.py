@@ -26,8 +26,8 @@ Provenance records `adapter_path = "generic-blocks"`. A model without exactly on
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,9 @@ from ..models.hook_contract import fire
 from ..models.protocol import Unembedding, check_run_layers_args, head_hooked, same_logits
 from ..models.residual.base import Design, RunContext, State, keep_input
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
+
+if TYPE_CHECKING:
+    from .placement import Placement
 
 OnLayer = Callable[[int, State, torch.Tensor], None]
 COPIED_ATTRS = ("attention_type", "layer_idx", "is_sliding", "sliding_window", "layer_type")
@@ -90,7 +93,7 @@ class _BlockHooks(nn.Module):
         self.hook_resid_post = HookPoint()
 
 
-def find_blocks(hf: nn.Module, n_layer: int) -> str:
+def find_blocks(hf: Any, n_layer: int) -> str:  # hf: a transformers PreTrainedModel
     """Dotted path of the one ModuleList holding the model's `n_layer` decoder blocks; CheckpointError if
     there is none or more than one (not counting lists nested inside a block)."""
     lists = [name for name, m in hf.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layer and name]
@@ -104,7 +107,7 @@ def find_blocks(hf: nn.Module, n_layer: int) -> str:
     return top[0]
 
 
-def check_generic(hf: nn.Module) -> None:
+def check_generic(hf: Any) -> None:  # hf: a transformers PreTrainedModel
     """Refuse what the generic path cannot honestly analyse: encoder-decoders, and any model whose logits at
     position 0 depend on a later token (not causal: BERT-style encoders behind a causal-LM head). The two rows
     are compared up to the dtype's rounding (`same_logits`): threaded kernels may differ in the last bits
@@ -129,12 +132,12 @@ class GenericBlocksModel(HookedRootModule):
 
     adapter_path = "generic-blocks"
 
-    def __init__(self, hf_model: nn.Module, *, tokenizer: Any = None):
+    def __init__(self, hf_model: Any, *, tokenizer: Any = None):  # a transformers PreTrainedModel
         super().__init__()
         c = hf_model.config
         n = _n_layer(c)
         check_generic(hf_model)
-        self.hf = hf_model
+        self.hf: Any = hf_model
         self.tokenizer = tokenizer
         self.blocks_path = find_blocks(hf_model, n)
         names = {id(m): k for k, m in hf_model.named_modules()}
@@ -155,7 +158,7 @@ class GenericBlocksModel(HookedRootModule):
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([_BlockHooks() for _ in range(n)])
         self.hook_resid_final = HookPoint()
-        self.placement = None  # a `placement.Placement` once `place` ran
+        self.placement: Placement | None = None  # set by `place`
         heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 1)
         self.cfg = _lens_config(
             n_layers=n, d_model=self.d_model, n_heads=heads, n_ctx=self.max_seq_len, d_vocab=self.vocab_size
@@ -173,7 +176,7 @@ class GenericBlocksModel(HookedRootModule):
 
     @property
     def layers(self) -> nn.ModuleList:
-        return self.hf.get_submodule(self.blocks_path)
+        return cast(nn.ModuleList, self.hf.get_submodule(self.blocks_path))
 
     @property
     def n_layer(self) -> int:
@@ -253,7 +256,7 @@ class GenericBlocksModel(HookedRootModule):
         return ctx.extras[key]
 
     # --- forward pieces ---------------------------------------------------------------------------------
-    def _swapped(self, probes: list[nn.Module]) -> _Swap:
+    def _swapped(self, probes: Sequence[nn.Module]) -> _Swap:
         return _Swap(self.layers, probes)
 
     def context(self, seq_len: int, *, record: bool = False, device: torch.device | None = None) -> RunContext:
@@ -363,7 +366,8 @@ class GenericBlocksModel(HookedRootModule):
     def _head_input(self, state: State, ctx: RunContext) -> torch.Tensor:
         """(B, T, d): what the model's LM head module receives for `state` (its final norm applied), read by
         running the model's own tail with the head swapped for a pass-through (no (B, T, V) logits formed)."""
-        lm_head, got = self.hf.get_output_embeddings(), []
+        lm_head = self.hf.get_output_embeddings()
+        got: list[torch.Tensor] = []
         self.hf.set_output_embeddings(_Capture(got))
         try:
             self.head(state, ctx)
@@ -423,7 +427,7 @@ class GenericBlocksModel(HookedRootModule):
             return z
 
         own = lm_head.__dict__.get("forward")  # accelerate's offload hook, say, lives there
-        lm_head.forward = emit  # type: ignore[method-assign]
+        lm_head.forward = emit  # type: ignore[method-assign,assignment]
         try:
             out = self.head(state, ctx)
         finally:
@@ -500,7 +504,7 @@ class _Capture(nn.Module):
 class _Swap:
     """Temporarily replace every entry of a ModuleList (restored on exit, even on error)."""
 
-    def __init__(self, layers: nn.ModuleList, replacement: list[nn.Module]):
+    def __init__(self, layers: nn.ModuleList, replacement: Sequence[nn.Module]):
         self.layers, self.replacement = layers, replacement
 
     def __enter__(self) -> None:
