@@ -56,9 +56,11 @@ def _worker(rank: int, world: int, port: int, out: str, fail_rank: int | None, i
             (Path(out) / f"rank{rank}.err").write_text(f"{type(e).__name__}: {e}")
         return
     results = _runs(fail_rank)
-    if rank == 0:  # as the CLI does: only rank 0 writes
+    if rank == 0:  # as the CLI does: only rank 0 writes, through the writer that encodes bool attrs
+        from depthlens.io.dataset import write_netcdf
+
         for name, ds in results.items():
-            ds.to_netcdf(Path(out) / f"{name}.nc")
+            write_netcdf(ds, Path(out) / f"{name}.nc")
 
 
 def _port() -> int:

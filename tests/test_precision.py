@@ -240,6 +240,11 @@ HOST_ONLY = {
     ("metrics.py", "__init__"): "AngularAccumulator's float64 host sum",
     ("causal_arms.py", "make_arms"): "arm masks live on the host; the engine moves each slice to the state's device",
     ("evaldata.py", "random_eval_data"): "eval tokens live on the host; engines move batches to the model",
+    (
+        "lens.py",
+        "__init__",
+    ): "the tuned lens' translators are built on the host, then moved with .to(the model's device)",
+    ("lens.py", "train_translators"): "sample indices into the host-side activation store; each batch is moved",
 }
 
 

@@ -429,7 +429,8 @@ def resolve(ref: str) -> Callable[..., Any]:
 def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
     """Run diagnostic `name` (or an alias) on `model` over `data`: the one dispatch path of CLI, API and report.
 
-    `opts` go to the engine as they are (checkpoint, batch_size and the engine's own options). A model without
+    `opts` go to the engine as they are (checkpoint, batch_size and the engine's own options), except `progress`,
+    which only an engine that takes it gets (a plug-in engine need not know about progress bars). A model without
     a capability the diagnostic needs is refused with one line (DepthlensError), before any work.
     """
     d = get(name)
@@ -439,7 +440,18 @@ def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
             f"{d.name} needs model capability {', '.join(lacking)}, which this model "
             f"({type(model).__name__}) does not offer"
         )
-    return resolve(d.engine)(model, data, **opts)
+    engine = resolve(d.engine)
+    if "progress" in opts and not _takes(engine, "progress"):
+        opts = {k: v for k, v in opts.items() if k != "progress"}
+    return engine(model, data, **opts)
+
+
+def _takes(fn: Any, name: str) -> bool:
+    """Whether `fn` accepts keyword `name` (by name or through **kwargs)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 # record fields whose value on the untrained model (`<field>_untrained`) a report row also carries

@@ -17,7 +17,9 @@ from depthlens.io.jsonsafe import jsonable
 if TYPE_CHECKING:
     import xarray as xr
 
-REPRO_DROPPED = ("created",)  # per-run dataset attrs/coords kept out of the report's tracked netCDF files
+# per-run dataset attrs/coords kept out of the report's tracked netCDF files: when it was made, and how long an engine
+# took and whether its tuned-lens translators came from the cache (a report's costs are in its untracked timings.json)
+REPRO_DROPPED = ("created", "eval_seconds", "eval_cpu_seconds", "train_seconds", "train_cpu_seconds", "cache")
 
 
 def timings(rep: Any) -> dict[str, Any]:
