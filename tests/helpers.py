@@ -23,3 +23,24 @@ def load_script(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def tiny_hf(model_type: str, **overrides: Any):
+    """A tiny randomly initialised Hugging Face causal LM of `model_type` (transformers' own class, seed 0, eval
+    mode, no download): 2 layers of width 16 unless `overrides` (any config field) say otherwise."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(
+        vocab_size=61,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **{**fields, **overrides})).eval()

@@ -412,13 +412,17 @@ def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_report_and_compare_put_a_described_model_beside_a_native_one(user_dir, tmp_path):
+def _native_l4(tmp_path):
+    """A native Pre-LN checkpoint of the described model's shape (4 layers, d = 32, 257 tokens), to report beside it."""
     from depthlens.models.config import ModelConfig
     from depthlens.models.model import build_model
 
-    native = tmp_path / "preln_l4"
     cfg = ModelConfig(arch="preln", n_layer=4, d_model=32, n_head=2, vocab_size=257, max_seq_len=64)
-    depthlens.save(build_model(cfg, seed=0), native)
+    return depthlens.save(build_model(cfg, seed=0), tmp_path / "preln_l4")
+
+
+def test_report_and_compare_put_a_described_model_beside_a_native_one(user_dir, tmp_path):
+    native = _native_l4(tmp_path)
     out = tmp_path / "report"
     args = ["report", native, "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL[:4]]
     r = _cli([*args, "--metrics", "causal", "--n-boot", "0", "-o", out, "--quiet"], user_dir)
@@ -877,12 +881,7 @@ def test_report_shows_no_val_loss_as_not_recorded_the_twin_and_skips_mixing_with
 
     import xarray as xr
 
-    from depthlens.models.config import ModelConfig
-    from depthlens.models.model import build_model
-
-    native = tmp_path / "preln_l4"
-    cfg = ModelConfig(arch="preln", n_layer=4, d_model=32, n_head=2, vocab_size=257, max_seq_len=64)
-    depthlens.save(build_model(cfg, seed=0), native)
+    native = _native_l4(tmp_path)
     out = tmp_path / "report"
     args = ["report", native, "mymodel.py:describe", "--weights", "run/model.safetensors", *EVAL[:4]]
     r = _cli([*args, "--metrics", "causal,mixing", "--n-boot", "0", "-o", out, "--quiet"], user_dir)

@@ -16,6 +16,7 @@ import torch
 
 from depthlens.models import ModelConfig, build_model
 from depthlens.models.hook_contract import HookError, check_hook_value
+from helpers import tiny_hf
 
 torch.set_num_threads(1)
 B, T = 2, 5
@@ -193,31 +194,12 @@ def test_streams_of_a_multi_stream_design_stay_editable():
     assert (edited - plain).abs().max() > 1e-4
 
 
-def _tiny_hf(model_type: str):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(
-        model_type,
-        vocab_size=61,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=32,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).eval()
-
-
 @pytest.mark.parametrize("path", ["hand-mapped", "generic-blocks"])
 def test_adapted_models_refuse_wrong_values_too(path):
     from depthlens.adapters.generic import GenericBlocksModel
     from depthlens.adapters.hf import HFLayeredModel
 
-    hf = _tiny_hf("llama")
+    hf = tiny_hf("llama")
     model = HFLayeredModel(hf) if path == "hand-mapped" else GenericBlocksModel(hf)
     toks = _toks(61)
     names = [n for n in model.hook_dict if not n.startswith("blocks.0.")]

@@ -12,26 +12,17 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import tiny_hf
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 KW = dict(num_key_value_heads=2, head_dim=8)
 
 
 def _tiny(model_type: str, dtype: torch.dtype, **kw):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    base = dict(
-        vocab_size=101,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
+    sizes = dict(
+        vocab_size=101, hidden_size=32, intermediate_size=64, num_attention_heads=4, max_position_embeddings=64
     )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **{**base, **kw})).eval().to(dtype)
+    return tiny_hf(model_type, **{**sizes, **kw}).to(dtype)
 
 
 def _generic(hf):
