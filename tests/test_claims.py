@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from depthlens.render.pages import plan_section
 from depthlens.stats import crossed as cr
+from depthlens.stats import plans as P
 from depthlens.stats.orderings import CLAIMS, Claim, check, check_all, markdown
 from depthlens.studies import claims as K
 
@@ -79,14 +81,14 @@ def test_verdicts_read_the_crossed_rows_with_their_notes(zoo):
 
 def test_the_plan_names_runs_for_the_observed_and_the_papers_difference(zoo):
     _, rows, recs = zoo
-    plans = K.plan_rows(rows, CLAIMS)
+    plans = P.plan_rows(rows, CLAIMS)
     perm = next(p for p in plans if (p["score"], p["higher"]) == ("perm", "full_attnres"))
     assert perm["paper_delta"] == pytest.approx(0.38) and perm["n_seq"] == 8
     need = perm["observed"]["seeds_needed"]["8"]
     assert need is None or need > 3 or perm["observed"]["power_now"] >= 0.8
     assert all(p["paper"] is None for p in plans if p["score"] == "loss_change")  # a direction, no size
-    text = K.plan_markdown(K.unresolved_plans(rows, check_all(recs, rows)))
-    assert K.PLAN_TITLE in text and "(Δ = " in text
+    text = plan_section(P.unresolved_plans(rows, check_all(recs, rows)))
+    assert P.PLAN_TITLE in text and "(Δ = " in text
 
 
 def test_a_crossed_row_takes_precedence_over_per_seed_rows():
@@ -117,7 +119,7 @@ def test_plan_command_on_the_report_and_on_checkpoints_without_seeds(zoo, tmp_pa
     r = CliRunner().invoke(app, ["plan", str(ZOO), "--json", "--n-boot", "200", "--sequences", "32"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)
-    want = K.plan_rows(zoo[1], CLAIMS, sequences=[32])
+    want = P.plan_rows(zoo[1], CLAIMS, sequences=[32])
     assert [p["claim"] for p in got] == [p["claim"] for p in want]
     assert got[3]["observed"]["seeds_needed"] == want[3]["observed"]["seeds_needed"]
     assert set(got[0]["observed"]["seeds_needed"]) == {"16", "32", "64"}

@@ -54,6 +54,7 @@ def plan(
 ) -> None:
     """Runs per design (and eval sequences) for 80 % power on DepthBench's claims, from the crossed seed ×
     sequence variance components of checkpoints (or of a report directory's datasets, computing nothing)."""
+    from ..stats import plans as P
     from ..stats.orderings import CLAIMS
     from ..studies import claims as K
     from .shapes import parse_list
@@ -76,7 +77,7 @@ def plan(
             return
         runs = {(e.slug, e.n_layer, e.seed): e.datasets for e in study.entries}
     rows = K.crossed_rows(runs, {}, CLAIMS, n_boot=n_boot, seed=seed)
-    plans = K.plan_rows(rows, CLAIMS, target=power, sequences=Ns)
+    plans = P.plan_rows(rows, CLAIMS, target=power, sequences=Ns)
     if not plans:
         fail(
             "no claim of the orderings check has two runs (training seeds) of each design it compares among these "
@@ -88,9 +89,9 @@ def plan(
         return
     from rich.table import Table
 
-    t = Table(title=f"runs per design for {100 * power:.0f} % power (95 % crossed interval)", caption=K.PLAN_NOTE)
-    for col in K.PLAN_HEAD:
+    t = Table(title=f"runs per design for {100 * power:.0f} % power (95 % crossed interval)", caption=P.PLAN_NOTE)
+    for col in P.PLAN_HEAD:
         t.add_column(col)
-    for row in K.plan_table(plans):
+    for row in P.plan_table(plans):
         t.add_row(*row)
     print_table(t)

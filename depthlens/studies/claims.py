@@ -10,7 +10,7 @@ and the per-sequence clean loss for a loss change.
 Inputs are a mapping run key (design, L, seed) -> {metric: Dataset} (a report's entries, or a report
 directory's merged datasets: `runs_from_report`), so the report and `depthlens plan` share one code path.
 Rows go into the report's `comparisons` with `"crossed": true` (orderings reads them first). The power plan over
-those rows is `stats.plans` (the report page reads it too), re-exported here with its markdown section.
+those rows is `stats.plans` (the report page and `depthlens plan` read it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import numpy as np
 from depthlens.errors import DepthlensError
 from depthlens.io.jsonsafe import jsonable
 from depthlens.stats import crossed as cr
-from depthlens.stats.plans import PLAN_HEAD, PLAN_NOTE, PLAN_TITLE, plan_rows, plan_table, unresolved_plans
 
 RunKey = tuple[str | None, int, int | None]  # design, depth, training seed
 Runs = Mapping[RunKey, Mapping[str, Any]]  # -> {metric: xr.Dataset}
@@ -182,24 +181,3 @@ def runs_from_report(directory: str | Path, metrics: Sequence[str] = ("causal", 
                 if k is not None:
                     runs.setdefault(k, {})[m] = ds.sel(checkpoint=name)
     return runs
-
-
-def plan_markdown(plans: Sequence[dict[str, Any]]) -> str:
-    """The plan rows as the report's markdown section ("" when there are none)."""
-    from depthlens.render.pages import plan_section
-
-    return plan_section(plans)
-
-
-__all__ = [  # the power plan lives in stats.plans; re-exported so `claims` stays the one import for the claims
-    "PLAN_HEAD",
-    "PLAN_NOTE",
-    "PLAN_TITLE",
-    "crossed_rows",
-    "degenerate_rows",
-    "plan_markdown",
-    "plan_rows",
-    "plan_table",
-    "runs_from_report",
-    "unresolved_plans",
-]
