@@ -176,3 +176,55 @@ def test_cli_cache_list_clear_and_no_cache(gguf_file, monkeypatch):
     ok = r.invoke(app, ["cache", "clear", listed["entries"][0]["key"][:8]])
     assert ok.exit_code == 0 and "removed 1 cache entry" in ok.stdout
     assert gguf_cache.entries() == []
+
+
+def test_info_second_run_reads_the_stored_facts_without_opening_the_model(gguf_file, tmp_path, monkeypatch):
+    """`info` on a GGUF file: the first run opens it and stores what it printed beside the entry; a later run on
+    the same bytes (any path) prints the same facts, with that path, without opening the model; a record left by
+    other code is not trusted, and --no-cache prints the same facts from a full open."""
+    from typer.testing import CliRunner
+
+    from depthlens.adapters import load
+    from depthlens.cli import app
+
+    monkeypatch.setenv("DEPTHLENS_NO_CACHE", "0")
+    r = CliRunner()
+
+    def info(path, *flags):
+        out = r.invoke(app, [*flags, "info", str(path), "--json"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    off = info(gguf_file, "--no-cache")
+    monkeypatch.setenv("DEPTHLENS_NO_CACHE", "0")
+    first = info(gguf_file)
+    key = f"{first['gguf_sha256']}-float32"
+    assert (gguf_cache.cache_dir() / key / gguf_cache.INFO).is_file()
+    real_open = load.open_model
+
+    def no_open(*a, **k):
+        raise AssertionError("the model was opened")
+
+    monkeypatch.setattr(load, "open_model", no_open)
+    second = info(gguf_file)
+    copy = tmp_path / "renamed.gguf"
+    shutil.copy(gguf_file, copy)
+    renamed = info(copy)
+    drop = ("gguf_cache",)
+    assert {k: v for k, v in second.items() if k not in drop} == {k: v for k, v in off.items() if k not in drop}
+    assert (off["gguf_cache"], first["gguf_cache"], second["gguf_cache"]) == ("off", "stored", "hit")
+    assert renamed["model_path"] == str(copy.resolve()) and renamed["checkpoint"] == str(copy)
+    assert {k: v for k, v in renamed.items() if k not in ("model_path", "checkpoint")} == {
+        k: v for k, v in second.items() if k not in ("model_path", "checkpoint")
+    }
+    # a record from other code (here: its builder edited) is stale: the model is opened again
+    rec_path = gguf_cache.cache_dir() / key / gguf_cache.INFO
+    rec = json.loads(rec_path.read_text())
+    rec["builder"]["code"] = "0" * 16
+    rec_path.write_text(json.dumps(rec))
+    assert gguf_cache.stored_info(Path(gguf_file)) is None
+    monkeypatch.setattr(load, "open_model", real_open)
+    again = info(gguf_file)
+    assert again == {**second, "gguf_cache": "hit"} and json.loads(rec_path.read_text())["builder"] != rec["builder"]
+    rec_path.write_text("{not json")  # damaged: ignored, and rewritten by the next full open
+    assert gguf_cache.stored_info(Path(gguf_file)) is None

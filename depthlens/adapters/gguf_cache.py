@@ -250,6 +250,75 @@ def _read(entry: Path, digest: str, dtype: Any) -> tuple[Any, Any, dict[str, Any
     return hf, tok, meta["header"], config
 
 
+# --- the `info` summary of an entry -----------------------------------------------------------------------
+# `depthlens info` reads only the shape, design and provenance facts of a model, not its weights. The first
+# `info` on a GGUF file opens it in full (dequantised or read from the entry, every weight checked when built)
+# and stores what it printed beside the entry as info.json; a later `info` on the same bytes hashes the file
+# (the content decides, as for the weights) and prints the stored facts with the path fields of this call,
+# without importing torch or transformers (seconds instead of tens of seconds on a 270M model). The record is
+# tied to the code that computed it: a change to any adapter module, or another transformers/gguf/depthlens
+# version, makes it stale and the next `info` opens the model again.
+
+INFO = "info.json"
+PATH_FIELDS = ("model_path",)  # the only facts of a GGUF summary that depend on how the file was named
+
+
+def _info_builder() -> dict[str, str]:
+    import hashlib
+    from importlib.metadata import version
+
+    here = Path(__file__).parent
+    code = hashlib.sha256()
+    for f in sorted(here.glob("*.py")):  # the adapters: loading, structure reading, description
+        code.update(f.name.encode() + b"\0" + f.read_bytes())
+    return {
+        "depthlens": version("depthlens"),
+        "transformers": version("transformers"),
+        "gguf": version("gguf"),
+        "code": code.hexdigest()[:16],
+    }
+
+
+def stored_info(path: Path, dtype: str = "float32") -> dict[str, Any] | None:
+    """The `info` facts stored for the GGUF file at `path` (by its content hash), with this call's path fields
+    and `gguf_cache: hit`; None when the cache is off, or no sound record for these bytes and this code exists."""
+    if not enabled(None):
+        return None
+    digest = _sha256(path)
+    entry = cache_dir() / f"{digest}-{dtype}"
+    try:
+        rec = strict_json((entry / INFO).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("info"), dict) or rec.get("gguf_sha256") != digest:
+        return None
+    if not (entry / "entry.json").is_file() or rec.get("builder") != _info_builder():
+        return None
+    with contextlib.suppress(OSError):
+        (entry / "used").touch()
+    return {**rec["info"], "gguf_sha256": digest, "gguf_cache": "hit", "model_path": str(path.resolve())}
+
+
+def store_info(info: dict[str, Any], dtype: str = "float32") -> bool:
+    """Keep `info` (what `describe` gave for a GGUF model opened through the cache) beside its entry, written
+    atomically; nothing when the model did not come through the cache. Returns whether it was stored."""
+    digest = info.get("gguf_sha256")
+    if info.get("model_source") != "gguf" or info.get("gguf_cache") not in ("stored", "rebuilt", "hit"):
+        return False
+    entry = cache_dir() / f"{digest}-{dtype}"
+    if not isinstance(digest, str) or not (entry / "entry.json").is_file():
+        return False
+    from ..io.atomic import atomic_write_text
+
+    kept = {k: v for k, v in info.items() if k not in (*PATH_FIELDS, "gguf_cache", "checkpoint")}
+    rec = {"gguf_sha256": digest, "builder": _info_builder(), "info": kept}
+    with _lock(cache_dir(), f"{digest}-{dtype}"):
+        if not (entry / "entry.json").is_file():  # cleared meanwhile
+            return False
+        atomic_write_text(entry / INFO, json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    return True
+
+
 # --- list, clear, evict ---------------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,11 +17,15 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 @domain_errors
 def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Design, shape and parameter counts (total, non-embedding, overhead vs Pre-LN) of a checkpoint."""
-    from ..adapters.load import describe, open_model
-    from .feedback import spinner
+    s = _stored_gguf_info(Path(ckpt))
+    if s is None:
+        from ..adapters.gguf_cache import store_info
+        from ..adapters.load import describe, open_model
+        from .feedback import spinner
 
-    with spinner(f"loading {Path(ckpt).name}") as p:
-        s = describe(open_model(ckpt, progress=p.engine()))
+        with spinner(f"loading {Path(ckpt).name}") as p:
+            s = describe(open_model(ckpt, progress=p.engine()))
+        store_info(s)  # a GGUF file opened through the cache: the next `info` on its bytes reads this
     s["checkpoint"] = str(ckpt)
     if s.get("code_version_warning"):
         typer.echo(f"depthlens: warning: {s['code_version_warning']}", err=True)
@@ -57,3 +61,19 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> No
             v = s[k]
             t.add_row(k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v)))
     print_table(t)
+
+
+def _stored_gguf_info(p: Path) -> dict[str, Any] | None:
+    """What an earlier `info` printed for these GGUF bytes (`gguf_cache.stored_info`: the file is hashed, its
+    weights not read), or None: not a GGUF file, the cache off, or no sound record for this file and code."""
+    from ..adapters.gguf_cache import stored_info
+
+    try:
+        if not p.is_file():  # never opened otherwise: a FIFO named like a .gguf would block the reader
+            return None
+        with open(p, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return None
+    except OSError:
+        return None  # the full open says what is wrong with it
+    return stored_info(p)
