@@ -562,6 +562,54 @@ def _cli_section(cli: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _prune_section(prune: dict[str, Any] | None) -> list[str]:
+    """`depthlens prune` on each GGUF file by path and on a depthlens checkpoint, each pruned model reloaded by its
+    own loader and its held-out loss recomputed outside depthlens' model code (scripts/real-model-prune.sh ->
+    prune.json)."""
+    if not prune:
+        return []
+    lines = [
+        "",
+        "## `depthlens prune` on the three models",
+        "",
+        "`bash scripts/real-model-prune.sh` runs `depthlens prune <model> --tolerance T --k-max K --json` (default "
+        "criterion and eval data) on each GGUF file by path and on a depthlens checkpoint. The GGUF models are "
+        "written as Hugging Face directories; a separate Python process loads each with plain "
+        "`transformers.AutoModelForCausalLM.from_pretrained` (a depthlens checkpoint with `depthlens.load`), reads "
+        "the certificate's eval windows again (SHA-256 checked) and recomputes each domain's held-out loss on the "
+        "certificate's positions (column recomputed − certified). Δloss and its bound are the certificate's "
+        "(held-out, paired, one-sided 95 % t bound; nats/token); k is the largest within the tolerance in every "
+        "domain, or --k-max where it says so (the scan stopped there).",
+        "",
+        "| model | eval (seqs × tokens) | tolerance | criterion | removed (k of L) | domain (held-out seqs) | Δloss | "
+        "bound | certified loss | recomputed − certified | exit | wall / CPU (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in prune["runs"]:
+        cost = f"{r['wall_s']:.0f} / {r['cpu_s']:.0f}"
+        if r["exit"]:
+            lines.append(
+                f"| {r['model']} | {r['eval']} | {r['tolerance']} | — | — | — | — | — | — | — | {r['exit']} "
+                f"({(r.get('stderr_last') or '?').replace('|', chr(92) + '|')}) | {cost} |"
+            )
+            continue
+        cap = ", = --k-max" if r["k"] == r.get("k_max") else ""
+        removed = f"{r['layers_removed']} ({r['k']} of {r['n_layer_before']}{cap})"
+        for d, v in r["domains"].items():
+            diff = v.get("pruned_loss_difference")
+            lines.append(
+                f"| {r['model']} | {r['eval']} | {r['tolerance']} | {r['criterion']} | {removed} | "
+                f"{d} ({v['n_sequences']}) | {v['delta']:+.4f} | {v['upper_bound']:.4f} | {v['pruned_loss']:.4f} | "
+                f"{'—' if diff is None else f'{diff:+.1e}'} | {r['exit']} | {cost} |"
+            )
+    loaded = sorted(
+        {v for r in prune["runs"] for v in [r.get("check", {}).get("versions", {}).get("transformers")] if v}
+    )
+    if loaded:
+        lines += ["", "Reloaded with transformers " + ", ".join(loaded) + "."]
+    return lines
+
+
 def _diff(d: dict[str, Any] | None) -> str:
     return "—" if d is None else f"{100 * d['estimate']:+.1f} pp [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
 
@@ -774,6 +822,7 @@ def readme(
     exactness: dict[str, Any] | None = None,
     absent: list[str] | None = None,
     cli: dict[str, Any] | None = None,
+    prune: dict[str, Any] | None = None,
 ) -> str:
     ev = summaries[0]["eval"] if summaries else {}
     lines = [
@@ -816,6 +865,7 @@ def readme(
             cells = [e.get(k) for k in ("max_abs_logit_diff", "max_abs_logit_diff_skip", "max_abs_logit")]
             lines.append(f"| {s['name']} | " + " | ".join("—" if c is None else f"{c:.2e}" for c in cells) + " |")
     lines += _cli_section(cli)
+    lines += _prune_section(prune)
     lines += [
         "",
         "## Causal share, trained and untrained twin, under every definition",
@@ -971,10 +1021,12 @@ def main(argv: list[str]) -> int:
     exactness = json.loads(ex_path.read_text()) if ex_path.exists() else None
     cli_path = atlas / "cli.json"
     cli = json.loads(cli_path.read_text()) if cli_path.exists() else None
-    doc = {"models": summaries, "figures": figs, "exactness": exactness, "cli": cli}
+    prune_path = atlas / "prune.json"
+    prune = json.loads(prune_path.read_text()) if prune_path.exists() else None
+    doc = {"models": summaries, "figures": figs, "exactness": exactness, "cli": cli, "prune": prune}
     atomic_write_text(atlas / "atlas.json", json.dumps(doc, indent=1) + "\n")
     absent = [n for n in names if not (atlas / n / "data" / "run.json").exists()]
-    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness, absent, cli))
+    atomic_write_text(atlas / "README.md", readme(summaries, figs, exactness, absent, cli, prune))
     print(f"wrote {atlas}/README.md, atlas.json and figures/")
     return 0
 
