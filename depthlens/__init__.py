@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
 from .designs import DESIGNS, SLUGS
 
 _LAZY = {
@@ -75,6 +74,7 @@ __all__ = [  # written out (not built from _LAZY) so that type checkers and IDEs
 ]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs (nothing is imported at run time)
+    from ._version import __version__
     from .adapters.described import Description, wrap
     from .adapters.load import open_model as open  # noqa: A004
     from .io.checkpoint import Checkpoint
@@ -113,6 +113,10 @@ def save(model: Any, path: Any, **kwargs: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read from the installed metadata on first use (depthlens._version)
+        from ._version import __version__
+
+        return __version__
     if name in _LAZY:
         import importlib
 

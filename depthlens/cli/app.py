@@ -127,7 +127,81 @@ def _flush_stdout(rv: Any) -> Any:
     return rv
 
 
-app = typer.Typer(
+class _Deferred(type):
+    """A stand-in class for one rich class, which imports the real one on first use (a call or an attribute)."""
+
+    _where: tuple[str, str]
+
+    def _real(cls) -> Any:
+        import importlib
+
+        module, name = cls._where
+        return getattr(importlib.import_module(module), name)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._real()(*args, **kwargs)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(cls._real(), name)
+
+
+def light_rich_utils() -> None:
+    """Import typer.rich_utils (which renders every help page) without the two rich modules it imports at its top
+    for what this CLI never shows: rich.markdown (markdown-it, pygments) for rich_markup_mode="markdown" (this
+    app's is "rich") and rich.traceback (attrs, pretty) for pretty tracebacks (disabled). They are 40 % of
+    `depthlens --help`. While typer.rich_utils loads, each is a stand-in module whose class imports the real one on
+    first use; then the stand-ins leave sys.modules, so a later `import rich.markdown` gets the real module. Once
+    per process; nothing when typer.rich_utils or the real module is already loaded."""
+    import types
+
+    if "typer.rich_utils" in sys.modules:
+        return
+    stand_ins = []
+    for module, name in (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback")):
+        if module in sys.modules:
+            continue
+        stub = types.ModuleType(module)
+        setattr(stub, name, _Deferred(name, (), {"_where": (module, name), "__module__": module}))
+        sys.modules[module] = stub
+        stand_ins.append(module)
+    try:
+        import typer.rich_utils  # noqa: F401
+    finally:
+        for module in stand_ins:
+            if sys.modules.get(module) is not None and not hasattr(sys.modules[module], "__file__"):
+                del sys.modules[module]
+
+
+def resolve_annotations(fn: Callable[..., Any]) -> None:
+    """Evaluate the string annotations of a command function (`from __future__ import annotations`) once, in place:
+    typer evaluates each string four times while it builds the command (signature and type hints, twice), which
+    is a sixth of `depthlens --help`. Left as strings when one does not evaluate (typer then says why)."""
+    import typing
+
+    target = inspect.unwrap(fn)
+    if not any(isinstance(a, str) for a in getattr(target, "__annotations__", {}).values()):
+        return
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except Exception:  # noqa: BLE001  (typer's own evaluation reports it)
+        return
+    target.__annotations__ = hints
+    if fn is not target:
+        fn.__annotations__ = hints
+
+
+class _App(typer.Typer):
+    """The Typer app, started with its command annotations evaluated once and a light typer.rich_utils."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for info in [*self.registered_commands, self.registered_callback]:
+            if info is not None and info.callback is not None:
+                resolve_annotations(info.callback)
+        light_rich_utils()
+        return super().__call__(*args, **kwargs)
+
+
+app = _App(
     name="depthlens",
     cls=OneLineErrors,
     no_args_is_help=True,

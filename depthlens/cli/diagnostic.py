@@ -41,7 +41,7 @@ from .analyze import (
     resolve_out,
     write,
 )
-from .app import OneLineErrors, domain_errors, fail
+from .app import OneLineErrors, domain_errors, fail, resolve_annotations
 
 
 def parse_opts(items: list[str]) -> dict[str, Any]:
@@ -132,6 +132,7 @@ def command_for(d: registry.Diagnostic) -> Any:
         )
 
     run.__doc__ = d.summary
+    resolve_annotations(run)  # evaluated once, not by typer for each pass over the parameters
     sub = typer.Typer(add_completion=False)
     sub.command(name=d.name)(domain_errors(run))
     return typer.main.get_command(sub)
