@@ -1,6 +1,8 @@
-"""Startup: `--help` and `info` on a native checkpoint import neither transformer-lens nor transformers nor
-datasets; a native model becomes a TransformerLens HookedRootModule on first use of that surface, with the
-same hook names, the same cache and the same patching as one built once transformer-lens is loaded."""
+"""Startup: `--help` and `info` on a native checkpoint import neither torch nor transformer-lens nor transformers
+nor datasets; `info` on a native checkpoint (read from its config and safetensors header, no model built) prints
+what the model-based description prints and refuses what it refuses; a native model becomes a TransformerLens
+HookedRootModule on first use of that surface, with the same hook names, the same cache and the same patching as
+one built once transformer-lens is loaded."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("transformer_lens", "transformers", "datasets")
+HEAVY = ("transformer_lens", "transformers", "datasets", "torch")
+# what `--help` leaves out besides: numpy (no depthlens module it imports needs it) and markdown-it (rich's markdown,
+# which typer.rich_utils imports for a markup mode this CLI does not use: cli.app.light_rich_utils)
+HELP_FREE = ("numpy", "markdown_it")
 
 _PROBE = """
 import json, runpy, sys
@@ -23,13 +28,14 @@ try:
 except SystemExit as e:
     code = e.code or 0
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
-print("\\n@@" + json.dumps({{"code": code, "heavy": heavy}}), file=sys.stderr)
+help_free = sorted(m for m in sys.modules if m.split(".")[0] in {help_free!r})
+print("\\n@@" + json.dumps({{"code": code, "heavy": heavy, "help_free": help_free}}), file=sys.stderr)
 """
 
 
 def _imports(args: list[str]) -> dict:
     r = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(heavy=set(HEAVY)), json.dumps(args)],
+        [sys.executable, "-c", _PROBE.format(heavy=set(HEAVY), help_free=set(HELP_FREE)), json.dumps(args)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -37,7 +43,7 @@ def _imports(args: list[str]) -> dict:
     )
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("@@")]
     assert line, r.stderr[-2000:]
-    return json.loads(line[-1][2:])
+    return {**json.loads(line[-1][2:]), "stdout": r.stdout}
 
 
 @pytest.mark.parametrize(
@@ -47,6 +53,92 @@ def test_light_commands_import_no_heavy_package(args):
     out = _imports(args)
     assert out["code"] == 0
     assert out["heavy"] == []
+    if args == ["--help"]:
+        assert out["help_free"] == []
+
+
+# --- `info` on a native checkpoint without torch -----------------------------------------------------------------
+
+ZOO = ROOT / "checkpoints"
+
+
+@pytest.mark.parametrize("name", ["hc_l16", "mhc_l16", "full_attnres_l16", "moda_l16", "preln_l16", "keel_l8"])
+def test_native_info_is_the_model_description(name):
+    """`info --json` from the config and the safetensors header (in a process that never imports torch) prints
+    what `describe(open_model(...))` computes from the built model's parameters."""
+    from depthlens.adapters.load import describe, open_model
+    from depthlens.cli.app import dumps
+
+    out = _imports(["info", f"checkpoints/{name}", "--json"])
+    assert out["code"] == 0 and out["heavy"] == []
+    fast = json.loads(out["stdout"])
+    model = describe(open_model(ZOO / name))
+    assert fast.pop("checkpoint") == f"checkpoints/{name}"
+    assert fast == json.loads(dumps(model))  # the same fields, values and JSON types
+    assert fast["params_design_overhead"] > 0 or name.startswith("preln")
+
+
+def test_tensor_layout_is_the_built_models():
+    """models.layout mirrors the modules: the state dict of a built model of every design, and of the config
+    fields that change a tensor (GQA, tied embeddings, static HC, stream count, DeepNorm without final norm, d_ff)."""
+    from depthlens.designs import SLUGS
+    from depthlens.models import ModelConfig, build_model
+    from depthlens.models.layout import tensor_layout
+
+    variants = [
+        {},
+        {"tie_embeddings": True, "n_kv_head": 2},
+        {"hc_dynamic": False, "hc_streams": 2, "deepnorm_final_norm": False, "d_ff": 40, "n_layer": 3},
+    ]
+    for arch in SLUGS:
+        for v in variants:
+            cfg = ModelConfig.debug(arch, **v)
+            built = {k: tuple(t.shape) for k, t in build_model(cfg).state_dict().items()}
+            if cfg.tie_embeddings:
+                built.pop("lm_head.weight")  # stored once, as the embedding
+            assert tensor_layout(cfg) == built, (arch, v)
+
+
+def _edit(src, dst, how):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    w = dst / "model.safetensors"
+    t = load_file(str(w))
+    if how == "transposed":  # the same parameter count, a wrong shape
+        t["blocks.1.mlp.fn.up_proj.weight"] = t["blocks.1.mlp.fn.up_proj.weight"].T.contiguous()
+    elif how == "nan":
+        t["blocks.0.router_attn.static_alpha"][0, 0] = float("nan")
+    elif how == "f64_overflow":  # finite as stored, +inf in float32, the dtype the model computes in
+        t["norm.weight"] = t["norm.weight"].double()
+        t["norm.weight"][0] = 1e300
+    elif how == "extra":
+        t["blocks.0.extra"] = t["norm.weight"].clone()
+    elif how == "missing":
+        t.pop("blocks.2.router_mlp.static_beta")
+    save_file(t, str(w))
+    return dst
+
+
+@pytest.mark.parametrize("how", ["transposed", "nan", "f64_overflow", "extra", "missing"])
+def test_native_info_refuses_what_the_model_refuses(tmp_path, how):
+    """A checkpoint the header path cannot vouch for goes to the model path: the same one line as loading it."""
+    from typer.testing import CliRunner
+
+    from depthlens.adapters.load import describe_native
+    from depthlens.cli import app
+    from depthlens.errors import CheckpointError
+    from depthlens.io.checkpoint import load
+
+    bad = _edit(ZOO / "hc_l4", tmp_path / "bad", how)
+    assert describe_native(bad) is None
+    with pytest.raises(CheckpointError) as e:
+        load(bad)
+    r = CliRunner().invoke(app, ["info", str(bad)])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [f"depthlens: error: {e.value}"]
 
 
 def test_the_probe_sees_a_heavy_import():

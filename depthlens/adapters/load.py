@@ -633,6 +633,127 @@ def describe(op: Opened) -> dict[str, Any]:
     return {**s, **op.provenance}
 
 
+def describe_native(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """`describe(open_model(path))` of a depthlens checkpoint directory without torch: the config, the safetensors
+    header (names and shapes) and the weights' values (every one finite in float32, the dtype the model computes
+    in) are checked as `open_model` checks them, and the parameter counts come from the header (`summarize_counts`).
+    The tensors must be exactly those the config implies (`models.layout`). None when `path` is not such a
+    checkpoint or any check does not pass: the caller opens the model, which refuses it with the usual line (or
+    reads what this does not: bfloat16 values, a described model, another source). `depthlens info` uses it, so
+    it starts in a fraction of a second (tests/test_startup.py checks it against the model's own description)."""
+    try:
+        return _describe_native(path)
+    except Exception:  # noqa: BLE001  (any doubt: the model path decides, and says what is wrong)
+        return None
+
+
+def _describe_native(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    from ..io import checkpoint
+    from ..io.records import check_train_record
+    from ..io.weights import check_float_dtypes, check_layer_count, check_shape, refuse_pickle, safetensors_header
+    from ..models.layout import tensor_layout
+    from ..models.summary import summarize_counts
+    from .userref import parse_ref
+
+    if parse_ref(path) is not None:  # a described model (FILE.py:FUNCTION)
+        return None
+    p = Path(path)
+    if not p.is_dir() or not (p / "config.json").is_file():
+        return None
+    refuse_pickle(p)
+    raw = checkpoint.read_json_object(p / "config.json", "model config")
+    if detect_kind(raw) != "depthlens":
+        return None
+    cfg = checkpoint.read_config(p)
+    wfile = p / checkpoint.WEIGHTS
+    if not wfile.is_file():
+        return None
+    header = safetensors_header(wfile)
+    check_float_dtypes(header, wfile)
+    check_layer_count(cfg.n_layer, header, "blocks.", p / checkpoint.CONFIG)
+    check_shape(
+        header, "embed_tokens.weight", (cfg.vocab_size, cfg.d_model), p / checkpoint.CONFIG, "vocab_size x d_model"
+    )
+    # what checkpoint.load checks on the model it builds: exactly the tensors and shapes the config implies (a tied
+    # model stores no lm_head), each readable and finite in float32
+    if {k: tuple(v[1]) for k, v in header.items()} != tensor_layout(cfg) or not _all_finite_f32(wfile):
+        return None
+    train = (
+        checkpoint.read_json_object(p / checkpoint.TRAIN, "training record")
+        if os.path.lexists(p / checkpoint.TRAIN)
+        else {}
+    )
+    if train:
+        check_train_record(train, p / checkpoint.TRAIN)
+    tok = checkpoint.read_tokenizer(p, cfg.vocab_size)
+    s = summarize_counts(cfg, ((name, _numel(shape)) for name, (_, shape) in header.items()))
+    s["val_loss"] = train.get("final_val_loss")
+    if train:
+        from ..training.provenance import code_version_warning
+
+        s["trained_at_commit"] = train.get("git_sha")
+        s["code_version_warning"] = code_version_warning(train)
+    prov = {
+        "model_source": "depthlens",
+        "model_path": str(p.resolve()),
+        "model_family": "depthlens",
+        "adapter_path": "native",
+        "weights_format": "safetensors",
+        **_tokenizer_provenance(tok),
+    }
+    return {**s, **prov}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+_NUMPY_DTYPES = {"F16": "<f2", "BF16": "<u2", "F32": "<f4", "F64": "<f8"}
+
+
+def _all_finite_f32(path: Path, chunk: int = 1 << 22) -> bool:
+    """Whether safetensors' own reader accepts `path` and every value in it is finite once cast to float32 (a
+    float64 1e300 is not); read through a memory map, `chunk` values at a time."""
+    import mmap
+
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy"):  # the loader's validation of the header against the file
+        pass
+    with open(path, "rb") as f:
+        (n,) = np.frombuffer(f.read(8), dtype="<u8").tolist()
+        entries = json.loads(f.read(n))
+        entries.pop("__metadata__", None)
+        if not entries:
+            return True
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            ok = True
+            for info in entries.values():
+                dtype = np.dtype(_NUMPY_DTYPES[info["dtype"]])
+                lo, hi = (int(x) for x in info["data_offsets"])
+                count = (hi - lo) // dtype.itemsize
+                for start in range(0, count, chunk):
+                    a = np.frombuffer(
+                        mm, dtype=dtype, count=min(chunk, count - start), offset=8 + n + lo + start * dtype.itemsize
+                    )
+                    if info["dtype"] == "BF16":  # the high half of a float32: all-ones exponent = Inf or NaN
+                        good = bool(((a & 0x7F80) != 0x7F80).all())
+                    else:
+                        with np.errstate(over="ignore", invalid="ignore"):
+                            good = bool(np.isfinite(a.astype(np.float32, copy=False)).all())
+                    del a  # no view of the map may outlive it
+                    if not good:
+                        ok = False
+                        break
+                if not ok:
+                    break
+    return ok
+
+
 # --- provenance -----------------------------------------------------------------------------------------
 
 

@@ -20,11 +20,13 @@ def info(ckpt: CkptArg, as_json: JsonOpt = False, quiet: QuietOpt = False) -> No
     s = _stored_gguf_info(Path(ckpt))
     if s is None:
         from ..adapters.gguf_cache import store_info
-        from ..adapters.load import describe, open_model
+        from ..adapters.load import describe, describe_native, open_model
         from .feedback import spinner
 
         with spinner(f"loading {Path(ckpt).name}") as p:
-            s = describe(open_model(ckpt, progress=p.engine()))
+            # a depthlens checkpoint is described from its config and weight file without torch; anything else (or
+            # a checkpoint that fails a check: the model path says why) opens the model
+            s = describe_native(ckpt) or describe(open_model(ckpt, progress=p.engine()))
         store_info(s)  # a GGUF file opened through the cache: the next `info` on its bytes reads this
     s["checkpoint"] = str(ckpt)
     if s.get("code_version_warning"):

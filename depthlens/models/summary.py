@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..designs import DESIGNS
@@ -9,13 +10,19 @@ from ..designs import DESIGNS
 
 def summarize(model: Any) -> dict[str, Any]:
     """Design, shape and parameter counts. Overhead = parameters outside the Pre-LN backbone."""
-    cfg = model.config
     params = dict(model.named_parameters())  # tied weights appear once
-    total = sum(p.numel() for p in params.values())
-    emb = sum(p.numel() for n, p in params.items() if n.startswith(("embed_tokens.", "lm_head.")))
+    return summarize_counts(model.config, ((n, p.numel()) for n, p in params.items()))
+
+
+def summarize_counts(cfg: Any, numels: Iterable[tuple[str, int]]) -> dict[str, Any]:
+    """`summarize` from (parameter name, element count) pairs, each parameter once: those of a built model, or
+    the tensors of a checkpoint's safetensors header (`depthlens info` without torch, adapters.load)."""
+    counts = dict(numels)
+    total = sum(counts.values())
+    emb = sum(c for n, c in counts.items() if n.startswith(("embed_tokens.", "lm_head.")))
     backbone = sum(
-        p.numel()
-        for n, p in params.items()
+        c
+        for n, c in counts.items()
         if n.startswith(("embed_tokens.", "lm_head.", "norm."))
         or (
             n.startswith("blocks.")
