@@ -118,11 +118,23 @@ def _edit(src, dst, how):
         t["blocks.0.extra"] = t["norm.weight"].clone()
     elif how == "missing":
         t.pop("blocks.2.router_mlp.static_beta")
+    elif how.startswith("bf16"):  # read by its exponent bits (numpy has no bfloat16)
+        t = {k: v.bfloat16() for k, v in t.items()}
+        if how == "bf16_inf":
+            t["blocks.3.mlp.fn.down_proj.weight"][1, 2] = float("-inf")
     save_file(t, str(w))
     return dst
 
 
-@pytest.mark.parametrize("how", ["transposed", "nan", "f64_overflow", "extra", "missing"])
+def test_native_info_reads_bfloat16(tmp_path):
+    from depthlens.adapters.load import describe, describe_native, open_model
+
+    ck = _edit(ZOO / "hc_l4", tmp_path / "bf16", "bf16")
+    fast = describe_native(ck)
+    assert fast is not None and fast == describe(open_model(ck))
+
+
+@pytest.mark.parametrize("how", ["transposed", "nan", "f64_overflow", "extra", "missing", "bf16_inf"])
 def test_native_info_refuses_what_the_model_refuses(tmp_path, how):
     """A checkpoint the header path cannot vouch for goes to the model path: the same one line as loading it."""
     from typer.testing import CliRunner

@@ -639,7 +639,8 @@ def describe_native(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     in) are checked as `open_model` checks them, and the parameter counts come from the header (`summarize_counts`).
     The tensors must be exactly those the config implies (`models.layout`). None when `path` is not such a
     checkpoint or any check does not pass: the caller opens the model, which refuses it with the usual line (or
-    reads what this does not: bfloat16 values, a described model, another source). `depthlens info` uses it, so
+    opens what this does not read: a described model, a Hugging Face directory, a GGUF file). F16, BF16, F32 and
+    F64 weights are all read here (BF16 by its exponent bits). `depthlens info` uses it, so
     it starts in a fraction of a second (tests/test_startup.py checks it against the model's own description)."""
     try:
         return _describe_native(path)
