@@ -585,7 +585,7 @@ def _prune_section(prune: dict[str, Any] | None) -> list[str]:
         "bound | certified loss | recomputed − certified | exit | wall / CPU (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in prune["runs"]:
+    for r in sorted(prune["runs"], key=lambda r: not str(r["path"]).endswith(".gguf")):  # the GGUF files first
         cost = f"{r['wall_s']:.0f} / {r['cpu_s']:.0f}"
         if r["exit"]:
             lines.append(

@@ -5,12 +5,16 @@
 #   bash scripts/real-model-prune.sh                                      # the three GGUF files + checkpoints/preln_l16
 #   MODELS=gemma-3-270m CHECKPOINTS= bash scripts/real-model-prune.sh     # one model, no checkpoint
 #
-# Per model: `depthlens prune FILE --tolerance TOLERANCE --k-max K_MAX --n-seq N_SEQ --seq-len SEQ_LEN --json` (the
-# default eval data: the offline corpus through the model's own tokenizer; the default criterion), its exit status,
-# wall and CPU seconds (/usr/bin/time). Then, in a separate Python process that does not import depthlens' model code,
-# the written Hugging Face directory is loaded with plain `transformers.AutoModelForCausalLM.from_pretrained`, the
-# certificate's eval windows are read again through depthlens' eval-data loader (their SHA-256 checked against the
-# certificate) and each domain's held-out loss is recomputed on the certificate's positions (0..T-2) and sequences;
+# Per model: `depthlens prune FILE --tolerance TOL --k-max K --n-seq N_SEQ --seq-len SEQ_LEN --json` (the default eval
+# data: the offline corpus through the model's own tokenizer; the default criterion, greedy, which costs about k x L
+# calibration forwards), its exit status, wall and CPU seconds (/usr/bin/time). TOL and K are per model (`tol_of`,
+# `kmax_of`; TOLERANCE / K_MAX override them for all): at 0.25 nothing of Gemma 3 can go (its first layer's held-out
+# bounds are 0.33-0.39 nats), and Qwen's greedy scan is capped at k = 3 to keep it near 13 CPU-minutes (a depthlens
+# checkpoint: every layer but the ends may go). Then, in a separate Python process that does not import depthlens'
+# model code, the written Hugging Face directory is loaded with plain `transformers.AutoModelForCausalLM
+# .from_pretrained`, the certificate's eval windows are read again through depthlens' eval-data loader (their SHA-256
+# checked against the certificate) and each domain's held-out loss is recomputed on the certificate's positions
+# (0..T-2) and sequences;
 # the unpruned model's clean loss is recomputed the same way from the GGUF file with plain transformers. A depthlens
 # checkpoint is reloaded with `depthlens.load` and its loss recomputed by the same few lines. A record per model
 # replaces that model's earlier one; the file is written atomically.
@@ -18,7 +22,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 PY=.venv/bin/python
-N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128} TOLERANCE=${TOLERANCE:-0.25} K_MAX=${K_MAX:-6}
+N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128}
+tol_of() { case $1 in gemma-3-270m) echo 0.5 ;; qwen2.5-coder-0.5b-instruct) echo 0.1 ;; *) echo 0.25 ;; esac; }
+kmax_of() {
+  case $1 in
+    qwen2.5-coder-0.5b-instruct) echo 3 ;;
+    smollm2-135m-instruct | gemma-3-270m) echo 6 ;;
+    *) echo 1000 ;; # all the layers the default protect policy allows
+  esac
+}
 MODELS=${MODELS-smollm2-135m-instruct gemma-3-270m qwen2.5-coder-0.5b-instruct}
 CHECKPOINTS=${CHECKPOINTS-checkpoints/preln_l16}
 export OMP_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DEPTHLENS_PROGRESS=off
@@ -32,13 +44,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 while IFS=$'\t' read -r name path; do
   [ -n "$name" ] || continue
-  args=(prune "$path" --tolerance "$TOLERANCE" --k-max "$K_MAX" --n-seq "$N_SEQ" --seq-len "$SEQ_LEN" --threads 1
+  tol=${TOLERANCE:-$(tol_of "$name")} kmax=${K_MAX:-$(kmax_of "$name")}
+  args=(prune "$path" --tolerance "$tol" --k-max "$kmax" --n-seq "$N_SEQ" --seq-len "$SEQ_LEN" --threads 1
     --out "$work/$name.pruned" --json)
   rc=0
   nice -n 5 /usr/bin/time -f '%e %U %S' -o "$work/$name.time" .venv/bin/depthlens "${args[@]}" \
     > "$work/$name.out" 2> "$work/$name.err" || rc=$?
   echo "real-model-prune: $name prune -> exit $rc ($(cat "$work/$name.time" | tail -1) s wall user sys)" >&2
-  printf '%s\t%s\t%s\t%s\n' "$name" "$path" "$rc" "depthlens ${args[*]/#$work\//\$TMP/}" >> "$work/runs.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$path" "$rc" "$tol" "$kmax" "depthlens ${args[*]/#$work\//\$TMP/}" \
+    >> "$work/runs.tsv"
   if [ "$rc" = 0 ]; then
     crc=0
     nice -n 5 "$PY" - "$work/$name.pruned" "$path" > "$work/$name.check.json" 2> "$work/$name.check.err" <<'EOF' || crc=$?
@@ -133,18 +147,18 @@ EOF
     [ "$crc" = 0 ] || tail -3 "$work/$name.check.err" >&2
   fi
 done <<< "$paths"
-"$PY" - "$work" "$N_SEQ" "$SEQ_LEN" "$TOLERANCE" "$K_MAX" <<'EOF'
+"$PY" - "$work" "$N_SEQ" "$SEQ_LEN" <<'EOF'
 import json, os, sys, tempfile
 from pathlib import Path
 
-work, n_seq, seq_len, tol, k_max = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+work, n_seq, seq_len = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 runs = []
 for line in (work / "runs.tsv").read_text().splitlines():
-    name, path, rc, cmd = line.split("\t")
+    name, path, rc, tol, k_max, cmd = line.split("\t")
     wall, user, sys_ = (float(x) for x in (work / f"{name}.time").read_text().split()[-3:])
     err = (work / f"{name}.err").read_text().strip().splitlines()
     rec = {"model": name, "path": path, "command": cmd, "exit": int(rc), "wall_s": wall, "cpu_s": round(user + sys_, 1),
-           "eval": f"{n_seq} x {seq_len}", "tolerance": tol, "k_max": k_max,
+           "eval": f"{n_seq} x {seq_len}", "tolerance": float(tol), "k_max": int(k_max),
            "stderr_last": err[-1] if int(rc) and err else None}
     if int(rc) == 0:
         cert = json.loads((work / f"{name}.out").read_text())
