@@ -147,3 +147,12 @@ def test_performance_qwen_paragraph_matches_its_bench():
         if x["model"] == "smollm2"
     )
     assert f"{smol['causal']['full_pass_equivalents']['depthlens']['cpu'] / smol['causal']['bound']:.2f} there" in text
+
+
+def test_readme_info_time_is_the_startup_bench():
+    """The README's `info` time is reports/bench/startup.json's median whole-process wall time, rounded."""
+    bench = json.loads((ROOT / "reports" / "bench" / "startup.json").read_text())
+    want = f"overhead vs Pre-LN ({bench['current']['info']['median_wall_s']:.1f} s)"
+    assert want in (ROOT / "README.md").read_text(), want
+    assert bench["current"]["info"]["median_wall_s"] < bench["targets_s"]["info"]
+    assert bench["current"]["help"]["median_wall_s"] < bench["targets_s"]["help"]
