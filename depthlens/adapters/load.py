@@ -229,14 +229,18 @@ def _open_native(p: Path, *, device: str, dtype: Any) -> Opened:
         checkpoint=ck,
         config=ck.meta,
     )
-    prov = {
+    return Opened(ck.model.eval(), meta, tok, _native_provenance(p))
+
+
+def _native_provenance(p: Path) -> dict[str, Any]:
+    """Where a depthlens checkpoint came from (the model path and the description without torch share it)."""
+    return {
         "model_source": "depthlens",
         "model_path": str(p.resolve()),
         "model_family": "depthlens",
         "adapter_path": "native",
         "weights_format": "safetensors",
     }
-    return Opened(ck.model.eval(), meta, tok, prov)
 
 
 # --- described models (FILE.py:FUNCTION) -------------------------------------------------------------------
@@ -694,15 +698,7 @@ def _describe_native(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
         s["trained_at_commit"] = train.get("git_sha")
         s["code_version_warning"] = code_version_warning(train)
-    prov = {
-        "model_source": "depthlens",
-        "model_path": str(p.resolve()),
-        "model_family": "depthlens",
-        "adapter_path": "native",
-        "weights_format": "safetensors",
-        **_tokenizer_provenance(tok),
-    }
-    return {**s, **prov}
+    return {**s, **_native_provenance(p), **_tokenizer_provenance(tok)}
 
 
 def _numel(shape: tuple[int, ...]) -> int:
