@@ -29,6 +29,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -691,7 +692,7 @@ def _describe_native(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if train:
         check_train_record(train, p / checkpoint.TRAIN)
     tok = checkpoint.read_tokenizer(p, cfg.vocab_size)
-    s = summarize_counts(cfg, ((name, _numel(shape)) for name, (_, shape) in header.items()))
+    s = summarize_counts(cfg, ((name, math.prod(shape)) for name, (_, shape) in header.items()))
     s["val_loss"] = train.get("final_val_loss")
     if train:
         from ..training.provenance import code_version_warning
@@ -699,13 +700,6 @@ def _describe_native(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         s["trained_at_commit"] = train.get("git_sha")
         s["code_version_warning"] = code_version_warning(train)
     return {**s, **_native_provenance(p), **_tokenizer_provenance(tok)}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 _NUMPY_DTYPES = {"F16": "<f2", "BF16": "<u2", "F32": "<f4", "F64": "<f8"}
