@@ -22,6 +22,9 @@
                    losses stored; greedy (SLEB) and the pairwise-predicted search among the criteria
   pruning_random   (only with --stages pruning_random) 20 random cuts per k, uniform over all layers and
                    stratified (never the first or last layer, the criteria's policy), on every window
+                   (both pruning stages keep each computed cut in `<out>/data/journal/` as it finishes: a
+                   stopped run rerun with --resume continues where it stopped; the folder goes once the stage
+                   is written)
   shuffled_*       (only when asked) causal_update (late s) and permutation on the shuffled twin: the trained
                    weights with every matrix's entries permuted (norm gains, biases and each matrix's value
                    distribution kept; adapters/twin.py), the control that keeps the trained scales
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -280,6 +284,10 @@ def compute(
         )
 
         held_file = data_dir / "pruning_heldout.nc"
+        # each stage's computed cuts, kept as they finish: a stopped run rerun with --resume continues from them
+        journals = data_dir / "journal"
+        if not resume:  # a fresh run computes every cut again
+            shutil.rmtree(journals, ignore_errors=True)
         inputs = {n: data_dir / f"{n}.nc" for n in ("causal_update", "permutation")}
         wanted = [
             c
@@ -303,6 +311,7 @@ def compute(
                 permutation=xr.load_dataset(inputs["permutation"]) if "permutation" in todo else None,
                 checkpoint=model_path,
                 progress=progress,
+                journal=journals / "pruning_heldout",
             )
             return merge_heldout(xr.load_dataset(held_file), curves) if have else curves
 
@@ -315,9 +324,18 @@ def compute(
         stage(
             "pruning_random",
             lambda p: random_baselines(
-                model, data, k_max=k_max_heldout or None, n_random=N_RANDOM_HELDOUT, checkpoint=model_path, progress=p
+                model,
+                data,
+                k_max=k_max_heldout or None,
+                n_random=N_RANDOM_HELDOUT,
+                checkpoint=model_path,
+                progress=p,
+                journal=journals / "pruning_random",
             ),
         )
+        for name in ("pruning_heldout", "pruning_random"):  # the stage's dataset is written: its journal is spent
+            if name in stages and (data_dir / f"{name}.nc").exists():
+                shutil.rmtree(journals / name, ignore_errors=True)
     if "reference" in stages:
         ref = load_eval_data(None, op.tokenizer, n_seq=8, seq_len=128, seed=0, max_seq_len=model.config.max_seq_len)
         stage("reference", lambda p: causal("update", ref, reference=True, progress=p))

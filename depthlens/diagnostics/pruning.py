@@ -33,8 +33,10 @@ the model offers one (`diagnostics/vocab.py`), so 152K- and 262K-id vocabularies
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,7 @@ from ..errors import DepthlensError
 from ..io.dataset import make_dataset
 from ..models.protocol import unembedding_of
 from ..runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from ..runtime.journal import Journal
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "random")
 
@@ -72,12 +75,15 @@ def _sequence_nll(model: Any, ctx: Any, state: dict[str, torch.Tensor], toks: to
 class _Pruner:
     """Loss of the model with a set of layers removed, summed over the eval set, clean prefixes reused."""
 
-    def __init__(self, model: Any, data: EvalData, batch_size: int | None):
+    def __init__(self, model: Any, data: EvalData, batch_size: int | None, journal: Path | None = None):
+        """journal: a JSON-lines file keeping every computed cut's sums (`runtime/journal.py`), so a stopped
+        stage resumes where it stopped; tied to the eval tokens, the clean sums, the batch size and threads."""
         self.model, self.data = model, data
         self.L = model.n_layer
         self.device = model_device(model)
         self.batches = []  # (tokens, ctx, [state before layer l for l in 0..L])
-        for _, toks in data.batches(batch_size or default_batch_size(data)):
+        batch_size = batch_size or default_batch_size(data)
+        for _, toks in data.batches(batch_size):
             toks = toks.to(self.device)
             ctx = model.context(toks.shape[1], device=toks.device)
             states = [model.embed(toks, ctx)]
@@ -85,18 +91,38 @@ class _Pruner:
             self.batches.append((toks, ctx, states))
         self.n_tokens = data.n_seq * (data.seq_len - 1)
         self.forward_layers = 0  # layers run, for the cost record
+        self.journal: Journal | None = None
+        if journal is not None:
+            from .. import __version__
+
+            identity = {
+                "eval_tokens_sha256": hashlib.sha256(data.tokens.numpy().tobytes()).hexdigest(),
+                "clean_sums": self.seq_sums([]).tolist(),  # bit-exact: another model or dtype differs here
+                "batch_size": int(batch_size),
+                "torch_threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "depthlens": __version__,
+            }
+            self.journal = Journal(journal, identity)
 
     def seq_sums(self, removed: Sequence[int]) -> np.ndarray:
         """(N,) summed next-token NLL of each eval sequence with the layers `removed` (float64)."""
         removed = sorted(set(int(l) for l in removed))
         start = removed[0] if removed else self.L
+        stored = self.journal.get(removed) if self.journal is not None and removed else None
+        if stored is not None:  # computed by an earlier, stopped run; the cost record counts it as run here
+            self.forward_layers += (self.L - start) * self.data.n_seq
+            return stored
         out = []
         for toks, ctx, states in self.batches:
             keep = {l: torch.zeros(toks.shape, device=toks.device) for l in removed}
             state = self.model.run_layers(states[start], ctx, start, keep=keep) if start < self.L else states[-1]
             self.forward_layers += (self.L - start) * toks.shape[0]
             out.append(_sequence_nll(self.model, ctx, state, toks).numpy())
-        return np.concatenate(out)
+        sums = np.concatenate(out)
+        if self.journal is not None and removed:
+            self.journal.put(removed, sums)
+        return sums
 
     def seq_loss(self, removed: Sequence[int]) -> np.ndarray:
         """(N,) mean next-token NLL (nats/token) of each eval sequence with the layers `removed`."""

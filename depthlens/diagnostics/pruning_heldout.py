@@ -378,6 +378,7 @@ def heldout_curves(
     batch_size: int | None = None,
     checkpoint: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    journal: Path | None = None,
 ) -> xr.Dataset:
     """Held-out loss with k = 0..k_max layers removed (default L // 2), per criterion, by 2-fold cross-fitting.
 
@@ -393,6 +394,9 @@ def heldout_curves(
     k = 1, greedy; NaN elsewhere); `clean_seq` (sequence); `pair_gamma` (fold, layer, layer_other): the
     measured pairwise interactions of the `predicted` criterion's model (NaN outside its pool); `single_delta`
     (fold, layer); coords `domain` and `fold` on the sequence axis.
+
+    journal: a folder keeping each fold's computed cuts (`runtime/journal.py`): a stopped run, rerun with the
+    same folder, replays them and computes only the rest; the result is the same bit for bit.
     """
     unknown = [c for c in criteria if c not in CRITERIA]
     if unknown:
@@ -429,7 +433,10 @@ def heldout_curves(
 
             permutation = permutation_scores(model, data, pairs="late")
         sub = [subset(data, i) for i in idx]
-        pruners = [_Pruner(model, s, batch_size) for s in sub]
+        pruners = [
+            _Pruner(model, s, batch_size, journal / f"fold{f}.jsonl" if journal is not None else None)
+            for f, s in enumerate(sub)
+        ]
         clean = np.empty(N)
         for f in (0, 1):
             clean[idx[f]] = pruners[f].seq_loss([])
@@ -543,10 +550,12 @@ def random_baselines(
     batch_size: int | None = None,
     checkpoint: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    journal: Path | None = None,
 ) -> xr.Dataset:
     """`n_random` random cuts per k, uniform over all L layers and stratified (uniform over the layers the
     `protect` policy lets a criterion remove), each scored on every eval window: `seq_loss` (baseline, k, draw,
-    sequence), `removed` (baseline, k, draw, layer)."""
+    sequence), `removed` (baseline, k, draw, layer). journal: as for `heldout_curves` (the draws are seeded, so
+    a rerun asks for the same cuts)."""
     L, N = model.n_layer, data.n_seq
     allowed = allowed_layers(L, protect)
     k_max = L // 2 if k_max is None else int(k_max)
@@ -557,7 +566,7 @@ def random_baselines(
     seq_loss = np.full((2, K, n_random, N), np.nan)
     removed = np.zeros((2, K, n_random, L))
     with evaluating(model), torch.no_grad():
-        pruner = _Pruner(model, data, batch_size)
+        pruner = _Pruner(model, data, batch_size, journal / "all.jsonl" if journal is not None else None)
         clean = pruner.seq_loss([])
         seq_loss[:, 0] = clean
         done, total = 0, 2 * k_max * n_random
