@@ -93,7 +93,7 @@ class _Pruner:
         self.forward_layers = 0  # layers run, for the cost record
         self.journal: Journal | None = None
         if journal is not None:
-            from .. import __version__
+            from .._version import __version__
 
             identity = {
                 "eval_tokens_sha256": hashlib.sha256(data.tokens.numpy().tobytes()).hexdigest(),
