@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
+from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, deprecated, domain_errors, fail, rank0_errors
 from .common import (
     DTYPES,
@@ -120,7 +121,7 @@ def angular(
     ] = "view",
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,
@@ -200,7 +201,7 @@ def causal(
     ] = "quarter",
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,
@@ -318,7 +319,7 @@ def permute(
     ] = "quarter",
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,
@@ -398,7 +399,7 @@ def rank(
     ckpt: CkptArg,
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,
@@ -467,7 +468,7 @@ def attnres(
     eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,

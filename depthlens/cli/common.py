@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
+from ..runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 from .app import fail, in_default_dir
 
 if TYPE_CHECKING:  # typing only: feedback (rich) is imported where a command shows progress
@@ -37,7 +38,8 @@ TokensOpt = Annotated[
 ]
 NSeqOpt = Annotated[int, typer.Option("--n-seq", min=1, help="Eval sequences.")]
 SeqLenOpt = Annotated[
-    int | None, typer.Option("--seq-len", min=2, help="Tokens per sequence (default: min(128, model max)).")
+    int | None,
+    typer.Option("--seq-len", min=2, help=f"Tokens per sequence (default: min({DEFAULT_SEQ_LEN}, model max))."),
 ]
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", min=1, help="Max rows per forward (memory knob).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Eval-data and bootstrap seed.")]
@@ -82,7 +84,7 @@ DTYPES = registry.DTYPES
 class Common:
     data: Path | None = None
     tokens: int | None = None
-    n_seq: int = 32
+    n_seq: int = DEFAULT_N_SEQ
     seq_len: int | None = None
     batch_size: int | None = None
     seed: int = 0

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
+from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, fail, print_table
 from .common import (
     BatchOpt,
@@ -98,7 +99,7 @@ def sweep(
     plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,
@@ -193,7 +194,7 @@ def compare(
     ] = "causal,perm_abs",
     data: DataOpt = None,
     tokens: TokensOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     batch_size: BatchOpt = None,
     seed: SeedOpt = 0,

@@ -16,6 +16,7 @@ import typer
 
 from ..diagnostics import registry
 from ..io.files import StrictJSONError, strict_json
+from ..runtime.defaults import DEFAULT_N_SEQ
 from .analyze import (
     BatchOpt,
     BootOpt,
@@ -93,7 +94,7 @@ def command_for(d: registry.Diagnostic) -> Any:
         opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
         data: DataOpt = None,
         tokens: TokensOpt = None,
-        n_seq: NSeqOpt = 32,
+        n_seq: NSeqOpt = DEFAULT_N_SEQ,
         seq_len: SeqLenOpt = None,
         batch_size: BatchOpt = None,
         seed: SeedOpt = 0,

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, dumps, fail
 
 
@@ -21,7 +22,7 @@ def evaluate(
     tokenizer: Annotated[
         str | None, typer.Option(help="Override the checkpoint's tokenizer (bytes | gpt2 | bpe:<path>).")
     ] = None,
-    n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Validation sequences.")] = 32,
+    n_seq: Annotated[int, typer.Option("--n-seq", min=1, help="Validation sequences.")] = DEFAULT_N_SEQ,
     seq_len: Annotated[
         int | None,
         typer.Option("--seq-len", min=2, help="Validation sequence length (default: model max, at most 1024)."),

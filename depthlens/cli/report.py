@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..diagnostics import registry  # stdlib-only: the diagnostics' names for the help text
+from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, rank0_errors
 from .common import (
     DTYPES,
@@ -41,7 +42,7 @@ def report(
         typer.Option("--out", "-o", help="Report directory (index.html, README.md, figures/, *.nc, summary.json)."),
     ],
     data: DataOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",

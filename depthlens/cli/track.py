@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, invoked_command, print_table
 from .common import (
     DTYPES,
@@ -110,7 +111,7 @@ def track(
         ),
     ] = None,
     data: DataOpt = None,
-    n_seq: NSeqOpt = 32,
+    n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     seed: SeedOpt = 0,
     n_boot: BootOpt = 1000,

@@ -26,10 +26,7 @@ import numpy as np
 import torch
 
 from depthlens.errors import CheckpointError, DataError
-
-DEFAULT_N_SEQ = 32
-DEFAULT_SEQ_LEN = 128  # the shipped reports' length: report, track, the API and every command share it
-DEFAULT_CORPUS_BYTES = 4_000_000  # enough held-out text for the default eval set, quick to build on a CPU
+from depthlens.runtime.defaults import DEFAULT_CORPUS_BYTES, DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ and defaults as the CLI commands (`depthlens causal` is `causal`, its `--n-seq` 
 
 Every result records its options and provenance (checkpoint SHA-256, config JSON, design, eval-data hash,
 token count, seed, dtype) as attrs. Eval data default: `evaldata.load_eval_data` with the checkpoint's
-tokenizer (bytes when the checkpoint has none), seq_len = min(evaldata.DEFAULT_SEQ_LEN, max_seq_len).
+tokenizer (bytes when the checkpoint has none), seq_len = min(runtime.defaults.DEFAULT_SEQ_LEN, max_seq_len).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import xarray as xr
 from depthlens.diagnostics import registry
 from depthlens.errors import UsageError
 from depthlens.io.dataset import concat_checkpoints
-from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData, load_eval_data
+from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.evaldata import EvalData, load_eval_data
 from depthlens.runtime.evaldata import is_shards as _is_shards
 from depthlens.runtime.evaldata import tokenizer_for as _tokenizer_for
 

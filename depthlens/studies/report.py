@@ -39,7 +39,8 @@ from depthlens.io.atomic import atomic_write_text
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
 from depthlens.io.provenance import command_line
-from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData  # noqa: F401  (as report.build named them)
+from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN  # noqa: F401  (as report.build named them)
+from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as report.build named them)
     DEFAULT_N_BOOT,
     UNTRAINED_METRICS,

@@ -23,7 +23,8 @@ from typing import Any
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
+from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.evaldata import EvalData
 
 DEFAULT_N_BOOT = 1000
 UNTRAINED_METRICS = (

@@ -42,7 +42,8 @@ import xarray as xr
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.evaldata import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN, EvalData
+from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-exported: callers import it from here)
     HF_SIGNATURE,
     SNAPSHOT_DIR,
