@@ -164,3 +164,35 @@ def test_criteria_added_later_equal_one_run_with_them_all(setup):
     other = pruning_curves(model, EvalData.from_tokens(data.tokens[:3]), k_max=3, criteria=("permutation",))
     with pytest.raises(DepthlensError, match="differ in"):
         add_criteria(base, other)
+
+
+@pytest.mark.parametrize("design", ["preln", "hc", "mhc", "full_attnres", "block_attnres", "moda"])
+def test_an_anchored_cut_is_bit_identical_and_runs_fewer_layers(design, monkeypatch):
+    """A cut started from the anchor's states (where it agrees with the anchor below a layer) gives the very
+    sums of the cut run from the clean states, on every kind of residual state (one stream, n streams, the
+    depth-attention history), and runs fewer layers."""
+    model = build_model(ModelConfig.debug(design, n_layer=6), seed=2).eval()
+    data = EvalData.from_tokens(torch.randint(0, 64, (3, 12), generator=torch.Generator().manual_seed(5)))
+    ran = [0]
+    real = type(model).run_layers
+
+    def counted(self, state, ctx, start=0, stop=None, **kw):
+        ran[0] += (self.n_layer if stop is None else stop) - start
+        return real(self, state, ctx, start, stop, **kw)
+
+    with torch.no_grad():
+        plain = _Pruner(model, data, batch_size=2)
+        anchored = _Pruner(model, data, batch_size=2)
+        monkeypatch.setattr(type(model), "run_layers", counted)
+        for anchor, cuts in (([1], [[1, 3], [1, 5], [1, 2, 4], [0, 1]]), ([0, 2], [[0, 2, 4], [0, 2], [0, 3]])):
+            anchored.anchor(anchor)
+            for cut in cuts:
+                ran[0] = 0
+                want = plain.seq_sums(cut)
+                fresh = ran[0]
+                ran[0] = 0
+                got = anchored.seq_sums(cut)
+                assert got.tobytes() == want.tobytes(), (anchor, cut)
+                if cut == cuts[1]:  # the anchor's states were built by the first cut: later ones only gain
+                    assert ran[0] < fresh, (anchor, cut, ran[0], fresh)
+        assert plain.forward_layers == anchored.forward_layers  # the cost record does not depend on the path

@@ -73,7 +73,14 @@ def _sequence_nll(model: Any, ctx: Any, state: dict[str, torch.Tensor], toks: to
 
 
 class _Pruner:
-    """Loss of the model with a set of layers removed, summed over the eval set, clean prefixes reused."""
+    """Loss of the model with a set of layers removed, summed over the eval set, clean prefixes reused.
+
+    A cut starts at its first removed layer from the clean states of one clean pass. `anchor(A)` also keeps the
+    states of the model with A removed (built when first needed), so a cut S that agrees with A on every layer
+    below p starts at p from A's states: greedy's next step (A plus one layer) and a pool's pairs ({i} plus a
+    later j) run from the added layer, not from A's first. The same operations on the same states: the sums are
+    bit-identical either way (tests/test_pruning.py).
+    """
 
     def __init__(self, model: Any, data: EvalData, batch_size: int | None, journal: Path | None = None):
         """journal: a JSON-lines file keeping every computed cut's sums (`runtime/journal.py`), so a stopped
@@ -90,7 +97,11 @@ class _Pruner:
             model.run_layers(states[0], ctx, on_layer=lambda p, s, u, states=states: states.append(s))
             self.batches.append((toks, ctx, states))
         self.n_tokens = data.n_seq * (data.seq_len - 1)
-        self.forward_layers = 0  # layers run, for the cost record
+        # the cost record: each evaluated cut counted from its first removed layer, the clean prefix reused; a
+        # deterministic measure (anchors and journal replays run fewer layers, by how much depends on the path)
+        self.forward_layers = 0
+        self._anchor: tuple[int, ...] = ()
+        self._anchor_states: list[list[Any]] | None = None  # per batch: the state before layer l, l = 0..L
         self.journal: Journal | None = None
         if journal is not None:
             from .._version import __version__
@@ -105,19 +116,47 @@ class _Pruner:
             }
             self.journal = Journal(journal, identity)
 
+    def anchor(self, removed: Sequence[int]) -> None:
+        """Start the next cuts from the states of the model with `removed` cut where they agree with it (the
+        states are run on the first cut that gains from them, so a step answered from the journal runs none)."""
+        key = tuple(sorted(set(int(l) for l in removed)))
+        if key != self._anchor:
+            self._anchor, self._anchor_states = key, None
+
+    def _start(self, removed: list[int]) -> tuple[int, list[list[Any]]]:
+        """Where the cut `removed` starts, and the per-batch states it starts from."""
+        start = removed[0] if removed else self.L
+        clean = [states for _, _, states in self.batches]
+        if not self._anchor or not removed:
+            return start, clean
+        differ = sorted(set(self._anchor) ^ set(removed))
+        agree_below = differ[0] if differ else self.L  # the cut and the anchor remove the same layers below this
+        if agree_below <= start:
+            return start, clean
+        if self._anchor_states is None:
+            first = self._anchor[0]
+            self._anchor_states = []
+            for toks, ctx, states in self.batches:
+                keep = {l: torch.zeros(toks.shape, device=toks.device) for l in self._anchor}
+                run = list(states[: first + 1])
+                self.model.run_layers(
+                    states[first], ctx, first, keep=keep, on_layer=lambda p, s, u, run=run: run.append(s)
+                )
+                self._anchor_states.append(run)
+        return agree_below, self._anchor_states
+
     def seq_sums(self, removed: Sequence[int]) -> np.ndarray:
         """(N,) summed next-token NLL of each eval sequence with the layers `removed` (float64)."""
         removed = sorted(set(int(l) for l in removed))
-        start = removed[0] if removed else self.L
+        self.forward_layers += (self.L - (removed[0] if removed else self.L)) * self.data.n_seq
         stored = self.journal.get(removed) if self.journal is not None and removed else None
-        if stored is not None:  # computed by an earlier, stopped run; the cost record counts it as run here
-            self.forward_layers += (self.L - start) * self.data.n_seq
+        if stored is not None:  # computed by an earlier, stopped run
             return stored
+        start, source = self._start(removed)
         out = []
-        for toks, ctx, states in self.batches:
-            keep = {l: torch.zeros(toks.shape, device=toks.device) for l in removed}
+        for (toks, ctx, _), states in zip(self.batches, source, strict=True):
+            keep = {l: torch.zeros(toks.shape, device=toks.device) for l in removed if l >= start}
             state = self.model.run_layers(states[start], ctx, start, keep=keep) if start < self.L else states[-1]
-            self.forward_layers += (self.L - start) * toks.shape[0]
             out.append(_sequence_nll(self.model, ctx, state, toks).numpy())
         sums = np.concatenate(out)
         if self.journal is not None and removed:

@@ -264,9 +264,10 @@ class _Calibration:
         if "predicted" in criteria:
             delta = {l: self.single[l] - self.clean for l in allowed}
             pool = sorted(sorted(allowed, key=lambda l: (delta[l], l))[: max(2, n_pool)])
-            gamma = {
-                (i, j): self.loss([i, j]) - self.clean - delta[i] - delta[j] for i, j in itertools.combinations(pool, 2)
-            }
+            gamma = {}
+            for i, j in itertools.combinations(pool, 2):
+                pruner.anchor([i])  # the pairs {i, j > i} start at j
+                gamma[i, j] = self.loss([i, j]) - self.clean - delta[i] - delta[j]
             self.pairwise = PairwiseModel(delta, gamma, pool)
 
     def loss(self, layers: Sequence[int]) -> float:
@@ -287,6 +288,7 @@ class _Calibration:
             while len(self.greedy_sets) <= k:
                 prev = self.greedy_sets[-1]
                 rest = [l for l in allowed if l not in prev]
+                self.pruner.anchor(prev)  # each candidate adds one layer to prev: it starts at that layer
                 nxt = min(rest, key=lambda l: (self.loss(prev + [l]), l))
                 self.greedy_sets.append(sorted(prev + [nxt]))
             return self.greedy_sets[k]
