@@ -137,6 +137,11 @@ def test_cli_precision_on_causal_and_permute(tmp_path):
     )
     assert bad.exit_code == 1 and "--precision does not combine with --outputs" in bad.stderr
     assert not (tmp_path / "x.nc").exists()
+    # p95 has no per-sequence interval: a rule watching it would double to the cap and print "±nan"
+    p95 = ["causal", "checkpoints/hc_l4", "--precision", "0.3", "--aggregator", "p95", "--n-seq", "8"]
+    bad = r.invoke(app, [*p95, "--out", str(tmp_path / "y.nc")])
+    assert bad.exit_code == 1 and "has no interval" in bad.stderr and "nan" not in bad.output
+    assert not (tmp_path / "y.nc").exists()
 
 
 def test_report_precision():

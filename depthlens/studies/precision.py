@@ -122,7 +122,15 @@ def to_precision(
         parts.append(registry.run(d.name, model, _slice(data, state["done"], n), **opts, **extra))  # new ones only
         state["done"] = n
         state["ds"] = concat_sequences(parts, d.name, _slice(data, 0, n))
-        return half_width(state["ds"], metric, threshold, **hkw)
+        w = half_width(state["ds"], metric, threshold, **hkw)
+        if len(parts) == 1 and not math.isfinite(w):  # nothing to watch: doubling to the cap would only hide that
+            agg = hkw.get("aggregator")
+            raise DepthlensError(
+                f"--precision: the headline share ({metric}{f', aggregator {agg}' if agg else ''}) has no interval "
+                f"at {n} sequences, so no stopping rule can watch it (p95 and p99 are not decomposable per "
+                "sequence); use --aggregator max, mean or pooled, or drop --precision"
+            )
+        return w
 
     done, steps, cap_hit = grow(width_at, float(target), n_start, int(data.n_seq))
     ds = state["ds"]
