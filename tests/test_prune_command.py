@@ -22,6 +22,15 @@ def run(args):
     return CliRunner().invoke(app, ["prune", *[str(a) for a in args]])
 
 
+@pytest.fixture(autouse=True)
+def _journals_in_tmp(tmp_path, monkeypatch):
+    """Each test's cut journals under its own tmp folder (same key as the command's), not the user's cache."""
+    from depthlens.cli import prune as cli_prune
+
+    real = cli_prune._journal_dir
+    monkeypatch.setattr(cli_prune, "_journal_dir", lambda *a: tmp_path / "journals" / real(*a).name)
+
+
 def _tokens(cert):
     """The certificate's eval windows, redrawn as the command drew them, checked against its hashes."""
     ev = cert["eval_data"]
@@ -196,3 +205,31 @@ def test_prune_gguf_writes_an_hf_directory(tmp_path):
     with torch.no_grad():
         loss = _nll(pruned(toks).logits, toks)
     assert loss == pytest.approx(cert["result"]["pooled"]["pruned_loss"], abs=1e-5)
+
+
+def test_a_second_prune_replays_the_cuts_of_the_first(llama_dir, tmp_path, monkeypatch):
+    """A rerun on the same model and eval data (after a stop, or with another tolerance) replays every cut the
+    first run computed: it runs only the clean passes, says so on stderr, and certifies the same steps."""
+    from depthlens.diagnostics import pruning
+
+    src, _ = llama_dir
+    calls = [0]
+    real = pruning._sequence_nll
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(pruning, "_sequence_nll", counted)
+    common = ["--n-seq", N_SEQ, "--seq-len", SEQ_LEN, "--k-max", "3", "--json"]
+    first = run([src, "--tolerance", "10", "--out", tmp_path / "a", *common])
+    assert first.exit_code == 0, first.output
+    assert "replaying" not in first.stderr
+    fresh_calls, calls[0] = calls[0], 0
+    second = run([src, "--tolerance", "5", "--out", tmp_path / "b", *common])
+    assert second.exit_code == 0, second.output
+    assert "replaying up to" in second.stderr
+    a, b = (json.loads((tmp_path / d / "prune_certificate.json").read_text()) for d in ("a", "b"))
+    assert a["steps"] == b["steps"] and a["k"] == b["k"] == 3
+    # one batch per fold: only each fold's clean pass (which ties the journal to this model) runs again
+    assert calls[0] == 2 < fresh_calls

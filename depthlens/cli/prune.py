@@ -61,7 +61,8 @@ def prune(
     fold 0, and k grows while the paired one-sided 95 % upper bound on the mean Δloss of fold 1 stays within
     --tolerance in every domain. The pruned model is written in the input's own format (a GGUF file: a Hugging
     Face directory) with prune_certificate.json (criterion, layers removed, Δloss and bound per domain, eval
-    data hashes, method)."""
+    data hashes, method). Every cut it measures is kept in the cache (prune-journal/): a rerun on the same model
+    and eval data, after a stop or with another tolerance, criterion or k-max, replays them."""
     from ..diagnostics.pruning_heldout import CRITERIA, DEFAULT_CRITERION
 
     criterion = criterion or DEFAULT_CRITERION
@@ -91,8 +92,16 @@ def prune(
     ev = eval_data(model, ck, c)
     from ..diagnostics.pruning_heldout import certify
 
+    journal = _journal_dir(src, ev, c.batch_size)
+    kept = sum(max(0, len(f.read_text().splitlines()) - 1) for f in journal.glob("*.jsonl")) if journal.is_dir() else 0
+    if kept:
+        typer.echo(
+            f"replaying up to {kept} cuts an earlier run computed on this model and eval data ({journal})", err=True
+        )
     with busy(f"prune {Path(ckpt).name}") as p:
-        cert = certify(model, ev, criterion=criterion, tolerance=tolerance, k_max=k_max, progress=p.engine())
+        cert = certify(
+            model, ev, criterion=criterion, tolerance=tolerance, k_max=k_max, progress=p.engine(), journal=journal
+        )
     cert["criterion_default"] = criterion == DEFAULT_CRITERION and DEFAULT_CRITERION
     cert["model"] = {"input": str(src), "output": str(dst)}
     if cert["k"] == 0:
@@ -110,6 +119,18 @@ def prune(
             f"({r['n_sequences']} held-out sequences; largest k within tolerance {cert['k_within_tolerance'][s]})"
         )
     typer.echo(f"wrote {dst} and {dst / CERTIFICATE}")
+
+
+def _journal_dir(src: Path, ev: Any, batch_size: int | None) -> Path:
+    """Where this model's cuts on this eval data are kept (`<cache>/prune-journal/<key>/`): a stopped prune
+    rerun, or one with another --tolerance, --criterion or --k-max, replays them. The journal checks its own
+    identity (the clean losses bit for bit, threads, versions), so a changed file at the same path starts afresh."""
+    import hashlib
+
+    from ..runtime.evaldata import cache_dir
+
+    key = hashlib.sha256(f"{src}\0{ev.sha256}\0{batch_size}".encode()).hexdigest()[:16]
+    return cache_dir() / "prune-journal" / key
 
 
 def _write(model: Any, ck: Path, cert: dict[str, Any], dst: Path) -> None:

@@ -100,6 +100,7 @@ class _Pruner:
         # the cost record: each evaluated cut counted from its first removed layer, the clean prefix reused; a
         # deterministic measure (anchors and journal replays run fewer layers, by how much depends on the path)
         self.forward_layers = 0
+        self._clean: np.ndarray | None = None  # the clean sums, asked for by every caller: run once
         self._anchor: tuple[int, ...] = ()
         self._anchor_states: list[list[Any]] | None = None  # per batch: the state before layer l, l = 0..L
         self.journal: Journal | None = None
@@ -148,6 +149,8 @@ class _Pruner:
     def seq_sums(self, removed: Sequence[int]) -> np.ndarray:
         """(N,) summed next-token NLL of each eval sequence with the layers `removed` (float64)."""
         removed = sorted(set(int(l) for l in removed))
+        if not removed and self._clean is not None:
+            return self._clean.copy()
         self.forward_layers += (self.L - (removed[0] if removed else self.L)) * self.data.n_seq
         stored = self.journal.get(removed) if self.journal is not None and removed else None
         if stored is not None:  # computed by an earlier, stopped run
@@ -159,6 +162,8 @@ class _Pruner:
             state = self.model.run_layers(states[start], ctx, start, keep=keep) if start < self.L else states[-1]
             out.append(_sequence_nll(self.model, ctx, state, toks).numpy())
         sums = np.concatenate(out)
+        if not removed:
+            self._clean = sums.copy()
         if self.journal is not None and removed:
             self.journal.put(removed, sums)
         return sums

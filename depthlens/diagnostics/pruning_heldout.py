@@ -829,12 +829,14 @@ def certify(
     level: float = 0.95,
     batch_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    journal: Path | None = None,
 ) -> dict[str, Any]:
     """Choose layers on the calibration fold (fold 0 of `assign_folds`) with `criterion`, and return the largest
     k whose held-out (fold 1), paired, one-sided upper bound on the mean Δloss (`upper_bound`) is within
     `tolerance` nats/token in every domain and pooled (`SELECTION`), with the per-domain largest k, every
     step's numbers and the eval data's hashes. causal / permutation criteria compute their diagnostic on the
-    calibration windows only."""
+    calibration windows only. journal: a folder keeping every computed cut (`runtime/journal.py`), so a rerun
+    after a stop, or with another tolerance or criterion, replays the cuts it shares; the result is the same."""
     if criterion not in CRITERIA:
         raise DepthlensError(f"unknown pruning criterion {criterion!r}; known: {', '.join(CRITERIA)}")
     if not (tolerance > 0 and math.isfinite(tolerance)):
@@ -862,7 +864,10 @@ def certify(
             from .permutation import permutation_scores
 
             permutation = permutation_scores(model, cal_data, pairs="late")
-        cal_pruner, held = _Pruner(model, cal_data, batch_size), _Pruner(model, held_data, batch_size)
+        cal_pruner, held = (
+            _Pruner(model, d, batch_size, journal / f"{name}.jsonl" if journal is not None else None)
+            for name, d in (("calibration", cal_data), ("heldout", held_data))
+        )
         cal = _Calibration(
             model,
             cal_data,
