@@ -7,6 +7,11 @@ from typing import Any
 from depthlens.models.config import ModelConfig
 from depthlens.models.model import build_model
 
+# the smallest eval set a command accepts quickly: the CLI tests' one option set (tests that read intervals need
+# more sequences and say so where they set their own)
+FAST = ["--n-seq", "2", "--seq-len", "16"]
+FAST_NO_BOOT = [*FAST, "--n-boot", "0"]  # commands that bootstrap by default: no resamples
+
 
 def debug_model(arch: str = "preln", n_layer: int = 4, seed: int = 0, **kw: Any):
     """A tiny CPU model of design `arch` in eval mode (torchtitan's "debugmodel")."""

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from depthlens.cli import app
 from depthlens.errors import DepthlensError
 from depthlens.io.files import StrictJSONError, read_json, strict_json
+from helpers import FAST
 from test_owned_outputs import ck, one_line, run_with_snapshots  # noqa: F401  (fixtures)
 from test_trainer import corpus  # noqa: F401  (a fixture run_with_snapshots needs)
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["--n-seq", "2", "--seq-len", "16"]
 BIG = "9" * 5000
 
 NOT_INPUTS = {

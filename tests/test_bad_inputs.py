@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 import depthlens
 from depthlens.cli import app
 from depthlens.models import ModelConfig, build_model
+from helpers import FAST
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["--n-seq", "2", "--seq-len", "16"]
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 import depthlens
 from depthlens.cli import app
 from depthlens.models import ModelConfig, build_model
-
-FAST = ["--n-seq", "2", "--seq-len", "16"]
+from helpers import FAST
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 import depthlens
 from depthlens.cli import app
 from depthlens.models import ModelConfig, build_model
+from helpers import FAST_NO_BOOT
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--n-seq", "2", "--seq-len", "16", "--n-boot", "0"]
 
 
 def run(args, **kw):
@@ -82,7 +82,7 @@ def test_piped_table_keeps_every_digit(tmp_path):
 
 def test_default_output_folder_and_command_attr(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = run(["causal", tiny["hc"], "--layers", "late", "--unit", "attn", *FAST])
+    r = run(["causal", tiny["hc"], "--layers", "late", "--unit", "attn", *FAST_NO_BOOT])
     assert r.exit_code == 0, r.output
     out = tmp_path / "depthlens-out" / "hc_l4.causal.nc"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["depthlens-out"]  # nothing in the working directory
@@ -97,7 +97,7 @@ def test_default_output_folder_and_command_attr(tiny, tmp_path, monkeypatch):
 
 def test_a_failed_command_leaves_no_default_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = run(["causal", tmp_path / "missing", *FAST])
+    r = run(["causal", tmp_path / "missing", *FAST_NO_BOOT])
     assert r.exit_code == 1 and not any(tmp_path.iterdir())
 
 

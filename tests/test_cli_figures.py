@@ -14,8 +14,7 @@ from depthlens.cli import app
 from depthlens.io.atomic import recognise
 from depthlens.models import ModelConfig, build_model
 from depthlens.render.plots import glyph_legend, terminal_heatmap
-
-FAST = ["--n-seq", "2", "--seq-len", "16", "--n-boot", "0"]
+from helpers import FAST_NO_BOOT
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,9 @@ def ckpt(tmp_path_factory):
 @pytest.mark.parametrize("cmd", ["causal", "permute"])
 def test_plot_writes_a_figure_and_says_where(ckpt, tmp_path, cmd):
     png = tmp_path / f"{cmd}.png"
-    r = CliRunner().invoke(app, [cmd, ckpt, *FAST, "--out", str(tmp_path / "x.nc"), "--plot", str(png), "--json"])
+    r = CliRunner().invoke(
+        app, [cmd, ckpt, *FAST_NO_BOOT, "--out", str(tmp_path / "x.nc"), "--plot", str(png), "--json"]
+    )
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and recognise(png) == "figure"  # ours: replaceable later
@@ -40,7 +41,7 @@ def test_plot_writes_a_figure_and_says_where(ckpt, tmp_path, cmd):
 @pytest.mark.parametrize(("plot", "needle"), [("x.txt", "use a .png, .pdf or .svg"), ("x.nc", "name the same file")])
 def test_a_bad_plot_is_refused_before_any_work(ckpt, tmp_path, plot, needle):
     r = CliRunner().invoke(
-        app, ["causal", ckpt, *FAST, "--out", str(tmp_path / "x.nc"), "--plot", str(tmp_path / plot)]
+        app, ["causal", ckpt, *FAST_NO_BOOT, "--out", str(tmp_path / "x.nc"), "--plot", str(tmp_path / plot)]
     )
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code in (1, 2) and len(lines) == 1 and needle in lines[0], r.stderr
@@ -48,7 +49,7 @@ def test_a_bad_plot_is_refused_before_any_work(ckpt, tmp_path, plot, needle):
 
 
 def test_the_heatmap_says_what_its_glyphs_mean(ckpt, tmp_path):
-    r = CliRunner().invoke(app, ["causal", ckpt, *FAST, "--out", str(tmp_path / "c.nc")])
+    r = CliRunner().invoke(app, ["causal", ckpt, *FAST_NO_BOOT, "--out", str(tmp_path / "c.nc")])
     assert r.exit_code == 0 and "glyphs from 0: [  ] 0.2 [░░] 0.4 [▒▒] 0.6 [▓▓] 0.8 [██] up to 1" in r.stdout
     # each glyph stands for the values from the number before it, as the legend says (a value per interval)
     values = np.array([[0.1, 0.3, 0.5, 0.7, 0.9, 1.7, np.nan]])

@@ -18,8 +18,7 @@ from depthlens.adapters.load import open_model, opened_of
 from depthlens.errors import CheckpointError
 from depthlens.models import ModelConfig, build_model
 from gguf_tiny import byte_vocab, tiny_llama, write_tiny_gguf
-
-FAST = ["--n-seq", "2", "--seq-len", "16", "--n-boot", "0"]
+from helpers import FAST_NO_BOOT
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +255,7 @@ def test_cli_info_and_hooks(sources, kind):
 def test_cli_causal_permute_report(sources, kind, tmp_path):
     for cmd in ("causal", "permute"):
         out = tmp_path / f"{cmd}.nc"
-        r = _run([cmd, sources[kind], "--data", sources["text"], "--out", out, "--json", *FAST])
+        r = _run([cmd, sources[kind], "--data", sources["text"], "--out", out, "--json", *FAST_NO_BOOT])
         assert r.exit_code == 0, r.output
         assert 0 <= json.loads(r.stdout)["share"] <= 1 and out.is_file()
     import xarray as xr
@@ -291,7 +290,16 @@ def test_cli_hf_and_gguf_give_the_same_numbers(sources, tmp_path):
     heads = {}
     for kind in ("hf", "gguf"):
         r = _run(
-            ["causal", sources[kind], "--data", sources["text"], "--out", tmp_path / f"{kind}.nc", "--json", *FAST]
+            [
+                "causal",
+                sources[kind],
+                "--data",
+                sources["text"],
+                "--out",
+                tmp_path / f"{kind}.nc",
+                "--json",
+                *FAST_NO_BOOT,
+            ]
         )
         assert r.exit_code == 0, r.output
         heads[kind] = json.loads(r.stdout)

@@ -17,9 +17,8 @@ from typer.testing import CliRunner
 from depthlens.cli import app
 from depthlens.errors import DepthlensError, SchemaError
 from depthlens.io import atomic
+from helpers import FAST
 from test_owned_outputs import ck, one_line, snapshot  # noqa: F401  (ck is a fixture)
-
-FAST = ["--n-seq", "2", "--seq-len", "16"]
 
 
 def _report(path: Path, **files: str) -> Path:

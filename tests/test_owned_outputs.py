@@ -24,11 +24,11 @@ from depthlens.cli import app
 from depthlens.errors import DepthlensError
 from depthlens.io import atomic
 from depthlens.models import ModelConfig, build_model
+from helpers import FAST
 from test_trainer import corpus, tiny  # noqa: F401  (corpus is a fixture)
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["--n-seq", "2", "--seq-len", "16"]
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
