@@ -31,6 +31,7 @@ from depthlens.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 # preln: every diagnostic but rank/attnres; hc: rank; full_attnres: attnres (and a second dataset shape)
 CKPTS = [str(ROOT / "checkpoints" / n) for n in ("preln_l4", "hc_l4", "full_attnres_l4")]
+# not helpers.FAST: two ranks split the sequences and the bootstrap, so both need some of each
 FAST = ["--n-seq", "4", "--seq-len", "16", "--n-boot", "20"]
 TEXT = "It was the best of times, it was the worst of times; def f(x):\n    return x * 2 + 1\n" * 40
 

@@ -17,6 +17,7 @@ from depthlens.io.files import strict_json
 from depthlens.models import ModelConfig, build_model
 
 REPO = Path(__file__).resolve().parents[1]
+# not helpers.FAST: compare and report bootstrap intervals, which need more than two sequences
 FAST = ["--n-seq", "4", "--seq-len", "16"]
 # commands whose --json is checked strictly in another test (it needs a trained run)
 ELSEWHERE = {"track": "tests/test_bad_input_rest.py::test_json_output_is_strict_json_track_check_included"}

@@ -15,6 +15,7 @@ from depthlens.cli import app
 from depthlens.models import ModelConfig, build_model
 
 DESIGNS = ("preln", "hc", "block_attnres")
+# not helpers.FAST: the report draws intervals (n-boot) and figures over enough tokens to be non-trivial
 FAST = ["--n-seq", "4", "--seq-len", "32", "--n-boot", "20"]
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "

@@ -25,6 +25,7 @@ TEXT = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
     "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
 )
+# not helpers.FAST: track draws an interval per snapshot, which needs more than two sequences
 FAST = ["--n-seq", "4", "--seq-len", "16", "--n-boot", "40"]
 SNAP_STEPS = [2, 4, 8]
 
