@@ -18,6 +18,19 @@ def debug_model(arch: str = "preln", n_layer: int = 4, seed: int = 0, **kw: Any)
     return build_model(ModelConfig.debug(arch, n_layer=n_layer, **kw), seed=seed).eval()
 
 
+def count_calls(monkeypatch: Any, owner: Any, name: str) -> list[int]:
+    """Wrap `owner.name` (for the test's duration) so it counts its calls: the returned one-element list."""
+    calls = [0]
+    real = getattr(owner, name)
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def load_script(name: str) -> Any:
     """scripts/<name>.py as a module (scripts are not a package): what a test calls in place of the command."""
     import importlib.util

@@ -14,7 +14,7 @@ from depthlens.diagnostics.pruning_heldout import heldout_curves, random_baselin
 from depthlens.models import ModelConfig, build_model
 from depthlens.runtime.evaldata import EvalData
 from depthlens.runtime.journal import Journal
-from helpers import load_script
+from helpers import count_calls, load_script
 
 L = 5
 DOMAINS = ["english"] * 3 + ["code"] * 3
@@ -34,15 +34,7 @@ def setup():
 @pytest.fixture
 def nll_calls(monkeypatch):
     """How many cuts were run through the model (the journal's replays are not)."""
-    calls = [0]
-    real = pruning._sequence_nll
-
-    def counted(*a, **k):
-        calls[0] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(pruning, "_sequence_nll", counted)
-    return calls
+    return count_calls(monkeypatch, pruning, "_sequence_nll")
 
 
 def _same(a: xr.Dataset, b: xr.Dataset) -> None:

@@ -211,16 +211,10 @@ def test_a_second_prune_replays_the_cuts_of_the_first(llama_dir, tmp_path, monke
     """A rerun on the same model and eval data (after a stop, or with another tolerance) replays every cut the
     first run computed: it runs only the clean passes, says so on stderr, and certifies the same steps."""
     from depthlens.diagnostics import pruning
+    from helpers import count_calls
 
     src, _ = llama_dir
-    calls = [0]
-    real = pruning._sequence_nll
-
-    def counted(*a, **k):
-        calls[0] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(pruning, "_sequence_nll", counted)
+    calls = count_calls(monkeypatch, pruning, "_sequence_nll")
     common = ["--n-seq", N_SEQ, "--seq-len", SEQ_LEN, "--k-max", "3", "--json"]
     first = run([src, "--tolerance", "10", "--out", tmp_path / "a", *common])
     assert first.exit_code == 0, first.output
