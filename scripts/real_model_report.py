@@ -61,6 +61,7 @@ OPTIONAL = (
     "shuffled_causal_update",
     "shuffled_permutation",
 )
+TWIN_CONTROLS = ("shuffled_causal_update", "shuffled_permutation")  # the second control, shown when computed
 N_RANDOM = 3  # random-removal draws per k in the (in-sample) pruning stage (mean, min and max are reported)
 N_RANDOM_HELDOUT = 20  # random draws per k and baseline (uniform, stratified) in the pruning_random stage
 # the held-out pruning criteria (diagnostics/pruning_heldout.py); causal and permutation when their stage is there
@@ -386,7 +387,9 @@ def summarise(out: Path, run: dict) -> dict:
     from depthlens.diagnostics.sweep import headline
 
     d = {
-        name: xr.load_dataset(out / "data" / f"{name}.nc") for name in STAGES if (out / "data" / f"{name}.nc").exists()
+        name: xr.load_dataset(out / "data" / f"{name}.nc")
+        for name in (*STAGES, *TWIN_CONTROLS)
+        if (out / "data" / f"{name}.nc").exists()
     }
     causal = {n: d[f"causal_{n}"] for n in ("update", "resid") if f"causal_{n}" in d}
     perm = d.get("permutation")
@@ -400,21 +403,25 @@ def summarise(out: Path, run: dict) -> dict:
     from depthlens.diagnostics.sweep import paired_share_difference
     from depthlens.stats.metrics import late_window
 
-    untrained = {}  # the twin's headline, and trained − twin paired over the same eval sequences
-    for key, trained, twin, metric, theta in (
-        ("causal", cu, d.get("untrained_causal_update"), "causal", 0.45),
-        ("permutation", perm, d.get("untrained_permutation"), "perm_abs", 0.15),
-    ):
-        if trained is None or twin is None:
-            continue
-        diff = paired_share_difference(trained, twin, metric, theta, n_boot=200, seed=0)
-        untrained[key] = {
-            **headline(twin, metric, theta, n_boot=200, seed=0),
-            "trained_minus_untrained": diff.estimate,
-            "diff_ci_low": diff.low,
-            "diff_ci_high": diff.high,
-            "diff_ci_method": diff.method,  # names its pairing
-        }
+    def twin_headlines(prefix: str) -> dict:
+        """A twin's headlines, and trained − twin paired over the same eval sequences (the `untrained_*` or
+        `shuffled_*` stages; empty when not computed)."""
+        out: dict = {}
+        for key, trained, twin, metric, theta in (
+            ("causal", cu, d.get(f"{prefix}_causal_update"), "causal", 0.45),
+            ("permutation", perm, d.get(f"{prefix}_permutation"), "perm_abs", 0.15),
+        ):
+            if trained is None or twin is None:
+                continue
+            diff = paired_share_difference(trained, twin, metric, theta, n_boot=200, seed=0)
+            out[key] = {
+                **headline(twin, metric, theta, n_boot=200, seed=0),
+                "trained_minus_untrained": diff.estimate,  # trained − this twin
+                "diff_ci_low": diff.low,
+                "diff_ci_high": diff.high,
+                "diff_ci_method": diff.method,  # names its pairing
+            }
+        return out
 
     a = late_window(L)
     return {
@@ -422,7 +429,8 @@ def summarise(out: Path, run: dict) -> dict:
         "late_window_start": a,
         "n_late_pairs": (L - a) * (L - a - 1) // 2,
         "headlines": heads,
-        "untrained_twin": untrained,
+        "untrained_twin": twin_headlines("untrained"),
+        "shuffled_twin": twin_headlines("shuffled"),
         "missing_stages": [x for x in STAGES if x not in d],
         "causal_definitions": causal_definition_table(causal, thresholds=(0.45,)),
         "permutation_definitions": permutation_definition_table(perm, thresholds=(0.15,)) if perm is not None else [],

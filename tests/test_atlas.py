@@ -210,6 +210,7 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     held = ["--stages", "pruning_heldout", "--resume", "--heldout-criteria"]
     report.main(args + held + ["angular_block,block_influence,skip_loss,causal,permutation"])
     report.main(args + held + [""] + ["--stages", "pruning_heldout,pruning_random"])
+    report.main(args + ["--stages", "shuffled_causal_update,shuffled_permutation", "--resume"])
     assert atlas.main([str(tmp_path / "atlas"), "tiny"]) == 0
     doc = json.loads((tmp_path / "atlas" / "atlas.json").read_text())
     (s,) = doc["models"]
@@ -242,6 +243,17 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     norms = [(r["norm"], r.get("untrained") is not None) for r in s["causal_definitions"]]
     assert set(norms) == {("update", True), ("resid", False)}  # resid measured on the trained model only
     assert "| tiny | resid | current | max |" in page
+    # the second control: trained, fresh-init and shuffled twin side by side, the shuffled share recounted
+    shuffled = s["shuffled_control"]
+    assert set(shuffled) == {"causal", "perm_abs"} and "Not computed yet" not in page
+    with xr.open_dataset(out / "data" / "shuffled_permutation.nc") as ds:
+        r = shuffled["perm_abs"]
+        assert r["shuffled"]["share_full"] == pytest.approx(_late_share(ds["perm_abs"].values, r["threshold"]))
+    d = shuffled["causal"]["trained_minus_shuffled"]
+    assert d["low"] <= d["estimate"] <= d["high"] and d["unit"] == "eval sequences"
+    assert "## The second control: the shuffled twin" in page and "| tiny | P_abs |" in page
+    model_page = (out / "README.md").read_text()
+    assert "**Permutation, shuffled twin**" in model_page and "not computed (stages `shuffled_*`)" not in model_page
 
 
 def _recount_heldout(data_dir: Path, h: dict) -> None:

@@ -281,17 +281,28 @@ def render_real_model_report(
         atomic_write_text(calibration, render_calibration(summary, report_dir=str(report_name or out)))
 
 
-def _untrained_lines(u: dict[str, Any]) -> list[str]:
-    """The headlines on the untrained twin (same config, the family's own init) and trained − twin."""
+TWINS = {  # the two untrained controls: (what the report calls it, what it is, the stages that compute it)
+    "untrained": ("untrained twin", "same config, freshly initialised, seed 0", "untrained_*"),
+    "shuffled": (
+        "shuffled twin",
+        "the trained weights permuted within each matrix, seed 0: every scale kept, no learned structure",
+        "shuffled_*",
+    ),
+}
+
+
+def _untrained_lines(u: dict[str, Any], twin: str = "untrained") -> list[str]:
+    """The headlines on one untrained control (`TWINS`) and trained − control, paired."""
+    name, what, stages = TWINS[twin]
     if not u:
-        return ["* Untrained twin: not computed (stages `untrained_*`)."]
+        return [f"* {name.capitalize()}: not computed (stages `{stages}`)."]
     out = []
     for key, theta in (("causal", C_THETA), ("permutation", P_THETA)):
         r = u.get(key)
         if r is None:
             continue
         out.append(
-            f"* **{key.capitalize()}, untrained twin** (same config, freshly initialised, seed 0): "
+            f"* **{key.capitalize()}, {name}** ({what}): "
             f"{_pct(r['share'])} (95 % interval {_pct(r['ci_low'])} – {_pct(r['ci_high'])}); trained − twin "
             f"{r['trained_minus_untrained']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}] "
             f"({r['diff_ci_method']}, θ = {theta:g})."
@@ -349,6 +360,7 @@ def _readme(s: dict[str, Any], figs: dict[str, str]) -> str:
         f"{_pct(ref['HC']['permutation'])}; Full AttnRes {_pct(ref['Full AttnRes']['causal'])} / "
         f"{_pct(ref['Full AttnRes']['permutation'])}.",
         *_untrained_lines(s.get("untrained_twin") or {}),
+        *_untrained_lines(s.get("shuffled_twin") or {}, "shuffled"),
         "",
         "## Definition sensitivity: one model, every definition",
         "",
