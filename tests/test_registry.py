@@ -19,17 +19,11 @@ PKG = Path(__file__).parents[1] / "depthlens"
 
 
 def test_names_and_aliases_resolve_to_one_declaration():
-    # table and summary.json order: the share columns, then erank and k*, then angular
-    assert registry.NAMES == (
-        "causal",
-        "permutation",
-        "rank",
-        "attnres",
-        "angular",
-        "mixing",
-        "logit_lens",
-        "tuned_lens",
-    )
+    # table and summary.json order: the share columns, then erank and k*, then angular; a diagnostic added to the
+    # package later may sit anywhere, so the shipped ones are checked as an ordered subsequence
+    shipped = ("causal", "permutation", "rank", "attnres", "angular", "mixing", "logit_lens", "tuned_lens")
+    assert [n for n in registry.NAMES if n in shipped] == list(shipped)
+    assert len(set(registry.NAMES)) == len(registry.NAMES)
     assert registry.names() == registry.NAMES  # nothing registered
     perm = registry.get("permutation")
     assert registry.get("permute") is perm and registry.get("perm") is perm  # the CLI command, the record prefix
@@ -40,15 +34,13 @@ def test_names_and_aliases_resolve_to_one_declaration():
 
 def test_default_thresholds_and_units():
     """The headline thresholds (docs/concepts.md#causal-score, #permutation-score), typed independently here."""
-    assert dict(registry.THRESHOLDS) == {
-        "causal": 0.45,
-        "direct": 0.45,
-        "perm_abs": 0.15,
-        "perm_rel": 0.15,
-        "perm_kl": 0.15,
-    }
+    documented = {"causal": 0.45, "direct": 0.45, "perm_abs": 0.15, "perm_rel": 0.15, "perm_kl": 0.15}
+    assert {k: registry.THRESHOLDS[k] for k in documented} == documented
+    assert set(registry.THRESHOLDS) == {s.key for d in registry.DIAGNOSTICS for s in d.scores}  # one per score
     assert registry.score("perm_abs").unit == "nat" and registry.score("causal").unit == "1"
-    assert registry.SWEEPABLE == ("causal", "perm_abs", "perm_rel", "perm_kl")  # direct needs --direct
+    # sweepable: every score computed by default (direct needs --direct); the shipped ones in their order
+    assert set(registry.SWEEPABLE) == {s.key for d in registry.DIAGNOSTICS for s in d.scores if not s.optional}
+    assert [k for k in registry.SWEEPABLE if k in documented] == ["causal", "perm_abs", "perm_rel", "perm_kl"]
     assert registry.score_owner("perm_kl")[0].name == "permutation"
     assert not registry.score("direct").bootstraps and registry.get("causal").bootstraps
     assert not registry.get("angular").bootstraps and registry.get("angular").headline is None
