@@ -156,3 +156,21 @@ def test_readme_info_time_is_the_startup_bench():
     assert want in (ROOT / "README.md").read_text(), want
     assert bench["current"]["info"]["median_wall_s"] < bench["targets_s"]["info"]
     assert bench["current"]["help"]["median_wall_s"] < bench["targets_s"]["help"]
+
+
+def test_performance_pruning_anchor_numbers_are_the_bench():
+    """docs/performance.md's anchored-cut ratios are reports/bench/pruning_anchor.json's, and bit-identical."""
+    runs = {
+        ("smollm2" if "smollm2" in r["model"] else "preln_l32"): r
+        for r in json.loads((ROOT / "reports" / "bench" / "pruning_anchor.json").read_text())["runs"]
+    }
+    s, p = runs["smollm2"], runs["preln_l32"]
+    assert s["bit_identical"] and p["bit_identical"]
+    assert s["on"]["layer_rows_run"] < s["off"]["layer_rows_run"]
+    want = (
+        f"this runs {s['layer_rows_ratio_on_over_off']:.2f} of the layer work on SmolLM2-135M "
+        f"({s['cpu_ratio_on_over_off']:.2f} of the CPU time) and {p['layer_rows_ratio_on_over_off']:.2f} on the "
+        "zoo's preln_l32, every held-out loss bit-identical"
+    )
+    text = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    assert want in text, want
