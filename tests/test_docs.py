@@ -10,15 +10,19 @@
   is small (NOT_RUN_MAX) and each such block must still parse (bash -n / compile).
 * The run is marked slow (it trains, reports and loads the SmolLM2 GGUF as the pages say); the checks of the
   blocks themselves (found, not-run reasons, parsing) are quick.
+* `DEPTHLENS_DOCS_TIMINGS=<file>` appends each block's wall time to that file as a JSON line: where the docs run,
+  the suite's longest test, spends its time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,28 +147,37 @@ def run_page(page: Path, clone: Path, env: dict[str, str]) -> None:
 
     namespace: dict = {"__name__": "__main__"}
     for b in [b for b in BLOCKS if b.doc == page and not b.not_run]:
-        if b.lang == "bash":
-            r = subprocess.run(
-                ["bash", "-c", "set -eo pipefail\n" + b.code],
-                cwd=clone,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BLOCK_TIMEOUT,
-            )
-            assert r.returncode == 0 and "Traceback" not in r.stderr, (
-                f"{b.id} failed ({r.returncode}):\n{b.code}\n--- stderr:\n{r.stderr[-4000:]}"
-            )
-            continue
-        # from a file, as pasted into a script: tools that read their caller's source back (nnsight's trace) need it
-        src = clone / ".doc-blocks" / f"{b.doc.stem}_{b.line}.py"
-        src.parent.mkdir(exist_ok=True)
-        src.write_text(b.code)
-        try:
-            exec(compile(b.code, str(src), "exec"), namespace)
-        except Exception as e:
-            raise AssertionError(f"{b.id} failed: {type(e).__name__}: {e}\n{b.code}") from e
+        t0 = time.perf_counter()
+        _run_block(b, clone, env, namespace)
+        if os.environ.get("DEPTHLENS_DOCS_TIMINGS"):  # where the docs run spends its time: one JSON line per block
+            with open(os.environ["DEPTHLENS_DOCS_TIMINGS"], "a") as f:
+                f.write(json.dumps({"block": b.id, "seconds": round(time.perf_counter() - t0, 2)}) + "\n")
     plt.close("all")
+
+
+def _run_block(b: Block, clone: Path, env: dict[str, str], namespace: dict) -> None:
+    """One block: bash in a shell of its own; python in the page's namespace, from a file as pasted into a script."""
+    if b.lang == "bash":
+        r = subprocess.run(
+            ["bash", "-c", "set -eo pipefail\n" + b.code],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT,
+        )
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (
+            f"{b.id} failed ({r.returncode}):\n{b.code}\n--- stderr:\n{r.stderr[-4000:]}"
+        )
+        return
+    # from a file, as pasted into a script: tools that read their caller's source back (nnsight's trace) need it
+    src = clone / ".doc-blocks" / f"{b.doc.stem}_{b.line}.py"
+    src.parent.mkdir(exist_ok=True)
+    src.write_text(b.code)
+    try:
+        exec(compile(b.code, str(src), "exec"), namespace)
+    except Exception as e:
+        raise AssertionError(f"{b.id} failed: {type(e).__name__}: {e}\n{b.code}") from e
 
 
 def test_readme_order_starts_with_the_front_page_and_follows_its_links():
