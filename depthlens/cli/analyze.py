@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, deprecated, domain_errors, fail, rank0_errors
 from .common import (
     DTYPES,
+    EVAL_DEFAULTS,
     BatchOpt,
     BootOpt,
     CkptArg,
@@ -48,6 +48,7 @@ from .common import (
     check_threshold,
     emit,
     eval_data,
+    eval_options,
     headline_line,
     open_model,
     resolve_out,
@@ -113,29 +114,20 @@ __all__ = [
 
 @app.command()
 @domain_errors
+@eval_options
 def angular(
     ckpt: CkptArg,
     positions: Annotated[Literal["last", "all"], typer.Option(help="last | all (BOS excluded)")] = "last",
     repr: Annotated[
         Literal["view", "flatten", "input"], typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")
     ] = "view",
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "angular", overwrite)
     model, ck = open_model(ckpt, c)
     with busy(f"angular {ckpt.name}") as p:
@@ -166,6 +158,7 @@ def angular(
 @app.command()
 @rank0_errors
 @domain_errors
+@eval_options
 def causal(
     ckpt: CkptArg,
     threshold: Annotated[
@@ -199,16 +192,7 @@ def causal(
     window: Annotated[
         Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")
     ] = "quarter",
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     n_boot: BootOpt = 1000,
     precision: PrecisionOpt = None,
     out: OutOpt = None,
@@ -223,7 +207,6 @@ def causal(
     if agg is not None:
         deprecated("--agg", "--aggregator")
         aggregator = agg
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     check_plot(plot, path, overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
@@ -237,7 +220,7 @@ def causal(
             model,
             eval_data(model, ck, c),
             precision,
-            {**hkw, "seed": seed},
+            {**hkw, "seed": c.seed},
             variants=variants,
             layers=layers,
             unit=unit,
@@ -249,7 +232,7 @@ def causal(
             **_opts(c),
         )
     h = headline(
-        ds, "causal", threshold, aggregator=aggregator, variant=variant, start=window, n_boot=n_boot, seed=seed
+        ds, "causal", threshold, aggregator=aggregator, variant=variant, start=window, n_boot=n_boot, seed=c.seed
     )
     ds.attrs.update(interval_attrs(h))
     write(ds, path, ow)
@@ -296,6 +279,7 @@ def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
 @app.command()
 @rank0_errors
 @domain_errors
+@eval_options
 def permute(
     ckpt: CkptArg,
     threshold: Annotated[float, typer.Option(help="Headline threshold θ (nats for abs).")] = registry.PERM_ABS.theta,
@@ -317,16 +301,7 @@ def permute(
     window: Annotated[
         Literal["quarter", "half", "zero"], typer.Option(help="Late-window start: quarter | half | zero")
     ] = "quarter",
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     n_boot: BootOpt = 1000,
     precision: PrecisionOpt = None,
     out: OutOpt = None,
@@ -344,7 +319,6 @@ def permute(
     if norm is not None:
         deprecated(f"--norm {norm}", f"--metric perm_{norm}")
         metric = f"perm_{norm}"  # type: ignore[assignment]
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     check_plot(plot, path, overwrite)
     from ..diagnostics.sweep import headline, interval_attrs, score_matrix
@@ -356,14 +330,14 @@ def permute(
             model,
             eval_data(model, ck, c),
             precision,
-            {"metric": metric, "threshold": threshold, "start": window, "n_boot": n_boot, "seed": seed},
+            {"metric": metric, "threshold": threshold, "start": window, "n_boot": n_boot, "seed": c.seed},
             pairs=layers,
             swap=swap,
             checkpoint=ck,
             progress=p.engine(),
             **_opts(c),
         )
-    h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=seed)
+    h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=c.seed)
     ds.attrs.update(interval_attrs(h))
     write(ds, path, ow)
     h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
@@ -395,25 +369,16 @@ def _figure(da: xr.DataArray, title: str) -> Any:
 
 @app.command()
 @domain_errors
+@eval_options
 def rank(
     ckpt: CkptArg,
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "rank", overwrite)
     model, ck = open_model(ckpt, c)
     with busy(f"rank {ckpt.name} (batches)") as p:
@@ -463,19 +428,11 @@ def rank(
 
 @app.command()
 @domain_errors
+@eval_options
 def attnres(
     ckpt: CkptArg,
     eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
@@ -485,7 +442,6 @@ def attnres(
     check_threshold(eps, "--eps")
     if eps > 1:
         fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, ckpt, "attnres", overwrite)
     from ..diagnostics.attnres import EPS_GRID
 

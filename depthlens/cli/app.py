@@ -178,7 +178,8 @@ def resolve_annotations(fn: Callable[..., Any]) -> None:
     is a sixth of `depthlens --help`. Left as strings when one does not evaluate (typer then says why)."""
     import typing
 
-    target = inspect.unwrap(fn)
+    # a wrapper that states its own signature (`common.eval_options`) has its annotations evaluated already
+    target = inspect.unwrap(fn, stop=lambda f: "__signature__" in vars(f))
     if not any(isinstance(a, str) for a in getattr(target, "__annotations__", {}).values()):
         return
     try:

@@ -13,31 +13,22 @@ from typing import Annotated, Any
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from ..runtime.defaults import DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, fail, print_table
 from .common import (
-    BatchOpt,
+    EVAL_DEFAULTS,
     BootOpt,
     CkptsArg,
-    DataOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
+    Common,
     JsonOpt,
-    NSeqOpt,
     OutOpt,
     OverwriteOpt,
-    SeedOpt,
-    SeqLenOpt,
-    ThreadsOpt,
-    TokensOpt,
-    _common,
     _json,
     _study,
     busy,
     check_plot,
     check_threshold,
     emit,
+    eval_options,
     resolve_out,
     save_plot,
     write,
@@ -81,6 +72,7 @@ METRIC_CHOICES = (
 
 @app.command()
 @domain_errors
+@eval_options
 def sweep(
     ckpts: CkptsArg,
     metric: Annotated[str, typer.Option(help="causal | perm_abs | perm_rel | perm_kl")] = "causal",
@@ -97,16 +89,7 @@ def sweep(
         str | None, typer.Option(help="Expected ranking, comma-separated checkpoint names (low to high).")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the share(θ) curves plot here (PNG).")] = None,
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
@@ -119,7 +102,6 @@ def sweep(
     grid = parse_grid(thresholds) if thresholds else None
     if headline_threshold is not None:
         check_threshold(headline_threshold)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     path, ow = resolve_out(out, Path("sweep"), metric, overwrite)
     check_plot(plot, path, overwrite)  # now, so a bad --plot cannot fail after the dataset was written
     if len({p.resolve().name for p in ckpts}) != len(ckpts):
@@ -187,21 +169,13 @@ def sweep(
 
 @app.command()
 @domain_errors
+@eval_options
 def compare(
     ckpts: CkptsArg,
     metrics: Annotated[
         str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")
     ] = "causal,perm_abs",
-    data: DataOpt = None,
-    tokens: TokensOpt = None,
-    n_seq: NSeqOpt = DEFAULT_N_SEQ,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    device_map: DeviceMapOpt = None,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     n_boot: BootOpt = 1000,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -210,7 +184,6 @@ def compare(
     from ..studies import api
 
     wanted = api.check_scores(metrics)
-    c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
     with busy(f"headline shares of {len(ckpts)} checkpoint(s)"):
         rows = api.headline_shares(ckpts, wanted, opts=_study(c, n_boot))
     if as_json:

@@ -16,24 +16,12 @@ import typer
 
 from ..diagnostics import registry
 from ..io.files import StrictJSONError, strict_json
-from ..runtime.defaults import DEFAULT_N_SEQ
 from .analyze import (
-    BatchOpt,
     BootOpt,
     CkptArg,
-    DataOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
     JsonOpt,
-    NSeqOpt,
     OutOpt,
     OverwriteOpt,
-    SeedOpt,
-    SeqLenOpt,
-    ThreadsOpt,
-    TokensOpt,
-    _common,
     _fmt_share,
     busy,
     emit,
@@ -42,7 +30,8 @@ from .analyze import (
     resolve_out,
     write,
 )
-from .app import OneLineErrors, domain_errors, fail, resolve_annotations
+from .app import OneLineErrors, domain_errors, fail
+from .common import EVAL_DEFAULTS, Common, eval_options
 
 
 def parse_opts(items: list[str]) -> dict[str, Any]:
@@ -92,22 +81,12 @@ def command_for(d: registry.Diagnostic) -> Any:
     def run(
         ckpt: CkptArg,
         opt: Annotated[list[str] | None, typer.Option("--opt", help="Engine option key=value (repeated).")] = None,
-        data: DataOpt = None,
-        tokens: TokensOpt = None,
-        n_seq: NSeqOpt = DEFAULT_N_SEQ,
-        seq_len: SeqLenOpt = None,
-        batch_size: BatchOpt = None,
-        seed: SeedOpt = 0,
-        device: DeviceOpt = "cpu",
-        dtype: DtypeOpt = "fp32",
-        device_map: DeviceMapOpt = None,
-        threads: ThreadsOpt = 1,
+        c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
         n_boot: BootOpt = 1000,
         out: OutOpt = None,
         overwrite: OverwriteOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
-        c = _common(data, tokens, n_seq, seq_len, batch_size, seed, device, dtype, threads, device_map)
         engine_opts = {**d.report_opts, **parse_opts(opt or [])}
         path, ow = resolve_out(out, ckpt, d.name, overwrite)
         model, ck = open_model(ckpt, c)
@@ -119,7 +98,7 @@ def command_for(d: registry.Diagnostic) -> Any:
         if d.view:
             head, lines, view = registry.resolve(d.view)(ds, model)
         else:
-            (head, lines), view = generic_view(d, ds, model, n_boot, seed), None
+            (head, lines), view = generic_view(d, ds, model, n_boot, c.seed), None
         head["out"] = str(path)
         emit(
             head,
@@ -133,9 +112,8 @@ def command_for(d: registry.Diagnostic) -> Any:
         )
 
     run.__doc__ = d.summary
-    resolve_annotations(run)  # evaluated once, not by typer for each pass over the parameters
     sub = typer.Typer(add_completion=False)
-    sub.command(name=d.name)(domain_errors(run))
+    sub.command(name=d.name)(domain_errors(eval_options(run)))  # annotations evaluated once, by eval_options
     return typer.main.get_command(sub)
 
 

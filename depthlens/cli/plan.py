@@ -66,7 +66,7 @@ def plan(
     else:
         from ..studies.study import run_study
 
-        c = _common(data, None, n_seq, seq_len, None, seed, device, dtype, threads, None)
+        c = _common(data, None, n_seq, seq_len, None, seed, device, dtype, threads=threads)
         opts = _study(c, n_boot)
         from dataclasses import replace
 

@@ -87,7 +87,7 @@ def prune(
         fail(f"--out {out} exists; give a new directory", 2)
     if not src.exists():
         fail(f"{ckpt}: no such checkpoint directory or GGUF file", 1)
-    c = _common(data, None, n_seq, seq_len, batch_size, seed, "cpu", "fp32", threads, None)
+    c = _common(data, None, n_seq, seq_len, batch_size, seed, "cpu", "fp32", threads=threads)
     model, ck = open_model(ckpt, c)
     ev = eval_data(model, ck, c)
     from ..diagnostics.pruning_heldout import certify
