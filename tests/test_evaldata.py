@@ -153,3 +153,21 @@ def test_weights_hash_is_cached_and_invalidated_by_edits():
     with torch.no_grad():
         m.blocks[0].attn.fn.q_proj.weight[0, 0] += 1.0
     assert _weights_sha256(m) != first
+
+
+def test_the_one_eval_set_rule(tmp_path):
+    """runtime.evaldata.eval_set, the rule of every command, study, track and the API: seq_len defaults to
+    min(128, the model's max), a token budget sets n_seq = tokens // seq_len, a seq_len above the max is refused."""
+    from depthlens.errors import DataError
+    from depthlens.runtime.evaldata import eval_set
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    d = eval_set(text, "bytes", max_seq_len=64, n_seq=5)
+    assert (d.n_seq, d.seq_len) == (5, 64)
+    d = eval_set(text, "bytes", max_seq_len=1024, n_seq=5)
+    assert d.seq_len == 128
+    d = eval_set(text, "bytes", max_seq_len=None, seq_len=32, tokens=200)
+    assert (d.n_seq, d.seq_len) == (200 // 32, 32)
+    with pytest.raises(DataError, match="--seq-len 65 exceeds the model's max_seq_len 64"):
+        eval_set(text, "bytes", max_seq_len=64, seq_len=65)

@@ -307,6 +307,27 @@ def load_eval_data(
     )
 
 
+def eval_set(
+    data: str | os.PathLike[str] | None,
+    tokenizer: Any,
+    *,
+    max_seq_len: int | None,
+    n_seq: int = DEFAULT_N_SEQ,
+    seq_len: int | None = None,
+    tokens: int | None = None,
+    seed: int = 0,
+) -> EvalData:
+    """The one eval-set rule of every command, study, track and the API. seq_len None = min(DEFAULT_SEQ_LEN, the
+    model's max_seq_len: the smallest of a study's models); a token budget `tokens` sets n_seq = tokens // seq_len
+    instead of `n_seq`; a seq_len above the max is refused in the options' words. `data`: a text/JSONL file or shard
+    dir, or None (the held-out offline corpus)."""
+    if seq_len is not None and max_seq_len is not None and seq_len > max_seq_len:
+        raise DataError(f"--seq-len {seq_len} exceeds the model's max_seq_len {max_seq_len}")
+    T = seq_len or min(DEFAULT_SEQ_LEN, max_seq_len or DEFAULT_SEQ_LEN)
+    n = max(1, tokens // T) if tokens else n_seq
+    return load_eval_data(data, tokenizer, n_seq=n, seq_len=T, seed=seed, max_seq_len=max_seq_len)
+
+
 def shard_eval_data(
     directory: Path,
     tokenizer: Any = None,

@@ -28,8 +28,8 @@ import xarray as xr
 from depthlens.diagnostics import registry
 from depthlens.errors import UsageError
 from depthlens.io.dataset import concat_checkpoints
-from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
-from depthlens.runtime.evaldata import EvalData, load_eval_data
+from depthlens.runtime.defaults import DEFAULT_N_SEQ
+from depthlens.runtime.evaldata import EvalData, eval_set
 from depthlens.runtime.evaldata import is_shards as _is_shards
 from depthlens.runtime.evaldata import tokenizer_for as _tokenizer_for
 
@@ -97,14 +97,8 @@ def eval_data_for(
     elif isinstance(data, torch.Tensor) or hasattr(data, "__array__"):
         out = EvalData.from_tokens(data)
     else:
-        if seq_len is not None and max_len is not None and seq_len > max_len:
-            from depthlens.errors import DataError
-
-            raise DataError(f"--seq-len {seq_len} exceeds the model's max_seq_len {max_len}")
-        T = seq_len or min(DEFAULT_SEQ_LEN, max_len or DEFAULT_SEQ_LEN)
-        n_seq = max(1, tokens // T) if tokens else n_seq
         tok = _tokenizer_for(checkpoint, model, required=not _is_shards(data))
-        out = load_eval_data(data, tok, n_seq=n_seq, seq_len=T, seed=seed, max_seq_len=max_len)
+        out = eval_set(data, tok, max_seq_len=max_len, n_seq=n_seq, seq_len=seq_len, tokens=tokens, seed=seed)
     out.check_model(getattr(cfg, "vocab_size", None), max_len)
     return out
 

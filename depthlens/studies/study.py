@@ -23,7 +23,7 @@ from typing import Any
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.defaults import DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 
 DEFAULT_N_BOOT = 1000
@@ -253,7 +253,7 @@ def study_eval_data(
 ) -> EvalData:
     """One EvalData for all checkpoints: same tokenizer required; checked against every model.
     facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (runtime.ranks)."""
-    from depthlens.runtime.evaldata import load_eval_data
+    from depthlens.runtime.evaldata import eval_set
 
     toks, own = tokenizer_facts(entries, opts)
     facts = own if facts is None else facts
@@ -264,9 +264,15 @@ def study_eval_data(
             "a study compares them on one eval set"
         )
     max_len = min(m for _, m in facts)
-    T = opts.seq_len or min(DEFAULT_SEQ_LEN, max_len)
-    n_seq = max(1, opts.tokens // T) if opts.tokens else opts.n_seq
-    data = load_eval_data(opts.data, toks[0], n_seq=n_seq, seq_len=T, seed=opts.seed, max_seq_len=max_len)
+    data = eval_set(
+        opts.data,
+        toks[0],
+        max_seq_len=max_len,
+        n_seq=opts.n_seq,
+        seq_len=opts.seq_len,
+        tokens=opts.tokens,
+        seed=opts.seed,
+    )
     for e in entries:
         try:
             data.check_model(e.model.config.vocab_size, e.model.config.max_seq_len)

@@ -42,7 +42,7 @@ import xarray as xr
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from depthlens.runtime.defaults import DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-exported: callers import it from here)
     HF_SIGNATURE,
@@ -205,7 +205,8 @@ def _noop(_: str) -> None:
 def eval_tokens(series: Sequence[Series], opts: TrackOptions) -> EvalData:
     """One EvalData for every snapshot of every series (same tokenizer required), built from the first
     snapshot; seq_len = min(128, the smallest max_seq_len) unless given."""
-    from depthlens.studies.api import _tokenizer_for, eval_data_for, load_model
+    from depthlens.runtime.evaldata import eval_set, is_shards
+    from depthlens.studies.api import _tokenizer_for, load_model
 
     names = {}
     for s in series:  # the first snapshot of each series: its tokenizer as the loader found it
@@ -221,9 +222,18 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions) -> EvalData:
     max_lens: list[Any] = [s.signature.get("max_seq_len") for s in series]
     max_lens = [int(m) for m in max_lens if isinstance(m, int)]
     own = getattr(getattr(model, "config", None), "max_seq_len", None)
-    max_lens += [int(own)] if own else [DEFAULT_SEQ_LEN]
-    T = opts.seq_len or min(DEFAULT_SEQ_LEN, min(max_lens))
-    return eval_data_for(model, opts.data, ck, n_seq=opts.n_seq, seq_len=T, seed=opts.seed)
+    max_lens += [int(own)] if own else []
+    tok = _tokenizer_for(ck, model, required=not is_shards(opts.data))
+    data = eval_set(
+        opts.data,
+        tok,
+        max_seq_len=min(max_lens) if max_lens else None,
+        n_seq=opts.n_seq,
+        seq_len=opts.seq_len,
+        seed=opts.seed,
+    )
+    data.check_model(getattr(getattr(model, "config", None), "vocab_size", None), own)
+    return data
 
 
 def analyse(
