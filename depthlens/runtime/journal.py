@@ -8,7 +8,8 @@ key it asks for and computes the rest, so the finished dataset is the same bit f
 The first line is the identity of the run that wrote it: whatever the caller says the results depend on (the eval
 tokens' hash, the clean result, the thread count, library versions). A journal whose identity differs is moved
 aside (`<name>.stale`), never mixed in: a changed model, eval set or thread count starts afresh. Floats are written
-by `repr`, which Python reads back exactly; a line cut short by a kill is ignored.
+by `repr`, which Python reads back exactly; a line cut short by a kill is ignored. Reads and writes hold a file
+lock (`<name>.lock`), so two runs on the same journal (two `depthlens prune` of one model) share it safely.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import filelock
 import numpy as np
 
 
@@ -37,12 +39,14 @@ class Journal:
         self.identity = json.loads(json.dumps(identity))  # as it reads back: tuples become lists
         self.replayed = 0  # units answered from the file, for the caller's progress line
         self._stored: dict[str, list[float]] = {}
-        if self.path.exists():
-            self._read()
-        if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("w") as f:
-                f.write(json.dumps({"identity": self.identity}) + "\n")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = filelock.FileLock(str(self.path.with_name(self.path.name + ".lock")))
+        with self._lock:
+            if self.path.exists():
+                self._read()
+            if not self.path.exists():
+                with self.path.open("w") as f:
+                    f.write(json.dumps({"identity": self.identity}) + "\n")
 
     def _read(self) -> None:
         text = self.path.read_text()
@@ -75,6 +79,5 @@ class Journal:
         k = _key(key)
         row = [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
         self._stored[k] = row
-        with self.path.open("a") as f:
+        with self._lock, self.path.open("a") as f:
             f.write(json.dumps({"key": k, "values": row}) + "\n")
-            f.flush()
