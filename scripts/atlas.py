@@ -204,7 +204,7 @@ def model_summary(d: Path) -> dict[str, Any]:
 
 def _finish(path: Path, ax: Any, **labels: str) -> str:
     """Label one single-axes figure, add its legend, save it (atomically) and return its file name."""
-    from depthlens.render.plots import save_figure
+    from depthlens.plotting.plots import save_figure
 
     ax.set(**labels)
     ax.legend(fontsize=6)
@@ -221,7 +221,7 @@ def figures(atlas: Path, dirs: list[Path], summaries: list[dict[str, Any]]) -> d
     import seaborn as sns
 
     from depthlens.diagnostics.sweep import share_curves
-    from depthlens.render.plots import save_figure
+    from depthlens.plotting.plots import save_figure
 
     sns.set_theme(style="whitegrid", context="paper")
     colors = dict(zip([s["name"] for s in summaries], sns.color_palette("colorblind", len(summaries))))
@@ -466,7 +466,7 @@ def _heldout_figure(fig_dir: Path, summaries: list[dict[str, Any]]) -> str | Non
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    from depthlens.render.plots import save_figure
+    from depthlens.plotting.plots import save_figure
 
     have = [s for s in summaries if s.get("pruning_heldout")]
     if not have:
@@ -769,8 +769,8 @@ def _lens_figure(fig_dir: Path, dirs: list[Path], summaries: list[dict[str, Any]
     (solid) and untrained twin (dashed), with their 95 % bands over sequences."""
     import matplotlib.pyplot as plt
 
-    from depthlens.render.lens import draw_lens
-    from depthlens.render.plots import save_figure
+    from depthlens.diagnostics.figures import draw_lens
+    from depthlens.plotting.plots import save_figure
 
     have = [(d, s) for d, s in zip(dirs, summaries) if s.get("lens")]
     if not have:

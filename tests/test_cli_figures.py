@@ -13,7 +13,7 @@ import depthlens
 from depthlens.cli import app
 from depthlens.io.atomic import recognise
 from depthlens.models import ModelConfig, build_model
-from depthlens.render.plots import glyph_legend, terminal_heatmap
+from depthlens.plotting.plots import glyph_legend, terminal_heatmap
 from helpers import FAST_NO_BOOT
 
 

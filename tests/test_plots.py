@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depthlens.render import plots as P
+from depthlens.plotting import plots as P
 
 
 @pytest.fixture(autouse=True)

@@ -250,7 +250,7 @@ def causal(
         f"dataset: {path}",
         "rows: skipped layer s, columns: later layer t",
     ]
-    from ..render.plots import upper_triangle
+    from ..plotting.plots import upper_triangle
 
     C = upper_triangle(
         score_matrix(ds, "causal", aggregator, variant)
@@ -362,7 +362,7 @@ def _figure(da: xr.DataArray, title: str) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
-    from ..render.plots import heatmap
+    from ..plotting.plots import heatmap
 
     return heatmap(da, vmin=0.0, title=title)
 

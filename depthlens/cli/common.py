@@ -276,7 +276,7 @@ def _fmt_share(h: dict[str, Any]) -> str:
 
 
 def _matrix_view(da: Any, vmax: float | None = None) -> Any:
-    from ..render.plots import terminal_heatmap
+    from ..plotting.plots import terminal_heatmap
 
     m = da.values
     labels = [str(i) for i in range(m.shape[0])]
@@ -309,7 +309,7 @@ def save_plot(plot: Path | None, draw: Any) -> None:
     """`draw()` (an Axes or Figure) saved atomically at --plot (its folder made when it is the default one)."""
     if plot is None:
         return
-    from ..render.plots import save_figure
+    from ..plotting.plots import save_figure
 
     plot.parent.mkdir(parents=True, exist_ok=True)  # only the default folder can be missing here (check_plot)
     save_figure(draw(), plot)

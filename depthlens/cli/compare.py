@@ -124,7 +124,7 @@ def sweep(
         res["robustness"],
     )
     write(ds, path, ow)
-    from ..render.plots import share_curves as draw
+    from ..plotting.plots import share_curves as draw
 
     save_plot(plot, lambda: draw(headline_curves, headline=theta))
     from ..diagnostics.sweep import definition

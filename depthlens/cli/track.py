@@ -232,7 +232,7 @@ def write_outputs(ds: xr.Dataset, out: Path, command: str) -> None:
     marker, so a rerun can tell a README the user edited (kept: refused) from the one it wrote (replaced)."""
     from ..io.atomic import atomic_write_text, check_unedited, record_files
     from ..io.dataset import write_netcdf
-    from ..render.plots import save_figure
+    from ..plotting.plots import save_figure
     from ..render.track import fig_track, track_markdown
     from ..studies.reproducible import reproducible
 

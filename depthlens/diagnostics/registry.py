@@ -26,6 +26,12 @@ from typing import TYPE_CHECKING, Any
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
 
+from .scores import CAUSAL as CAUSAL
+from .scores import LOG_NAT, frozen
+from .scores import PERM_ABS as PERM_ABS
+from .scores import Grid as Grid
+from .scores import Score as Score
+
 if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
     import xarray as xr
 
@@ -33,40 +39,6 @@ if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
     from depthlens.runtime.evaldata import EvalData
 
 DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column and of `track`
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A default θ grid: "linear" (start..stop inclusive, step) or "log" (`n` log-spaced points start..stop)."""
-
-    kind: str  # "linear" | "log"
-    start: float
-    stop: float
-    step: float = 0.0  # linear only
-    n: int = 0  # log only
-
-
-@dataclass(frozen=True)
-class Score:
-    """One headline score: S(θ) = share of late pairs (i, j) whose score matrix entry is > θ."""
-
-    key: str  # name in sweep/compare `--metric(s)` and in `sweep.headline(ds, key)`
-    var: str  # dataset variable holding the (…, layer, layer_other) matrix
-    theta: float  # the default headline θ (typed nowhere else)
-    unit: str  # CF unit of the score, hence of θ ("1" or "nat")
-    symbol: str  # how tables and titles name it ("C", "P_abs")
-    grid: Grid  # the default θ grid of sweeps and the report's share curves
-    label: str  # what the score is, for axis labels and titles ("causal score (current, max)")
-    definition: str  # one line stating what a share of it measures (headlines, tables)
-    select: Mapping[str, str] = field(default_factory=dict)  # coords picked on `var` for the headline matrix
-    seq_var: str | None = None  # (layer, layer_other, sequence) variable whose sequence mean is `var`: its CI
-    bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
-    optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
-
-    @property
-    def theta_label(self) -> str:
-        """Axis label of θ: 'threshold θ on the causal score [1]'."""
-        return f"threshold θ on {self.label} [{self.unit}]"
 
 
 @dataclass(frozen=True)
@@ -142,34 +114,7 @@ class Diagnostic:
         return tuple(c for c in self.needs if c not in have)
 
 
-def _frozen(**kw: Any) -> Mapping[str, Any]:
-    return MappingProxyType(kw)
-
-
 _S = "depthlens.studies.summaries:"  # the shipped diagnostics' record, track and view hooks
-_LOG_NAT = Grid("log", 0.005, 2.0, n=41)
-CAUSAL = Score(
-    "causal",
-    "causal_score",
-    0.45,
-    "1",
-    "C",
-    Grid("linear", 0.0, 1.5, step=0.05),
-    "the causal score",
-    "causal C(s,t): skip s, relative change of the later update t",
-    select=_frozen(aggregator="max", variant="current"),
-)
-PERM_ABS = Score(
-    "perm_abs",
-    "perm_abs",
-    0.15,
-    "nat",
-    "P_abs",
-    _LOG_NAT,
-    "P_abs",
-    "permutation P_abs = L(swap i,j) - L(id), nats",
-    seq_var="delta_loss_seq",
-)
 
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic(
@@ -192,13 +137,13 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
                 optional=True,
             ),
         ),
-        figure="depthlens.render.figures:fig_causal",
+        figure="depthlens.diagnostics.figures:fig_causal",
         title="Causal score C(s, t) (current, max)",
         record=_S + "causal_record",
         record_fields=("causal_noise_floor",),
         track=_S + "causal_track",
-        report_opts=_frozen(variants=("current",), layers="all"),
-        late_opts=_frozen(layers="late"),
+        report_opts=frozen(variants=("current",), layers="all"),
+        late_opts=frozen(layers="late"),
     ),
     Diagnostic(
         "permutation",
@@ -224,18 +169,18 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
                 PERM_ABS.theta,
                 "nat",
                 "P_KL",
-                _LOG_NAT,
+                LOG_NAT,
                 "P_KL",
                 "permutation P_KL = mean KL(p_id || p_swap), nats",
                 seq_var="kl_seq",
             ),
         ),
-        figure="depthlens.render.figures:fig_permutation",
+        figure="depthlens.diagnostics.figures:fig_permutation",
         title="Permutation score P_abs (late pairs)",
         record=_S + "permutation_record",
         track=_S + "permutation_track",
-        report_opts=_frozen(swap="body", pairs="late"),
-        late_opts=_frozen(pairs="late"),
+        report_opts=frozen(swap="body", pairs="late"),
+        late_opts=frozen(pairs="late"),
     ),
     Diagnostic(
         "rank",
@@ -244,7 +189,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         aliases=("erank", "effective_rank"),
         requires="multistream",
         needs=("readouts",),
-        figure="depthlens.render.figures:fig_rank",
+        figure="depthlens.diagnostics.figures:fig_rank",
         title="Effective rank (window profile)",
         record=_S + "rank_record",
         record_fields=("erank_full", "erank_late", "n_streams"),
@@ -258,7 +203,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         "AttnRes self-weight, dead prefix k*(ε), consumption",
         requires="depth_softmax",
         needs=("readouts",),
-        figure="depthlens.render.figures:fig_attnres",
+        figure="depthlens.diagnostics.figures:fig_attnres",
         title="AttnRes self-weight and α",
         record=_S + "attnres_record",
         record_fields=("dead_prefix",),
@@ -269,19 +214,19 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         "angular",
         "depthlens.diagnostics.angular:angular_distances",
         "angular distance d(h_l, h_l+n) between residual states",
-        figure="depthlens.render.figures:fig_angular",
+        figure="depthlens.diagnostics.figures:fig_angular",
         title="Angular distance d(h_ℓ, h_ℓ+n)",
         record=_S + "angular_record",
         record_fields=("angular_d1_mean",),
         track=_S + "angular_track",
-        report_opts=_frozen(positions="all"),
+        report_opts=frozen(positions="all"),
     ),
     Diagnostic(
         "mixing",
         "depthlens.diagnostics.attnres:depth_mixing_dataset",
         "depth-mixing matrix M[i → j] (any design)",
         aliases=("depth_mixing",),
-        figure="depthlens.render.figures:fig_mixing",
+        figure="depthlens.diagnostics.figures:fig_mixing",
         title="Depth-mixing matrix M[i → j]",
     ),
     *(
@@ -290,7 +235,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
             f"depthlens.diagnostics.lens:{kind}_lens",
             summary,
             aliases=(f"{kind}lens",),
-            figure="depthlens.render.lens:fig_lens",
+            figure="depthlens.diagnostics.figures:fig_lens",
             title=f"{kind.capitalize()} lens: KL to the final layer and top-1 agreement by relative depth",
             record=f"depthlens.studies.lens_summaries:{kind}_lens_record",
             record_fields=tuple(

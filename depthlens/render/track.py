@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens.designs import SLUGS
-from depthlens.render.figures import design_color, design_name
+from depthlens.plotting.panels import design_color, design_name
 
 # (variable, y label, CI prefix or None)
 ROWS = (

@@ -105,8 +105,8 @@ def _figures(out: Path, d: Mapping[str, xr.Dataset], summary: Mapping[str, Any])
     """Small PNGs (dpi 72) of every diagnostic; returns {key: file name}."""
     import matplotlib.pyplot as plt
 
-    from depthlens.render.figures import causal_scale
-    from depthlens.render.plots import heatmap, save_figure, upper_triangle
+    from depthlens.plotting.panels import causal_scale
+    from depthlens.plotting.plots import heatmap, save_figure, upper_triangle
 
     files: dict[str, str] = {}
     a = summary["late_window_start"]

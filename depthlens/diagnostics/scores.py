@@ -1,0 +1,74 @@
+"""The headline scores' declarations: what a share is taken of, its default θ and grid, unit and labels. Data only
+(no hooks), so a diagnostic's figure can name its threshold without importing the registry that names the figure.
+`registry` re-exports `Grid` and `Score` and builds the diagnostics from these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A default θ grid: "linear" (start..stop inclusive, step) or "log" (`n` log-spaced points start..stop)."""
+
+    kind: str  # "linear" | "log"
+    start: float
+    stop: float
+    step: float = 0.0  # linear only
+    n: int = 0  # log only
+
+
+@dataclass(frozen=True)
+class Score:
+    """One headline score: S(θ) = share of late pairs (i, j) whose score matrix entry is > θ."""
+
+    key: str  # name in sweep/compare `--metric(s)` and in `sweep.headline(ds, key)`
+    var: str  # dataset variable holding the (…, layer, layer_other) matrix
+    theta: float  # the default headline θ (typed nowhere else)
+    unit: str  # CF unit of the score, hence of θ ("1" or "nat")
+    symbol: str  # how tables and titles name it ("C", "P_abs")
+    grid: Grid  # the default θ grid of sweeps and the report's share curves
+    label: str  # what the score is, for axis labels and titles ("causal score (current, max)")
+    definition: str  # one line stating what a share of it measures (headlines, tables)
+    select: Mapping[str, str] = field(default_factory=dict)  # coords picked on `var` for the headline matrix
+    seq_var: str | None = None  # (layer, layer_other, sequence) variable whose sequence mean is `var`: its CI
+    bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
+    optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
+
+    @property
+    def theta_label(self) -> str:
+        """Axis label of θ: 'threshold θ on the causal score [1]'."""
+        return f"threshold θ on {self.label} [{self.unit}]"
+
+
+def frozen(**kw: Any) -> Mapping[str, Any]:
+    return MappingProxyType(kw)
+
+
+LOG_NAT = Grid("log", 0.005, 2.0, n=41)
+CAUSAL = Score(
+    "causal",
+    "causal_score",
+    0.45,
+    "1",
+    "C",
+    Grid("linear", 0.0, 1.5, step=0.05),
+    "the causal score",
+    "causal C(s,t): skip s, relative change of the later update t",
+    select=frozen(aggregator="max", variant="current"),
+)
+PERM_ABS = Score(
+    "perm_abs",
+    "perm_abs",
+    0.15,
+    "nat",
+    "P_abs",
+    LOG_NAT,
+    "P_abs",
+    "permutation P_abs = L(swap i,j) - L(id), nats",
+    seq_var="delta_loss_seq",
+)
