@@ -153,7 +153,7 @@ class _Pruner:
             return self._clean.copy()
         self.forward_layers += (self.L - (removed[0] if removed else self.L)) * self.data.n_seq
         stored = self.journal.get(removed) if self.journal is not None and removed else None
-        if stored is not None:  # computed by an earlier, stopped run
+        if stored is not None and stored.shape == (self.data.n_seq,):  # computed by an earlier, stopped run
             return stored
         start, source = self._start(removed)
         out = []
