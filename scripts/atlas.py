@@ -656,16 +656,29 @@ def _shuffled_section(summaries: list[dict[str, Any]]) -> list[str]:
         "trained − shuffled [95 %] |",
         "|---|---|---|---|---|---|---|",
     ]
-    missing = []
+    missing, verdicts = [], []
     for s in summaries:
         rows = s.get("shuffled_control") or {}
         if not rows:
             missing.append(s["name"])
         for key, r in rows.items():
+            symbol = "C" if key == "causal" else "P_abs"
             lines.append(
-                f"| {s['name']} | {'C' if key == 'causal' else 'P_abs'} | {r['threshold']} | {_iv(r['trained'])} | "
+                f"| {s['name']} | {symbol} | {r['threshold']} | {_iv(r['trained'])} | "
                 f"{_iv(r.get('untrained'))} | {_iv(r['shuffled'])} | {_diff(r.get('trained_minus_shuffled'))} |"
             )
+            d = r.get("trained_minus_shuffled")
+            if d is not None:
+                where = (
+                    "not distinguishable from" if d["low"] <= 0 <= d["high"] else ("above" if d["low"] > 0 else "below")
+                )
+                verdicts.append(f"{s['name']}'s {symbol} share is {where} its shuffled twin's")
+    if verdicts:
+        lines += [
+            "",
+            "From the paired intervals: " + "; ".join(verdicts) + ". Where the trained share is not above the "
+            "shuffled twin's, the weights' scales alone produce it, and it says nothing of what training learned.",
+        ]
     if missing:
         lines += [
             "",

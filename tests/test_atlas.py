@@ -252,6 +252,8 @@ def test_atlas_page_from_a_tiny_model(tmp_path):
     d = shuffled["causal"]["trained_minus_shuffled"]
     assert d["low"] <= d["estimate"] <= d["high"] and d["unit"] == "eval sequences"
     assert "## The second control: the shuffled twin" in page and "| tiny | P_abs |" in page
+    where = "not distinguishable from" if d["low"] <= 0 <= d["high"] else ("above" if d["low"] > 0 else "below")
+    assert f"tiny's C share is {where} its shuffled twin's" in page
     model_page = (out / "README.md").read_text()
     assert "**Permutation, shuffled twin**" in model_page and "not computed (stages `shuffled_*`)" not in model_page
 
