@@ -90,6 +90,12 @@ def _check_heldout_claims(sentence: str, display: str, h: dict) -> None:
         else f"distinguishable only at k = {', '.join(map(str, yes))}"
     )
     assert claim in sentence, claim
+    # the random baselines, in this model's clause: how many draws ran, or that none did
+    clause = sentence.split(f"on {display} at k ≤", 1)[1].split(";", 1)[0]
+    draws = (
+        f"with {h['n_random']} random draws per k and baseline" if h.get("n_random") else "before its random draws ran"
+    )
+    assert draws in clause, (display, draws)
 
 
 def test_readme_sentence_quotes_the_atlas():
@@ -123,6 +129,16 @@ def test_readme_sentence_quotes_the_atlas():
         if head and head.get("untrained"):
             want = f"{DISPLAY[s['name']]} {100 * head['trained']['share']:.0f} % (twin {100 * head['untrained']['share']:.0f} %)"
             assert want in sentence, want
+        shuffled = (s.get("shuffled_control") or {}).get("causal")
+        if shuffled:  # the second control, as the page's paired interval gives it
+            d = shuffled["trained_minus_shuffled"]
+            want = (
+                f"{DISPLAY[s['name']]}'s causal share is then {100 * shuffled['shuffled']['share']:.0f} % (trained − "
+                f"shuffled {100 * d['estimate']:+.1f} pp [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}])"
+            ).replace("-", "−")
+            assert want in sentence, want
+            if d["high"] < 0 or d["low"] <= 0 <= d["high"]:  # not above its shuffled twin: the sentence says so
+                assert "comes from the weights' scales, not from what training learned" in sentence
         perm = {r["metric"]: r for r in s.get("permutation_definitions", [])}.get("perm_abs")
         if perm and perm.get("untrained"):  # the permutation headline, trained beside its twin
             want = (

@@ -320,3 +320,21 @@ def test_report_script_adds_the_permutation_criterion_to_kept_curves(tmp_path):
     assert {"pruning", "pruning (+permutation)", "permutation"} <= set(costs)
     mod.main(args + ["--stages", "pruning", "--resume"])  # nothing left to add: kept
     assert xr.load_dataset(out / "data" / "pruning.nc").identical(curves)
+
+
+def test_a_later_process_keeps_the_first_load_cost(tmp_path):
+    """A process computing more stages of a kept record (--resume) records its own load under a name of its own,
+    so the first load's cost stays in run.json (the atlas's cost table shows both)."""
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    ckpt = tmp_path / "tiny"
+    depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=0), ckpt)
+    mod = load_script("real_model_report")
+    out = tmp_path / "out"
+    args = [str(ckpt), "--out", str(out), "--n-seq", "2", "--seq-len", "24", "--threads", "1", "--no-render"]
+    mod.main(args + ["--stages", "angular"])
+    first = json.loads((out / "data" / "run.json").read_text())["costs"]["load"]
+    mod.main(args + ["--stages", "causal_update", "--resume"])
+    costs = json.loads((out / "data" / "run.json").read_text())["costs"]
+    assert costs["load"] == first and "load (causal_update run)" in costs and "causal_update" in costs
