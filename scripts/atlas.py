@@ -677,7 +677,7 @@ def _shuffled_section(summaries: list[dict[str, Any]]) -> list[str]:
         lines += [
             "",
             "From the paired intervals: " + "; ".join(verdicts) + ". Where the trained share is not above the "
-            "shuffled twin's, the weights' scales alone produce it, and it says nothing of what training learned.",
+            "shuffled twin's, the weights' scales alone give it, so it is no evidence of what training learned.",
         ]
     if missing:
         lines += [

@@ -138,7 +138,10 @@ def test_readme_sentence_quotes_the_atlas():
             ).replace("-", "−")
             assert want in sentence, want
             if d["high"] < 0 or d["low"] <= 0 <= d["high"]:  # not above its shuffled twin: the sentence says so
-                assert "comes from the weights' scales, not from what training learned" in sentence
+                assert (
+                    "the weights' scales alone give that share, so it is no evidence of what training learned"
+                    in sentence
+                )
         perm = {r["metric"]: r for r in s.get("permutation_definitions", [])}.get("perm_abs")
         if perm and perm.get("untrained"):  # the permutation headline, trained beside its twin
             want = (
