@@ -68,3 +68,16 @@ def causal_scale(top: float) -> dict[str, Any]:
     if top > CAUSAL_VMAX:
         return {"vmin": LOG_FLOOR, "vmax": top, "scale": "log", "extend": "min"}
     return {"vmin": 0.0, "vmax": max(1.0, top), "scale": "linear", "extend": "neither"}
+
+
+def legend_right(fig: Figure, handles: dict[str, Any]) -> None:
+    """One legend for the whole figure, outside on the right ({label: artist}; nothing when empty)."""
+    if handles:
+        fig.legend(
+            list(handles.values()),
+            list(handles.keys()),
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            frameon=False,
+            fontsize="small",
+        )

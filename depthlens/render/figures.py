@@ -30,6 +30,7 @@ from depthlens.plotting.panels import (
     design_color,
     design_name,
     finite,
+    legend_right,
     subplots,
 )
 from depthlens.stats.metrics import late_window
@@ -92,14 +93,7 @@ def fig_share_curves(sw: xr.Dataset, metric: str) -> Any:
         ax.set_ylabel("share of late pairs with score > θ [1]")
         ax.set_title(f"L = {L}")
     fig.suptitle(f"threshold sweep: {d.title} (headline θ = {h:g}, dashed)", fontsize=11)
-    fig.legend(
-        list(seen.values()),
-        list(seen.keys()),
-        loc="center left",
-        bbox_to_anchor=(1.0, 0.5),
-        frameon=False,
-        fontsize="small",
-    )
+    legend_right(fig, seen)
     fig.tight_layout()
     return fig
 
@@ -158,15 +152,7 @@ def fig_summary(records: list[dict[str, Any]]) -> Any:
             ax.set_ylim(-0.03, 1.03)
         ax.set_title(label.split(" [")[0], fontsize=10)
     fig.suptitle("does depth turn into computation? headline numbers by design and depth", fontsize=11)
-    if handles:
-        fig.legend(
-            list(handles.values()),
-            list(handles.keys()),
-            loc="center left",
-            bbox_to_anchor=(1.0, 0.5),
-            frameon=False,
-            fontsize="small",
-        )
+    legend_right(fig, handles)
     fig.tight_layout()
     return fig
 

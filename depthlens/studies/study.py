@@ -42,20 +42,28 @@ def _noop(_: str) -> None:
     pass
 
 
-def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """'causal,permutation' (or a list; registry aliases such as 'permute' too) → canonical-order tuple;
-    ValueError (usage) on unknown names."""
-    every, known = registry.names(), registry.aliases()
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in known]
-    names = [registry.get(n).name for n in names if n in known]
-    if bad or not names:
+def choose_metrics(
+    spec: str | Sequence[str], every: Sequence[str], canonical: Callable[[str], str | None]
+) -> tuple[str, ...]:
+    """`--metrics`: 'a,b' (or a list) → the chosen names of `every`, in `every`'s order. `canonical` maps a given
+    name (an alias too) to its name in `every`, None when it has none; UsageError names the unknown ones."""
+    given = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    names = [canonical(n) for n in given]
+    bad = [g for g, n in zip(given, names, strict=True) if n is None or n not in every]
+    if bad or not given:
         raise UsageError(
             f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
             if bad
             else f"--metrics: give at least one of {','.join(every)}"
         )
     return tuple(m for m in every if m in names)
+
+
+def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """'causal,permutation' (or a list; registry aliases such as 'permute' too) → canonical-order tuple;
+    UsageError on unknown names."""
+    known = registry.aliases()
+    return choose_metrics(spec, registry.names(), lambda n: registry.get(n).name if n in known else None)
 
 
 UNTRAINED_PERM_FOR = ("all", "claims")

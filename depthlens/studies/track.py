@@ -41,7 +41,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics import registry
-from depthlens.errors import DepthlensError, UsageError
+from depthlens.errors import DepthlensError
 from depthlens.runtime.defaults import DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-exported: callers import it from here)
@@ -63,6 +63,7 @@ from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-ex
     scan_run,
     signature,
 )
+from depthlens.studies.study import choose_metrics
 
 DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS  # the ε of the report's dead-prefix column
 
@@ -103,16 +104,7 @@ class TrackOptions:
 
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
     """'causal,erank' (registry aliases too: perm, rank, ...) → the registry-order tuple of tracked names."""
-    every = tracked()
-    names = [_track_name(s.strip()) for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in every]
-    if bad or not names:
-        raise UsageError(
-            f"--metrics: unknown {', '.join(map(repr, bad))}; choose from {','.join(every)}"
-            if bad
-            else f"--metrics: give at least one of {','.join(every)}"
-        )
-    return tuple(m for m in every if m in names)
+    return choose_metrics(spec, tracked(), _track_name)
 
 
 def _track_name(name: str) -> str:
