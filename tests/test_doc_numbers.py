@@ -174,3 +174,21 @@ def test_performance_pruning_anchor_numbers_are_the_bench():
     )
     text = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     assert want in text, want
+
+
+def test_performance_precision_table_is_the_bench():
+    """docs/performance.md's --precision table is reports/bench/precision.json, row by row."""
+    runs = json.loads((ROOT / "reports" / "bench" / "precision.json").read_text())["runs"]
+    text = (ROOT / "docs" / "performance.md").read_text()
+    for r in runs:
+        name = r["model"].split("/")[-1].removesuffix(".gguf")
+        cap = " (the cap stopped it)" if r["cap_hit"] else ""
+        row = (
+            f"| {name} | {r['diagnostic']} | {r['sequences_used']} | {r['half_width_reached']:.3f}{cap} | "
+            f"{100 * r['forward_passes_saved_fraction']:.0f} % |"
+        )
+        assert row in text, row
+        assert r["forward_passes_saved_fraction"] == 1 - r["sequences_used"] / r["sequences_fixed"]
+    assert {"smollm2", "qwen2.5-coder-0.5b"} <= {
+        n for r in runs for n in ("smollm2", "qwen2.5-coder-0.5b") if n in r["model"]
+    }
