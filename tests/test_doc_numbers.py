@@ -189,6 +189,6 @@ def test_performance_precision_table_is_the_bench():
         )
         assert row in text, row
         assert r["forward_passes_saved_fraction"] == 1 - r["sequences_used"] / r["sequences_fixed"]
-    assert {"smollm2", "qwen2.5-coder-0.5b"} <= {
-        n for r in runs for n in ("smollm2", "qwen2.5-coder-0.5b") if n in r["model"]
-    }
+    qwen = next(r for r in runs if "qwen2.5-coder-0.5b" in r["model"] and r["diagnostic"] == "causal")
+    assert any("smollm2" in r["model"] for r in runs)  # the zoo, SmolLM2 and Qwen, as the speed issue asks
+    assert f"causal headline was ±{qwen['steps'][0][1]:.3f} at {qwen['steps'][0][0]}" in " ".join(text.split())
