@@ -137,6 +137,15 @@ def test_readme_sentence_quotes_the_atlas():
                 f"shuffled {100 * d['estimate']:+.1f} pp [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}])"
             ).replace("-", "−")
             assert want in sentence, want
+            perm_sh = (s.get("shuffled_control") or {}).get("perm_abs")
+            if perm_sh and f"{DISPLAY[s['name']]}'s late-swap share" in sentence:
+                p = perm_sh["trained_minus_shuffled"]
+                numbers = (
+                    f"{100 * perm_sh['shuffled']['share']:.0f} % shuffled (trained − shuffled {100 * p['estimate']:+.1f} "
+                    f"pp [{100 * p['low']:+.1f}, {100 * p['high']:+.1f}])"
+                ).replace("-", "−")
+                want = f"{DISPLAY[s['name']]}'s late-swap share falls to {numbers}, so that one training made"
+                assert want in sentence and p["low"] > 0, want
             if d["high"] < 0 or d["low"] <= 0 <= d["high"]:  # not above its shuffled twin: the sentence says so
                 assert (
                     "the weights' scales alone give that share, so it is no evidence of what training learned"
