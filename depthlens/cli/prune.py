@@ -96,7 +96,9 @@ def prune(
     kept = sum(max(0, len(f.read_text().splitlines()) - 1) for f in journal.glob("*.jsonl")) if journal.is_dir() else 0
     if kept:
         typer.echo(
-            f"replaying up to {kept} cuts an earlier run computed on this model and eval data ({journal})", err=True
+            f"replaying up to {kept} cuts an earlier run computed on this model and eval data, if its journal "
+            f"matches this run (threads, versions, clean losses; else it is set aside): {journal}",
+            err=True,
         )
     with busy(f"prune {Path(ckpt).name}") as p:
         cert = certify(
