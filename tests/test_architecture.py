@@ -118,13 +118,6 @@ def test_no_import_from_a_lower_layer_up():
 
 # a "module:function" string imported on first use, or its "module:" prefix joined to names later
 HOOK = re.compile(r"""["'](depthlens(?:\.\w+)+):\w*["']""")
-# The registry's string-named hooks that still point up a layer: each shipped diagnostic's report record, track
-# series and terminal view (studies); its figure is drawn a layer below already (diagnostics/figures.py). This list only shrinks: the house issue moves each
-# diagnostic's hooks into its own package on plotting primitives below it, and takes its entries off.
-KNOWN_UPWARD_HOOKS = {
-    ("depthlens.diagnostics.registry", "depthlens.studies.summaries"),
-    ("depthlens.diagnostics.registry", "depthlens.studies.lens_summaries"),
-}
 
 
 def string_hook_edges(modules: dict[str, Path]) -> set[tuple[str, str]]:
@@ -138,17 +131,16 @@ def string_hook_edges(modules: dict[str, Path]) -> set[tuple[str, str]]:
     }
 
 
-def test_string_named_hooks_run_up_no_further_than_listed():
-    """The registry's "module:function" hooks are import edges too: none forms a cycle with the real imports,
-    and the only ones that point up a layer are the listed debt (a new one fails; a removed one must leave the
-    list)."""
+def test_string_named_hooks_never_point_up_and_close_no_cycle():
+    """The registry's "module:function" hooks are import edges too: each diagnostic's engine, record, track
+    series, view and figure sit in the diagnostics layer or below, and none closes a cycle with the real imports."""
     modules = _modules()
     hooks = string_hook_edges(modules)
     assert ("depthlens.diagnostics.registry", "depthlens.diagnostics.causal") in hooks  # the checker sees them
     assert all(b in modules for _, b in hooks), sorted(b for _, b in hooks if b not in modules)
-    up = {(a, b) for a, b in hooks if (_layer(a) or 0) < (_layer(b) or 0)}
-    assert up == KNOWN_UPWARD_HOOKS, f"new: {sorted(up - KNOWN_UPWARD_HOOKS)}; gone: {sorted(KNOWN_UPWARD_HOOKS - up)}"
-    cycles = _cycles(import_edges(modules) | (hooks - KNOWN_UPWARD_HOOKS))
+    up = sorted(f"{a} -> {b}" for a, b in hooks if (_layer(a) or 0) < (_layer(b) or 0))
+    assert not up, "string hooks pointing up a layer:\n" + "\n".join(up)
+    cycles = _cycles(import_edges(modules) | hooks)
     assert not cycles, "import cycles through string hooks:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 

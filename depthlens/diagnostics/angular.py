@@ -17,7 +17,7 @@ Representations (`repr`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -25,7 +25,8 @@ import torch
 import xarray as xr
 
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import make_dataset
+from depthlens.io.dataset import kept_var, make_dataset
+from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import State
 from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
@@ -161,3 +162,20 @@ def profile_summary(ds: xr.Dataset) -> dict[str, Any]:
     prof = ds["profile"].values
     prof = prof[np.isfinite(prof)]  # D_1(l) exists for l = 0..L-1
     return {"profile": [float(x) for x in prof], "most_prunable_block": int(np.argmin(prof)) if len(prof) else None}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# its report row and `track` variables (registry hooks)
+
+
+def angular_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The mean angular distance between consecutive residual states (over the model's layers)."""
+    if "profile" not in ds:
+        return {}
+    prof = np.asarray(ds["profile"].values, dtype=float)[: int(row["n_layer"])]
+    return {"angular_d1_mean": finite_or_none(np.nanmean(prof)) if np.isfinite(prof).any() else None}
+
+
+def angular_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
+    prof = kept_var(ds["profile"], "angular distance between consecutive residual states d(h_l, h_l+1)")
+    return {"angular_profile": prof.rename(layer="state")}

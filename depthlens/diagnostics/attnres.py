@@ -24,8 +24,9 @@ import torch
 import xarray as xr
 from einops import rearrange
 
+from depthlens.diagnostics.scores import DEAD_PREFIX_EPS
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import make_dataset
+from depthlens.io.dataset import kept_var, make_dataset, scalar_var
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts, readout_key
 from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
@@ -312,3 +313,34 @@ def depth_mixing_dataset(
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens depth-mixing matrix",
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# its report row and `track` variables (registry hooks)
+
+
+def _dead_prefix_at(ds: xr.Dataset, eps_wanted: float, tol: float) -> float | None:
+    """k*(ε) at ε = eps_wanted when the engine's ε grid holds it, else None."""
+    eps = np.asarray(ds["eps"].values, dtype=float)
+    k = int(np.argmin(np.abs(eps - eps_wanted)))
+    return float(ds["dead_prefix"].values[k]) if abs(eps[k] - eps_wanted) < tol else None
+
+
+def attnres_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The dead prefix k*(ε) at the report's ε."""
+    if "dead_prefix" not in ds:
+        return {}
+    k = _dead_prefix_at(ds, DEAD_PREFIX_EPS, 1e-9)
+    return {} if k is None else {"dead_prefix": int(k)}
+
+
+def attnres_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
+    """The self-weight per layer and k*(ε) at track's `--eps`."""
+    dead = _dead_prefix_at(ds, opts.eps, 1e-12)
+    return {
+        "self_weight": kept_var(ds["self_weight"], "AttnRes self-weight per layer (token mean)"),
+        "dead_prefix": scalar_var(
+            np.nan if dead is None else dead,
+            f"dead prefix k*({opts.eps:g}): leading layers with self-weight below {opts.eps:g}",
+        ),
+    }

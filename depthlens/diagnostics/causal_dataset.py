@@ -6,7 +6,7 @@ layer-skip loss, clean loss), with the options and cut positions the run used in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,8 @@ import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics.causal_arms import _CellStore, _nanmax
-from depthlens.io.dataset import make_dataset
+from depthlens.io.dataset import kept_var, make_dataset, scalar_var
+from depthlens.io.jsonsafe import finite_or_none
 from depthlens.runtime.evaldata import EvalData, model_provenance
 from depthlens.stats.metrics import late_window
 
@@ -207,3 +208,28 @@ def skip_summary(ds: xr.Dataset) -> dict[str, Any] | None:
         "max_output_effect": float(o[so]),
         "max_output_effect_layer": so,
     }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# its report row and `track` variables (registry hooks; the headline share itself is the generic summary's)
+
+
+def causal_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The eval loss, from the clean forward of the causal engine."""
+    if "clean_loss_seq" not in ds:
+        return {}
+    v = ds["clean_loss_seq"].values
+    return {"eval_loss": finite_or_none(np.nanmean(v)) if np.isfinite(v).any() else None}
+
+
+def causal_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
+    """Besides the headline share: C(s, t) (current, max) under its full name, the noise floor and the clean loss."""
+    score, null = ds["causal_score"], ds.get("null_score")
+    sel = {k: v for k, v in (("aggregator", "max"), ("variant", "current")) if k in score.dims}
+    out = {"causal_score": kept_var(score.sel(sel), "causal score C(s, t), current variant, max over tokens")}
+    floor = None
+    if null is not None:
+        floor = float(null.sel(variant="current").values if "variant" in null.dims else null.values)
+    out["causal_noise_floor"] = scalar_var(floor, "causal score of a null intervention")
+    out["eval_loss"] = scalar_var(float(ds["clean_loss_seq"].mean()), "clean next-token loss on the eval tokens", "nat")
+    return out

@@ -17,7 +17,7 @@ paired standard errors and bootstrap CIs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,8 @@ import xarray as xr
 
 from depthlens.diagnostics.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import make_dataset
+from depthlens.io.dataset import kept_var, make_dataset
+from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import RunContext, State, state_cat, state_select
 from depthlens.runtime.distributed import agree, merge, shard, world
@@ -314,3 +315,19 @@ def _dataset(
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens permutation score (swap layers i and j)",
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# its report row and `track` variables (registry hooks; the headline share itself is the generic summary's)
+
+
+def permutation_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The eval loss from the identity order, where the causal engine did not give it."""
+    if row.get("eval_loss") is None and "clean_loss" in ds:
+        return {"eval_loss": finite_or_none(ds["clean_loss"].values)}
+    return {}
+
+
+def permutation_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
+    """Besides the headline share: P_abs under its full name."""
+    return {"perm_abs": kept_var(ds["perm_abs"], "loss increase when layers i and j swap (P_abs)", "nat")}

@@ -29,7 +29,8 @@ import xarray as xr
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import make_dataset
+from depthlens.io.dataset import kept_var, make_dataset
+from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts
 from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
@@ -266,3 +267,23 @@ def effective_rank_dataset(
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens effective rank of residual-mixing products",
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# its report row and `track` variables (registry hooks)
+
+
+def rank_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
+    """erank of the full and the late-window product (token mean), and the stream count."""
+    out = {
+        "erank_full": finite_or_none(ds["erank"].sel(product="full", statistic="mean").values),
+        "erank_late": finite_or_none(ds["erank"].sel(product="late", statistic="mean").values),
+    }
+    if "n_streams" in ds.coords:
+        out["n_streams"] = int(ds["n_streams"].values)
+    return out
+
+
+def rank_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
+    mean = ds["erank"].sel(statistic="mean")
+    return {"erank": kept_var(mean, "effective rank of the residual-mixing product (token mean)")}

@@ -27,6 +27,7 @@ from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
 
 from .scores import CAUSAL as CAUSAL
+from .scores import DEAD_PREFIX_EPS as DEAD_PREFIX_EPS
 from .scores import LOG_NAT, frozen
 from .scores import PERM_ABS as PERM_ABS
 from .scores import Grid as Grid
@@ -37,8 +38,6 @@ if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
 
     from depthlens.models.protocol import LayeredLM
     from depthlens.runtime.evaldata import EvalData
-
-DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column and of `track`
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,6 @@ class Diagnostic:
         return tuple(c for c in self.needs if c not in have)
 
 
-_S = "depthlens.studies.summaries:"  # the shipped diagnostics' record, track and view hooks
-
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic(
         "causal",
@@ -139,9 +136,9 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         ),
         figure="depthlens.diagnostics.figures:fig_causal",
         title="Causal score C(s, t) (current, max)",
-        record=_S + "causal_record",
+        record="depthlens.diagnostics.causal_dataset:causal_record",
         record_fields=("causal_noise_floor",),
-        track=_S + "causal_track",
+        track="depthlens.diagnostics.causal_dataset:causal_track",
         report_opts=frozen(variants=("current",), layers="all"),
         late_opts=frozen(layers="late"),
     ),
@@ -177,8 +174,8 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         ),
         figure="depthlens.diagnostics.figures:fig_permutation",
         title="Permutation score P_abs (late pairs)",
-        record=_S + "permutation_record",
-        track=_S + "permutation_track",
+        record="depthlens.diagnostics.permutation:permutation_record",
+        track="depthlens.diagnostics.permutation:permutation_track",
         report_opts=frozen(swap="body", pairs="late"),
         late_opts=frozen(pairs="late"),
     ),
@@ -191,10 +188,10 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         needs=("readouts",),
         figure="depthlens.diagnostics.figures:fig_rank",
         title="Effective rank (window profile)",
-        record=_S + "rank_record",
+        record="depthlens.diagnostics.rank:rank_record",
         record_fields=("erank_full", "erank_late", "n_streams"),
         columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
-        track=_S + "rank_track",
+        track="depthlens.diagnostics.rank:rank_track",
         track_name="erank",
     ),
     Diagnostic(
@@ -205,10 +202,10 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         needs=("readouts",),
         figure="depthlens.diagnostics.figures:fig_attnres",
         title="AttnRes self-weight and α",
-        record=_S + "attnres_record",
+        record="depthlens.diagnostics.attnres:attnres_record",
         record_fields=("dead_prefix",),
         columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
-        track=_S + "attnres_track",
+        track="depthlens.diagnostics.attnres:attnres_track",
     ),
     Diagnostic(
         "angular",
@@ -216,9 +213,9 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         "angular distance d(h_l, h_l+n) between residual states",
         figure="depthlens.diagnostics.figures:fig_angular",
         title="Angular distance d(h_ℓ, h_ℓ+n)",
-        record=_S + "angular_record",
+        record="depthlens.diagnostics.angular:angular_record",
         record_fields=("angular_d1_mean",),
-        track=_S + "angular_track",
+        track="depthlens.diagnostics.angular:angular_track",
         report_opts=frozen(positions="all"),
     ),
     Diagnostic(
@@ -237,12 +234,12 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
             aliases=(f"{kind}lens",),
             figure="depthlens.diagnostics.figures:fig_lens",
             title=f"{kind.capitalize()} lens: KL to the final layer and top-1 agreement by relative depth",
-            record=f"depthlens.studies.lens_summaries:{kind}_lens_record",
+            record=f"depthlens.diagnostics.lens_summary:{kind}_lens_record",
             record_fields=tuple(
                 f"{kind}_lens_{k}" for k in ("forms", "forms_low", "forms_high", "kl_mid", "agree_mid", "forms_at")
             ),
             columns=(Column(f"{kind} lens forms at l/L", f"{kind} forms", f"{kind}_lens_forms", ".2f"),),
-            view="depthlens.studies.lens_summaries:lens_view",
+            view="depthlens.diagnostics.lens_summary:lens_view",
         )
         for kind, summary in (
             ("logit", "logit lens: KL to the final layer, target rank and top-1 agreement at every layer boundary"),

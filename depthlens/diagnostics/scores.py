@@ -49,6 +49,8 @@ def frozen(**kw: Any) -> Mapping[str, Any]:
     return MappingProxyType(kw)
 
 
+DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column (attnres) and of `track`
+
 LOG_NAT = Grid("log", 0.005, 2.0, n=41)
 CAUSAL = Score(
     "causal",

@@ -172,6 +172,17 @@ def make_dataset(
     return ds
 
 
+def scalar_var(v: Any, long_name: str, units: str = "1") -> xr.DataArray:
+    """A 0-d float64 variable (NaN for None) with its long name and units: one `track` snapshot's number."""
+    return xr.DataArray(np.float64(np.nan if v is None else v), attrs={"long_name": long_name, "units": units})
+
+
+def kept_var(da: xr.DataArray, long_name: str, units: str = "1") -> xr.DataArray:
+    """`da` without its non-dimension coords (a `.sel` leaves them), relabelled: one `track` snapshot's array."""
+    da = da.drop_vars([c for c in da.coords if c not in da.dims])
+    return da.assign_attrs(long_name=long_name, units=units)
+
+
 def label_coords(ds: xr.Dataset, metric: str | None = None) -> xr.Dataset:
     """In place: a coordinate on every dimension (0..n-1 where the engine gave none) and a `long_name` on every
     coordinate (`COORD_LONG_NAMES`, else the name in words). Index coordinates carry no units (plots label axes

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
+from depthlens.io.dataset import kept_var, scalar_var
 from depthlens.io.jsonsafe import finite_or_none as _f
 
 UNTRAINED_RECORD_FIELDS = registry.UNTRAINED_RECORD_FIELDS  # read off the untrained model's datasets too
@@ -106,52 +106,6 @@ def record_fields(
     return out
 
 
-def causal_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    """The eval loss, from the clean forward of the causal engine."""
-    if "clean_loss_seq" not in ds:
-        return {}
-    v = ds["clean_loss_seq"].values
-    return {"eval_loss": _f(np.nanmean(v)) if np.isfinite(v).any() else None}
-
-
-def permutation_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    """The eval loss from the permutation engine's identity order, where the causal one did not give it."""
-    if row.get("eval_loss") is None and "clean_loss" in ds:
-        return {"eval_loss": _f(ds["clean_loss"].values)}
-    return {}
-
-
-def rank_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    out = {
-        "erank_full": _f(ds["erank"].sel(product="full", statistic="mean").values),
-        "erank_late": _f(ds["erank"].sel(product="late", statistic="mean").values),
-    }
-    if "n_streams" in ds.coords:
-        out["n_streams"] = int(ds["n_streams"].values)
-    return out
-
-
-def _dead_prefix_at(ds: xr.Dataset, eps_wanted: float, tol: float) -> float | None:
-    """k*(ε) at ε = eps_wanted when the engine's ε grid holds it, else None."""
-    eps = np.asarray(ds["eps"].values, dtype=float)
-    k = int(np.argmin(np.abs(eps - eps_wanted)))
-    return float(ds["dead_prefix"].values[k]) if abs(eps[k] - eps_wanted) < tol else None
-
-
-def attnres_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    if "dead_prefix" not in ds:
-        return {}
-    k = _dead_prefix_at(ds, registry.DEAD_PREFIX_EPS, 1e-9)
-    return {} if k is None else {"dead_prefix": int(k)}
-
-
-def angular_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    if "profile" not in ds:
-        return {}
-    prof = np.asarray(ds["profile"].values, dtype=float)[: int(row["n_layer"])]
-    return {"angular_d1_mean": _f(np.nanmean(prof)) if np.isfinite(prof).any() else None}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # track
 
@@ -174,34 +128,26 @@ def _track_headline(ds: xr.Dataset, key: str, opts: TrackSummaryOptions) -> dict
     )
 
 
-def _scalar(v: Any, name: str, units: str = "1") -> xr.DataArray:
-    return xr.DataArray(np.float64(np.nan if v is None else v), attrs={"long_name": name, "units": units})
-
-
-def _keep(da: xr.DataArray, long_name: str, units: str = "1") -> xr.DataArray:
-    da = da.drop_vars([c for c in da.coords if c not in da.dims])
-    return da.assign_attrs(long_name=long_name, units=units)
-
-
 def share_vars(prefix: str, h: Mapping[str, Any], label: str) -> dict[str, xr.DataArray]:
     """The share, its bootstrap CI and its shard mean/sd as scalar variables `<prefix>_*`."""
     return {
-        f"{prefix}_share": _scalar(h.get("share"), f"share of late pairs with {label}"),
-        f"{prefix}_ci_low": _scalar(h.get("ci_low"), f"{label}: bootstrap CI low (95%, over sequences)"),
-        f"{prefix}_ci_high": _scalar(h.get("ci_high"), f"{label}: bootstrap CI high (95%, over sequences)"),
-        f"{prefix}_shard_mean": _scalar(h.get("shard_mean"), f"{label}: mean share over 5 disjoint eval shards"),
-        f"{prefix}_shard_sd": _scalar(h.get("shard_sd"), f"{label}: sd of the share over 5 eval shards"),
+        f"{prefix}_share": scalar_var(h.get("share"), f"share of late pairs with {label}"),
+        f"{prefix}_ci_low": scalar_var(h.get("ci_low"), f"{label}: bootstrap CI low (95%, over sequences)"),
+        f"{prefix}_ci_high": scalar_var(h.get("ci_high"), f"{label}: bootstrap CI high (95%, over sequences)"),
+        f"{prefix}_shard_mean": scalar_var(h.get("shard_mean"), f"{label}: mean share over 5 disjoint eval shards"),
+        f"{prefix}_shard_sd": scalar_var(h.get("shard_sd"), f"{label}: sd of the share over 5 eval shards"),
     }
 
 
 def track_vars(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    """The per-step variables `track` keeps from one engine result of `d` (no `step` dim yet)."""
-    if d.track:
-        tracked: dict[str, xr.DataArray] = registry.resolve(d.track)(ds, opts)
-        return tracked
-    if d.headline is None:
+    """The per-step variables `track` keeps from one engine result of `d` (no `step` dim yet): the generic
+    headline share and score matrix (if `d` has a headline), updated with its own `track` hook's variables."""
+    if not d.tracked:
         raise DepthlensError(f"{d.name} is not tracked over training (no headline score and no track hook)")
-    return headline_track(d, ds, opts)
+    out = headline_track(d, ds, opts) if d.headline else {}
+    if d.track:
+        out.update(registry.resolve(d.track)(ds, opts))
+    return out
 
 
 def headline_track(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
@@ -211,47 +157,7 @@ def headline_track(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOpt
     s = d.headline
     assert s is not None
     theta = track_theta(opts, s.key)
-    out = share_vars(d.prefix, _track_headline(ds, s.key, opts), f"{s.symbol} > {theta:g} {s.unit}")
-    out[s.var] = _keep(score_matrix(ds, s.key, s.select.get("aggregator"), s.select.get("variant")), s.label, s.unit)
+    unit = "" if s.unit == "1" else f" {s.unit}"
+    out = share_vars(d.prefix, _track_headline(ds, s.key, opts), f"{s.symbol} > {theta:g}{unit}")
+    out[s.var] = kept_var(score_matrix(ds, s.key, s.select.get("aggregator"), s.select.get("variant")), s.label, s.unit)
     return out
-
-
-def causal_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    from depthlens.diagnostics.sweep import score_matrix
-
-    h = _track_headline(ds, "causal", opts)
-    out = share_vars("causal", h, f"causal score > {opts.causal_threshold}")
-    out["causal_score"] = _keep(
-        score_matrix(ds, "causal", "max", "current"), "causal score C(s, t), current variant, max over tokens"
-    )
-    out["causal_noise_floor"] = _scalar(h.get("noise_floor"), "causal score of a null intervention")
-    out["eval_loss"] = _scalar(float(ds["clean_loss_seq"].mean()), "clean next-token loss on the eval tokens", "nat")
-    return out
-
-
-def permutation_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    out = share_vars("perm", _track_headline(ds, "perm_abs", opts), f"P_abs > {opts.perm_threshold} nat")
-    out["perm_abs"] = _keep(ds["perm_abs"], "loss increase when layers i and j swap (P_abs)", "nat")
-    return out
-
-
-def rank_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    return {
-        "erank": _keep(ds["erank"].sel(statistic="mean"), "effective rank of the residual-mixing product (token mean)")
-    }
-
-
-def attnres_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    dead = _dead_prefix_at(ds, opts.eps, 1e-12)
-    return {
-        "self_weight": _keep(ds["self_weight"], "AttnRes self-weight per layer (token mean)"),
-        "dead_prefix": _scalar(
-            np.nan if dead is None else dead,
-            f"dead prefix k*({opts.eps:g}): leading layers with self-weight below {opts.eps:g}",
-        ),
-    }
-
-
-def angular_track(ds: xr.Dataset, opts: TrackSummaryOptions) -> dict[str, xr.DataArray]:
-    prof = _keep(ds["profile"], "angular distance between consecutive residual states d(h_l, h_l+1)")
-    return {"angular_profile": prof.rename(layer="state")}

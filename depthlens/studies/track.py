@@ -297,7 +297,8 @@ def change_from_init(
     """Last snapshot minus the step-0 (untrained) one for each headline share, with its 95 % interval paired
     over the eval sequences (`sweep.paired_share_difference`): what training changed."""
     from depthlens.diagnostics.sweep import paired_share_difference
-    from depthlens.studies.summaries import _scalar, track_theta
+    from depthlens.io.dataset import scalar_var
+    from depthlens.studies.summaries import track_theta
 
     out = {}
     for diag in registry.diagnostics():
@@ -318,9 +319,9 @@ def change_from_init(
         except (DepthlensError, ValueError):
             d = None
         label = f"{prefix} share, last snapshot minus step 0 (untrained)"
-        out[f"{prefix}_change"] = _scalar(None if d is None else d.estimate, label)
-        out[f"{prefix}_change_low"] = _scalar(None if d is None else d.low, f"{label}: 95% interval low")
-        out[f"{prefix}_change_high"] = _scalar(None if d is None else d.high, f"{label}: 95% interval high")
+        out[f"{prefix}_change"] = scalar_var(None if d is None else d.estimate, label)
+        out[f"{prefix}_change_low"] = scalar_var(None if d is None else d.low, f"{label}: 95% interval low")
+        out[f"{prefix}_change_high"] = scalar_var(None if d is None else d.high, f"{label}: 95% interval high")
         if d is not None:
             out[f"{prefix}_change"].attrs.update(interval_method=d.method, interval_unit=d.unit)
     return out
