@@ -44,7 +44,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import DepthlensError
 from ..models.hook_contract import fire_read_only
-from ..models.protocol import check_run_layers_args, same_logits
+from ..models.protocol import LayerLoop, LayerStep, same_logits
 from ..models.readouts import Readouts, readout_key, sublayer_label
 from ..models.residual.base import Design, RunContext, State, apply_keep, keep_input
 from .base import _lens_config, setup_own_hooks
@@ -52,7 +52,6 @@ from .placement import Placement, move
 from .userref import PICKLE_HINT, Ref, pair_weights, parse_ref
 
 UserState = Any  # torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
-OnLayer = Callable[[int, State, torch.Tensor], None]
 Mix = Mapping[str, Any]
 
 __all__ = [
@@ -218,7 +217,7 @@ def _zero_where(out: Any, keep: torch.Tensor, where: str) -> Any:
     raise DescriptionError(f"{where} returned {type(out).__name__}; a writer returns a tensor (B, T, ...)")
 
 
-class DescribedModel(HookedRootModule):
+class DescribedModel(LayerLoop, HookedRootModule):
     """The LayeredLM protocol over a user's module, from its `Description` (see the module docstring); a
     TransformerLens `HookedRootModule` with read-only hook points on the residual view: `hook_embed`,
     `blocks.{i}.hook_resid_pre` / `hook_resid_post` and `hook_resid_final` (edit the model's own modules instead)."""
@@ -409,44 +408,27 @@ class DescribedModel(HookedRootModule):
         self._fire(self.hook_embed, state)
         return state
 
-    def run_layers(
-        self,
-        state: State,
-        ctx: RunContext,
-        start: int = 0,
-        stop: int | None = None,
-        *,
-        keep: dict[int, torch.Tensor] | None = None,
-        unit: str = "block",
-        order: list[int] | None = None,
-        swap: str = "body",
-        on_layer: OnLayer | None = None,
-    ) -> State:
-        """Blocks at positions start..stop-1 (block order[p] at p); keep {pos: (B, T)}: 0 = skip there."""
-        if unit in ("attn", "mlp") and unit not in self.units:
-            raise ValueError(f"unit={unit!r} needs the description's sublayers (two writers per block: attention, MLP)")
-        check_run_layers_args(self.n_layer, unit, swap, order, units=self.units)
-        stop = self.n_layer if stop is None else stop
-        keep = keep or {}
-        for pos in range(start, stop):
-            src = order[pos] if order is not None else pos
-            home, dev = self._home(pos, state), self._home(src, state)
-            before = move(state, dev)
-            self._fire(self._hook(pos, "pre"), before)
-            after = self._call(src, before, keep.get(pos), unit)
-            self._fire(self._hook(pos, "post"), after)
-            if on_layer is not None or ctx.record is not None:
-                mix = self._mixing(src) if self.description.mixing is not None else []
-                if ctx.record is not None:
-                    for i, m in enumerate(mix):
-                        for name, v in m.items():
-                            ctx.put(name, v, sublayer=2 * pos + i)
-                if on_layer is not None:
-                    update = self._update(before, after, mix)
-                    after = move(after, home)
-                    on_layer(pos, after, update.to(home))
-            state = move(after, home)
-        return state
+    unit_refusal = "unit={unit!r} needs the description's sublayers (two writers per block: attention, MLP)"
+
+    def run_position(self, state: State, ctx: RunContext, step: LayerStep) -> tuple[State, torch.Tensor | None]:
+        """Block `src` at position `pos`; keep (B, T): 0 = skip its write(s) there. The mixing objects are
+        computed only for a readout or a recording context."""
+        pos, src = step.pos, step.src
+        home, dev = self._home(pos, state), self._home(src, state)
+        before = move(state, dev)
+        self._fire(self._hook(pos, "pre"), before)
+        after = self._call(src, before, step.keep, step.unit)
+        self._fire(self._hook(pos, "post"), after)
+        update = None
+        if step.want_update or ctx.record is not None:
+            mix = self._mixing(src) if self.description.mixing is not None else []
+            if ctx.record is not None:
+                for i, m in enumerate(mix):
+                    for name, v in m.items():
+                        ctx.put(name, v, sublayer=2 * pos + i)
+            if step.want_update:
+                update = self._update(before, after, mix).to(home)
+        return move(after, home), update
 
     def _call(self, i: int, state: State, keep: torch.Tensor | None = None, unit: str = "block") -> State:
         """Block i on `state`; keep (B, T): 0 = skip (writers zeroed, or the input passed through)."""

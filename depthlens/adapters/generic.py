@@ -26,7 +26,7 @@ Provenance records `adapter_path = "generic-blocks"`. A model without exactly on
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -37,14 +37,13 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.hook_contract import fire
-from ..models.protocol import Unembedding, check_run_layers_args, head_hooked, same_logits
+from ..models.protocol import LayerLoop, LayerStep, Unembedding, head_hooked, same_logits
 from ..models.residual.base import Design, RunContext, State, keep_input
 from .base import AdapterSpec, ForeignConfig, _lens_config, setup_own_hooks
 
 if TYPE_CHECKING:
     from .placement import Placement
 
-OnLayer = Callable[[int, State, torch.Tensor], None]
 COPIED_ATTRS = ("attention_type", "layer_idx", "is_sliding", "sliding_window", "layer_type")
 
 
@@ -127,7 +126,7 @@ def check_generic(hf: Any) -> None:  # hf: a transformers PreTrainedModel
         raise refuse
 
 
-class GenericBlocksModel(HookedRootModule):
+class GenericBlocksModel(LayerLoop, HookedRootModule):
     """LayeredLM over an HF decoder-only `*ForCausalLM` at block level (see module docstring)."""
 
     adapter_path = "generic-blocks"
@@ -305,46 +304,27 @@ class GenericBlocksModel(HookedRootModule):
         ctx.put("h0", h)
         return {"h": h}
 
-    def run_layers(
-        self,
-        state: State,
-        ctx: RunContext,
-        start: int = 0,
-        stop: int | None = None,
-        *,
-        keep: dict[int, torch.Tensor] | None = None,
-        unit: str = "block",
-        order: list[int] | None = None,
-        swap: str = "body",
-        on_layer: OnLayer | None = None,
-    ) -> State:
-        """Blocks at positions start..stop-1; keep {pos: (B, T)}: 0 = the block's input passes through."""
-        if unit in ("attn", "mlp"):
-            raise ValueError(
-                "the generic-blocks path skips whole blocks only (unit='block'); attn/mlp sublayers "
-                "need a hand-mapped adapter"
-            )
-        check_run_layers_args(self.n_layer, unit, swap, order, units=("block",))
-        stop = self.n_layer if stop is None else stop
-        keep = keep or {}
-        h = state["h"]
-        for pos in range(start, stop):
-            src = order[pos] if order is not None else pos
-            hk = self.blocks[pos]
-            home, dev = self._home(pos, h), self._home(src, h)  # block src runs on its device; the state comes home
-            h = fire(hk.hook_resid_pre, h.to(dev))
-            # the arguments the model's loop passes at this position (Csordás: the list is permuted)
-            rest, kw = self._calls_on(ctx, pos, dev)
-            out = self.layers[src](h, *rest, **kw)
-            out = out[0] if isinstance(out, tuple) else out
-            k = keep.get(pos)
-            if k is not None:  # block input passed through where k == 0
-                out = keep_input(out, h, k)
-            out = fire(hk.hook_resid_post, out).to(home)
-            if on_layer is not None:
-                on_layer(pos, {"h": out}, out - h.to(home))
-            h = out
-        return {**state, "h": h}
+    unit_refusal = (
+        "the generic-blocks path skips whole blocks only (unit='block'); attn/mlp sublayers need a hand-mapped adapter"
+    )
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return ("block",)
+
+    def run_position(self, state: State, ctx: RunContext, step: LayerStep) -> tuple[State, torch.Tensor | None]:
+        """Block `src` at position `pos`; keep (B, T): 0 = the block's input passes through."""
+        pos, src, h, hk = step.pos, step.src, state["h"], self.blocks[step.pos]
+        home, dev = self._home(pos, h), self._home(src, h)  # block src runs on its device; the state comes home
+        h = fire(hk.hook_resid_pre, h.to(dev))
+        # the arguments the model's loop passes at this position (Csordás: the list is permuted)
+        rest, kw = self._calls_on(ctx, pos, dev)
+        out = self.layers[src](h, *rest, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        if step.keep is not None:  # block input passed through where keep == 0
+            out = keep_input(out, h, step.keep)
+        out = fire(hk.hook_resid_post, out).to(home)
+        return {**state, "h": out}, (out - h.to(home) if step.want_update else None)
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
         return fire(self.hook_resid_final, state["h"])

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,7 +39,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..errors import CheckpointError
 from ..models.hook_contract import fire
-from ..models.protocol import Unembedding, check_run_layers_args, head_hooked
+from ..models.protocol import LayerLoop, LayerStep, Unembedding, head_hooked
 from ..models.residual.base import Design, RunContext, State, apply_keep
 
 if TYPE_CHECKING:
@@ -49,7 +48,6 @@ if TYPE_CHECKING:
 from .base import AdapterSpec, ForeignConfig, _lens_config, resolve, setup_own_hooks
 from .families import spec_for
 
-OnLayer = Callable[[int, State, torch.Tensor], None]
 SITES = ("resid_pre", "resid_mid", "resid_post", "attn_in", "attn_out", "mlp_in", "mlp_out")
 
 
@@ -73,7 +71,7 @@ class LayerHooks(nn.Module):
             setattr(self, f"hook_{site}", HookPoint())
 
 
-class HFLayeredModel(HookedRootModule):
+class HFLayeredModel(LayerLoop, HookedRootModule):
     """A LayeredLM over an HF causal LM whose layout an `AdapterSpec` describes.
 
     Arguments:
@@ -227,41 +225,14 @@ class HFLayeredModel(HookedRootModule):
         ctx.put("h0", h)
         return {"h": h}
 
-    def run_layers(
-        self,
-        state: State,
-        ctx: RunContext,
-        start: int = 0,
-        stop: int | None = None,
-        *,
-        keep: dict[int, torch.Tensor] | None = None,
-        unit: str = "block",
-        order: list[int] | None = None,
-        swap: str = "body",
-        on_layer: OnLayer | None = None,
-    ) -> State:
-        """Run layer positions start..stop-1 from `state` (the state before layer `start`).
-
-        keep: {pos: (B, T) mask}, 0 = drop that layer's write(s) at the token; unit: "block" | "attn" | "mlp".
-        order: order[p] = the decoder layer that runs at position p. swap: "body" == "all" here.
-        """
-        check_run_layers_args(self.n_layer, unit, swap, order)
-        stop = self.n_layer if stop is None else stop
-        keep = keep or {}
+    def run_position(self, state: State, ctx: RunContext, step: LayerStep) -> tuple[State, torch.Tensor | None]:
+        """Decoder layer `src` at position `pos` (swap "body" == "all" here: a layer has no separate router)."""
         h = state["h"]
-        for pos in range(start, stop):
-            src = order[pos] if order is not None else pos
-            k = keep.get(pos)
-            # runs on layer src's device; comes back on position pos's home device, so rows that ran different
-            # layers at pos (a batch of swap pairs) can be concatenated again
-            home = self._home(pos, h)
-            h_out = self._layer(
-                h, ctx, pos, src, k if unit in ("block", "attn") else None, k if unit in ("block", "mlp") else None
-            ).to(home)
-            if on_layer is not None:
-                on_layer(pos, {"h": h_out}, h_out - h.to(home))
-            h = h_out
-        return {**state, "h": h}
+        # runs on layer src's device; comes back on position pos's home device, so rows that ran different
+        # layers at pos (a batch of swap pairs) can be concatenated again
+        home = self._home(step.pos, h)
+        h_out = self._layer(h, ctx, step.pos, step.src, step.keep_attn, step.keep_mlp).to(home)
+        return {**state, "h": h_out}, (h_out - h.to(home) if step.want_update else None)
 
     def _layer(
         self,

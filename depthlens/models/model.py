@@ -24,12 +24,10 @@ from .backbone import NormHooks, RMSNorm, Sublayer, rope_tables
 from .config import ModelConfig
 from .hook_contract import fire, fire_read_only
 from .lens_root import LensRoot, hook_point
-from .protocol import Unembedding, check_run_layers_args
+from .protocol import LayerLoop, LayerStep, Unembedding
 from .readouts import Readouts, readout_key
 from .residual import design_for
 from .residual.base import Design, RunContext, State, SublayerCall
-
-OnLayer = Callable[[int, State, torch.Tensor], None]
 
 
 class Block(nn.Module):
@@ -129,7 +127,7 @@ class Block(nn.Module):
         return state if out is view else design.set_view(state, out)
 
 
-class DepthModel(LensRoot):
+class DepthModel(LayerLoop, LensRoot):
     """LLaMA-like decoder with one of ten residual designs; a TransformerLens `HookedRootModule` from the first
     use of that surface (hooks, run_with_cache, hook_dict, cfg: `models.lens_root`)."""
 
@@ -194,46 +192,12 @@ class DepthModel(LensRoot):
         ctx.put("h0", h0)
         return self.design.init_state(h0)
 
-    def run_layers(
-        self,
-        state: State,
-        ctx: RunContext,
-        start: int = 0,
-        stop: int | None = None,
-        *,
-        keep: dict[int, torch.Tensor] | None = None,
-        unit: str = "block",
-        order: list[int] | None = None,
-        swap: str = "body",
-        on_layer: OnLayer | None = None,
-    ) -> State:
-        """Run layer positions start..stop-1 from `state` (the state *before* layer `start`).
-
-        keep:  {layer position: (B, T) mask}, 0 = skip that layer's write at that token (never use t = 0
-               for diagnostics: the caller decides). unit: which sublayer(s) the mask applies to.
-        order: order[p] = which layer's weights run at position p (a permutation of range(L)).
-        swap:  "body" keeps routers at their position; "all" moves them with the body.
-        on_layer(pos, state_after, update): streamed readout, so no full activation cache is needed.
-        """
-        check_run_layers_args(self.n_layer, unit, swap, order)
-        stop = self.n_layer if stop is None else stop
-        keep = keep or {}
-        for pos in range(start, stop):
-            src = self.blocks[order[pos]] if order is not None else self.blocks[pos]
-            k = keep.get(pos)
-            state, update = self.blocks[pos](
-                state,
-                design=self.design,
-                pos=pos,
-                ctx=ctx,
-                body=src,
-                router=src if swap == "all" else None,
-                keep_attn=k if unit in ("block", "attn") else None,
-                keep_mlp=k if unit in ("block", "mlp") else None,
-            )
-            if on_layer is not None:
-                on_layer(pos, state, update)
-        return state
+    def run_position(self, state: State, ctx: RunContext, step: LayerStep) -> tuple[State, torch.Tensor | None]:
+        """Block `step.pos` with the body (and with swap="all" the routers) of block `step.src`."""
+        body = self.blocks[step.src]
+        router = body if step.swap == "all" else None
+        keep = {"keep_attn": step.keep_attn, "keep_mlp": step.keep_mlp}
+        return self.blocks[step.pos](state, design=self.design, pos=step.pos, ctx=ctx, body=body, router=router, **keep)
 
     def final_hidden(self, state: State, ctx: RunContext) -> torch.Tensor:
         """h_L (B, T, d) before the final norm."""

@@ -35,6 +35,9 @@ __all__ = [
     "Readouts",
     "Unembedding",
     "capabilities",
+    "LayerLoop",
+    "LayerStep",
+    "OnLayer",
     "check_run_layers_args",
     "same_logits",
     "unembedding_of",
@@ -62,6 +65,85 @@ def check_run_layers_args(
         raise ValueError(f"swap must be 'body' or 'all', got {swap!r}")
     if order is not None and sorted(order) != list(range(n_layer)):
         raise ValueError(f"order must be a permutation of range({n_layer}), got {order}")
+
+
+OnLayer = Callable[[int, State, torch.Tensor], None]  # on_layer(pos, state after pos, the layer's update)
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """One position of `run_layers`: the weights of layer `src` run at position `pos`."""
+
+    pos: int
+    src: int  # order[pos] (== pos without a reordering)
+    keep: torch.Tensor | None  # (B, T): 0 = skip the write(s) at that token; None = keep all
+    unit: str  # which sublayer(s) `keep` masks: "block" | "attn" | "mlp"
+    swap: str  # "body": routers stay at their position; "all": they move with the body
+    want_update: bool  # the caller streams the update (on_layer), so compute it
+
+    @property
+    def keep_attn(self) -> torch.Tensor | None:
+        return self.keep if self.unit in ("block", "attn") else None
+
+    @property
+    def keep_mlp(self) -> torch.Tensor | None:
+        return self.keep if self.unit in ("block", "mlp") else None
+
+
+class LayerLoop:
+    """`run_layers` as every model runs it: the argument contract, the loop over positions with the weights of
+    layer order[pos] at position pos, that position's keep mask, and the streamed readout. A model supplies one
+    position (`run_position`) and the units it can mask (`units`, with `unit_refusal` saying why not)."""
+
+    unit_refusal = ""  # the message for a unit in UNITS this model cannot mask ("" = the generic one); {unit}
+
+    @property
+    def n_layer(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The units `run_layers` can skip (default: blocks, attention and MLP sublayers)."""
+        return UNITS
+
+    def run_position(self, state: State, ctx: RunContext, step: LayerStep) -> tuple[State, torch.Tensor | None]:
+        """Layer `step.src`'s weights at position `step.pos`: (the state after it, its update when
+        `step.want_update`, else None)."""
+        raise NotImplementedError
+
+    def run_layers(
+        self,
+        state: State,
+        ctx: RunContext,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
+        unit: str = "block",
+        order: list[int] | None = None,
+        swap: str = "body",
+        on_layer: OnLayer | None = None,
+    ) -> State:
+        """Run layer positions start..stop-1 from `state` (the state *before* layer `start`).
+
+        keep:  {layer position: (B, T) mask}, 0 = skip that layer's write at that token (never use t = 0
+               for diagnostics: the caller decides). unit: which sublayer(s) the mask applies to.
+        order: order[p] = which layer's weights run at position p (a permutation of range(L)).
+        swap:  "body" keeps routers at their position; "all" moves them with the body.
+        on_layer(pos, state_after, update): streamed readout, so no full activation cache is needed.
+        """
+        if unit in UNITS and unit not in self.units and self.unit_refusal:
+            raise ValueError(self.unit_refusal.format(unit=unit))
+        check_run_layers_args(self.n_layer, unit, swap, order, units=self.units)
+        keep = keep or {}
+        for pos in range(start, self.n_layer if stop is None else stop):
+            src = order[pos] if order is not None else pos
+            step = LayerStep(pos, src, keep.get(pos), unit, swap, want_update=on_layer is not None)
+            state, update = self.run_position(state, ctx, step)
+            if on_layer is not None:
+                assert update is not None
+                on_layer(pos, state, update)
+        return state
 
 
 def same_logits(a: torch.Tensor, b: torch.Tensor) -> bool:
