@@ -1,6 +1,11 @@
 """docs/architecture.md's worked example, run as it is written: its module (one new file) and its registry entry
-(registered for the test only) give, with no other edit, a CLI command, an API function, a report column with
-intervals, a sweep, a figure and a track series, on a native checkpoint and on a Hugging Face model.
+give, with no other edit, a CLI command, an API function, a report column with intervals and an untrained
+baseline, a sweep, a figure and a track series, on a native checkpoint and on a Hugging Face model.
+
+It runs twice: as a plug-in (the module on sys.path, the entry `register`ed for the test), and in the package tree
+of a copied checkout (`test_the_example_inside_the_package_passes_ci_and_these_tests`: the module at
+depthlens/diagnostics/update_align.py, the entry one more element of DIAGNOSTICS), where this file runs again
+with IN_TREE set, after ruff, the format check, mypy, the architecture and the registry tests.
 
 The numbers are checked against an independent computation: the layer updates read from TransformerLens hook
 points (native) or PyTorch forward hooks on the HF decoder layers, and the late-window share recounted in NumPy.
@@ -10,7 +15,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,8 +33,11 @@ from depthlens.diagnostics import registry
 from depthlens.diagnostics.registry import Diagnostic
 from depthlens.models import ModelConfig, build_model
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
-MODULE = "depthlens_worked_example_update_align"  # the doc's module, written to a temp dir under this name
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "architecture.md"
+IN_TREE = os.environ.get("DEPTHLENS_WORKED_EXAMPLE_IN_TREE") == "1"  # set by the package-tree run below
+# the doc's module: in the package (the copied checkout) or written to a temp dir under a plug-in's name
+MODULE = "depthlens.diagnostics.update_align" if IN_TREE else "depthlens_worked_example_update_align"
 TEXT = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
     "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
@@ -44,7 +55,11 @@ def doc_blocks() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory) -> Diagnostic:
-    """The doc's module as a file on sys.path, and its entry (engine and figure pointed at that file)."""
+    """The doc's module as a file on sys.path, and its entry (engine and figure pointed at that file); in the
+    package tree, the shipped registry's entry."""
+    if IN_TREE:
+        yield registry.get("update_align")
+        return
     module_src, entry_src = doc_blocks()
     d = tmp_path_factory.mktemp("plugin")
     (d / f"{MODULE}.py").write_text(module_src, encoding="utf-8")
@@ -61,6 +76,10 @@ def example(tmp_path_factory) -> Diagnostic:
 @pytest.fixture
 def registered(example):
     torch.set_num_threads(1)
+    if IN_TREE:
+        assert example in registry.DIAGNOSTICS  # the package's own entry, no `register` call
+        yield example
+        return
     with registry.register(example):
         yield example
     assert "update_align" not in registry.names()  # the shipped registry is left as it was
@@ -69,7 +88,8 @@ def registered(example):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, list[Path]]:
     """Two native Pre-LN checkpoints (a series: step_1, step_2) and a DeepNorm one, L = 4 (single-stream, so u_l =
-    h_l+1 - h_l is also the difference of the hook points), and two random tiny LLaMAs saved as HF directories."""
+    h_l+1 - h_l is also the difference of the hook points), and two random tiny LLaMAs saved as HF directories.
+    The Pre-LN pair records a training seed (train.json), so a report can build their untrained twins."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("models")
@@ -80,6 +100,8 @@ def models(tmp_path_factory) -> dict[str, list[Path]]:
         )
         for k in range(2)
     ]
+    for path in native:  # a training seed whose step-0 weights differ from these: the report's untrained twin
+        (path / "train.json").write_text(json.dumps({"seed": 100 + native.index(path)}), encoding="utf-8")
     deepnorm = depthlens.save(
         build_model(ModelConfig.debug("deepnorm", vocab_size=257, max_seq_len=32), seed=2), root / "deepnorm"
     )
@@ -216,6 +238,14 @@ def test_report_column_with_intervals_sweep_and_figure(registered, models, kind,
         assert row["update_align_shard_sd"] is None  # 4 sequences: fewer than 5 shards
         assert "update_align_theta_50" in row
         assert (out / "figures" / f"{row['checkpoint']}_update_align.png").is_file()
+    for row in rows:  # the untrained twin's share, and trained - untrained with its paired interval
+        if kind == "hf":  # a foreign model records no training seed: no twin, and the report says so
+            assert row["update_align_share_untrained"] is None
+            continue
+        assert row["update_align_share_untrained"] is not None
+        d, lo, hi = (row[f"update_align_untrained_diff{k}"] for k in ("", "_low", "_high"))
+        assert d == pytest.approx(row["update_align_share"] - row["update_align_share_untrained"])
+        assert lo <= d <= hi
     readme = (out / "README.md").read_text()
     assert "share A > 0.5 [95% CI]" in readme
     sw = xr.load_dataset(out / "sweep_update_align.nc")
@@ -252,3 +282,52 @@ def test_a_model_without_a_needed_capability_is_refused_in_one_line(registered, 
         registry.register(Diagnostic("update_align", f"{MODULE}:update_alignment", "again")),
     ):
         pass
+
+
+# --- the example inside the package ----------------------------------------------------------------------------
+
+
+def _in_tree_checkout(dest: Path) -> Path:
+    """A copy of this checkout (what git tracks, as it is in the working tree) under `dest/depthlens`, the natural
+    folder name, with the doc's module put where the doc says and its entry added to DIAGNOSTICS."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    root = dest / "depthlens"
+    for rel in (f for f in listed.decode().split("\0") if f.split("/")[0] in ("depthlens", "tests", "docs")):
+        if (ROOT / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, root / rel)
+    shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
+    if (ROOT / ".mypy_cache").is_dir():  # third-party modules' types, as CI's mypy step left them
+        shutil.copytree(ROOT / ".mypy_cache", root / ".mypy_cache")
+    module_src, entry_src = doc_blocks()
+    (root / "depthlens" / "diagnostics" / "update_align.py").write_text(module_src, encoding="utf-8")
+    call = entry_src[entry_src.index("Diagnostic(") :].rstrip()  # the entry as written, one more tuple element
+    reg = root / "depthlens" / "diagnostics" / "registry.py"
+    text = reg.read_text(encoding="utf-8")
+    end = "\n)\n\n_EXTRA"
+    assert text.count(end) == 1, "DIAGNOSTICS no longer ends where this test inserts the entry"
+    reg.write_text(text.replace(end, "\n" + call + ",\n)\n\n_EXTRA"), encoding="utf-8")
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(IN_TREE, reason="already inside the copied checkout")
+def test_the_example_inside_the_package_passes_ci_and_these_tests(tmp_path):
+    root = _in_tree_checkout(tmp_path)
+    bin_ = Path(sys.executable).parent
+    env = {**os.environ, "PYTHONPATH": str(root), "DEPTHLENS_WORKED_EXAMPLE_IN_TREE": "1"}
+
+    def run(*cmd: str) -> None:
+        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, f"{' '.join(cmd)}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+    # the registry edit is formatted as pre-commit would; the module is checked exactly as the doc prints it
+    run(str(bin_ / "ruff"), "format", "depthlens/diagnostics/registry.py")
+    run(str(bin_ / "ruff"), "check", "depthlens", "tests")
+    run(str(bin_ / "ruff"), "format", "--check", "depthlens", "tests")
+    run(str(bin_ / "mypy"), "depthlens/diagnostics/update_align.py", "depthlens/diagnostics/registry.py")
+    tests = ["tests/test_architecture.py", "tests/test_registry.py", "tests/test_worked_example.py"]
+    run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests)
+    import_check = "import depthlens.diagnostics.update_align as m; print(m.__file__)"
+    p = subprocess.run([sys.executable, "-c", import_check], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert Path(p.stdout.strip()).is_relative_to(root), p.stdout + p.stderr  # the copy ran, not this checkout

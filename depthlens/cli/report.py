@@ -56,9 +56,9 @@ def report(
     untrained: Annotated[
         str,
         typer.Option(
-            help="Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a comma-separated subset of causal, permutation, rank, attnres, logit_lens, tuned_lens, or 'none'."
+            help=f"Diagnostics also run on each checkpoint's untrained model (same config and training seed, the trainer's step-0 weights): a comma-separated subset of {', '.join(registry.UNTRAINED)}, or 'none'."
         ),
-    ] = "causal,permutation,rank,attnres,logit_lens,tuned_lens",
+    ] = ",".join(registry.UNTRAINED),
     untrained_perm_n_seq: Annotated[
         int,
         typer.Option(

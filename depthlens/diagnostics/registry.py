@@ -79,6 +79,8 @@ class Diagnostic:
     view: str | None = None  # "module:function" of its terminal view; None = the generic one
     title: str = ""  # figure caption in the report ("" = the summary)
     prefix: str = ""  # of its report summary.json columns (`<prefix>_share`, ...); "" = the name
+    # also run on each checkpoint's untrained twin in a report: the baseline a learned effect is read against
+    untrained: bool = True
     report_opts: Mapping[str, Any] = field(default_factory=dict)  # engine options of report, compare and sweep
     late_opts: Mapping[str, Any] = field(default_factory=dict)  # ...restricted to what the headline needs
 
@@ -216,6 +218,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         record="depthlens.diagnostics.angular:angular_record",
         record_fields=("angular_d1_mean",),
         track="depthlens.diagnostics.angular:angular_track",
+        untrained=False,
         report_opts=frozen(positions="all"),
     ),
     Diagnostic(
@@ -225,6 +228,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         aliases=("depth_mixing",),
         figure="depthlens.diagnostics.figures:fig_mixing",
         title="Depth-mixing matrix M[i → j]",
+        untrained=False,
     ),
     *(
         Diagnostic(
@@ -284,6 +288,11 @@ def sweepable() -> tuple[str, ...]:
     return tuple(k for k, (_, s) in _scores().items() if not s.optional)
 
 
+def untrained_names() -> tuple[str, ...]:
+    """The diagnostics a report also runs on each untrained twin by default (`Diagnostic.untrained`)."""
+    return tuple(d.name for d in diagnostics() if d.untrained)
+
+
 def thresholds() -> dict[str, float]:
     """score key → its default headline θ."""
     return {k: s.theta for k, (_, s) in _scores().items()}
@@ -314,6 +323,7 @@ ALIASES: tuple[str, ...] = aliases()
 SCORE_KEYS: tuple[str, ...] = score_keys()
 SWEEPABLE: tuple[str, ...] = sweepable()
 THRESHOLDS: Mapping[str, float] = MappingProxyType(thresholds())
+UNTRAINED: tuple[str, ...] = untrained_names()
 
 
 # --dtype names of every analysis command (CLI, report, track), to torch dtype attribute names. bf16 changes the

@@ -492,7 +492,7 @@ def report(
     from depthlens.io.ownership import in_scratch
     from depthlens.runtime.progress import progress_bar
     from depthlens.studies.report import ReportOptions, build_report
-    from depthlens.studies.study import UNTRAINED_METRICS, parse_metrics
+    from depthlens.studies.study import parse_metrics
 
     opts = ReportOptions(
         data=data,
@@ -504,7 +504,7 @@ def report(
         dtype=dtype,
         n_boot=n_boot,
         metrics=parse_metrics(metrics or registry.names()),
-        untrained=UNTRAINED_METRICS if untrained is None else (parse_metrics(untrained) if untrained else ()),
+        untrained=registry.untrained_names() if untrained is None else (parse_metrics(untrained) if untrained else ()),
     )
     if in_scratch(out):  # the default folder depthlens-out/ is made on first use
         Path(out).parent.mkdir(parents=True, exist_ok=True)

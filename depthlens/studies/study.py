@@ -27,14 +27,7 @@ from depthlens.runtime.defaults import DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 
 DEFAULT_N_BOOT = 1000
-UNTRAINED_METRICS = (
-    "causal",
-    "permutation",
-    "rank",
-    "attnres",
-    "logit_lens",
-    "tuned_lens",
-)  # those the report table and the orderings read
+UNTRAINED_METRICS = registry.UNTRAINED  # the shipped diagnostics a report also runs on each untrained twin
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
 
@@ -91,7 +84,7 @@ class StudyOptions:
     tokens: int | None = None  # an eval token budget instead of n_seq: n_seq = tokens // seq_len
     # diagnostics also run on the untrained model of each checkpoint's config and training seed (its step-0
     # weights, `untrained_model`): the baseline a learned effect is measured against. () = none.
-    untrained: tuple[str, ...] = UNTRAINED_METRICS
+    untrained: tuple[str, ...] = field(default_factory=registry.untrained_names)
     # the untrained permutation runs on the first `untrained_perm_n_seq` eval sequences only (None: all): at
     # init every swap moves a near-uniform prediction by a hair, and the permutation engine is most of a
     # report's cost; the trained − untrained difference pairs the same sequences
