@@ -14,10 +14,12 @@ import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics.causal_arms import _CellStore, _nanmax
+from depthlens.errors import DepthlensError
 from depthlens.io.dataset import kept_var, make_dataset, scalar_var
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.runtime.evaldata import EvalData, model_provenance
 from depthlens.stats.metrics import late_window
+from depthlens.stats.shares import PerSequence
 
 if TYPE_CHECKING:  # typing only: the protocol module is not needed to build a Dataset
     from depthlens.models.protocol import LayeredLM
@@ -233,3 +235,23 @@ def causal_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
     out["causal_noise_floor"] = scalar_var(floor, "causal score of a null intervention")
     out["eval_loss"] = scalar_var(float(ds["clean_loss_seq"].mean()), "clean next-token loss on the eval tokens", "nat")
     return out
+
+
+def causal_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerSequence | None:
+    """C(s, t) of `aggregator` as per-sequence parts (`Score.per_sequence`): max → the per-sequence max over
+    tokens; mean → Σ|Δ|/|u| sums over token counts; pooled → sqrt(Σ|Δ|² / Σ|u|²). p95/p99: None (not decomposable
+    per sequence)."""
+    if "seq_max" not in ds:
+        raise DepthlensError("bootstrap needs the per-sequence variables of causal_scores (seq_max, ...)")
+    sel = {"variant": variant} if "variant" in ds["seq_max"].dims else {}
+
+    def part(name: str) -> np.ndarray:
+        return np.asarray(ds[name].sel(sel).values)
+
+    if aggregator == "max":
+        return PerSequence("max", values=part("seq_max"))
+    if aggregator == "mean":
+        return PerSequence("ratio", num=part("seq_sum"), den=part("seq_count"), fill=True)
+    if aggregator == "pooled":
+        return PerSequence("ratio", num=part("seq_sq_change"), den=part("seq_sq_update"), square=True, fill=True)
+    return None

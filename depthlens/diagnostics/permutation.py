@@ -34,7 +34,7 @@ from depthlens.runtime.distributed import agree, merge, shard, world
 from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import late_pairs, late_window
-from depthlens.stats.shares import paired_se
+from depthlens.stats.shares import PerSequence, paired_se
 
 SWAPS = ("body", "all")
 TRUNK_CACHE_BYTES = 1 << 30  # clean states before each first-swapped layer i kept from the reference pass
@@ -331,3 +331,11 @@ def permutation_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]
 def permutation_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
     """Besides the headline share: P_abs under its full name."""
     return {"perm_abs": kept_var(ds["perm_abs"], "loss increase when layers i and j swap (P_abs)", "nat")}
+
+
+def perm_rel_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerSequence:
+    """P_rel = P_abs / L(id) as per-sequence parts (`Score.per_sequence`): Σc·ΔL / Σc·L(id)."""
+    if "delta_loss_seq" not in ds or "clean_loss_seq" not in ds:
+        raise DepthlensError("P_rel's interval needs delta_loss_seq and clean_loss_seq")
+    num = np.asarray(ds["delta_loss_seq"].values)
+    return PerSequence("ratio", num=num, den=np.broadcast_to(ds["clean_loss_seq"].values[None, None, :], num.shape))

@@ -161,6 +161,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
                 Grid("log", 0.005, 1.0, n=41),
                 "P_rel",
                 "permutation P_rel = P_abs / L(id)",
+                per_sequence="depthlens.diagnostics.permutation:perm_rel_per_sequence",
             ),
             Score(
                 "perm_kl",

@@ -36,6 +36,9 @@ class Score:
     definition: str  # one line stating what a share of it measures (headlines, tables)
     select: Mapping[str, str] = field(default_factory=dict)  # coords picked on `var` for the headline matrix
     seq_var: str | None = None  # (layer, layer_other, sequence) variable whose sequence mean is `var`: its CI
+    # "module:function" (ds, aggregator, variant) -> stats.shares.PerSequence | None (None: not decomposable, e.g. p95), for a
+    # score that is not the plain sequence mean of `seq_var`; DepthlensError when ds lacks the parts
+    per_sequence: str | None = None
     bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
     optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
 
@@ -62,6 +65,7 @@ CAUSAL = Score(
     "the causal score",
     "causal C(s,t): skip s, relative change of the later update t",
     select=frozen(aggregator="max", variant="current"),
+    per_sequence="depthlens.diagnostics.causal_dataset:causal_per_sequence",
 )
 PERM_ABS = Score(
     "perm_abs",

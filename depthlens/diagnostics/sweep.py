@@ -22,7 +22,7 @@ from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
 from depthlens.io.dataset import LAYER_DIMS
 from depthlens.stats.metrics import late_pairs, late_window
-from depthlens.stats.shares import bootstrap_ci, crossing_points, ranking_robustness, share_curve
+from depthlens.stats.shares import PerSequence, bootstrap_ci, crossing_points, ranking_robustness, share_curve
 
 if TYPE_CHECKING:
     from depthlens.stats.intervals import Interval
@@ -178,46 +178,43 @@ def robustness(
 # bootstrap over sequences
 
 
+def per_sequence(ds: xr.Dataset, metric: str, aggregator: str = "max", variant: str = "current") -> PerSequence | None:
+    """Score `metric`'s matrix as per-sequence parts (`scores.PerSequence`): its own `per_sequence` hook, else the
+    counted mean of its `seq_var`. None: not decomposable per sequence (causal p95/p99); DepthlensError: the
+    Dataset lacks the parts."""
+    score = registry.score(metric)
+    if score.per_sequence is not None:
+        parts: PerSequence | None = registry.resolve(score.per_sequence)(ds, aggregator, variant)
+        return parts
+    if score.seq_var is None or score.seq_var not in ds:
+        raise DepthlensError(f"no per-sequence bootstrap for metric {metric!r}")
+    return PerSequence("ratio", num=ds[score.seq_var].transpose(*LAYER_DIMS, "sequence").values)
+
+
 def resampled_matrix(
     ds: xr.Dataset, metric: str, counts: np.ndarray, aggregator: str = "max", variant: str = "current"
 ) -> np.ndarray:
-    """The [L, L] score matrix recomputed from per-sequence summaries with multiplicities `counts` [N].
+    """The [L, L] score matrix recomputed from per-sequence parts (`per_sequence`) with multiplicities `counts` [N].
 
     causal: max → max over drawn sequences of `seq_max`; mean → Σc·sum / Σc·count; pooled →
     sqrt(Σc·Δ² / Σc·u²). p95/p99 are not decomposable per sequence (NaN). permutation: counted means
     of `delta_loss_seq` / `kl_seq`, rel divided by the counted clean loss.
     """
     c = np.asarray(counts, dtype=float)
-    if metric == "causal":
-        if "seq_max" not in ds:
-            raise DepthlensError("bootstrap needs the per-sequence variables of causal_scores (seq_max, ...)")
-        sel = {"variant": variant} if "variant" in ds["seq_max"].dims else {}
-        seq_max = ds["seq_max"].sel(sel).values
-        L = seq_max.shape[0]
-        if aggregator == "max":
-            drawn = seq_max[..., c > 0]
-            out = np.where(np.isnan(drawn).all(-1), np.nan, np.where(np.isnan(drawn), -np.inf, drawn).max(-1))
-        elif aggregator == "mean":
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out = (ds["seq_sum"].sel(sel).values @ c) / (ds["seq_count"].sel(sel).values @ c)
-        elif aggregator == "pooled":
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out = np.sqrt((ds["seq_sq_change"].sel(sel).values @ c) / (ds["seq_sq_update"].sel(sel).values @ c))
-        else:
-            return np.full((L, L), np.nan)
-        return np.asarray(out)  # NaN where the engine's matrix is (t <= s: no measurement), as its seq_* are
-    if metric in ("perm_abs", "perm_rel", "perm_kl"):
-        n = c.sum()
-        if metric == "perm_kl":
-            kl: np.ndarray = (ds["kl_seq"].values @ c) / n
-            return kl
-        absm: np.ndarray = (ds["delta_loss_seq"].values @ c) / n
-        return absm if metric == "perm_abs" else absm / ((ds["clean_loss_seq"].values @ c) / n)
-    seq_var = registry.score(metric).seq_var  # any other score: the counted mean of its per-sequence matrices
-    if seq_var is None or seq_var not in ds:
-        raise DepthlensError(f"no per-sequence bootstrap for metric {metric!r}")
-    mean: np.ndarray = (ds[seq_var].transpose(*LAYER_DIMS, "sequence").values @ c) / c.sum()
-    return mean
+    parts = per_sequence(ds, metric, aggregator, variant)
+    if parts is None:
+        L = ds.sizes[LAYER_DIMS[0]]
+        return np.full((L, L), np.nan)
+    if parts.kind == "max":
+        assert parts.values is not None
+        drawn = parts.values[..., c > 0]
+        # NaN where the engine's matrix is (t <= s: no measurement), as its per-sequence parts are
+        return np.where(np.isnan(drawn).all(-1), np.nan, np.where(np.isnan(drawn), -np.inf, drawn).max(-1))
+    assert parts.num is not None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = (parts.num @ c) / (c.sum() if parts.den is None else parts.den @ c)
+    out: np.ndarray = np.sqrt(ratio) if parts.square else ratio
+    return out
 
 
 def bootstrap_share(
@@ -319,42 +316,32 @@ def pair_arrays(
     ds: xr.Dataset, metric: str, aggregator: str = "max", variant: str = "current", start: str | int = "quarter"
 ) -> dict[str, Any] | None:
     """Per-sequence arrays [P, N] of the late pairs (those with a finite score) that a share's interval is computed
-    from: {"kind": "max", "values": seq_max} or {"kind": "ratio", "num": ..., "den": ..., "theta_scale": ...};
+    from: {"kind": "max", "values": seq_max} or {"kind": "ratio", "num": ..., "den": ..., "square": ...};
     None when the score is not decomposable per sequence (p95, p99, direct)."""
-    if "sequence" not in ds.dims or not registry.score(metric).bootstraps:
+    score = registry.score(metric)
+    if "sequence" not in ds.dims or not score.bootstraps:
         return None
-    m = score_matrix(ds, metric, aggregator if metric == "causal" else None, variant if metric == "causal" else None)
+    selects = "aggregator" in score.select  # a score read with an aggregator and a variant (C)
+    m = score_matrix(ds, metric, aggregator if selects else None, variant if selects else None)
     L = m.shape[0]
     pairs = late_pairs(L, late_window(L, start) if isinstance(start, str) else int(start))
     ok = np.isfinite(m.values[pairs[:, 0], pairs[:, 1]])
     i, j = pairs[ok, 0], pairs[ok, 1]
-    if metric == "causal":
-        sel = {"variant": variant} if "variant" in ds["seq_max"].dims else {}
-
-        def get(name: str) -> np.ndarray:
-            filled: np.ndarray = np.nan_to_num(ds[name].sel(sel).values[i, j], nan=0.0)
-            return filled
-
-        if aggregator == "max":
-            return {"kind": "max", "values": ds["seq_max"].sel(sel).values[i, j]}
-        if aggregator == "mean":
-            return {"kind": "ratio", "num": get("seq_sum"), "den": get("seq_count"), "square": False}
-        if aggregator == "pooled":  # sqrt(Σ|Δ|² / Σ|u|²) > θ  ⇔  Σ|Δ|² / Σ|u|² > θ²
-            return {"kind": "ratio", "num": get("seq_sq_change"), "den": get("seq_sq_update"), "square": True}
+    try:
+        parts = per_sequence(ds, metric, aggregator, variant)
+    except DepthlensError:
         return None
-    if metric in ("perm_abs", "perm_rel", "perm_kl"):
-        num = ds["kl_seq" if metric == "perm_kl" else "delta_loss_seq"].values[i, j]
-        den = (
-            np.broadcast_to(ds["clean_loss_seq"].values[None, :], num.shape)
-            if metric == "perm_rel"
-            else np.ones_like(num)
-        )
-        return {"kind": "ratio", "num": num, "den": den, "square": False}
-    seq_var = registry.score(metric).seq_var  # any other score: the sequence mean of its per-sequence matrices
-    if seq_var is None or seq_var not in ds:
+    if parts is None:
         return None
-    num = ds[seq_var].transpose(*LAYER_DIMS, "sequence").values[i, j]
-    return {"kind": "ratio", "num": num, "den": np.ones_like(num), "square": False}
+    if parts.kind == "max":
+        assert parts.values is not None
+        return {"kind": "max", "values": parts.values[i, j]}
+    assert parts.num is not None
+    num = parts.num[i, j]
+    den = np.ones_like(num) if parts.den is None else parts.den[i, j]
+    if parts.fill:  # sums and counts: no measurement in a sequence adds nothing
+        num, den = np.nan_to_num(num, nan=0.0), np.nan_to_num(den, nan=0.0)
+    return {"kind": "ratio", "num": num, "den": den, "square": parts.square}
 
 
 def share_interval(

@@ -9,11 +9,26 @@ triangle of the late block. Only those entries are read; the rest of the matrix 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from depthlens.stats.metrics import kendall_tau, late_pairs
+
+
+@dataclass(frozen=True)
+class PerSequence:
+    """A score matrix as per-sequence parts, so an interval can resample sequences: the matrix of a multiset of
+    sequences with multiplicities c is the max over the drawn sequences of `values` (kind "max"), or
+    Σc·num / Σc·den (kind "ratio"; its square root when `square`). Arrays are (layer, layer_other, sequence)."""
+
+    kind: str  # "max" | "ratio"
+    values: np.ndarray | None = None  # kind "max"
+    num: np.ndarray | None = None  # kind "ratio"
+    den: np.ndarray | None = None  # kind "ratio"; None = 1 per sequence (a counted mean)
+    square: bool = False  # the matrix is sqrt(Σc·num / Σc·den): compare num/den with θ²
+    fill: bool = False  # parts are sums and counts: a NaN part (no measurement there) counts as 0 in an interval
 
 
 def late_values(matrix, start: int | str = "quarter", nan_policy: str = "raise") -> np.ndarray:
