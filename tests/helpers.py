@@ -62,3 +62,16 @@ def tiny_hf(model_type: str, **overrides: Any):
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **{**fields, **overrides})).eval()
+
+
+def cli_commands() -> dict[str, Any]:
+    """Every `depthlens` command by name: the dedicated ones and those built from registry entries (rank, the lens
+    family, mixing: `cli/diagnostic.py`), as `depthlens --help` lists them."""
+    import click
+    import typer
+
+    from depthlens.cli import app
+
+    group = typer.main.get_command(app)
+    ctx = click.Context(group)
+    return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}  # type: ignore[attr-defined]

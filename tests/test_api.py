@@ -11,6 +11,7 @@ import torch
 
 import depthlens as dl
 from depthlens.studies import api
+from helpers import cli_commands
 
 NAMED = {  # API function -> CLI command
     "causal": "causal",
@@ -30,16 +31,12 @@ def test_the_facade_names_are_the_api_functions():
 
 @pytest.mark.parametrize("name", sorted(NAMED))
 def test_options_are_typed_keywords_with_the_clis_names_and_defaults(name):
-    import typer
-
-    from depthlens.cli import app
-
     fn = getattr(api, name)
     sig = inspect.signature(fn)
     assert not [p for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD], f"{name} takes **opts"
     assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), name
     assert fn.__doc__ and "Returns" in fn.__doc__ and "Dataset" in fn.__doc__
-    cmd = typer.main.get_command(app).commands[NAMED[name]]
+    cmd = cli_commands()[NAMED[name]]
     cli = {p.name: p.default for p in cmd.params if p.param_type_name == "option"}
     shared = [k for k in sig.parameters if k in cli]
     assert {"n_seq", "seed", "seq_len", "tokens", "batch_size", "device"} <= set(shared), shared

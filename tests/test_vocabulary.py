@@ -11,13 +11,13 @@ import typing
 from pathlib import Path
 
 import pytest
-import typer.main
 from typer.testing import CliRunner
 
 from depthlens.cli import app
 from depthlens.diagnostics import registry
+from helpers import cli_commands
 
-COMMANDS = typer.main.get_command(app).commands
+COMMANDS = cli_commands()  # the dedicated commands and those built from registry entries
 DOC = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
 # commands that write a file or a directory: each names it with --out
 WRITERS = {"angular", "causal", "permute", "rank", "attnres", "sweep", "report", "track", "prepare", "train"}

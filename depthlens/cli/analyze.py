@@ -68,7 +68,6 @@ __all__ = [
     "angular",
     "causal",
     "permute",
-    "rank",
     "attnres",
     "GRID_MAX",
     "METRIC_CHOICES",
@@ -365,65 +364,6 @@ def _figure(da: xr.DataArray, title: str) -> Any:
     from ..plotting.plots import heatmap
 
     return heatmap(da, vmin=0.0, title=title)
-
-
-@app.command()
-@domain_errors
-@eval_options
-def rank(
-    ckpt: CkptArg,
-    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
-    out: OutOpt = None,
-    overwrite: OverwriteOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)."""
-    path, ow = resolve_out(out, ckpt, "rank", overwrite)
-    model, ck = open_model(ckpt, c)
-    with busy(f"rank {ckpt.name} (batches)") as p:
-        ds = registry.run("rank", model, eval_data(model, ck, c), checkpoint=ck, progress=p.engine(), **_opts(c))
-    write(ds, path, ow)
-    er = ds["erank"]
-    stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
-    h: dict[str, Any] = {
-        "metric": "erank",
-        "checkpoint": str(ckpt),
-        "design": getattr(model.design, "slug", "?"),
-        "n_layer": int(model.n_layer),
-        "out": str(path),
-    }
-    lines = [f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): effective rank of residual-mixing products"]
-    for p in er["product"].values:
-        sel = {"product": p, **({"statistic": stat} if stat else {})}
-        v = float(er.sel(sel))
-        gf = float(ds["gain_fwd"].sel(sel)) if "gain_fwd" in ds else float("nan")
-        gb = float(ds["gain_bwd"].sel(sel)) if "gain_bwd" in ds else float("nan")
-        h[f"erank_{p}"], h[f"gain_fwd_{p}"], h[f"gain_bwd_{p}"] = v, gf, gb
-        lines.append(f"  {p:>12}: erank {v:.3f}   Amax gain fwd {gf:.3g} / bwd {gb:.3g}")
-    if "structural_zero_grad" in ds:
-        frozen = [int(j) for j in ds["sublayer"].values[ds["structural_zero_grad"].values.astype(bool)]]
-        h["structural_zero_grad_sublayers"] = frozen
-        if frozen:
-            lines.append(
-                f"  maps that cannot receive gradient (stay at their init): sublayers {frozen}; "
-                "'interior' leaves out the first and last"
-            )
-    from ..designs import has_capability
-
-    init = (
-        getattr(model.config, "mhc_init", None)
-        if has_capability(getattr(model.design, "slug", ""), "stochastic_maps")
-        else None
-    )
-    if init is not None:
-        h["mhc_init"] = init
-        lines.append(
-            f"  mHC init: {init}"
-            + (" (H_res = J/n at init: products are rank 1 by construction)" if init == "zero" else "")
-        )
-    lines.append(f"dataset: {path}")
-    emit(h, as_json, lines)
 
 
 @app.command()

@@ -30,7 +30,7 @@ from .analyze import (
     resolve_out,
     write,
 )
-from .app import OneLineErrors, domain_errors, fail
+from .app import OneLineErrors, QuietOpt, domain_errors, fail
 from .common import EVAL_DEFAULTS, Common, eval_options
 
 
@@ -86,20 +86,27 @@ def command_for(d: registry.Diagnostic) -> Any:
         out: OutOpt = None,
         overwrite: OverwriteOpt = False,
         as_json: JsonOpt = False,
+        quiet: QuietOpt = False,
     ) -> None:
         engine_opts = {**d.report_opts, **parse_opts(opt or [])}
         path, ow = resolve_out(out, ckpt, d.name, overwrite)
         model, ck = open_model(ckpt, c)
-        with busy(f"{d.name} of {ckpt}"):
+        with busy(f"{d.name} {ckpt.name} (batches)") as p:
             ds = registry.run(
-                d.name, model, eval_data(model, ck, c), checkpoint=ck, batch_size=c.batch_size, **engine_opts
+                d.name,
+                model,
+                eval_data(model, ck, c),
+                checkpoint=ck,
+                batch_size=c.batch_size,
+                progress=p.engine(),
+                **engine_opts,
             )
         write(ds, path, ow, f"depthlens {d.name} {ckpt}")
         if d.view:
             head, lines, view = registry.resolve(d.view)(ds, model)
         else:
             (head, lines), view = generic_view(d, ds, model, n_boot, c.seed), None
-        head["out"] = str(path)
+        head = {"metric": head.pop("metric", d.name), "checkpoint": str(ckpt), **head, "out": str(path)}
         emit(
             head,
             as_json,
@@ -112,9 +119,21 @@ def command_for(d: registry.Diagnostic) -> Any:
         )
 
     run.__doc__ = d.summary
+    if not d.bootstraps:  # no headline interval to resample: no --n-boot
+        _drop_option(run, "n_boot")
     sub = typer.Typer(add_completion=False)
     sub.command(name=d.name)(domain_errors(eval_options(run)))  # annotations evaluated once, by eval_options
     return typer.main.get_command(sub)
+
+
+def _drop_option(fn: Any, name: str) -> None:
+    """Take option `name` off `fn`'s signature (typer builds the options from it): `fn` then runs with its
+    default."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    assert sig.parameters[name].default is not inspect.Parameter.empty, name
+    fn.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != name])
 
 
 def registry_command(name: str, own: list[str]) -> Any:

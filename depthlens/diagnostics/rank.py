@@ -287,3 +287,33 @@ def rank_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
 def rank_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
     mean = ds["erank"].sel(statistic="mean")
     return {"erank": kept_var(mean, "effective rank of the residual-mixing product (token mean)")}
+
+
+def rank_view(ds: xr.Dataset, model: Any) -> tuple[dict[str, Any], list[str], None]:
+    """The terminal view of `depthlens rank` (registry hook): erank and Amax gains per product, the maps that
+    cannot receive gradient, and an mHC init that pins the products at rank 1."""
+    er = ds["erank"]
+    stat = "mean" if "statistic" in er.dims and "mean" in er["statistic"].values else None
+    slug = getattr(model.design, "slug", "?")
+    h: dict[str, Any] = {"metric": "erank", "design": slug, "n_layer": int(model.n_layer)}
+    lines = ["effective rank of residual-mixing products"]
+    for p in er["product"].values:
+        sel = {"product": p, **({"statistic": stat} if stat else {})}
+        v = float(er.sel(sel))
+        gf, gb = (float(ds[g].sel(sel)) if g in ds else float("nan") for g in ("gain_fwd", "gain_bwd"))
+        h[f"erank_{p}"], h[f"gain_fwd_{p}"], h[f"gain_bwd_{p}"] = v, gf, gb
+        lines.append(f"  {p:>12}: erank {v:.3f}   Amax gain fwd {gf:.3g} / bwd {gb:.3g}")
+    if "structural_zero_grad" in ds:
+        frozen = [int(j) for j in ds["sublayer"].values[ds["structural_zero_grad"].values.astype(bool)]]
+        h["structural_zero_grad_sublayers"] = frozen
+        if frozen:
+            lines.append(
+                f"  maps that cannot receive gradient (stay at their init): sublayers {frozen}; "
+                "'interior' leaves out the first and last"
+            )
+    init = getattr(model.config, "mhc_init", None) if has_capability(slug, "stochastic_maps") else None
+    if init is not None:
+        h["mhc_init"] = init
+        zero = " (H_res = J/n at init: products are rank 1 by construction)" if init == "zero" else ""
+        lines.append(f"  mHC init: {init}{zero}")
+    return h, lines, None

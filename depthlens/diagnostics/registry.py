@@ -185,7 +185,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic(
         "rank",
         "depthlens.diagnostics.rank:effective_rank_dataset",
-        "effective rank of residual-mixing products",
+        "effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)",
         aliases=("erank", "effective_rank"),
         requires="multistream",
         needs=("readouts",),
@@ -196,6 +196,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
         track="depthlens.diagnostics.rank:rank_track",
         track_name="erank",
+        view="depthlens.diagnostics.rank:rank_view",
     ),
     Diagnostic(
         "attnres",
