@@ -7,13 +7,12 @@ and writes the labelled dataset (netCDF) atomically. `--json` prints the headlin
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from .app import QuietOpt, app, deprecated, domain_errors, fail, rank0_errors
+from .app import QuietOpt, app, deprecated, domain_errors, rank0_errors
 from .common import (
     DTYPES,
     EVAL_DEFAULTS,
@@ -68,7 +67,6 @@ __all__ = [
     "angular",
     "causal",
     "permute",
-    "attnres",
     "GRID_MAX",
     "METRIC_CHOICES",
     "compare",
@@ -364,60 +362,6 @@ def _figure(da: xr.DataArray, title: str) -> Any:
     from ..plotting.plots import heatmap
 
     return heatmap(da, vmin=0.0, title=title)
-
-
-@app.command()
-@domain_errors
-@eval_options
-def attnres(
-    ckpt: CkptArg,
-    eps: Annotated[float, typer.Option(help="Dead-prefix threshold ε on the self-weight.")] = 0.05,
-    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
-    out: OutOpt = None,
-    overwrite: OverwriteOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight."""
-    check_threshold(eps, "--eps")
-    if eps > 1:
-        fail(f"--eps must be <= 1 (a softmax weight), got {eps}", 2)
-    path, ow = resolve_out(out, ckpt, "attnres", overwrite)
-    from ..diagnostics.attnres import EPS_GRID
-
-    model, ck = open_model(ckpt, c)
-    grid = tuple(sorted(set(EPS_GRID) | {eps}))
-    with busy(f"attnres {ckpt.name} (batches)") as p:
-        ds = registry.run(
-            "attnres", model, eval_data(model, ck, c), eps_grid=grid, checkpoint=ck, progress=p.engine(), **_opts(c)
-        )
-    write(ds, path, ow)
-    sw = [float(x) for x in ds["self_weight"].values]
-    k = int(ds["dead_prefix"].sel(eps=eps))
-    by_eps = {f"{float(e):g}": int(ds["dead_prefix"].sel(eps=e)) for e in ds["eps"].values}
-    h = {
-        "metric": "attnres",
-        "checkpoint": str(ckpt),
-        "design": getattr(model.design, "slug", "?"),
-        "n_layer": int(model.n_layer),
-        "eps": eps,
-        "dead_prefix": k,
-        "dead_prefix_by_eps": by_eps,
-        "self_weight": sw,
-        "out": str(path),
-    }
-    if getattr(model.config, "arch", None) == "block_attnres":  # the only design with a block schedule
-        h["block_starts"] = list(model.config.block_starts)
-    lines = [
-        f"[bold]{ckpt}[/bold] ({h['design']}, L={h['n_layer']}): AttnRes self-weight per layer",
-        "  " + " ".join("  nan" if math.isnan(x) else f"{x:.3f}" for x in sw),
-        f"dead prefix k*({eps}) = {k} layer(s)",
-        "  k*(ε) over the grid: " + ", ".join(f"ε={e}: {v}" for e, v in by_eps.items()),
-    ]
-    if "block_starts" in h:
-        lines.append(f"  block starts: {h['block_starts']}")
-    lines.append(f"dataset: {path}")
-    emit(h, as_json, lines)
 
 
 # The commands over several checkpoints, registered after the ones above (so `--help` lists them in the same

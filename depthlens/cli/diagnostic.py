@@ -87,8 +87,13 @@ def command_for(d: registry.Diagnostic) -> Any:
         overwrite: OverwriteOpt = False,
         as_json: JsonOpt = False,
         quiet: QuietOpt = False,
+        **typed: Any,  # the entry's typed options (`_add_options`)
     ) -> None:
-        engine_opts = {**d.report_opts, **parse_opts(opt or [])}
+        for o in d.options:
+            why = o.check(typed[o.name])
+            if why:
+                fail(why, 2)
+        engine_opts = {**d.report_opts, **typed, **parse_opts(opt or [])}
         path, ow = resolve_out(out, ckpt, d.name, overwrite)
         model, ck = open_model(ckpt, c)
         with busy(f"{d.name} {ckpt.name} (batches)") as p:
@@ -121,6 +126,7 @@ def command_for(d: registry.Diagnostic) -> Any:
     run.__doc__ = d.summary
     if not d.bootstraps:  # no headline interval to resample: no --n-boot
         _drop_option(run, "n_boot")
+    _add_options(run, d.options)
     sub = typer.Typer(add_completion=False)
     sub.command(name=d.name)(domain_errors(eval_options(run)))  # annotations evaluated once, by eval_options
     return typer.main.get_command(sub)
@@ -134,6 +140,25 @@ def _drop_option(fn: Any, name: str) -> None:
     sig = inspect.signature(fn)
     assert sig.parameters[name].default is not inspect.Parameter.empty, name
     fn.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != name])
+
+
+def _add_options(fn: Any, options: tuple[registry.Option, ...]) -> None:
+    """Put the entry's typed options on `fn`'s signature after the checkpoint (typer builds flags from it); `fn`
+    receives them in its `**typed`."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    typed = [
+        inspect.Parameter(
+            o.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=o.default,
+            annotation=Annotated[o.type, typer.Option(o.flag, help=o.help)],
+        )
+        for o in options
+    ]
+    fn.__signature__ = sig.replace(parameters=[params[0], *typed, *params[1:]])
 
 
 def registry_command(name: str, own: list[str]) -> Any:

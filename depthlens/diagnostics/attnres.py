@@ -142,16 +142,20 @@ def attnres_dataset(
     data: EvalData,
     *,
     eps_grid: Sequence[float] = EPS_GRID,
+    eps: float | None = None,
     batch_size: int | None = None,
     checkpoint: Any = None,
     progress: ProgressFn | None = None,
 ) -> xr.Dataset:
     """Self-weight, dead prefix, consumption and mass families of an AttnRes model over `data`
-    (docs/concepts.md#attnres-dead-prefix).
+    (docs/concepts.md#attnres-dead-prefix). The dead prefix k*(ε) is computed at every ε of `eps_grid` and at `eps`
+    (the headline ε: the command's --eps).
 
     progress: called as (batches done, total) (`depthlens.runtime.progress`)."""
     if not hasattr(model, "readouts"):
         raise DepthlensError("AttnRes diagnostics read model.readouts(tokens); this model has none")
+    if eps is not None:
+        eps_grid = tuple(sorted({*eps_grid, float(eps)}))
     L = model.n_layer
     device = model_device(model)
     acc, labels = _Means(), None
@@ -209,6 +213,7 @@ def attnres_dataset(
     }
     options = dict(
         eps_grid=list(eps_grid),
+        **({} if eps is None else {"eps": float(eps)}),  # the headline ε, when one was asked for
         token_positions="1..T-1 (BOS excluded)",
         self_source="router readout sub{j}.self_weight (Block: weight on 'partial'; Full: on the "
         "previous sublayer's output)",
@@ -344,3 +349,31 @@ def attnres_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
             f"dead prefix k*({opts.eps:g}): leading layers with self-weight below {opts.eps:g}",
         ),
     }
+
+
+def attnres_view(ds: xr.Dataset, model: Any) -> tuple[dict[str, Any], list[str], None]:
+    """The terminal view of `depthlens attnres` (registry hook): the self-weight per layer, k*(ε) at the headline
+    ε and over the grid, and Block AttnRes's block starts."""
+    eps = float(ds.attrs.get("eps", DEAD_PREFIX_EPS))
+    sw = [float(x) for x in ds["self_weight"].values]
+    by_eps = {f"{float(e):g}": int(ds["dead_prefix"].sel(eps=e)) for e in ds["eps"].values}
+    k = int(ds["dead_prefix"].sel(eps=eps))
+    h: dict[str, Any] = {
+        "metric": "attnres",
+        "design": getattr(model.design, "slug", "?"),
+        "n_layer": int(model.n_layer),
+        "eps": eps,
+        "dead_prefix": k,
+        "dead_prefix_by_eps": by_eps,
+        "self_weight": sw,
+    }
+    lines = [
+        "AttnRes self-weight per layer",
+        "  " + " ".join("  nan" if np.isnan(x) else f"{x:.3f}" for x in sw),
+        f"dead prefix k*({eps:g}) = {k} layer(s)",
+        "  k*(ε) over the grid: " + ", ".join(f"ε={e}: {v}" for e, v in by_eps.items()),
+    ]
+    if getattr(model.config, "arch", None) == "block_attnres":  # the only design with a block schedule
+        h["block_starts"] = list(model.config.block_starts)
+        lines.append(f"  block starts: {h['block_starts']}")
+    return h, lines, None

@@ -51,6 +51,40 @@ class Column:
 
 
 @dataclass(frozen=True)
+class Option:
+    """A typed engine option of a diagnostic: `--name` of its generated command, and the engine keyword `name`.
+    A number must be finite and within [lo, hi] (bounds None = open); the command refuses anything else in one
+    line."""
+
+    name: str  # the engine keyword (the flag is --name with "_" -> "-")
+    type: type  # float | int | str | bool
+    default: Any
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> str | None:
+        """Why `value` is refused (one line), or None."""
+        if self.type not in (int, float):
+            return None
+        lo = "-inf" if self.lo is None else f"{self.lo:g}"
+        hi = "inf" if self.hi is None else f"{self.hi:g}"
+        v = float(value)
+        if (
+            v != v
+            or v in (float("inf"), float("-inf"))
+            or (self.lo is not None and v < self.lo)
+            or (self.hi is not None and v > self.hi)
+        ):
+            return f"{self.flag} must be a finite number in [{lo}, {hi}], got {value}"
+        return None
+
+
+@dataclass(frozen=True)
 class Diagnostic:
     """One diagnostic and everything the commands need to know about it: what to call, on which models, what it
     headlines, and how a report row, the report's figures, the terminal and `track` summarise its Dataset.
@@ -69,6 +103,7 @@ class Diagnostic:
     aliases: tuple[str, ...] = ()  # other names accepted wherever `name` is (CLI command, record prefix)
     requires: str | None = None  # design capability flag (depthlens.designs.CAPABILITIES); None = every design
     needs: tuple[str, ...] = ("layers",)  # model capabilities (depthlens.models.protocol.CAPABILITIES)
+    options: tuple[Option, ...] = ()  # typed engine options: its generated command's flags (--opt takes others)
     scores: tuple[Score, ...] = ()  # headline scores, the first is the report's table column
     figure: str | None = None  # "module:function" drawing one checkpoint's Dataset for the report
     record: str | None = None  # "module:function" giving the report row's own fields
@@ -201,9 +236,11 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic(
         "attnres",
         "depthlens.diagnostics.attnres:attnres_dataset",
-        "AttnRes self-weight, dead prefix k*(ε), consumption",
+        "AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight",
         requires="depth_softmax",
         needs=("readouts",),
+        options=(Option("eps", float, DEAD_PREFIX_EPS, "Dead-prefix threshold ε on the self-weight.", 0.0, 1.0),),
+        view="depthlens.diagnostics.attnres:attnres_view",
         figure="depthlens.diagnostics.figures:fig_attnres",
         title="AttnRes self-weight and α",
         record="depthlens.diagnostics.attnres:attnres_record",
