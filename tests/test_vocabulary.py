@@ -85,6 +85,8 @@ def test_the_api_takes_the_clis_names():
                 continue  # the printed headline's choices and its figure: the API's Dataset holds every aggregator
             if p.name == "precision":
                 continue  # the CLI's precision comparison (cli/precision.py) runs the engine per dtype: API dtype=
+            if p.name == "opt":
+                continue  # a generated command's untyped engine options: the API takes them as keywords
             if p.name in ("n_boot", "device_map", "threads"):
                 continue  # the headline's interval (sweep.headline), placement and threads: not engine options
             assert p.name in api_names, (cmd, p.name)

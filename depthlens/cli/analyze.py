@@ -64,7 +64,6 @@ if TYPE_CHECKING:  # typing only: the CLI imports xarray where a command needs i
 # The analysis commands and what they share, wherever defined (common.py: options and helpers; compare.py: the
 # commands over several checkpoints): other commands and tests import them from here.
 __all__ = [
-    "angular",
     "causal",
     "permute",
     "GRID_MAX",
@@ -107,49 +106,6 @@ __all__ = [
 ]
 
 # --- commands ------------------------------------------------------------------------------------------
-
-
-@app.command()
-@domain_errors
-@eval_options
-def angular(
-    ckpt: CkptArg,
-    positions: Annotated[Literal["last", "all"], typer.Option(help="last | all (BOS excluded)")] = "last",
-    repr: Annotated[
-        Literal["view", "flatten", "input"], typer.Option("--repr", help="view | flatten (HC/mHC) | input (AttnRes)")
-    ] = "view",
-    c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
-    out: OutOpt = None,
-    overwrite: OverwriteOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Angular distance D_n(l) between residual states (Gromov et al. 2024)."""
-    path, ow = resolve_out(out, ckpt, "angular", overwrite)
-    model, ck = open_model(ckpt, c)
-    with busy(f"angular {ckpt.name}") as p:
-        ds = registry.run(
-            "angular",
-            model,
-            eval_data(model, ck, c),
-            positions=positions,
-            repr=repr,
-            checkpoint=ck,
-            progress=p.engine(),
-            **_opts(c),
-        )
-    write(ds, path, ow)
-    from ..diagnostics.angular import profile_summary
-
-    summary = profile_summary(ds)
-    prof = summary["profile"]
-    head = {"metric": "angular", "positions": positions, "repr": repr, **summary, "out": str(path)}
-    lines = [
-        f"[bold]{ckpt}[/bold] angular distance d(h_l, h_l+1), positions={positions}, repr={repr}:",
-        "  " + " ".join(f"{x:.3f}" for x in prof),
-        f"dataset: {path}",
-    ]
-    emit(head, as_json, lines, _matrix_view(ds["angular_distance"], 1.0))
 
 
 @app.command()

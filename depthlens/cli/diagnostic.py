@@ -154,7 +154,7 @@ def _add_options(fn: Any, options: tuple[registry.Option, ...]) -> None:
             o.name,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=o.default,
-            annotation=Annotated[o.type, typer.Option(o.flag, help=o.help)],
+            annotation=Annotated[o.annotation, typer.Option(o.flag, help=o.help)],
         )
         for o in options
     ]

@@ -179,3 +179,27 @@ def angular_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
 def angular_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
     prof = kept_var(ds["profile"], "angular distance between consecutive residual states d(h_l, h_l+1)")
     return {"angular_profile": prof.rename(layer="state")}
+
+
+def angular_view(ds: xr.Dataset, model: Any) -> tuple[dict[str, Any], list[str], Any]:
+    """The terminal view of `depthlens angular` (registry hook): the one-block profile D_1(l), the most prunable
+    block, and D[l, n] as a terminal heatmap."""
+    from depthlens.plotting.plots import terminal_heatmap
+
+    positions, rep = str(ds.attrs.get("positions")), str(ds.attrs.get("repr"))
+    summary = profile_summary(ds)
+    head = {
+        "metric": "angular",
+        "design": getattr(model.design, "slug", "?"),
+        "n_layer": int(model.n_layer),
+        "positions": positions,
+        "repr": rep,
+        **summary,
+    }
+    lines = [
+        f"angular distance d(h_l, h_l+1), positions={positions}, repr={rep}:",
+        "  " + " ".join(f"{x:.3f}" for x in summary["profile"]),
+    ]
+    m = ds["angular_distance"].values
+    labels = [str(i) for i in range(m.shape[0])]
+    return head, lines, terminal_heatmap(m, labels, labels, vmin=0.0, vmax=1.0, legend=True)

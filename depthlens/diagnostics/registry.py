@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
@@ -62,13 +62,21 @@ class Option:
     help: str
     lo: float | None = None
     hi: float | None = None
+    choices: tuple[str, ...] = ()  # a str option's values ("" = any)
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def annotation(self) -> Any:
+        """Its value type for a command's signature: a Literal of the choices, else the type."""
+        return Literal[self.choices] if self.choices else self.type
+
     def check(self, value: Any) -> str | None:
         """Why `value` is refused (one line), or None."""
+        if self.choices and value not in self.choices:
+            return f"{self.flag} must be one of {', '.join(self.choices)}; got {value!r}"
         if self.type not in (int, float):
             return None
         lo = "-inf" if self.lo is None else f"{self.lo:g}"
@@ -251,7 +259,14 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic(
         "angular",
         "depthlens.diagnostics.angular:angular_distances",
-        "angular distance d(h_l, h_l+n) between residual states",
+        "angular distance D_n(l) between residual states (Gromov et al. 2024)",
+        options=(
+            Option("positions", str, "last", "last | all (BOS excluded)", choices=("last", "all")),
+            Option(
+                "repr", str, "view", "view | flatten (HC/mHC) | input (AttnRes)", choices=("view", "flatten", "input")
+            ),
+        ),
+        view="depthlens.diagnostics.angular:angular_view",
         figure="depthlens.diagnostics.figures:fig_angular",
         title="Angular distance d(h_ℓ, h_ℓ+n)",
         record="depthlens.diagnostics.angular:angular_record",
