@@ -215,3 +215,27 @@ def test_api_compare_by_registry_name_equals_compare_by_function():
     np.testing.assert_array_equal(by_name["perm_abs"].values, by_fn["perm_abs"].values)
     with pytest.raises(DepthlensError, match="unknown diagnostic"):
         api.compare("permutations", models, data)
+
+
+def test_a_typed_option_refuses_what_its_command_must_not_run_on():
+    eps = registry.Option("eps", float, 0.05, "help", 0.0, 1.0)
+    assert eps.check(0.0) is None and eps.check(1.0) is None and eps.check(0.05) is None
+    for bad in (-0.1, 1.5, float("nan"), float("inf")):
+        assert eps.check(bad) == f"--eps must be a finite number in [0, 1], got {bad}"
+    pos = registry.Option("positions", str, "last", "help", choices=("last", "all"))
+    assert pos.check("all") is None and pos.check("some") == "--positions must be one of last, all; got 'some'"
+    assert registry.Option("block_size", int, 1, "help").flag == "--block-size"
+
+
+def test_a_typed_option_that_clashes_with_the_commands_own_is_refused_when_built():
+    from depthlens.cli.diagnostic import command_for
+    from depthlens.errors import DepthlensError
+
+    d = registry.Diagnostic(
+        "clashing",
+        "depthlens.diagnostics.angular:angular_distances",
+        "x",
+        options=(registry.Option("seed", int, 0, "h"),),
+    )
+    with pytest.raises(DepthlensError, match=r"\['seed'\].*clash"):
+        command_for(d)

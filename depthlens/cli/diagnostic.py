@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..diagnostics import registry
+from ..errors import DepthlensError
 from ..io.files import StrictJSONError, strict_json
 from .analyze import (
     BootOpt,
@@ -31,7 +32,7 @@ from .analyze import (
     write,
 )
 from .app import OneLineErrors, QuietOpt, domain_errors, fail
-from .common import EVAL_DEFAULTS, Common, eval_options
+from .common import EVAL_DEFAULTS, EVAL_OPTIONS, Common, eval_options
 
 
 def parse_opts(items: list[str]) -> dict[str, Any]:
@@ -149,6 +150,10 @@ def _add_options(fn: Any, options: tuple[registry.Option, ...]) -> None:
 
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    taken = {p.name for p in params} | {"c", *(name for name, _, _ in EVAL_OPTIONS)}
+    clash = [o.name for o in options if o.name in taken]
+    if clash:  # a programming error in the entry, caught when its command is built
+        raise DepthlensError(f"options {clash} of a diagnostic clash with the command's own options")
     typed = [
         inspect.Parameter(
             o.name,
