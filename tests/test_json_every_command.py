@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import depthlens
 from depthlens.cli import app
 from depthlens.io.files import strict_json
 from depthlens.models import ModelConfig, build_model
+from helpers import cli_commands
 
 REPO = Path(__file__).resolve().parents[1]
 # not helpers.FAST: compare and report bootstrap intervals, which need more than two sequences
@@ -25,7 +25,7 @@ ELSEWHERE = {"track": "tests/test_bad_input_rest.py::test_json_output_is_strict_
 
 def _json_commands() -> set[str]:
     out = set()
-    for name, c in typer.main.get_command(app).commands.items():
+    for name, c in cli_commands().items():  # the dedicated commands and those built from registry entries
         subs = getattr(c, "commands", None) or {}
         for full, cmd in [(f"{name} {s}", cc) for s, cc in subs.items()] or [(name, c)]:
             if any("--json" in getattr(p, "opts", ()) for p in cmd.params):
@@ -74,6 +74,9 @@ def _args(cmd: str, w: dict[str, str]) -> list[str]:
         "causal": ["causal", pre, *FAST, "-o", f"{root}/c.nc"],
         "permute": ["permute", pre, *FAST, "-o", f"{root}/p.nc"],
         "rank": ["rank", w["hc"], *FAST, "-o", f"{root}/r.nc"],
+        "logit_lens": ["logit_lens", pre, *FAST, "-o", f"{root}/ll.nc"],
+        "tuned_lens": ["tuned_lens", pre, *FAST, "-o", f"{root}/tl.nc"],
+        "mixing": ["mixing", w["hc"], *FAST, "-o", f"{root}/m.nc"],
         "sweep": ["sweep", pre, w["hc"], "--thresholds", "0:1:0.5", *FAST, "-o", f"{root}/s.nc"],
         "compare": ["compare", pre, w["hc"], "--metrics", "causal", "--n-boot", "20", *FAST],
         "eval": ["eval", pre, "--data", w["txt"], "--no-humaneval", "--n-seq", "2", "--seq-len", "16"],
@@ -97,6 +100,9 @@ def test_every_json_command_is_covered():
         "causal",
         "permute",
         "rank",
+        "logit_lens",
+        "tuned_lens",
+        "mixing",
         "sweep",
         "compare",
         "eval",
