@@ -367,3 +367,37 @@ def test_the_default_prune_criterion_is_the_zoo_pages_minimax():
             for c in ("greedy", "block_influence"):
                 if c not in r["tied"]:
                     assert r["vs_best"][c]["low"] <= 0, (c, r["k"])
+
+
+def test_the_default_criterion_sentence_quotes_the_atlas():
+    """docs/concepts.md's sentence on `depthlens prune`'s default against the three real models, recounted from
+    atlas.json: where greedy has the lowest pooled mean excess loss over k <= L/4, and where it does not, the
+    winner's lead and the k at which greedy's paired interval against the best lies above 0."""
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    m = re.search(r"<!-- atlas-default -->(.*?)<!-- /atlas-default -->", text, re.S)
+    assert m, "docs/concepts.md has no atlas-default sentence"
+    sentence = " ".join(m.group(1).split())
+    wins, others = [], []
+    for s in _atlas()["models"]:
+        h = s.get("pruning_heldout")
+        if not h:
+            continue
+        pooled = h["scopes"]["pooled"]
+        excess, k_quarter = pooled["mean_excess_quarter"], set(pooled["k_quarter"])
+        worse = []
+        for r in pooled["rows"]:  # by plain loops: greedy not tied with the best, its interval above 0
+            iv = r["vs_best"].get("greedy")
+            if r["k"] in k_quarter and "greedy" not in r["tied"] and iv is not None and iv["low"] > 0:
+                worse.append(r["k"])
+        if min(excess, key=excess.get) == "greedy":
+            wins.append(DISPLAY[s["name"]])
+            assert not worse, s["name"]
+        else:
+            w = min(excess, key=excess.get)
+            others.append(
+                f"on {DISPLAY[s['name']]} `{w}` is lower ({excess[w]:.3f} against {excess['greedy']:.3f} nats), and "
+                f"there greedy's cut is distinguishably worse than the best at k = {', '.join(map(str, worse))}"
+            )
+    assert f"`greedy` has the lowest mean excess loss on {' and '.join(wins)}" in sentence
+    for want in others:
+        assert want in sentence, want
