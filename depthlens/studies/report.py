@@ -43,7 +43,6 @@ from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN  # noqa: F
 from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as report.build named them)
     DEFAULT_N_BOOT,
-    UNTRAINED_METRICS,
     Entry,
     Progress,
     StudyOptions,

@@ -27,7 +27,6 @@ from depthlens.runtime.defaults import DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 
 DEFAULT_N_BOOT = 1000
-UNTRAINED_METRICS = registry.UNTRAINED  # the shipped diagnostics a report also runs on each untrained twin
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
 
