@@ -1,12 +1,10 @@
 """How each diagnostic's Dataset is summarised: its report row fields, its `track` variables and its headline
-share, named by the registry (`Diagnostic.record`, `Diagnostic.track`) so report and track loop over the
-registry instead of switching on names.
+share. The generic part (a headline share with its CI and shard mean/sd, and the score matrix) lives here; a
+diagnostic's own fields come from its registry hooks (`Diagnostic.record`, `Diagnostic.track`), which sit beside
+its engine in the diagnostics layer, so report and track loop over the registry instead of switching on names.
 
     row.update(record_fields(d, ds, row))         # the report row: the share columns, then the diagnostic's own
     vars = track_vars(d, ds, opts)                # one snapshot's variables in `depthlens track`
-
-A diagnostic with a headline score and no hooks gets the generic summaries: the share of late pairs above θ
-with its bootstrap CI and shard mean/sd (report and track), and its score matrix (track).
 """
 
 from __future__ import annotations
