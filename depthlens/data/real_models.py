@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from depthlens.data.shards import sha256_file  # the one streamed file hash
 from depthlens.errors import DataError
 
 
@@ -102,14 +103,6 @@ def model_path(name: str, cache: str | os.PathLike | None = None) -> Path:
     if name not in MODELS:
         raise DataError(f"unknown real model {name!r}; known: {', '.join(MODELS)}")
     return cache_root(cache) / "real-models" / f"{name}.gguf"
-
-
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _say(msg: str) -> None:
@@ -251,7 +244,7 @@ def fetch(name: str, cache: str | os.PathLike | None = None) -> Path:
             stamp.unlink()
         if _regular_or_absent(out, f"the GGUF file of {name}"):
             _say(f"{name}: verifying {out}")
-            if _sha256(out) == model.sha256:
+            if sha256_file(out) == model.sha256:
                 _say(f"{name}: ready ({out})")
                 return out
             _say(f"{name}: {out} does not match its SHA-256; rebuilding it")
