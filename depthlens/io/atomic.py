@@ -49,6 +49,7 @@ from .ownership import (
     _json,
     _not_owner,
     _now,
+    adopt_hint,
     check_name,
     check_not_in_checkpoint,
     check_target,
@@ -59,6 +60,7 @@ from .ownership import (
     legacy_kind,
     listing,
     marker_payload,
+    owned_by_another,
     read_marker,
     recognise,
 )
@@ -187,22 +189,13 @@ def claim_dir(path: str | os.PathLike[str], kind: str, *, create: bool = True, *
     if path.is_dir() and any(path.iterdir()):
         m = read_marker(path)
         if m is None:
-            old = legacy_kind(path)
-            hint = (
-                f" (it looks like a {old} from a depthlens before markers: mark it once with "
-                f"`python -m depthlens.io.atomic adopt {path}`)"
-                if old == kind
-                else ""
-            )
             raise DepthlensError(
                 f"{path}: exists and is not depthlens {kind} output (no {MARKER} marker); refusing "
-                f"to write into it{hint}"
+                f"to write into it{adopt_hint(path, kind)}"
             )
         if m["kind"] != kind:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {kind}; refusing to write into it")
-        theirs = m.get("owner")
-        mine = theirs if isinstance(theirs, dict) else {}
-        if any(mine.get(k) != v for k, v in owner.items()):
+        if owned_by_another(m, owner):
             _not_owner(path, m, owner)
         check_writable(path / MARKER)
         return path

@@ -313,23 +313,14 @@ def check_target(
     if path.is_dir() and not path.is_symlink():
         m = read_marker(path)
         if m is None:
-            old = legacy_kind(path)
-            hint = (
-                f" (it looks like a {old} from a depthlens before markers: mark it once with "
-                f"`python -m depthlens.io.atomic adopt {path}`)"
-                if old
-                else ""
-            )
             raise DepthlensError(
                 f"{path}: already exists and is not recognisably depthlens output (no {MARKER} "
-                f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{hint}"
+                f"marker); refusing to modify it{f', with or without {flag}' if flag else ''}{adopt_hint(path)}"
             )
         if kinds is not None and m["kind"] not in kinds:
             raise DepthlensError(f"{path}: a depthlens {m['kind']}, not a {' / '.join(kinds)}; refusing to replace it")
         if owner is not None:
-            theirs = m.get("owner")
-            mine = theirs if isinstance(theirs, dict) else {}
-            if any(mine.get(k) != v for k, v in owner.items()):
+            if owned_by_another(m, owner):
                 return _not_owner(path, m, owner)
         elif not overwrite:
             raise DepthlensError(f"{path}: already exists (pass {flag} to replace it)")
@@ -349,6 +340,26 @@ def check_target(
         )
     check_writable(path)
     return path
+
+
+def adopt_hint(path: Path, kind: str | None = None) -> str:
+    """What a refusal of the unmarked directory `path` ends with when it looks like output of a depthlens from
+    before markers (of `kind`; None: of any kind): the command that marks it once. Else ""."""
+    old = legacy_kind(path)
+    if not old or (kind is not None and old != kind):
+        return ""
+    return (
+        f" (it looks like a {old} from a depthlens before markers: mark it once with "
+        f"`python -m depthlens.io.atomic adopt {path}`)"
+    )
+
+
+def owned_by_another(m: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Whether marker `m` names an owner that differs from `owner` in one of `owner`'s keys (a marker without an
+    owner differs from any non-empty `owner`)."""
+    theirs = m.get("owner")
+    recorded = theirs if isinstance(theirs, dict) else {}
+    return any(recorded.get(k) != v for k, v in owner.items())
 
 
 def _not_owner(path: Path, m: dict[str, Any], owner: dict[str, Any]) -> Path:
