@@ -64,10 +64,8 @@ def causal_definition_table(
                     "aggregator": agg,
                     "definition": definition("causal", variant=str(variant), aggregator=agg, norm=norm),
                     "norm_definition": NORM_DEFINITIONS[norm],
-                    "median_late": float(np.nanmedian(_late(m, start))),
+                    **_late_summary(m, thresholds, start),
                 }
-                for th in thresholds:
-                    row[f"share_gt_{th:g}"] = share_above(m, th, start, nan_policy="omit")
                 rows.append(row)
     return rows
 
@@ -83,18 +81,20 @@ def permutation_definition_table(
             "norm": metric.removeprefix("perm_"),
             "definition": definition(metric, swap=ds.attrs.get("swap")),
             "formula": PERM_DEFINITIONS[metric],
-            "median_late": float(np.nanmedian(_late(m, start))),
+            **_late_summary(m, thresholds, start),
         }
-        for th in thresholds:
-            row[f"share_gt_{th:g}"] = share_above(m, th, start, nan_policy="omit")
         rows.append(row)
     return rows
 
 
-def _late(m: np.ndarray, start: str | int) -> np.ndarray:
+def _late_summary(m: np.ndarray, thresholds: Sequence[float], start: str | int) -> dict[str, float]:
+    """A score matrix's late pairs (NaN omitted): their median and the share above each θ, as a table's columns."""
     from depthlens.stats.shares import late_values
 
-    return late_values(m, start, nan_policy="omit")
+    row = {"median_late": float(np.nanmedian(late_values(m, start, nan_policy="omit")))}
+    for th in thresholds:
+        row[f"share_gt_{th:g}"] = share_above(m, th, start, nan_policy="omit")
+    return row
 
 
 # ---------------------------------------------------------------------------------------------------------------
