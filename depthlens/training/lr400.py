@@ -33,7 +33,7 @@ from typing import Any
 from ..designs import checkpoint_name
 from ..io.atomic import atomic_write_text
 from .config import TRAJECTORY_FIELDS
-from .recipes import RECIPES_DIR, ZOO_CORPUS, ZOO_TARGET, _next_lrs, _zoo_base, _zoo_model, zoo_lr, zoo_lr_results
+from .recipes import RECIPES_DIR, ZOO_CORPUS, _next_lrs, _zoo_base, _zoo_model, sweep_run, zoo_lr, zoo_lr_results
 
 LR400_DESIGNS = ("preln", "hc", "full_attnres")  # the designs of the paper's headline claims
 LR400_DEPTHS = (16, 32)
@@ -68,23 +68,9 @@ def lr400_recipe(results: dict[str, Any] | None = None) -> dict[str, Any]:
                 lr = current * 2.0**k
                 for seed in LR400_SEEDS:
                     name = run_name(design, L, lr, seed)
-                    out = f"{LR400_RUNS_DIR}/{name}"
-                    runs[name] = {
-                        "model": model,
-                        "lr": lr,
-                        "out": out,
-                        "export": f"{out}/checkpoint",
-                        "meta": {
-                            "iso_target_params": ZOO_TARGET,
-                            "sweep": "zoo_lr400",
-                            **shape,
-                            "current_lr": current,
-                            "current_lr_source": source,
-                            "grid_step": k,
-                        },
-                        "seed": seed,
-                        "data_seed": seed,
-                    }
+                    meta = {"current_lr": current, "current_lr_source": source, "grid_step": k}
+                    run = sweep_run(model, shape, lr, f"{LR400_RUNS_DIR}/{name}", "zoo_lr400", **meta)
+                    runs[name] = {**run, "seed": seed, "data_seed": seed}
     return {
         "description": "LR check at the zoo's budget (400 steps, the zoo's recipe) for "
         f"{list(LR400_DESIGNS)} at L in {list(LR400_DEPTHS)}: the current LR (zoo_cpu_lr_sweep.json, 150 steps) "

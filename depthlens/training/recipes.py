@@ -137,6 +137,20 @@ def _zoo_model(design: str, L: int) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
+def sweep_run(
+    model: dict[str, Any], shape: dict[str, Any], lr: float, out: str, sweep: str, **meta: Any
+) -> dict[str, Any]:
+    """One run of an LR sweep on the zoo's iso-parameter shapes: the model at peak LR `lr`, trained in `out`
+    (its checkpoint exported inside), with the meta its result is read back by (`meta`: the sweep's own)."""
+    return {
+        "model": model,
+        "lr": lr,
+        "out": out,
+        "export": f"{out}/checkpoint",
+        "meta": {"iso_target_params": ZOO_TARGET, "sweep": sweep, **shape, **meta},
+    }
+
+
 def lr_sweep_name(design: str, n_layer: int, lr: float) -> str:
     return f"{checkpoint_name(design, n_layer)}_lr{lr:g}"
 
@@ -153,14 +167,7 @@ def zoo_lr_recipe() -> dict[str, Any]:
             model, shape = _zoo_model(design, L)
             for lr in ZOO_LR_CANDIDATES:
                 name = lr_sweep_name(design, L, lr)
-                out = f".cache/depthlens/runs/zoo_lr/{name}"
-                runs[name] = {
-                    "model": model,
-                    "lr": lr,
-                    "out": out,
-                    "export": f"{out}/checkpoint",
-                    "meta": {"iso_target_params": ZOO_TARGET, "sweep": "zoo_lr", **shape},
-                }
+                runs[name] = sweep_run(model, shape, lr, f".cache/depthlens/runs/zoo_lr/{name}", "zoo_lr")
     return {
         "description": f"Per-design peak-LR sweep for the CPU zoo: {ZOO_SWEEP_STEPS} steps at L={ZOO_SWEEP_DEPTH} "
         f"(every design) and L={ZOO_CONFIRM_DEPTH} (the designs the paper's claims name), LR on "
