@@ -54,8 +54,8 @@ from depthlens.diagnostics.causal_dataset import (  # noqa: F401  (AGGREGATORS: 
 from depthlens.errors import DepthlensError
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import RunContext, State, state_cat, state_repeat
-from depthlens.runtime.distributed import agree, merge, shard, world
-from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device
+from depthlens.runtime.distributed import merge, shard, world
+from depthlens.runtime.evaldata import EvalData, default_rows, each_batch, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import late_window, loss_log_probs, loss_logits
 
@@ -337,33 +337,14 @@ def causal_scores(
         dloss=np.full((L, N), np.nan),
         clean_loss=np.full(N, np.nan),
     )
-    device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), arms, S)
     own_layers = sorted({a.s for a in mine})
     count = Count(progress, len(batches) * sum(not a.null for a in mine) if mine else 0)
-    err = None
-    with evaluating(model):
-        try:
-            for start, toks in batches if mine else []:
-                # one function call per batch, so the batch's clean cache is freed before the next one is built
-                _batch(
-                    model,
-                    toks.to(device),
-                    slice(start, start + toks.shape[0]),
-                    own_layers,
-                    mine,
-                    unit,
-                    norm,
-                    eps,
-                    per_chunk,
-                    outputs,
-                    measure,
-                    res,
-                    count,
-                )
-        except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
-            err = e
-    agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
+
+    def run_batch(toks: torch.Tensor, seqs: slice) -> None:
+        _batch(model, toks, seqs, own_layers, mine, unit, norm, eps, per_chunk, outputs, measure, res, count)
+
+    each_batch(model, batches if mine else [], run_batch)
     _merge_ranks(res)
     return _dataset(
         model,

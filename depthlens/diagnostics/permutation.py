@@ -30,8 +30,8 @@ from depthlens.io.dataset import kept_var, make_dataset
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import RunContext, State, state_cat, state_select
-from depthlens.runtime.distributed import agree, merge, shard, world
-from depthlens.runtime.evaldata import EvalData, default_rows, evaluating, model_device, model_provenance
+from depthlens.runtime.distributed import merge, shard, world
+from depthlens.runtime.evaldata import EvalData, default_rows, each_batch, model_provenance
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import late_pairs, late_window
 from depthlens.stats.shares import PerSequence, paired_se
@@ -135,30 +135,13 @@ def permutation_scores(
     dl = np.full((L, L, N), np.nan)
     kl = np.full((L, L, N), np.nan)
     clean_loss = np.full(N, np.nan)
-    device = model_device(model)
     batches, mine = _my_share(list(data.batches(b_seq)), by_i)
     count = Count(progress, len(batches) * sum(len(js) for js in mine.values()) if mine else 0)
-    err = None
-    with evaluating(model):
-        try:
-            for start, toks in batches if mine else []:
-                # one call per batch: its state cache is freed before the next batch builds one
-                _batch(
-                    model,
-                    toks.to(device),
-                    slice(start, start + toks.shape[0]),
-                    mine,
-                    per_chunk,
-                    swap,
-                    dl,
-                    kl,
-                    clean_loss,
-                    chunked_head,
-                    count,
-                )
-        except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
-            err = e
-    agree(err)  # one process: re-raises err; many: all raise if any rank failed (no rank waits in the merge)
+
+    def run_batch(toks: torch.Tensor, seqs: slice) -> None:
+        _batch(model, toks, seqs, mine, per_chunk, swap, dl, kl, clean_loss, chunked_head, count)
+
+    each_batch(model, batches if mine else [], run_batch)
     dl, kl, clean_loss = _merge_ranks(dl, kl, clean_loss)
     for l in range(L):
         dl[l, l] = kl[l, l] = 0.0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -495,6 +495,26 @@ def model_device(model: Any) -> torch.device:
         first: torch.device = p.device
         return first
     return torch.device("cpu")
+
+
+def each_batch(
+    model: Any, batches: Sequence[tuple[int, torch.Tensor]], run_batch: Callable[[torch.Tensor, slice], None]
+) -> None:
+    """`run_batch(token ids on the model's device, the batch's rows of the eval set)` for each (first row, ids)
+    of `batches`, in eval mode. Under torchrun a failure on any rank is raised on every rank (`agree`) before any
+    rank waits in the merge that follows; one process: the failure itself. One call per batch, so what a batch
+    builds (its clean cache) is freed before the next one is built."""
+    from depthlens.runtime.distributed import agree
+
+    device = model_device(model)
+    err = None
+    with evaluating(model):
+        try:
+            for start, toks in batches:
+                run_batch(toks.to(device), slice(start, start + toks.shape[0]))
+        except Exception as e:  # noqa: BLE001  (under torchrun every rank hears of it before the merge)
+            err = e
+    agree(err)
 
 
 def default_batch_size(data: EvalData, tokens_per_batch: int = 4096) -> int:
