@@ -6,6 +6,7 @@ and show progress (`busy`). The commands are in `analyze.py` (one checkpoint) an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -380,22 +381,11 @@ def eval_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _study(c: Common, n_boot: int = 1000) -> Any:
-    """These options as the API's one options object (`studies.study.StudyOptions`)."""
+    """These options as the API's one options object (`studies.study.StudyOptions`): each of them is the
+    StudyOptions field of its name (--threads 0, torch's default, is its None)."""
     from ..studies.study import StudyOptions
 
-    return StudyOptions(
-        data=c.data,
-        n_seq=c.n_seq,
-        seq_len=c.seq_len,
-        seed=c.seed,
-        device=c.device,
-        dtype=c.dtype,
-        n_boot=n_boot,
-        batch_size=c.batch_size,
-        threads=c.threads or None,
-        device_map=c.device_map,
-        tokens=c.tokens,
-    )
+    return StudyOptions(**{**dataclasses.asdict(c), "threads": c.threads or None}, n_boot=n_boot)
 
 
 def _opts(c: Common) -> dict[str, Any]:
