@@ -240,6 +240,16 @@ def bootstrap_share(
     return cast("tuple[float, float, np.ndarray]", bootstrap_ci(stat, N, n_boot=n_boot, seed=seed, level=level))
 
 
+def _share_of(
+    ds: xr.Dataset, metric: str, threshold: float, seqs: range, aggregator: str, variant: str, start: str | int
+) -> float:
+    """S(θ) of the sequences `seqs` alone: the full aggregation (the max included) recomputed from them."""
+    c = np.zeros(ds.sizes["sequence"])
+    c[seqs.start : seqs.stop] = 1
+    m = resampled_matrix(ds, metric, c, aggregator, variant)
+    return float(share_curve(m, [threshold], start, nan_policy="omit")[0])
+
+
 def shard_shares(
     ds: xr.Dataset,
     metric: str,
@@ -259,14 +269,8 @@ def shard_shares(
     if not 2 <= k <= N:
         raise DepthlensError(f"need 2 <= k <= number of sequences ({N}) shards, got k={k}")
     bounds = np.linspace(0, N, k + 1).round().astype(int)
-    vals = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        c = np.zeros(N)
-        c[a:b] = 1
-        vals.append(
-            share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start, nan_policy="omit")[0]
-        )
-    v = np.array(vals)
+    shards = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    v = np.array([_share_of(ds, metric, threshold, seqs, aggregator, variant, start) for seqs in shards])
     return xr.DataArray(
         v,
         dims=("shard",),
@@ -296,15 +300,8 @@ def eval_size_curve(
     N)."""
     N = ds.sizes["sequence"]
     sizes = [s for s in sizes if s <= N] or [N]
-    vals = []
-    for n in sizes:
-        c = np.zeros(N)
-        c[:n] = 1
-        vals.append(
-            share_curve(resampled_matrix(ds, metric, c, aggregator, variant), [threshold], start, nan_policy="omit")[0]
-        )
     return xr.DataArray(
-        np.array(vals),
+        np.array([_share_of(ds, metric, threshold, range(n), aggregator, variant, start) for n in sizes]),
         dims=("n_sequences",),
         coords={"n_sequences": sizes},
         name="share",
