@@ -26,7 +26,7 @@ from einops import rearrange
 
 from depthlens.diagnostics.scores import DEAD_PREFIX_EPS
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import kept_var, make_dataset, scalar_var
+from depthlens.io.dataset import data_var, kept_var, make_dataset, scalar_var
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts, readout_key
 from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
@@ -167,40 +167,28 @@ def attnres_dataset(
     assert labels is not None  # EvalData is never empty, so the loop ran at least once
     r = attnres_summary(acc, labels, L, eps_grid)
     dv = {
-        "self_weight_sublayer": (
-            ("sublayer",),
-            r["self_weight_sublayer"],
-            {"long_name": "depth-softmax weight on the current block's partial sum", "units": "1"},
+        "self_weight_sublayer": data_var(
+            ("sublayer",), r["self_weight_sublayer"], "depth-softmax weight on the current block's partial sum"
         ),
-        "self_weight": (
-            ("layer",),
-            r["self_weight_layer"],
-            {"long_name": "self-weight s_l of the layer (mean of its two sublayers)", "units": "1"},
+        "self_weight": data_var(
+            ("layer",), r["self_weight_layer"], "self-weight s_l of the layer (mean of its two sublayers)"
         ),
-        "self_weight_site": (
-            ("layer", "site"),
-            r["self_weight_site"],
-            {"long_name": "self-weight per attention / MLP sublayer", "units": "1"},
+        "self_weight_site": data_var(
+            ("layer", "site"), r["self_weight_site"], "self-weight per attention / MLP sublayer"
         ),
-        "mass_family": (
+        "mass_family": data_var(
             ("sublayer", "family"),
             r["mass_family"],
-            {"long_name": "depth-softmax mass on embedding / current partial / older history", "units": "1"},
+            "depth-softmax mass on embedding / current partial / older history",
         ),
-        "source_weight": (
-            ("sublayer", "source"),
-            r["source_weight"],
-            {"long_name": "depth-softmax weight on each completed source", "units": "1"},
+        "source_weight": data_var(
+            ("sublayer", "source"), r["source_weight"], "depth-softmax weight on each completed source"
         ),
-        "consumption": (
-            ("source",),
-            r["consumption"],
-            {"long_name": "consumption: total weight later sublayers put on the source", "units": "1"},
+        "consumption": data_var(
+            ("source",), r["consumption"], "consumption: total weight later sublayers put on the source"
         ),
-        "dead_prefix": (
-            ("eps",),
-            r["dead_prefix"],
-            {"long_name": "dead prefix k*: leading layers with self-weight below eps", "units": "1"},
+        "dead_prefix": data_var(
+            ("eps",), r["dead_prefix"], "dead prefix k*: leading layers with self-weight below eps"
         ),
     }
     coords = {
@@ -287,10 +275,8 @@ def depth_mixing_dataset(
         note = "the design has no residual depth mix (model.depth_mixing returned None); " + (
             "see depth_mass" if masses else "no sub{j}.depth_mass readouts either"
         )
-    dv["depth_mixing"] = (
-        ("source", "destination"),
-        mix,
-        {"long_name": "weight of source i in the input of sublayer j (token mean)", "units": "1"},
+    dv["depth_mixing"] = data_var(
+        ("source", "destination"), mix, "weight of source i in the input of sublayer j (token mean)"
     )
     coords: dict[str, Any] = {"source": np.arange(n), "destination": np.arange(n)}
     if masses:
@@ -298,10 +284,8 @@ def depth_mixing_dataset(
         D = np.full((2 * L, width), np.nan)
         for j, (s, c) in masses.items():
             D[j, : len(s)] = s / c
-        dv["depth_mass"] = (
-            ("sublayer", "depth_source"),
-            D,
-            {"long_name": "depth-attention mass per depth source (token mean)", "units": "1"},
+        dv["depth_mass"] = data_var(
+            ("sublayer", "depth_source"), D, "depth-attention mass per depth source (token mean)"
         )
         coords.update(sublayer=np.arange(2 * L), depth_source=np.arange(width))
     options = dict(

@@ -29,7 +29,7 @@ import xarray as xr
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import kept_var, make_dataset
+from depthlens.io.dataset import data_var, kept_var, make_dataset
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts
@@ -199,50 +199,32 @@ def effective_rank_dataset(
     if static is not None:
         res.update(_static_summaries(static, L, widths))
     dv = {
-        "erank": (
-            ("product", "statistic"),
-            res["erank"],
-            {"long_name": "effective rank of the residual-mixing product", "units": "1"},
+        "erank": data_var(("product", "statistic"), res["erank"], "effective rank of the residual-mixing product"),
+        "gain_fwd": data_var(
+            ("product", "statistic"), res["gain_fwd"], "forward Amax gain (max row abs sum) of the product"
         ),
-        "gain_fwd": (
-            ("product", "statistic"),
-            res["gain_fwd"],
-            {"long_name": "forward Amax gain (max row abs sum) of the product", "units": "1"},
+        "gain_bwd": data_var(
+            ("product", "statistic"), res["gain_bwd"], "backward Amax gain (max column abs sum) of the product"
         ),
-        "gain_bwd": (
-            ("product", "statistic"),
-            res["gain_bwd"],
-            {"long_name": "backward Amax gain (max column abs sum) of the product", "units": "1"},
-        ),
-        "erank_window": (
+        "erank_window": data_var(
             ("window", "statistic"),
             res["erank_window"],
-            {"long_name": "effective rank of w-sublayer window products, mean over starts", "units": "1"},
+            "effective rank of w-sublayer window products, mean over starts",
         ),
-        "erank_sublayer": (
-            ("sublayer",),
-            res["erank_sublayer"],
-            {"long_name": "effective rank of one sublayer's residual map (token mean)", "units": "1"},
+        "erank_sublayer": data_var(
+            ("sublayer",), res["erank_sublayer"], "effective rank of one sublayer's residual map (token mean)"
         ),
-        "structural_zero_grad": (
+        "structural_zero_grad": data_var(
             ("sublayer",),
             res["zero_grad"].astype(np.int8),
-            {
-                "long_name": "1 where the residual map cannot receive gradient (first map row-"
-                "stochastic on replicated streams, last map column-stochastic before the "
-                "sum/mean collapse)",
-                "units": "1",
-                "flag_values": [0, 1],
-            },
+            "1 where the residual map cannot receive gradient (first map row-stochastic on replicated streams, "
+            "last map column-stochastic before the sum/mean collapse)",
+            flag_values=[0, 1],
         ),
     }
     for key in ("erank_static", "gain_fwd_static", "gain_bwd_static"):
         if key in res:
-            dv[key] = (
-                ("product",),
-                res[key],
-                {"long_name": f"{key.replace('_', ' ')} (static maps, alpha = 0)", "units": "1"},
-            )
+            dv[key] = data_var(("product",), res[key], f"{key.replace('_', ' ')} (static maps, alpha = 0)")
     coords = {
         "product": list(PRODUCTS),
         "statistic": list(STATISTICS),

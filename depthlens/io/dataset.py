@@ -172,6 +172,13 @@ def make_dataset(
     return ds
 
 
+def data_var(
+    dims: tuple[str, ...], values: Any, long_name: str, units: str = "1", **attrs: Any
+) -> tuple[tuple[str, ...], Any, dict[str, Any]]:
+    """A data variable as `make_dataset` takes it: (dims, values, attrs with its long name and units)."""
+    return dims, values, {"long_name": long_name, "units": units, **attrs}
+
+
 def scalar_var(v: Any, long_name: str, units: str = "1") -> xr.DataArray:
     """A 0-d float64 variable (NaN for None) with its long name and units: one `track` snapshot's number."""
     return xr.DataArray(np.float64(np.nan if v is None else v), attrs={"long_name": long_name, "units": units})
