@@ -59,6 +59,8 @@ from .precision import line as precision_line
 from .precision import run as precision_run
 
 if TYPE_CHECKING:  # typing only: the CLI imports xarray where a command needs it
+    from pathlib import Path
+
     import xarray as xr
 
 # The analysis commands and what they share, wherever defined (common.py: options and helpers; compare.py: the
@@ -162,34 +164,33 @@ def causal(
         aggregator = agg
     path, ow = resolve_out(out, ckpt, "causal", overwrite)
     check_plot(plot, path, overwrite)
-    from ..diagnostics.sweep import headline, interval_attrs, score_matrix
+    from ..diagnostics.sweep import score_matrix
 
-    model, ck = open_model(ckpt, c)
-    variants = ("current", "future") if variant == "future" else ("current",)
-    hkw = {"threshold": threshold, "aggregator": aggregator, "variant": variant, "start": window, "n_boot": n_boot}
-    with busy(f"causal {ckpt.name} (layer skips)") as p:
-        ds = precision_run(
-            "causal",
-            model,
-            eval_data(model, ck, c),
-            precision,
-            {**hkw, "seed": c.seed},
-            variants=variants,
-            layers=layers,
-            unit=unit,
-            norm=norm,
-            direct=direct,
-            outputs=outputs,
-            checkpoint=ck,
-            progress=p.engine(),
-            **_opts(c),
-        )
-    h = headline(
-        ds, "causal", threshold, aggregator=aggregator, variant=variant, start=window, n_boot=n_boot, seed=c.seed
+    head = {
+        "threshold": threshold,
+        "aggregator": aggregator,
+        "variant": variant,
+        "start": window,
+        "n_boot": n_boot,
+        "seed": c.seed,
+    }
+    ds, h = _scored_run(
+        "causal",
+        "causal",
+        ckpt,
+        c,
+        f"causal {ckpt.name} (layer skips)",
+        precision,
+        head,
+        path,
+        ow,
+        variants=("current", "future") if variant == "future" else ("current",),
+        layers=layers,
+        unit=unit,
+        norm=norm,
+        direct=direct,
+        outputs=outputs,
     )
-    ds.attrs.update(interval_attrs(h))
-    write(ds, path, ow)
-    h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
     lines = [headline_line(h, "C", f"{ckpt} ({h['design']}, L={h['n_layer']})")]
     if verbose:
         lines += [
@@ -213,6 +214,44 @@ def causal(
     )
     h["plot"] = str(plot) if plot else None
     emit(h, as_json, lines, _matrix_view(C, 1.0))
+
+
+def _scored_run(
+    name: str,
+    key: str,
+    ckpt: Path,
+    c: Common,
+    doing: str,
+    precision: float | None,
+    head: dict[str, Any],
+    path: Path,
+    ow: bool,
+    **engine: Any,
+) -> tuple[xr.Dataset, dict[str, Any]]:
+    """Diagnostic `name` on `ckpt` with its `engine` options (to --precision when given), then the headline share
+    of score `key` (`sweep.headline` with `head`: threshold, start, n_boot, seed; for C also aggregator and
+    variant), its interval in the Dataset's attrs, the Dataset written to `path`. Returns (the Dataset, the
+    headline with checkpoint, design, n_layer and out)."""
+    from ..diagnostics.sweep import headline, interval_attrs
+
+    model, ck = open_model(ckpt, c)
+    with busy(doing) as p:
+        ds = precision_run(
+            name,
+            model,
+            eval_data(model, ck, c),
+            precision,
+            {"metric": key, **head},
+            checkpoint=ck,
+            progress=p.engine(),
+            **engine,
+            **_opts(c),
+        )
+    h = headline(ds, key, **head)
+    ds.attrs.update(interval_attrs(h))
+    write(ds, path, ow)
+    h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
+    return ds, h
 
 
 def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
@@ -274,26 +313,21 @@ def permute(
         metric = f"perm_{norm}"  # type: ignore[assignment]
     path, ow = resolve_out(out, ckpt, "permutation", overwrite)
     check_plot(plot, path, overwrite)
-    from ..diagnostics.sweep import headline, interval_attrs, score_matrix
+    from ..diagnostics.sweep import score_matrix
 
-    model, ck = open_model(ckpt, c)
-    with busy(f"permute {ckpt.name} (layer pairs)") as p:
-        ds = precision_run(
-            "permutation",
-            model,
-            eval_data(model, ck, c),
-            precision,
-            {"metric": metric, "threshold": threshold, "start": window, "n_boot": n_boot, "seed": c.seed},
-            pairs=layers,
-            swap=swap,
-            checkpoint=ck,
-            progress=p.engine(),
-            **_opts(c),
-        )
-    h = headline(ds, metric, threshold, start=window, n_boot=n_boot, seed=c.seed)
-    ds.attrs.update(interval_attrs(h))
-    write(ds, path, ow)
-    h.update(checkpoint=str(ckpt), design=getattr(model.design, "slug", "?"), n_layer=int(model.n_layer), out=str(path))
+    ds, h = _scored_run(
+        "permutation",
+        metric,
+        ckpt,
+        c,
+        f"permute {ckpt.name} (layer pairs)",
+        precision,
+        {"threshold": threshold, "start": window, "n_boot": n_boot, "seed": c.seed},
+        path,
+        ow,
+        pairs=layers,
+        swap=swap,
+    )
     symbol = {"perm_abs": "P_abs", "perm_rel": "P_rel", "perm_kl": "P_KL"}[metric]
     lines = [headline_line(h, symbol, f"{ckpt} ({h['design']}, L={h['n_layer']})")]
     if verbose:
