@@ -31,6 +31,7 @@ from .scores import DEAD_PREFIX_EPS as DEAD_PREFIX_EPS
 from .scores import LOG_NAT, frozen
 from .scores import PERM_ABS as PERM_ABS
 from .scores import Grid as Grid
+from .scores import MatrixView as MatrixView
 from .scores import Score as Score
 
 if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time

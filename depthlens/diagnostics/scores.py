@@ -23,6 +23,20 @@ class Grid:
 
 
 @dataclass(frozen=True)
+class MatrixView:
+    """How a figure shows a score's (layer, layer_other) matrix: the overview grid of `depthlens report` reads this,
+    not the diagnostic's name."""
+
+    title: str = ""  # the matrix in the figure's title (default: "<label> (i, j)")
+    axes: tuple[str, str] = ("i", "j")  # what rows and columns index
+    upper_only: bool = False  # entries below the diagonal are undefined (causal: t < s) and drawn blank
+    # "diverging": around 0, symmetric, vlag (a loss change of either sign);
+    # "span": viridis over the data's range, log beyond 1.5 (plotting.panels.causal_scale: ratios above 1 are common)
+    colour: str = "diverging"
+    bar_label: str = ""  # the colour bar's label (default: "<label> [<unit>]")
+
+
+@dataclass(frozen=True)
 class Score:
     """One headline score: S(θ) = share of late pairs (i, j) whose score matrix entry is > θ."""
 
@@ -41,6 +55,7 @@ class Score:
     per_sequence: str | None = None
     bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
     optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
+    view: MatrixView = MatrixView()  # how figures show the matrix
 
     @property
     def theta_label(self) -> str:
@@ -66,6 +81,13 @@ CAUSAL = Score(
     "causal C(s,t): skip s, relative change of the later update t",
     select=frozen(aggregator="max", variant="current"),
     per_sequence="depthlens.diagnostics.causal_dataset:causal_per_sequence",
+    view=MatrixView(
+        "causal score (skipped s → measured t)",
+        ("s", "t"),
+        upper_only=True,
+        colour="span",
+        bar_label="causal score C(s,t), current/max [1]",
+    ),
 )
 PERM_ABS = Score(
     "perm_abs",
@@ -77,4 +99,5 @@ PERM_ABS = Score(
     "P_abs",
     "permutation P_abs = L(swap i,j) - L(id), nats",
     seq_var="delta_loss_seq",
+    view=MatrixView("permutation P_abs (i, j)", bar_label="swap loss increase P_abs [nat]"),
 )

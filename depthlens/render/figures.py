@@ -173,27 +173,28 @@ def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
     fig, axes = subplots(len(slugs), len(depths), size=(1.7, 1.75), layout="constrained")
     score = registry.get(metric).headline
     assert score is not None
+    view = score.view
 
     def late(e: Entry) -> np.ndarray:
-        """The late-window block of the panel's matrix (causal: t < s, undefined, as NaN)."""
+        """The late-window block of the panel's matrix (undefined entries below the diagonal as NaN)."""
         ds, a = e.datasets[metric], late_window(e.n_layer)
         m = np.asarray(
             score_matrix(ds, score.key, score.select.get("aggregator"), score.select.get("variant")).values, float
         ).copy()
-        if metric == "causal":
+        if view.upper_only:
             m[np.tril_indices_from(m, k=-1)] = np.nan
         return m[a:, a:]
 
     vals = np.concatenate([late(e).ravel() for e in have])
-    if metric == "causal":  # the colour bar spans the data: scores above 1 are common
+    label = view.bar_label or f"{score.label} [{score.unit}]"
+    if view.colour == "span":  # the colour bar spans the data
         sc = causal_scale(float(np.nanmax(vals)) if finite(vals) else 1.0)
         norm = plots.color_norm(sc["scale"], sc["vmin"], sc["vmax"])
         cmap, extend = "viridis", sc["extend"]
-        label = "causal score C(s,t), current/max [1]" + (" (log scale)" if sc["scale"] == "log" else "")
+        label += " (log scale)" if sc["scale"] == "log" else ""
     else:
         r = max(float(np.nanmax(np.abs(vals))) if finite(vals) else 1e-3, 1e-3)
         norm, cmap, extend = plots.color_norm("linear", -r, r), "vlag", "neither"
-        label = "swap loss increase P_abs [nat]" if metric == "permutation" else f"{score.label} [{score.unit}]"
     im = None
     for i, L in enumerate(depths):
         a = late_window(L)
@@ -217,15 +218,14 @@ def fig_overview(entries: Sequence[Entry], metric: str) -> Any | None:
             ax.set_yticks([0, n - 1], [str(a), str(L - 1)], fontsize=6)
             ax.tick_params(length=2, pad=1)
     if im is not None:
-        theta, line = score.theta, "white" if metric == "causal" else "0.2"
-        # the headline θ as a line on the bar, named in the bar's label (a text beside it overlapped the panels)
-        label += f"; {'white' if metric == 'causal' else 'dark'} line: θ = {theta:g}"
+        # the headline θ as a line on the bar, named in the bar's label (a text beside it overlapped the panels);
+        # white on viridis, dark on vlag
+        theta, (line, line_name) = score.theta, ("white", "white") if view.colour == "span" else ("0.2", "dark")
+        label += f"; {line_name} line: θ = {theta:g}"
         cb = fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.8, extend=extend, pad=0.01, aspect=30)
         cb.ax.axhline(theta, color=line, linewidth=1.5)
-    what = {"causal": "causal score (skipped s → measured t)", "permutation": "permutation P_abs (i, j)"}.get(
-        metric, f"{score.label} (i, j)"
-    )
-    within = "rows s, columns t" if metric == "causal" else "rows i, columns j"
+    what = view.title or f"{score.label} (i, j)"
+    within = f"rows {view.axes[0]}, columns {view.axes[1]}"
     fig.suptitle(
         f"overview: {what} on the late window ⌊L/4⌋…L−1\n(panel rows: depth, columns: design; in a "
         f"panel {within}, ticks: first and last layer)",
