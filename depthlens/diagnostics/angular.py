@@ -25,7 +25,7 @@ import torch
 import xarray as xr
 
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import kept_var, make_dataset
+from depthlens.io.dataset import data_var, kept_var, make_dataset
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import State
@@ -132,21 +132,9 @@ def angular_distances(
     )
     return make_dataset(
         {
-            "angular_distance": (
-                ("layer", "block_size"),
-                D,
-                {"long_name": "angular distance d(h_l, h_{l+n})", "units": "1"},
-            ),
-            "profile": (
-                ("layer",),
-                D[:, 1],
-                {"long_name": "angular distance of one block d(h_l, h_{l+1})", "units": "1"},
-            ),
-            "prune_start": (
-                ("block_size",),
-                prune,
-                {"long_name": "first layer of the n-block window with the smallest D_n", "units": "1"},
-            ),
+            "angular_distance": data_var(("layer", "block_size"), D, "angular distance d(h_l, h_{l+n})"),
+            "profile": data_var(("layer",), D[:, 1], "angular distance of one block d(h_l, h_{l+1})"),
+            "prune_start": data_var(("block_size",), prune, "first layer of the n-block window with the smallest D_n"),
         },
         {"layer": np.arange(L + 1), "block_size": np.arange(L + 1)},
         metric="angular",

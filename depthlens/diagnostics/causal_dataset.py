@@ -15,7 +15,7 @@ import xarray as xr
 
 from depthlens.diagnostics.causal_arms import _CellStore, _nanmax
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import kept_var, make_dataset, scalar_var
+from depthlens.io.dataset import data_var, kept_var, make_dataset, scalar_var
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.runtime.evaldata import EvalData, model_provenance
 from depthlens.stats.metrics import late_window
@@ -76,27 +76,21 @@ def _dataset(
         undefined = _undefined(L)
         C = np.stack([np.stack([store[v].to_matrix(agg[v][a], S, L) for a in AGGREGATORS]) for v in variants])
         C[..., undefined] = np.nan
-        dv["causal_score"] = (
+        dv["causal_score"] = data_var(
             ("variant", "aggregator", *LL),
             C,
-            {
-                "long_name": "causal score C(s,t): relative change of update u_t when layer s is skipped",
-                "units": "1",
-                "description": UNDEFINED_NOTE,
-            },
+            "causal score C(s,t): relative change of update u_t when layer s is skipped",
+            description=UNDEFINED_NOTE,
         )
         later = np.triu(np.ones((L, L), bool), 1)  # t > s
         with np.errstate(invalid="ignore"):
             mean_down = np.where(later, C, 0).sum(-1) / np.maximum(later.sum(-1), 1)
         mean_down[..., L - 1] = np.nan  # the last layer has no later layer
         mean_down[..., [l for l in range(L) if l not in S]] = np.nan
-        dv["mean_downstream_effect"] = (
+        dv["mean_downstream_effect"] = data_var(
             ("variant", "aggregator", "layer"),
             mean_down,
-            {
-                "long_name": "mean causal score on later layers, mean_{t>s} C(s,t) (Csordas skip_max_depth)",
-                "units": "1",
-            },
+            "mean causal score on later layers, mean_{t>s} C(s,t) (Csordas skip_max_depth)",
         )
         per = {v: store[v].per_sequence() for v in variants}
         names = {
@@ -112,12 +106,12 @@ def _dataset(
         for key, (name, long) in names.items():
             arr = np.stack([store[v].to_matrix(per[v][key], S, L, lower=np.nan) for v in variants])
             arr[:, undefined] = np.nan
-            dv[name] = (("variant", *LL, "sequence"), arr, {"long_name": long, "units": "1"})
+            dv[name] = data_var(("variant", *LL, "sequence"), arr, long)
     if null_store:
-        dv["null_score"] = (
+        dv["null_score"] = data_var(
             ("variant",),
             np.array([np.nanmax(null_store[v].aggregate()["max"]) for v in variants]),
-            {"long_name": "noise floor: max causal score of a skip-nothing intervention", "units": "1"},
+            "noise floor: max causal score of a skip-nothing intervention",
         )
     if dstore:
         agg = {v: dstore[v].aggregate() for v in variants}
@@ -126,48 +120,33 @@ def _dataset(
             if i in S:
                 Cd[..., i, i] = 0.0  # the direct effect has a zero diagonal (docs/concepts.md#causal-score)
         Cd[..., _undefined(L)] = np.nan
-        dv["direct_score"] = (
+        dv["direct_score"] = data_var(
             ("variant", "aggregator", *LL),
             Cd,
-            {
-                "long_name": "direct causal score C_dir(s,t): layer t fed its clean input minus u_s",
-                "units": "1",
-                "description": "NaN where t < s (no measurement: blocks before s never see the skip); t = s is 0 by "
-                "construction",
-            },
+            "direct causal score C_dir(s,t): layer t fed its clean input minus u_s",
+            description="NaN where t < s (no measurement: blocks before s never see the skip); t = s is 0 by "
+            "construction",
         )
     if options["outputs"]:
         Os = np.stack([O[v] for v in variants])
-        dv["output_effect_seq"] = (
-            ("variant", "layer", "sequence"),
-            Os,
-            {"long_name": "per-sequence max L2 change of the next-token distribution", "units": "1"},
+        dv["output_effect_seq"] = data_var(
+            ("variant", "layer", "sequence"), Os, "per-sequence max L2 change of the next-token distribution"
         )
-        dv["output_effect"] = (
+        dv["output_effect"] = data_var(
             ("variant", "layer"),
             _nanmax(Os, axis=2),
-            {"long_name": "output effect O[s]: max L2 change of the next-token distribution", "units": "1"},
+            "output effect O[s]: max L2 change of the next-token distribution",
         )
         if "current" in variants:
-            dv["skip_delta_loss_seq"] = (
-                ("layer", "sequence"),
-                dloss,
-                {"long_name": "per-sequence loss increase when the layer is skipped", "units": "nat"},
+            dv["skip_delta_loss_seq"] = data_var(
+                ("layer", "sequence"), dloss, "per-sequence loss increase when the layer is skipped", "nat"
             )
             with np.errstate(invalid="ignore"):
                 mean = np.where(
                     np.isnan(dloss).all(1), np.nan, np.nansum(dloss, 1) / np.maximum((~np.isnan(dloss)).sum(1), 1)
                 )
-            dv["skip_delta_loss"] = (
-                ("layer",),
-                mean,
-                {"long_name": "loss increase when the layer is skipped", "units": "nat"},
-            )
-    dv["clean_loss_seq"] = (
-        ("sequence",),
-        clean_loss,
-        {"long_name": "per-sequence clean next-token loss", "units": "nat"},
-    )
+            dv["skip_delta_loss"] = data_var(("layer",), mean, "loss increase when the layer is skipped", "nat")
+    dv["clean_loss_seq"] = data_var(("sequence",), clean_loss, "per-sequence clean next-token loss", "nat")
     coords = {
         "layer": np.arange(L),
         "layer_other": np.arange(L),

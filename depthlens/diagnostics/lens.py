@@ -52,7 +52,7 @@ import xarray as xr
 
 from depthlens.diagnostics.vocab import chunk_size, expected_embedding
 from depthlens.errors import DataError, DepthlensError
-from depthlens.io.dataset import make_dataset
+from depthlens.io.dataset import data_var, make_dataset
 from depthlens.models.protocol import LayeredLM, unembedding_of
 from depthlens.models.residual.base import RunContext
 from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
@@ -664,26 +664,21 @@ def lens_readout(
     for name, (long, units, bounds) in meta.items():
         s = seq[name]
         lohi, ci_attrs = _interval_var(s, n_boot, 0, bounds)
-        vars_[name] = (("layer",), s.mean(-1), {"long_name": f"{kind} lens: {long}, sequence mean", "units": units})
-        vars_[f"{name}_seq"] = (
-            ("layer", "sequence"),
-            s,
-            {"long_name": f"{kind} lens: {long}, per sequence", "units": units},
+        vars_[name] = data_var(("layer",), s.mean(-1), f"{kind} lens: {long}, sequence mean", units)
+        vars_[f"{name}_seq"] = data_var(("layer", "sequence"), s, f"{kind} lens: {long}, per sequence", units)
+        vars_[f"{name}_ci"] = data_var(
+            ("layer", "bound"), lohi, f"{kind} lens: {long}, 95% interval of the sequence mean", units, **ci_attrs
         )
-        vars_[f"{name}_ci"] = (
-            ("layer", "bound"),
-            lohi,
-            {"long_name": f"{kind} lens: {long}, 95% interval of the sequence mean", "units": units, **ci_attrs},
-        )
-    vars_["lens_kl_tok"] = (
+    vars_["lens_kl_tok"] = data_var(
         ("layer", "sequence", "position"),
         kl_tok.astype(np.float32),
-        {"long_name": f"{kind} lens: KL(p_final || q_lens) per position", "units": "nat"},
+        f"{kind} lens: KL(p_final || q_lens) per position",
+        "nat",
     )
-    vars_["target_rank_tok"] = (
+    vars_["target_rank_tok"] = data_var(
         ("layer", "sequence", "position"),
         rank_tok.astype(np.int32),
-        {"long_name": f"{kind} lens: rank of the target token per position (0 = top-1)", "units": "1"},
+        f"{kind} lens: rank of the target token per position (0 = top-1)",
     )
     forms_attrs = {"units": "1", "forms_at": forms_at, "ci_method": forms["method"], "ci_unit": forms["unit"]}
     for suffix, key, what in (
@@ -691,13 +686,11 @@ def lens_readout(
         ("_low", "low", ", 95% interval low"),
         ("_high", "high", ", 95% interval high"),
     ):
-        vars_[f"forms_depth{suffix}"] = (
+        vars_[f"forms_depth{suffix}"] = data_var(
             (),
             np.float64(forms[key]),
-            {
-                "long_name": f"{kind} lens: first relative depth with top-1 agreement > {forms_at:g}{what}",
-                **forms_attrs,
-            },
+            f"{kind} lens: first relative depth with top-1 agreement > {forms_at:g}{what}",
+            **forms_attrs,
         )
     options.update(
         {

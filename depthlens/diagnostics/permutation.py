@@ -26,7 +26,7 @@ import xarray as xr
 
 from depthlens.diagnostics.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import kept_var, make_dataset
+from depthlens.io.dataset import data_var, kept_var, make_dataset
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import RunContext, State, state_cat, state_select
@@ -264,30 +264,14 @@ def _dataset(
     for i, j in P:
         se[i, j] = se[j, i] = paired_se(dl[i, j])
     dv = {
-        "perm_abs": (LL, abs_, {"long_name": "loss increase when layers i and j are swapped", "units": "nat"}),
-        "perm_rel": (
-            LL,
-            abs_ / base,
-            {"long_name": "relative loss increase when layers i and j are swapped", "units": "1"},
-        ),
-        "perm_kl": (
-            LL,
-            kl.mean(-1),
-            {"long_name": "KL(p_id || p_swapped) when layers i and j are swapped", "units": "nat"},
-        ),
-        "perm_abs_se": (LL, se, {"long_name": "paired standard error of the swap loss increase", "units": "nat"}),
-        "delta_loss_seq": (
-            (*LL, "sequence"),
-            dl,
-            {"long_name": "per-sequence loss increase of the swap", "units": "nat"},
-        ),
-        "kl_seq": ((*LL, "sequence"), kl, {"long_name": "per-sequence mean KL(p_id || p_swapped)", "units": "nat"}),
-        "clean_loss_seq": (
-            ("sequence",),
-            clean_loss,
-            {"long_name": "per-sequence clean next-token loss", "units": "nat"},
-        ),
-        "clean_loss": ((), base, {"long_name": "clean next-token loss", "units": "nat"}),
+        "perm_abs": data_var(LL, abs_, "loss increase when layers i and j are swapped", "nat"),
+        "perm_rel": data_var(LL, abs_ / base, "relative loss increase when layers i and j are swapped"),
+        "perm_kl": data_var(LL, kl.mean(-1), "KL(p_id || p_swapped) when layers i and j are swapped", "nat"),
+        "perm_abs_se": data_var(LL, se, "paired standard error of the swap loss increase", "nat"),
+        "delta_loss_seq": data_var((*LL, "sequence"), dl, "per-sequence loss increase of the swap", "nat"),
+        "kl_seq": data_var((*LL, "sequence"), kl, "per-sequence mean KL(p_id || p_swapped)", "nat"),
+        "clean_loss_seq": data_var(("sequence",), clean_loss, "per-sequence clean next-token loss", "nat"),
+        "clean_loss": data_var((), base, "clean next-token loss", "nat"),
     }
     coords = {"layer": np.arange(L), "layer_other": np.arange(L), "sequence": np.arange(data.n_seq)}
     return make_dataset(

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 import xarray as xr
 
 from ..errors import DepthlensError
-from ..io.dataset import make_dataset
+from ..io.dataset import data_var, make_dataset
 from ..models.protocol import unembedding_of
 from ..runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
 from ..runtime.journal import Journal
@@ -315,28 +315,12 @@ def pruning_curves(
     )
     return make_dataset(
         {
-            "loss": (("criterion", "k"), loss, {"long_name": "LM loss with k layers removed", "units": "nats/token"}),
-            "removed": (
-                ("criterion", "k", "layer"),
-                removed,
-                {"long_name": "removed layers (random: fraction of draws)", "units": "1"},
-            ),
-            "loss_random_min": (
-                ("k",),
-                rand_min,
-                {"long_name": "random removal: lowest loss of the draws", "units": "nats/token"},
-            ),
-            "loss_random_max": (
-                ("k",),
-                rand_max,
-                {"long_name": "random removal: highest loss of the draws", "units": "nats/token"},
-            ),
-            "loss_clean": ((), clean, {"long_name": "LM loss of the whole model", "units": "nats/token"}),
-            "best_criterion": (
-                ("k",),
-                best,
-                {"long_name": "criterion with the lowest loss (random excluded)", "units": "1"},
-            ),
+            "loss": data_var(("criterion", "k"), loss, "LM loss with k layers removed", "nats/token"),
+            "removed": data_var(("criterion", "k", "layer"), removed, "removed layers (random: fraction of draws)"),
+            "loss_random_min": data_var(("k",), rand_min, "random removal: lowest loss of the draws", "nats/token"),
+            "loss_random_max": data_var(("k",), rand_max, "random removal: highest loss of the draws", "nats/token"),
+            "loss_clean": data_var((), clean, "LM loss of the whole model", "nats/token"),
+            "best_criterion": data_var(("k",), best, "criterion with the lowest loss (random excluded)"),
         },
         {"criterion": list(criteria), "k": ks, "layer": np.arange(L)},
         metric="pruning",

@@ -46,7 +46,7 @@ import torch
 import xarray as xr
 
 from ..errors import DataError, DepthlensError
-from ..io.dataset import make_dataset
+from ..io.dataset import data_var, make_dataset
 from ..io.files import read_json
 from ..runtime.evaldata import EvalData, evaluating, model_provenance
 from .pruning import _Pruner, same_losses
@@ -494,34 +494,32 @@ def heldout_curves(
     )
     return make_dataset(
         {
-            "seq_loss": (
+            "seq_loss": data_var(
                 ("criterion", "k", "sequence"),
                 seq_loss,
-                {"long_name": "held-out LM loss of the window, cut chosen on the other fold", "units": "nats/token"},
+                "held-out LM loss of the window, cut chosen on the other fold",
+                "nats/token",
             ),
-            "removed": (
+            "removed": data_var(
                 ("fold", "criterion", "k", "layer"),
                 removed,
-                {"long_name": "layers removed by the cut chosen on this fold's calibration windows", "units": "1"},
+                "layers removed by the cut chosen on this fold's calibration windows",
             ),
-            "calibration_loss": (
+            "calibration_loss": data_var(
                 ("fold", "criterion", "k"),
                 cal_loss,
-                {
-                    "long_name": "the cut's mean loss on its own calibration windows (NaN: not run)",
-                    "units": "nats/token",
-                },
+                "the cut's mean loss on its own calibration windows (NaN: not run)",
+                "nats/token",
             ),
-            "clean_seq": (("sequence",), clean, {"long_name": "LM loss of the whole model", "units": "nats/token"}),
-            "single_delta": (
-                ("fold", "layer"),
-                single,
-                {"long_name": "calibration Δloss of removing the layer alone", "units": "nats/token"},
+            "clean_seq": data_var(("sequence",), clean, "LM loss of the whole model", "nats/token"),
+            "single_delta": data_var(
+                ("fold", "layer"), single, "calibration Δloss of removing the layer alone", "nats/token"
             ),
-            "pair_gamma": (
+            "pair_gamma": data_var(
                 ("fold", "layer", "layer_other"),
                 gamma,
-                {"long_name": "calibration pairwise interaction Δ({i,j}) − δ_i − δ_j", "units": "nats/token"},
+                "calibration pairwise interaction Δ({i,j}) − δ_i − δ_j",
+                "nats/token",
             ),
         },
         {
@@ -592,13 +590,11 @@ def random_baselines(
     )
     return make_dataset(
         {
-            "seq_loss": (
-                ("baseline", "k", "draw", "sequence"),
-                seq_loss,
-                {"long_name": "LM loss of the window with a random cut", "units": "nats/token"},
+            "seq_loss": data_var(
+                ("baseline", "k", "draw", "sequence"), seq_loss, "LM loss of the window with a random cut", "nats/token"
             ),
-            "removed": (("baseline", "k", "draw", "layer"), removed, {"long_name": "layers of the draw", "units": "1"}),
-            "clean_seq": (("sequence",), clean, {"long_name": "LM loss of the whole model", "units": "nats/token"}),
+            "removed": data_var(("baseline", "k", "draw", "layer"), removed, "layers of the draw"),
+            "clean_seq": data_var(("sequence",), clean, "LM loss of the whole model", "nats/token"),
         },
         {"baseline": list(BASELINES), "k": np.arange(K), "draw": np.arange(n_random), "layer": np.arange(L)},
         metric="pruning_random",

@@ -20,7 +20,7 @@ import xarray as xr
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import LAYER_DIMS
+from depthlens.io.dataset import LAYER_DIMS, data_var
 from depthlens.stats.metrics import late_pairs, late_window
 from depthlens.stats.shares import PerSequence, bootstrap_ci, crossing_points, ranking_robustness, share_curve
 
@@ -130,12 +130,8 @@ def share_curves(
     coords = {d: X.coords[d] for d in extra if d in X.coords}
     out = xr.Dataset(
         {
-            "share": (
-                (*dims, "threshold"),
-                S,
-                {"long_name": f"share of late pairs with {metric} > threshold", "units": "1"},
-            ),
-            "crossing": ((*dims, "q"), Q, {"long_name": "threshold where the share falls to q", "units": "1"}),
+            "share": data_var((*dims, "threshold"), S, f"share of late pairs with {metric} > threshold"),
+            "crossing": data_var((*dims, "q"), Q, "threshold where the share falls to q"),
         },
         coords={**coords, "window_start": list(starts), "threshold": thetas, "q": list(qs)},
     )
@@ -160,15 +156,11 @@ def robustness(
     h = None if headline_threshold is None else int(np.argmin(np.abs(thetas - headline_threshold)))
     r = ranking_robustness(named, list(order), h)
     dv = {
-        "holds": (("threshold",), r.holds.astype(np.int8), {"long_name": "ordering holds at threshold", "units": "1"}),
-        "fraction": ((), r.fraction, {"long_name": "fraction of the grid where the ordering holds", "units": "1"}),
+        "holds": data_var(("threshold",), r.holds.astype(np.int8), "ordering holds at threshold"),
+        "fraction": data_var((), r.fraction, "fraction of the grid where the ordering holds"),
     }
     if r.tau is not None:
-        dv["kendall_tau"] = (
-            ("threshold",),
-            r.tau,
-            {"long_name": "Kendall tau vs the ranking at the headline", "units": "1"},
-        )
+        dv["kendall_tau"] = data_var(("threshold",), r.tau, "Kendall tau vs the ranking at the headline")
     return xr.Dataset(
         dv, coords={"threshold": thetas}, attrs={"order": " < ".join(order), "headline_threshold": headline_threshold}
     )

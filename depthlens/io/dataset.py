@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,7 @@ def make_dataset(
 ) -> xr.Dataset:
     """Build a labelled result Dataset with CF global attrs, options and provenance as attrs.
 
-    data_vars/coords: as for `xr.Dataset` (e.g. name → (dims, values, {"long_name": ..., "units": ...})).
+    data_vars/coords: as for `xr.Dataset` (e.g. name → `data_var(dims, values, long_name, units)`).
     provenance["eval_tokens"] (an (N, T) id array, set by `evaldata.model_provenance`) becomes the
     `eval_tokens` variable (dims `EVAL_TOKEN_DIMS`); `EvalData.from_dataset` reads it back.
     Every data variable must have `long_name` and `units` attrs (ValueError otherwise).
@@ -139,10 +139,8 @@ def make_dataset(
     if tokens is not None:  # the exact eval ids, so anyone can re-run an independent check on them
         data_vars = {
             **data_vars,
-            "eval_tokens": (
-                EVAL_TOKEN_DIMS,
-                np.asarray(tokens).astype(np.int32),
-                {"long_name": "eval token ids (sequence x position)", "units": "1"},
+            "eval_tokens": data_var(
+                EVAL_TOKEN_DIMS, np.asarray(tokens).astype(np.int32), "eval token ids (sequence x position)"
             ),
         }
     ds = xr.Dataset(data_vars, coords)
@@ -173,8 +171,8 @@ def make_dataset(
 
 
 def data_var(
-    dims: tuple[str, ...], values: Any, long_name: str, units: str = "1", **attrs: Any
-) -> tuple[tuple[str, ...], Any, dict[str, Any]]:
+    dims: tuple[Hashable, ...], values: Any, long_name: str, units: str = "1", **attrs: Any
+) -> tuple[tuple[Hashable, ...], Any, dict[str, Any]]:
     """A data variable as `make_dataset` takes it: (dims, values, attrs with its long name and units)."""
     return dims, values, {"long_name": long_name, "units": units, **attrs}
 
