@@ -42,6 +42,7 @@ from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from ..data.shards import sha256_file  # the one streamed file hash
 from ..errors import DepthlensError
 from ..models.hook_contract import fire_read_only
 from ..models.protocol import LayerLoop, LayerStep, same_logits
@@ -745,16 +746,6 @@ def wrap(
 # --- from the command line: FILE.py:FUNCTION[@WEIGHTS] ---------------------------------------------------------
 
 
-def _sha256(path: Any) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _user_function(ref: Ref) -> tuple[Callable[[], Any], str]:
     """Import the user's file by its path (the user named it on the command line) and return FUNCTION."""
     import importlib.util
@@ -763,7 +754,7 @@ def _user_function(ref: Ref) -> tuple[Callable[[], Any], str]:
     from ..io.files import regular_file
 
     path = regular_file(ref.file, "a Python file with the model's description", error=DescriptionError).resolve()
-    digest = _sha256(path)
+    digest = sha256_file(path)
     name = f"_depthlens_user_{path.stem}_{digest[:12]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -856,10 +847,10 @@ def load_weights(model: DescribedModel, weights: Any) -> str:
     model.module.load_state_dict(sd, strict=True)
     check_finite(model.module.named_parameters(), weights)
     if len(files) == 1:
-        return _sha256(files[0])
+        return sha256_file(files[0])
     h = hashlib.sha256()  # shards: the hash of the shard hashes, in file order
     for f in files:
-        h.update(_sha256(f).encode())
+        h.update(sha256_file(f).encode())
     return h.hexdigest()
 
 
