@@ -219,6 +219,7 @@ def test_permutation_shares_recount_from_the_matrices():
         assert "permutation" in s["pruning"]["mean_excess_loss"], s["name"]  # the criterion it feeds
 
 
+@pytest.mark.slow
 def test_atlas_page_from_a_tiny_model(tmp_path):
     """scripts/atlas.py end to end on every stage of a tiny model (pruning added after the permutation stage, as
     the atlas runs them): the page has the permutation table (each share recounted from the matrices) and the

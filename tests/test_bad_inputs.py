@@ -675,6 +675,7 @@ write()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["checkpoint", "netcdf"])
 def test_sigkill_leftovers_are_cleaned_by_the_next_write(tmp_path, which):
     """SIGKILL cannot be caught: the temp stays. The next write of the same target removes it (its process

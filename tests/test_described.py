@@ -488,6 +488,7 @@ def test_bad_descriptions_exit_1_with_one_line_and_no_file(user_dir, fn):
     assert not (user_dir / f"{fn}.nc").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_description_in_a_real_process(user_dir):
     """As a user runs it: exit status 1, one line on stderr, no traceback, nothing written."""
     import os

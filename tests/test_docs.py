@@ -1,8 +1,10 @@
 """Every fenced ```python and ```bash block of README.md and docs/*.md runs as pasted.
 
-* Where they run: in one fresh copy of the checkout (the files git tracks or would track, the venv linked), so
-  nothing a block writes reaches the repository: README.md first, then every docs page in the order README links
-  them, nothing cleaned in between (`depthlens-out/`, `.cache/` kept), as a new user follows them. A page's blocks
+* Where they run: in a fresh copy of the checkout (the files git tracks or would track, the venv linked), so
+  nothing a block writes reaches the repository: the pages in the order README links them, nothing cleaned in
+  between (`depthlens-out/`, `.cache/` kept), as a new user follows them. Two readers, each in a copy of their own,
+  so that the two halves run on two cores: one reads README.md and then the CLI reference; the other starts at
+  the training page and reads every page after it (FIRST_PAGE_OF_THE_SECOND_READER). A page's blocks
   run in order: bash blocks with `depthlens`, `python` and `torchrun` of this venv on PATH (what
   `source .venv/bin/activate` gives), under `set -eo pipefail`; python blocks in one namespace, as pasted into one
   Python session (a fresh one per page).
@@ -10,6 +12,8 @@
   is small (NOT_RUN_MAX) and each such block must still parse (bash -n / compile).
 * The run is marked slow (it trains, reports and loads the SmolLM2 GGUF as the pages say); the checks of the
   blocks themselves (found, not-run reasons, parsing) are quick.
+* Every `depthlens` line runs in a fork of one warm process per reader (tests/warm_cli.py): the same command, argv,
+  directory, environment and stdio, without paying about 2.5 s of imports about 90 times.
 * `DEPTHLENS_DOCS_TIMINGS=<file>` appends each block's wall time to that file as a JSON line: where the docs run,
   the suite's longest test, spends its time.
 """
@@ -27,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from warm_cli import warm_depthlens
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -188,13 +194,32 @@ def test_readme_order_starts_with_the_front_page_and_follows_its_links():
     assert linked == sorted(linked, key=lambda p: text.index(str(p.relative_to(ROOT))))
 
 
+# Where the second reader starts: about half of the docs' work lies on each side (README's command block and the
+# CLI reference; then training, the quickstart's reports and the rest), and no page after it reads what a page
+# before it wrote (the second reader passes from a fresh copy).
+FIRST_PAGE_OF_THE_SECOND_READER = "docs/training.md"
+
+
+def readers(pages: list[Path]) -> list[list[Path]]:
+    """The pages in README order, cut in two at FIRST_PAGE_OF_THE_SECOND_READER."""
+    order = readme_order(pages)
+    cut = [str(p.relative_to(ROOT)) for p in order].index(FIRST_PAGE_OF_THE_SECOND_READER)
+    return [order[:cut], order[cut:]]
+
+
+def test_the_two_readers_read_every_page_once_in_readme_order():
+    first, second = readers(PAGES)
+    assert first[0].name == "README.md" and first + second == readme_order(PAGES)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2 * BLOCK_TIMEOUT)
-def test_every_page_in_readme_order_in_one_fresh_copy(tmp_path, monkeypatch):
-    """What a new user does: the README's blocks, then every docs page in the order README links them, all in one
-    fresh copy of the checkout, nothing cleaned in between; so a page's command must also work when an earlier page
-    already wrote its output (`depthlens-out/` is depthlens's own: re-runs replace it), and a page may not rely on
-    a state that only a fresh copy has. This is the docs' only run (each page on its own would repeat the work)."""
+@pytest.mark.parametrize("reader", [0, 1], ids=["readme-and-cli", "training-onward"])
+def test_every_page_in_readme_order_in_a_fresh_copy(reader, tmp_path, monkeypatch):
+    """What a new user does: the pages in the order README links them, in a fresh copy of the checkout, nothing
+    cleaned in between; so a page's command must also work when an earlier page already wrote its output
+    (`depthlens-out/` is depthlens's own: re-runs replace it), and a page may not rely on a state that only a fresh
+    copy has. This is the docs' only run (each page on its own would repeat the work)."""
     import torch
 
     torch.set_num_threads(1)
@@ -203,5 +228,6 @@ def test_every_page_in_readme_order_in_one_fresh_copy(tmp_path, monkeypatch):
     env = _env(clone)
     for k in ("MPLBACKEND", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(k, env[k])
-    for page in readme_order(PAGES):
-        run_page(page, clone, env)
+    with warm_depthlens(env, clone, tmp_path / "warm") as warm_env:  # one warm import for every `depthlens` line
+        for page in readers(PAGES)[reader]:
+            run_page(page, clone, warm_env)

@@ -136,6 +136,7 @@ def test_saved_figures_are_byte_identical_and_undated(tmp_path, fmt):
     assert not re.search(rb"20\d\d-\d\d-\d\d|D:20\d{6}", a)  # no ISO (SVG) or PDF date
 
 
+@pytest.mark.slow
 def test_report_files_byte_identical_run_to_run(tmp_path, monkeypatch):
     """Two runs of the same small report: every file but the (git-ignored) timings.json is byte-identical."""
     from depthlens.cli import app

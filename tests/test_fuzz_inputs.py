@@ -116,6 +116,7 @@ def _model_dicts():
     return field_dicts(ModelConfig, values=near)
 
 
+@pytest.mark.slow
 @fuzz(N_CONFIG)
 @given(_model_dicts())
 def test_model_config_parser(d):
@@ -221,6 +222,7 @@ OVERRIDES = st.lists(
 )
 
 
+@pytest.mark.slow
 @fuzz(N_FAST)
 @given(OVERRIDES)
 def test_override_grammar(items):
@@ -273,6 +275,7 @@ GRIDS = (
 )
 
 
+@pytest.mark.slow
 @fuzz(N_FAST)
 @given(GRIDS)
 def test_threshold_grid_grammar(text):

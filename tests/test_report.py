@@ -94,6 +94,7 @@ def test_report_renders_nontrivial_pngs(report):
     assert [p.name for p in out.rglob("*") if p.name.startswith(".")] == [".depthlens-output"]  # no temp files left
 
 
+@pytest.mark.slow
 def test_html_and_markdown_reference_only_existing_local_files(report):
     out, _ = report
     page = (out / "index.html").read_text()
@@ -117,6 +118,7 @@ def test_html_and_markdown_reference_only_existing_local_files(report):
     assert [c.strip() for c in hc.strip("|").split("|")][col] == "—" and "NaN" not in hc  # not recorded, not NaN
 
 
+@pytest.mark.slow
 def test_summary_records(report):
     out, r = report
     recs = json.loads((out / "summary.json").read_text())
@@ -171,6 +173,7 @@ def test_trained_with_groups_checkpoints_by_training_code_and_decay_rule():
     assert {r[1] for r in rows[1:]} == {"not recorded"}
 
 
+@pytest.mark.slow
 def test_netcdf_datasets_read_back(report):
     from depthlens.io.dataset import read_netcdf
 

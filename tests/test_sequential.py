@@ -116,6 +116,7 @@ def test_coverage_under_the_rule_at_the_sizes_it_stops_at():
             assert hits[stops == n].mean() >= 0.85, (n, hits[stops == n].mean())
 
 
+@pytest.mark.slow
 def test_cli_precision_on_causal_and_permute(tmp_path):
     from typer.testing import CliRunner
 

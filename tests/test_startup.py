@@ -153,6 +153,7 @@ def test_native_info_refuses_what_the_model_refuses(tmp_path, how):
     assert r.stderr.strip().splitlines() == [f"depthlens: error: {e.value}"]
 
 
+@pytest.mark.slow
 def test_the_probe_sees_a_heavy_import():
     """The probe is not blind: a command that builds a TransformerLens object shows transformer_lens."""
     out = _imports(["hooks", "checkpoints/hc_l16"])
@@ -176,50 +177,63 @@ import copy, json, sys
 import torch
 from depthlens.models import ModelConfig, build_model
 
-cfg = ModelConfig.debug({arch!r}, n_layer=2)
-tokens = torch.randint(0, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
-lazy = build_model(cfg, seed=3).eval()
+ARCHS = {archs!r}
+cfgs = {{a: ModelConfig.debug(a, n_layer=2) for a in ARCHS}}
+tokens = {{a: torch.randint(0, c.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1)) for a, c in cfgs.items()}}
+lazy, plain, seen = {{}}, {{}}, {{a: [] for a in ARCHS}}
+for a in ARCHS:  # every model built and run before any switch: none of them imports transformer-lens
+    lazy[a] = build_model(cfgs[a], seed=3).eval()
+    lazy[a].blocks[1].hook_resid_post.register_forward_hook(lambda m, i, o, a=a: seen[a].append(o.shape))
+    with torch.no_grad():
+        plain[a] = lazy[a](tokens[a])
 before = "transformer_lens" in sys.modules
-seen = []
-lazy.blocks[1].hook_resid_post.register_forward_hook(lambda m, i, o: seen.append(o.shape))  # before the switch
-with torch.no_grad():
-    plain = lazy(tokens)
-names = lazy.hook_names()  # the switch
-from transformer_lens import HookedRootModule
-from transformer_lens.hook_points import HookPoint
-eager = build_model(cfg, seed=3).eval()
-with torch.no_grad():
-    l_out, l_cache = lazy.run_with_cache(tokens)
-    e_out, e_cache = eager.run_with_cache(tokens)
-    doubled = lazy.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: 2 * x)])
-    e_doubled = eager.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: 2 * x)])
-again = type(lazy)(cfg)
-twin = copy.deepcopy(lazy)
-print(json.dumps({{
-    "before": before,
-    "same_names": names == eager.hook_names() and sorted(l_cache.keys()) == sorted(e_cache.keys()),
-    "cached_all": set(l_cache.keys()) <= set(names) and len(l_cache.keys()) > 10,
-    "n_names": len(names),
-    "plain_equal": torch.equal(plain, l_out) and torch.equal(l_out, e_out),
-    "cache_equal": all(torch.equal(l_cache[k], e_cache[k]) for k in e_cache.keys()),
-    "edit_equal": torch.equal(doubled, e_doubled) and not torch.equal(doubled, l_out),
-    "is_lens": isinstance(lazy, HookedRootModule) and isinstance(lazy, type(eager).__mro__[1]),
-    "hook_types": all(type(lazy.hook_dict[n]) is HookPoint for n in names),
-    "names_set": all(lazy.hook_dict[n].name == n for n in names),
-    "torch_hook_kept": len(seen) >= 3,
-    "again_lens": isinstance(again, HookedRootModule) and list(again.hook_dict) == names,
-    "twin_lens": list(twin.hook_dict) == names and twin.hook_dict[names[0]] is not lazy.hook_dict[names[0]],
-}}))
+out = {{}}
+for a in ARCHS:
+    cfg, toks, model = cfgs[a], tokens[a], lazy[a]
+    names = model.hook_names()  # the switch
+    from transformer_lens import HookedRootModule
+    from transformer_lens.hook_points import HookPoint
+    eager = build_model(cfg, seed=3).eval()
+    with torch.no_grad():
+        l_out, l_cache = model.run_with_cache(toks)
+        e_out, e_cache = eager.run_with_cache(toks)
+        doubled = model.run_with_hooks(toks, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: 2 * x)])
+        e_doubled = eager.run_with_hooks(toks, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: 2 * x)])
+    again = type(model)(cfg)
+    twin = copy.deepcopy(model)
+    out[a] = {{
+        "before": before,
+        "same_names": names == eager.hook_names() and sorted(l_cache.keys()) == sorted(e_cache.keys()),
+        "cached_all": set(l_cache.keys()) <= set(names) and len(l_cache.keys()) > 10,
+        "n_names": len(names),
+        "plain_equal": torch.equal(plain[a], l_out) and torch.equal(l_out, e_out),
+        "cache_equal": all(torch.equal(l_cache[k], e_cache[k]) for k in e_cache.keys()),
+        "edit_equal": torch.equal(doubled, e_doubled) and not torch.equal(doubled, l_out),
+        "is_lens": isinstance(model, HookedRootModule) and isinstance(model, type(eager).__mro__[1]),
+        "hook_types": all(type(model.hook_dict[n]) is HookPoint for n in names),
+        "names_set": all(model.hook_dict[n].name == n for n in names),
+        "torch_hook_kept": len(seen[a]) >= 3,
+        "again_lens": isinstance(again, HookedRootModule) and list(again.hook_dict) == names,
+        "twin_lens": list(twin.hook_dict) == names and twin.hook_dict[names[0]] is not model.hook_dict[names[0]],
+    }}
+print(json.dumps(out))
 """
+LAZY_ARCHS = ("preln", "hc", "moda", "sandwich")
 
 
-@pytest.mark.parametrize("arch", ["preln", "hc", "moda", "sandwich"])
-def test_lazy_model_becomes_the_eager_one(arch):
+@pytest.fixture(scope="module")
+def lazy_results() -> dict:
+    """One process for the four designs (transformer-lens imported once, after all four were built and run)."""
     r = subprocess.run(
-        [sys.executable, "-c", _LAZY.format(arch=arch)], capture_output=True, text=True, cwd=ROOT, timeout=300
+        [sys.executable, "-c", _LAZY.format(archs=LAZY_ARCHS)], capture_output=True, text=True, cwd=ROOT, timeout=300
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("arch", LAZY_ARCHS)
+def test_lazy_model_becomes_the_eager_one(arch, lazy_results):
+    out = dict(lazy_results[arch])
     assert out.pop("before") is False  # built and run without transformer-lens
     assert out.pop("n_names") > 10
     assert out == dict.fromkeys(out, True)
