@@ -15,6 +15,7 @@ import pytest
 from warm_cli import warm_depthlens
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # the warm server serves the docs run, which is slow too; a server per worker costs ~4 s
 
 
 def _env() -> dict[str, str]:
