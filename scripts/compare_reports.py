@@ -23,6 +23,7 @@ import xarray as xr
 RUN_FIELDS = {
     "path",
     "checkpoint_path",
+    "model_path",  # the absolute path of the checkpoint read: where the checkout sits
     "history",
     "created",
     "command",

@@ -216,6 +216,26 @@ def causal_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
     return out
 
 
+HEADLINE_NAMES = {"causal": "causal C(s,t)", "direct": "direct C_dir(s,t)"}  # how a definition line names them
+
+
+def describe_headline(
+    score: Any, *, variant: str | None, aggregator: str | None, norm: str | None, swap: str | None
+) -> str:
+    """`Score.describe` of C and C_dir: 'causal C(s,t): variant=current, aggregator=max, norm=update'."""
+    return f"{HEADLINE_NAMES[score.key]}: variant={variant}, aggregator={aggregator}, norm={norm or 'update'}"
+
+
+def headline_fields(ds: xr.Dataset, metric: str, variant: str) -> dict[str, Any]:
+    """`Score.headline_fields` of C and C_dir: the norm the ratios were taken in, and the noise floor (the score
+    of a no-op intervention) when the Dataset has one."""
+    out: dict[str, Any] = {"norm": str(ds.attrs.get("norm", "update"))}
+    if "null_score" in ds:
+        null = ds["null_score"]
+        out["noise_floor"] = float(null.sel(variant=variant).values if "variant" in null.dims else null.values)
+    return out
+
+
 def causal_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerSequence | None:
     """C(s, t) of `aggregator` as per-sequence parts (`Score.per_sequence`): max → the per-sequence max over
     tokens; mean → Σ|Δ|/|u| sums over token counts; pooled → sqrt(Σ|Δ|² / Σ|u|²). p95/p99: None (not decomposable

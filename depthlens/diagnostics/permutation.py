@@ -300,6 +300,23 @@ def permutation_track(ds: xr.Dataset, opts: Any) -> dict[str, xr.DataArray]:
     return {"perm_abs": kept_var(ds["perm_abs"], "loss increase when layers i and j swap (P_abs)", "nat")}
 
 
+def describe_headline(
+    score: Any, *, variant: str | None, aggregator: str | None, norm: str | None, swap: str | None
+) -> str:
+    """`Score.describe` of P_abs, P_rel and P_KL: 'permutation P_abs = L(swap i,j) - L(id), nats, swap=body'."""
+    line: str = score.definition
+    return line + (f", swap={swap}" if swap else "")
+
+
+def headline_fields(ds: xr.Dataset, metric: str, variant: str) -> dict[str, Any]:
+    """`Score.headline_fields` of P_abs, P_rel and P_KL: the norm in the score's name (abs, rel, kl), and the
+    identity-order loss L(id) when the Dataset has it."""
+    out: dict[str, Any] = {"norm": metric.removeprefix("perm_")}
+    if "clean_loss" in ds:
+        out["clean_loss"] = float(ds["clean_loss"].values)
+    return out
+
+
 def perm_rel_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerSequence:
     """P_rel = P_abs / L(id) as per-sequence parts (`Score.per_sequence`): Σc·ΔL / Σc·L(id)."""
     if "delta_loss_seq" not in ds or "clean_loss_seq" not in ds:

@@ -56,6 +56,12 @@ class Score:
     bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
     optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
     view: MatrixView = MatrixView()  # how figures show the matrix
+    # "module:function" (score, *, variant, aggregator, norm, swap) -> str: the headline's one-line definition with
+    # the settings it was computed under (`sweep.definition`); None: `definition` as it stands
+    describe: str | None = None
+    # "module:function" (ds, metric, variant) -> dict: the headline's score-specific fields, "norm" first (e.g. a
+    # noise floor, the clean loss); None: {"norm": key}
+    headline_fields: str | None = None
 
     @property
     def theta_label(self) -> str:
@@ -81,6 +87,8 @@ CAUSAL = Score(
     "causal C(s,t): skip s, relative change of the later update t",
     select=frozen(aggregator="max", variant="current"),
     per_sequence="depthlens.diagnostics.causal_dataset:causal_per_sequence",
+    describe="depthlens.diagnostics.causal_dataset:describe_headline",
+    headline_fields="depthlens.diagnostics.causal_dataset:headline_fields",
     view=MatrixView(
         "causal score (skipped s → measured t)",
         ("s", "t"),
@@ -99,5 +107,7 @@ PERM_ABS = Score(
     "P_abs",
     "permutation P_abs = L(swap i,j) - L(id), nats",
     seq_var="delta_loss_seq",
+    describe="depthlens.diagnostics.permutation:describe_headline",
+    headline_fields="depthlens.diagnostics.permutation:headline_fields",
     view=MatrixView("permutation P_abs (i, j)", bar_label="swap loss increase P_abs [nat]"),
 )

@@ -27,16 +27,8 @@ from depthlens.stats.shares import PerSequence, bootstrap_ci, crossing_points, r
 if TYPE_CHECKING:
     from depthlens.stats.intervals import Interval
 
-CAUSAL_SCORES = ("causal", "direct")  # the scores read with an aggregator and a variant (C and C_dir)
 WINDOW_STARTS = ("zero", "quarter", "half")
 CROSSING_QS = (0.5, 0.25, 0.1, 0.01)
-
-
-PERM_DEFINITIONS = {
-    "perm_abs": "P_abs = L(swap i,j) - L(id), nats",
-    "perm_rel": "P_rel = P_abs / L(id)",
-    "perm_kl": "P_KL = mean KL(p_id || p_swap), nats",
-}
 
 
 def definition(
@@ -47,13 +39,13 @@ def definition(
     norm: str | None = None,
     swap: str | None = None,
 ) -> str:
-    """One line naming what a headline measures: 'causal C(s,t): variant=current, aggregator=max, norm=update'."""
-    if metric in CAUSAL_SCORES:
-        name = "causal C(s,t)" if metric == "causal" else "direct C_dir(s,t)"
-        return f"{name}: variant={variant}, aggregator={aggregator}, norm={norm or 'update'}"
-    if metric in PERM_DEFINITIONS:
-        return f"permutation {PERM_DEFINITIONS[metric]}" + (f", swap={swap}" if swap else "")
-    return registry.score(metric).definition
+    """One line naming what a headline measures: 'causal C(s,t): variant=current, aggregator=max, norm=update'
+    (the score's `describe` hook words it; a score without one is its `definition`)."""
+    score = registry.score(metric)
+    if score.describe is None:
+        return score.definition
+    line: str = registry.resolve(score.describe)(score, variant=variant, aggregator=aggregator, norm=norm, swap=swap)
+    return line
 
 
 def default_thresholds(metric: str) -> np.ndarray:
@@ -449,9 +441,10 @@ def headline(
     sequences. `share_full` is always the ordinary share at all N sequences (for max, the Csordás-exact
     number; no interval). `ci_method` / `ci_unit` name how the interval was made and what was resampled.
     """
-    threshold = registry.score(metric).theta if threshold is None else float(threshold)
-    causal = metric in CAUSAL_SCORES
-    m = score_matrix(ds, metric, aggregator if causal else None, variant if causal else None)
+    score = registry.score(metric)
+    threshold = score.theta if threshold is None else float(threshold)
+    selects = bool(score.select)  # read with an aggregator and a variant (C, C_dir)
+    m = score_matrix(ds, metric, aggregator if selects else None, variant if selects else None)
     if m.ndim != 2:
         raise DepthlensError(f"headline needs one matrix; select a checkpoint first (dims {m.dims})")
     L = m.shape[0]
@@ -507,8 +500,8 @@ def headline(
         "n_pairs": n_valid,
         "window_start": a,
         "window_rule": start,
-        "aggregator": aggregator if causal else None,
-        "variant": variant if causal else None,
+        "aggregator": aggregator if selects else None,
+        "variant": variant if selects else None,
         "n_boot": n_boot,
         "seed": seed,
         "level": level,
@@ -518,20 +511,18 @@ def headline(
         "shard_mean": shards.attrs["mean"] if shards is not None else None,
         "shard_sd": shards.attrs["sd"] if shards is not None else None,
     }
-    out["norm"] = str(ds.attrs.get("norm", "update")) if causal else metric.removeprefix("perm_")
+    fields = (
+        {"norm": metric}
+        if score.headline_fields is None
+        else registry.resolve(score.headline_fields)(ds, metric, variant)
+    )
+    out["norm"] = fields.pop("norm")
     out["definition"] = definition(
         metric,
-        variant=variant if causal else None,
-        aggregator=aggregator if causal else None,
-        norm=out["norm"] if causal else None,
-        swap=ds.attrs.get("swap") if not causal else None,
+        variant=variant if selects else None,
+        aggregator=aggregator if selects else None,
+        norm=out["norm"],
+        swap=ds.attrs.get("swap"),
     )
-    if causal and "null_score" in ds:
-        out["noise_floor"] = (
-            float(ds["null_score"].sel(variant=variant).values)
-            if "variant" in ds["null_score"].dims
-            else float(ds["null_score"].values)
-        )
-    if metric in ("perm_abs", "perm_rel", "perm_kl") and "clean_loss" in ds:
-        out["clean_loss"] = float(ds["clean_loss"].values)
+    out.update(fields)  # e.g. C's noise floor, P's clean loss
     return out

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
+from depthlens.diagnostics import registry
 from depthlens.diagnostics.causal import NORM_DEFINITIONS
 from depthlens.diagnostics.causal_dataset import AGGREGATORS
 from depthlens.diagnostics.registry import CAUSAL, PERM_ABS
-from depthlens.diagnostics.sweep import PERM_DEFINITIONS, definition
+from depthlens.diagnostics.sweep import definition
 from depthlens.stats.shares import share_above
 
 if TYPE_CHECKING:
@@ -45,6 +46,11 @@ PAPER_REFERENCE: dict[str, Any] = {
         "Full AttnRes": {"causal": 0.16, "permutation": 0.46},
     },
 }
+
+
+def _formula(metric: str) -> str:
+    """A permutation score's formula: its registry definition without the leading 'permutation '."""
+    return registry.score(metric).definition.removeprefix("permutation ")
 
 
 def causal_definition_table(
@@ -80,7 +86,7 @@ def permutation_definition_table(
         row = {
             "norm": metric.removeprefix("perm_"),
             "definition": definition(metric, swap=ds.attrs.get("swap")),
-            "formula": PERM_DEFINITIONS[metric],
+            "formula": _formula(metric),
             **_late_summary(m, thresholds, start),
         }
         rows.append(row)
@@ -443,7 +449,7 @@ def render_calibration(s: dict[str, Any], report_dir: str = "reports/smollm2") -
     that does and does not tell a user. Numbers come from the real-model summary (stages not computed read
     'not computed'); the prose states only what holds for any numbers it is given, or quotes them."""
     rows, perm = s["causal_definitions"], {r["norm"]: r for r in s["permutation_definitions"]}
-    perm = perm or {n: {"formula": PERM_DEFINITIONS[f"perm_{n}"], P_KEY: None} for n in ("abs", "rel", "kl")}
+    perm = perm or {n: {"formula": _formula(f"perm_{n}"), P_KEY: None} for n in ("abs", "rel", "kl")}
     ref8 = s.get("reference_8x128") or []
     ref = PAPER_REFERENCE["designs"]
     shares = [r[C_KEY] for r in rows]
