@@ -141,6 +141,7 @@ def angular_distances(
         options=options,
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens angular distance between residual states",
+        coord_names={"layer": "start state l (residual before layer l)", "block_size": "block size n (layers)"},
     )
 
 

@@ -301,6 +301,12 @@ def depth_mixing_dataset(
         options=options,
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens depth-mixing matrix",
+        coord_names={
+            "source": "source i (0 = embedding, i = output of sublayer i-1)",
+            "destination": "destination j (input of sublayer j, 2L = final readout)",
+            "sublayer": "sublayer j",
+            "depth_source": "depth source (depth-KV slot)",
+        },
     )
 
 

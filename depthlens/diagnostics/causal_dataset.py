@@ -172,6 +172,7 @@ def _dataset(
         options=opts,
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens causal score (skip layer s, change of update u_t)",
+        coord_names={"layer": "skipped layer s", "layer_other": "measured layer t"},
     )
 
 

@@ -281,6 +281,7 @@ def _dataset(
         options=options,
         provenance=model_provenance(model, data, checkpoint),
         title="depthlens permutation score (swap layers i and j)",
+        coord_names={"layer": "swapped layer i", "layer_other": "swapped layer j"},
     )
 
 

@@ -41,30 +41,19 @@ LAYER_DIMS = ("layer", "layer_other")
 EVAL_TOKEN_DIMS = ("eval_seq", "eval_pos")  # the `eval_tokens` variable every result stores (int32 ids)
 CHECKPOINT_FILES = ("model.safetensors", "config.json")
 _REQUIRED_VAR_ATTRS = ("long_name", "units")
-# metric → coordinate → long_name (None: any metric); set on coordinates that have none
-COORD_LONG_NAMES: Mapping[str | None, Mapping[str, str]] = {
-    "causal": {"layer": "skipped layer s", "layer_other": "measured layer t"},
-    "permutation": {"layer": "swapped layer i", "layer_other": "swapped layer j"},
-    "angular": {"layer": "start state l (residual before layer l)", "block_size": "block size n (layers)"},
-    "depth_mixing": {
-        "source": "source i (0 = embedding, i = output of sublayer i-1)",
-        "destination": "destination j (input of sublayer j, 2L = final readout)",
-        "sublayer": "sublayer j",
-        "depth_source": "depth source (depth-KV slot)",
-    },
-    None: {
-        "layer": "layer",
-        "layer_other": "later layer",
-        "sublayer": "sublayer j (2l = attention, 2l+1 = MLP)",
-        "variant": "causal-score variant (current: skip s where t reads it; future: skip s before a cut, measure after)",
-        "aggregator": "aggregation over tokens (max | mean | p95 | p99 | pooled = sqrt(sum|du|^2 / sum|u|^2))",
-        "sequence": "eval sequence",
-        "eval_seq": "eval sequence",
-        "eval_pos": "token position in the eval sequence (0 = BOS)",
-        "checkpoint": "checkpoint",
-        "window_start": "late-window start rule",
-        "threshold": "threshold theta",
-    },
+# coordinate → long_name, set on coordinates that have none; an engine adds its own (make_dataset(coord_names=...))
+COORD_LONG_NAMES: Mapping[str, str] = {
+    "layer": "layer",
+    "layer_other": "later layer",
+    "sublayer": "sublayer j (2l = attention, 2l+1 = MLP)",
+    "variant": "causal-score variant (current: skip s where t reads it; future: skip s before a cut, measure after)",
+    "aggregator": "aggregation over tokens (max | mean | p95 | p99 | pooled = sqrt(sum|du|^2 / sum|u|^2))",
+    "sequence": "eval sequence",
+    "eval_seq": "eval sequence",
+    "eval_pos": "token position in the eval sequence (0 = BOS)",
+    "checkpoint": "checkpoint",
+    "window_start": "late-window start rule",
+    "threshold": "threshold theta",
 }
 BOOL_ATTRS = "bool_attrs_json"  # the attrs that are booleans (netCDF stores them as 0/1; read_netcdf restores them)
 _CHUNK = 1 << 20  # 1 MiB streaming reads for hashing
@@ -125,6 +114,7 @@ def make_dataset(
     provenance: Mapping[str, Any],
     title: str | None = None,
     command: str | None = None,
+    coord_names: Mapping[str, str] | None = None,
 ) -> xr.Dataset:
     """Build a labelled result Dataset with CF global attrs, options and provenance as attrs.
 
@@ -133,6 +123,7 @@ def make_dataset(
     `eval_tokens` variable (dims `EVAL_TOKEN_DIMS`); `EvalData.from_dataset` reads it back.
     Every data variable must have `long_name` and `units` attrs (ValueError otherwise).
     command: recorded in `history`; defaults to the current command line.
+    coord_names: the engine's own coordinate long names (e.g. causal's "skipped layer s"), over COORD_LONG_NAMES.
     """
     provenance = dict(provenance)
     tokens = provenance.pop("eval_tokens", None)
@@ -150,7 +141,7 @@ def make_dataset(
             if missing:
                 raise ValueError(f"data variable {name!r} lacks attrs {missing} (CF: long_name, units='1' if none)")
         var.attrs = netcdf_attrs(var.attrs)
-    label_coords(ds, metric)
+    label_coords(ds, coord_names)
     command = command if command is not None else command_line()
     attrs: dict[str, Any] = {
         "title": title or f"depthlens {metric}",
@@ -188,14 +179,14 @@ def kept_var(da: xr.DataArray, long_name: str, units: str = "1") -> xr.DataArray
     return da.assign_attrs(long_name=long_name, units=units)
 
 
-def label_coords(ds: xr.Dataset, metric: str | None = None) -> xr.Dataset:
+def label_coords(ds: xr.Dataset, own: Mapping[str, str] | None = None) -> xr.Dataset:
     """In place: a coordinate on every dimension (0..n-1 where the engine gave none) and a `long_name` on every
-    coordinate (`COORD_LONG_NAMES`, else the name in words). Index coordinates carry no units (plots label axes
-    with long_name [units])."""
+    coordinate (`own`, else `COORD_LONG_NAMES`, else the name in words). Index coordinates carry no units (plots
+    label axes with long_name [units])."""
     for dim in ds.dims:
         if dim not in ds.coords:
             ds.coords[dim] = np.arange(ds.sizes[dim])
-    names = {**COORD_LONG_NAMES[None], **COORD_LONG_NAMES.get(metric, {})}
+    names = {**COORD_LONG_NAMES, **(own or {})}
     for name in ds.coords:
         attrs = ds[name].attrs
         if "long_name" not in attrs:
