@@ -127,6 +127,15 @@ class Diagnostic:
     untrained: bool = True
     report_opts: Mapping[str, Any] = field(default_factory=dict)  # engine options of report, compare and sweep
     late_opts: Mapping[str, Any] = field(default_factory=dict)  # ...restricted to what the headline needs
+    # engine option -> the study option (StudyOptions field, a report flag) that sets it: causal's layers,
+    # the permutation's pairs
+    study_opts: Mapping[str, str] = field(default_factory=dict)
+    # the study options (StudyOptions fields) that cap its eval sequences to a prefix, trained and untrained: the
+    # permutation's, the main cost of a deep report; () = it always sees every sequence
+    seq_caps: tuple[str, str] | tuple[()] = ()
+    # under --untrained-perm-for claims, its untrained run happens only where a claim on its scores names the
+    # design and depth (stats.orderings.claim_cells(prefix)): the permutation, as costly untrained as trained
+    untrained_where_claimed: bool = False
 
     def __post_init__(self) -> None:
         for attr, default in (("prefix", self.name), ("track_name", self.name), ("title", self.summary)):
@@ -189,6 +198,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         track="depthlens.diagnostics.causal_dataset:causal_track",
         report_opts=frozen(variants=("current",), layers="all"),
         late_opts=frozen(layers="late"),
+        study_opts=frozen(layers="causal_layers"),
     ),
     Diagnostic(
         "permutation",
@@ -231,6 +241,9 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         track="depthlens.diagnostics.permutation:permutation_track",
         report_opts=frozen(swap="body", pairs="late"),
         late_opts=frozen(pairs="late"),
+        study_opts=frozen(pairs="perm_pairs"),
+        seq_caps=("perm_n_seq", "untrained_perm_n_seq"),
+        untrained_where_claimed=True,
     ),
     Diagnostic(
         "rank",

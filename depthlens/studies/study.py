@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +110,7 @@ class StudyOptions:
         d = registry.get(metric)
         if self.late:
             return {**d.report_opts, **d.late_opts, "batch_size": self.batch_size}
-        own = {"causal": {"layers": self.causal_layers}, "permutation": {"pairs": self.perm_pairs}}.get(d.name, {})
+        own = {opt: getattr(self, field_name) for opt, field_name in d.study_opts.items()}
         return {**d.report_opts, **own, "batch_size": self.batch_size}
 
     def as_dict(self) -> dict[str, Any]:
@@ -323,7 +323,7 @@ def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progr
         for e, m in tasks(entries, opts):
             t0 = time.perf_counter()
             try:
-                if opts.precision is not None and registry.get(m).name in ("causal", "permutation"):
+                if opts.precision is not None and registry.get(m).name in precision_supported():
                     from .precision import to_precision
 
                     e.datasets[m] = to_precision(
@@ -345,6 +345,13 @@ def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progr
         if not opts.late:  # compare and sweep read only the trained headline
             for e in entries:
                 _compute_untrained(e, data, opts)
+
+
+def precision_supported() -> Mapping[str, str]:
+    """The diagnostics `--precision` can grow to a target interval width, each with its headline score."""
+    from .precision import SUPPORTED
+
+    return SUPPORTED
 
 
 def untrained_model(e: Entry) -> Any:
@@ -380,8 +387,11 @@ def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool
     (`perm_n_seq`, `untrained_perm_n_seq`; an untrained run never sees more than the trained one)."""
     import dataclasses
 
-    ks = [k for k in (opts.perm_n_seq, opts.untrained_perm_n_seq if untrained else None) if k]
-    if metric != "permutation" or not ks or min(ks) >= data.n_seq:
+    caps = registry.get(metric).seq_caps
+    if not caps:
+        return data
+    ks = [k for k in (getattr(opts, caps[0]), getattr(opts, caps[1]) if untrained else None) if k]
+    if not ks or min(ks) >= data.n_seq:
         return data
     return dataclasses.replace(data, tokens=data.tokens[: min(ks)])
 
@@ -391,11 +401,12 @@ def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
 
     # the baseline of what was computed on the trained model (a refusal there is noted once, not twice)
     todo = [m for m in opts.metrics if m in opts.untrained and applies(m, e) and m in e.datasets]
-    if "permutation" in todo and opts.untrained_perm_for == "claims" and (e.slug, e.n_layer) not in claim_cells("perm"):
-        todo.remove("permutation")
-        e.notes.append(
-            "permutation (untrained): not computed (--untrained-perm-for claims: a permutation claim does not name this design and depth)"
-        )
+    for m in [m for m in todo if registry.get(m).untrained_where_claimed and opts.untrained_perm_for == "claims"]:
+        if (e.slug, e.n_layer) not in claim_cells(registry.get(m).prefix):
+            todo.remove(m)
+            e.notes.append(
+                f"{m} (untrained): not computed (--untrained-perm-for claims: a {m} claim does not name this design and depth)"
+            )
     if not todo:
         return
     model, how = untrained_of(e)
