@@ -438,6 +438,11 @@ def score(key: str) -> Score:
     return score_owner(key)[1]
 
 
+def by_prefix(prefix: str) -> Diagnostic | None:
+    """The diagnostic whose report columns start with `prefix` ("causal", "perm"): how claims name their scores."""
+    return next((d for d in DIAGNOSTICS if d.prefix == prefix), None)
+
+
 def score_owner(key: str) -> tuple[Diagnostic, Score]:
     """(the diagnostic that computes score `key`, the score)."""
     try:

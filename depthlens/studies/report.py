@@ -234,9 +234,10 @@ def comparisons(
     for c in CLAIMS if claims is None else claims:
         if c.kind == "sign" and c.score == "loss_change":
             out += _loss_changes(by, c.higher, c.L, opts)
-        if c.score not in ("causal", "perm"):
+        owner = registry.by_prefix(c.score)  # a share claim names its diagnostic's prefix ("causal", "perm")
+        if owner is None or owner.headline is None:
             continue
-        metric, key = ("causal", "causal") if c.score == "causal" else ("permutation", "perm_abs")
+        metric, key = owner.name, owner.headline.key
         seeds = sorted(
             {s for (d, L, s) in by if d == c.higher and L == c.L}
             & {s for (d, L, s) in by if d == c.lower and L == c.L},

@@ -116,8 +116,12 @@ class TrackSummaryOptions(SummaryOptions, Protocol):
 
 
 def track_theta(opts: TrackSummaryOptions, key: str) -> float:
-    """The headline θ `track` uses for score `key` (its own options for C and P_abs, else the registry's)."""
-    return {"causal": opts.causal_threshold, "perm_abs": opts.perm_threshold}.get(key, registry.score(key).theta)
+    """The headline θ `track` uses for score `key`: its `<prefix>_threshold` option for a diagnostic's headline
+    score (C, P_abs), else the registry's."""
+    owner, score = registry.score_owner(key)
+    own = getattr(opts, f"{owner.prefix}_threshold", None) if score is owner.headline else None
+    theta: float = score.theta if own is None else own
+    return theta
 
 
 def _track_headline(ds: xr.Dataset, key: str, opts: TrackSummaryOptions) -> dict[str, Any]:
