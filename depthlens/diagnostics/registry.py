@@ -33,6 +33,7 @@ from .scores import PERM_ABS as PERM_ABS
 from .scores import Grid as Grid
 from .scores import MatrixView as MatrixView
 from .scores import Score as Score
+from .scores import TrackPanel as TrackPanel
 
 if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
     import xarray as xr
@@ -120,6 +121,7 @@ class Diagnostic:
     columns: tuple[Column, ...] = ()  # report table columns besides the share
     track: str | None = None  # "module:function" of its `track` variables; None = the headline share (if any)
     track_name: str = ""  # its name in `track` (metric names, cache files); "" = the name
+    track_panels: tuple[TrackPanel, ...] = ()  # rows of the track figure for its series other than the share
     view: str | None = None  # "module:function" of its terminal view; None = the generic one
     title: str = ""  # figure caption in the report ("" = the summary)
     prefix: str = ""  # of its report summary.json columns (`<prefix>_share`, ...); "" = the name
@@ -259,6 +261,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
         track="depthlens.diagnostics.rank:rank_track",
         track_name="erank",
+        track_panels=(TrackPanel("erank", "effective rank of the\nfull mixing product", frozen(product="full")),),
         view="depthlens.diagnostics.rank:rank_view",
     ),
     Diagnostic(
@@ -275,6 +278,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         record_fields=("dead_prefix",),
         columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
         track="depthlens.diagnostics.attnres:attnres_track",
+        track_panels=(TrackPanel("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]"),),
     ),
     Diagnostic(
         "angular",

@@ -37,6 +37,17 @@ class MatrixView:
 
 
 @dataclass(frozen=True)
+class TrackPanel:
+    """A row of `depthlens track`'s figure for a tracked series other than a headline share (those get a row each
+    by themselves): the variable, its y label (format fields: the run's attrs, e.g. {eps}), and the coordinates to
+    pick where the variable has them (the first value where the one named is absent)."""
+
+    var: str
+    label: str
+    select: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Score:
     """One headline score: S(θ) = share of late pairs (i, j) whose score matrix entry is > θ."""
 

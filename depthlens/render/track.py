@@ -1,6 +1,7 @@
 """Depth over training: the figure and the Markdown section of a `depthlens track` dataset.
 
-fig_track(ds)          rows: causal share, permutation share, erank, dead prefix (those present);
+fig_track(ds)          rows: each tracked headline share, then the diagnostics' other panels (`figure_rows`: causal
+                       and permutation shares, erank, dead prefix, those present);
                        columns: depth L; one line per run (design colour) with its 95% bootstrap CI band,
                        validation loss dashed on a twin axis; x = training tokens (symlog: init at 0).
 track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot.
@@ -16,15 +17,33 @@ import numpy as np
 import xarray as xr
 
 from depthlens.designs import SLUGS
+from depthlens.diagnostics import registry
 from depthlens.plotting.panels import design_color, design_name
 
-# (variable, y label, CI prefix or None)
-ROWS = (
-    ("causal_share", "share of late pairs\nC > {causal_threshold:g}", "causal"),
-    ("perm_share", "share of late pairs\nP_abs > {perm_threshold:g} nat", "perm"),
-    ("erank", "effective rank of the\nfull mixing product", None),
-    ("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]", None),
-)
+
+def share_label(ds: xr.Dataset, d: registry.Diagnostic) -> str:
+    """'C > θ', 'P_abs > θ nat': a tracked headline share's threshold, the run's own (`<prefix>_threshold`)."""
+    score = d.headline
+    assert score is not None
+    theta = float(ds.attrs.get(f"{d.prefix}_threshold", score.theta))
+    return f"{score.symbol} > {theta:g}" + ("" if score.unit == "1" else f" {score.unit}")
+
+
+def shared(ds: xr.Dataset) -> list[registry.Diagnostic]:
+    """The diagnostics whose headline share the run tracked (`<prefix>_share`), in registry order."""
+    return [d for d in registry.diagnostics() if d.headline is not None and f"{d.prefix}_share" in ds]
+
+
+def figure_rows(ds: xr.Dataset) -> list[tuple[str, str, str | None, dict[str, str]]]:
+    """(variable, y label, CI prefix or None, coordinates to pick): each tracked headline share (with its CI band),
+    then the diagnostics' other panels (`Diagnostic.track_panels`), in registry order."""
+    rows: list[tuple[str, str, str | None, dict[str, str]]] = [
+        (f"{d.prefix}_share", f"share of late pairs\n{share_label(ds, d)}", d.prefix, {}) for d in shared(ds)
+    ]
+    numbers = {k: float(v) for k, v in ds.attrs.items() if isinstance(v, (int, float, np.number))}
+    for d in registry.diagnostics():
+        rows += [(p.var, p.label.format(**numbers), None, dict(p.select)) for p in d.track_panels if p.var in ds]
+    return rows
 
 
 def _zoo_eval_size() -> str:
@@ -59,10 +78,11 @@ def _have(ds: xr.Dataset, run: str) -> np.ndarray:
     return have
 
 
-def _row_values(ds: xr.Dataset, var: str, run: str) -> np.ndarray:
+def _row_values(ds: xr.Dataset, var: str, run: str, select: dict[str, str]) -> np.ndarray:
     da = ds[var].sel(run=run)
-    if var == "erank":
-        da = da.sel(product="full") if "full" in da["product"].values else da.isel(product=0)
+    for dim, value in select.items():
+        if dim in da.dims:
+            da = da.sel({dim: value}) if value in da[dim].values else da.isel({dim: 0})
     return np.asarray(da.values, dtype=float)
 
 
@@ -78,24 +98,23 @@ def fig_track(ds: xr.Dataset) -> Any:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    rows = [r for r in ROWS if r[0] in ds and np.isfinite(np.asarray(ds[r[0]].values, dtype=float)).any()]
+    rows = [r for r in figure_rows(ds) if np.isfinite(np.asarray(ds[r[0]].values, dtype=float)).any()]
     if not rows:  # no share, rank or prefix to draw (e.g. --metric angular): the validation loss alone
-        rows = [("val_loss", "validation loss [nat]", None)]
+        rows = [("val_loss", "validation loss [nat]", None, {})]
     depths = sorted({int(L) for L in ds["n_layer"].values})
     fig, axes = plt.subplots(
         len(rows), len(depths), figsize=(5.6 * len(depths), 3.4 * len(rows)), squeeze=False, sharex="col"
     )
-    fmt = {k: float(ds.attrs[k]) for k in ("causal_threshold", "perm_threshold", "eps")}  # the options of the run
     xlabel = "step"
     for c, L in enumerate(depths):
         runs = [str(r) for r, n in zip(ds["run"].values, ds["n_layer"].values) if int(n) == L]
-        for r, (var, ylabel, ci) in enumerate(rows):
+        for r, (var, ylabel, ci, select) in enumerate(rows):
             ax = axes[r, c]
             twin = ax.twinx() if var != "val_loss" and r < 2 else None
             for run in runs:
                 slug = str(ds["design"].sel(run=run).values)
                 x, xlabel = _x(ds, run)
-                y = _row_values(ds, var, run)
+                y = _row_values(ds, var, run, select)
                 ok = np.isfinite(x) & np.isfinite(y) & (x >= 0)
                 if not ok.any():
                     continue
@@ -115,7 +134,7 @@ def fig_track(ds: xr.Dataset) -> Any:
             # symlog: the step-0 snapshot (init) sits at 0, linear up to the first positive x, log beyond
             ax.set_xscale("symlog", linthresh=_linthresh(ds))
             ax.xaxis.set_minor_formatter(NullFormatter())  # minor log labels collide on short ranges
-            ax.set_ylabel(ylabel.format(**fmt))
+            ax.set_ylabel(ylabel)
             if ci is not None:
                 ax.set_ylim(-0.02, 1.02)
             if twin is not None:
@@ -213,13 +232,12 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
             f"{len(idx)} ({int(steps[a])}–{int(steps[b])})",
             f"{_fmt(x[a], '.3g')} → {_fmt(x[b], '.3g')}",
         ]
-        for prefix in ("causal", "perm"):
-            if f"{prefix}_share" in ds:
-                y = np.asarray(ds[f"{prefix}_share"].sel(run=run).values, dtype=float)
-                row.append(
-                    f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; {curve_summary(x[have], y[have])}"
-                )
-                row.append(_change(ds, prefix, run))
+        for prefix in (d.prefix for d in shared(ds)):
+            y = np.asarray(ds[f"{prefix}_share"].sel(run=run).values, dtype=float)
+            row.append(
+                f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; {curve_summary(x[have], y[have])}"
+            )
+            row.append(_change(ds, prefix, run))
         if "erank" in ds:
             row.append(_erank(ds, run, a, b))
         v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
@@ -231,21 +249,17 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
 def track_columns(ds: xr.Dataset, short: bool = False) -> list[str]:
     """The headers of `track_rows`' cells, one per cell in the same order (`short`: for a terminal table)."""
     head = ["design", "L", "run", "snapshots (steps)", "tokens first → last"]
-    for prefix, label in (
-        ("causal", f"C > {ds.attrs['causal_threshold']:g}"),
-        ("perm", f"P_abs > {ds.attrs['perm_threshold']:g} nat"),
-    ):
-        if f"{prefix}_share" in ds:
-            head.append(
-                f"share {label}, first → last"
-                if short
-                else f"share {label} [95%], first → last; min, max (at tokens), last − first"
-            )
-            head.append(
-                f"{label}: trained − untrained"
-                if short
-                else f"{label}: trained − untrained (step 0) [95%, paired over sequences]"
-            )
+    for label in (share_label(ds, d) for d in shared(ds)):
+        head.append(
+            f"share {label}, first → last"
+            if short
+            else f"share {label} [95%], first → last; min, max (at tokens), last − first"
+        )
+        head.append(
+            f"{label}: trained − untrained"
+            if short
+            else f"{label}: trained − untrained (step 0) [95%, paired over sequences]"
+        )
     if "erank" in ds:
         products = "/".join(str(v) for v in ds["product"].values) if "product" in ds.coords else "each product"
         head.append("erank, first → last" if short else f"erank of the mixing products ({products}), first → last")
