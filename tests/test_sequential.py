@@ -40,7 +40,8 @@ def test_parts_concatenated_equal_one_run(name):
     one = registry.run(name, m, DATA, **opts)
     parts = []
     for a, b in ((0, 2), (2, 4), (4, 8)):
-        extra = {"first_seq": a} if name == "causal" else {}
+        start = registry.get(name).part_start  # causal: "first_seq", its cuts continue across parts
+        extra = {start: a} if start else {}
         parts.append(registry.run(name, m, dataclasses.replace(DATA, tokens=DATA.tokens[a:b]), **opts, **extra))
     cat = pr.concat_sequences(parts, name, DATA)
     _equal_data(one, cat)

@@ -6,6 +6,7 @@ layer-skip loss, clean loss), with the options and cut positions the run used in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -255,3 +256,43 @@ def causal_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerSeq
     if aggregator == "pooled":
         return PerSequence("ratio", num=part("seq_sq_change"), den=part("seq_sq_update"), square=True, fill=True)
     return None
+
+
+def regrow(ds: xr.Dataset, parts: Sequence[xr.Dataset]) -> list[str]:
+    """`Diagnostic.regrow` of the causal score (--precision): in `ds`, concatenated over the sequences of `parts`,
+    the cut positions of every part, and `causal_score` for the max, mean and pooled aggregators re-derived from the
+    per-sequence variables (max of maxima, ratio of summed sums / counts and of squared sums: what one run over all
+    the sequences computes) with `mean_downstream_effect`. Returns the aggregators it cannot rebuild (p95, p99:
+    they need every token's ratio, which a part does not keep), now NaN."""
+    cuts: dict[str, list[Any]] = {}
+    for p in parts:
+        for v, rows in json.loads(p.attrs.get("cut_positions_json", "{}")).items():
+            cuts.setdefault(v, []).extend(rows)
+    ds.attrs["cut_positions_json"] = json.dumps(cuts)
+    cs = ds["causal_score"]
+    new = cs.values.copy()
+    aggs = list(cs["aggregator"].values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        derived: dict[str, Any] = {  # DataArrays (np.sqrt of one is one)
+            "max": ds["seq_max"].max("sequence", skipna=True),
+            "mean": ds["seq_sum"].sum("sequence") / ds["seq_count"].sum("sequence"),
+            "pooled": np.sqrt(ds["seq_sq_change"].sum("sequence") / ds["seq_sq_update"].sum("sequence")),
+        }
+    dropped = []
+    for i, a in enumerate(aggs):
+        if a in derived:
+            val = derived[a].transpose("variant", "layer", "layer_other").values
+            new[:, i] = np.where(np.isnan(cs.values[:, i]), np.nan, val)  # pairs never measured stay NaN
+        else:
+            new[:, i] = np.nan
+            dropped.append(str(a))
+    ds["causal_score"] = (cs.dims, new, cs.attrs)
+    if "mean_downstream_effect" in ds:
+        md = ds["mean_downstream_effect"]
+        L = new.shape[-1]
+        later = np.triu(np.ones((L, L), bool), 1)
+        with np.errstate(invalid="ignore"):
+            mean_down = np.where(later, new, 0).sum(-1) / np.maximum(later.sum(-1), 1)
+        mean_down = np.where(np.isnan(md.values), np.nan, mean_down)
+        ds["mean_downstream_effect"] = (md.dims, mean_down, md.attrs)
+    return dropped

@@ -17,6 +17,7 @@ paired standard errors and bootstrap CIs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -324,3 +325,23 @@ def perm_rel_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerS
         raise DepthlensError("P_rel's interval needs delta_loss_seq and clean_loss_seq")
     num = np.asarray(ds["delta_loss_seq"].values)
     return PerSequence("ratio", num=num, den=np.broadcast_to(ds["clean_loss_seq"].values[None, None, :], num.shape))
+
+
+def regrow(ds: xr.Dataset, parts: Sequence[xr.Dataset]) -> list[str]:
+    """`Diagnostic.regrow` of the permutation scores (--precision): in `ds`, concatenated over the sequences of
+    `parts`, every aggregate re-derived from the per-sequence variables (P_abs, P_rel, P_KL are sequence means,
+    perm_abs_se their standard error, clean_loss the mean clean loss). It rebuilds them all: returns []."""
+    n = ds.sizes["sequence"]
+    clean = float(ds["clean_loss_seq"].mean("sequence"))
+    ds["clean_loss"] = ((), clean, ds["clean_loss"].attrs)
+    dl = ds["delta_loss_seq"]
+    for v, val in (
+        ("perm_abs", dl.mean("sequence")),
+        ("perm_rel", dl.mean("sequence") / clean),
+        ("perm_kl", ds["kl_seq"].mean("sequence")),
+        ("perm_abs_se", dl.std("sequence", ddof=1) / math.sqrt(n)),
+    ):
+        if v in ds:
+            old = ds[v].values
+            ds[v] = (ds[v].dims, np.where(np.isnan(old), np.nan, val.transpose(*ds[v].dims).values), ds[v].attrs)
+    return []

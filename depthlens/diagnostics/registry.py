@@ -138,6 +138,12 @@ class Diagnostic:
     # under --untrained-perm-for claims, its untrained run happens only where a claim on its scores names the
     # design and depth (stats.orderings.claim_cells(prefix)): the permutation, as costly untrained as trained
     untrained_where_claimed: bool = False
+    # --precision (studies/precision.py): "module:function" (ds, parts) -> [aggregates it could not rebuild]
+    # re-derives the whole-run aggregates (`regrown`) of a Dataset concatenated from runs on consecutive slices of
+    # the eval set; None = the diagnostic cannot grow its eval set
+    regrow: str | None = None
+    regrown: tuple[str, ...] = ()  # ...the variables it re-derives
+    part_start: str | None = None  # engine option taking a part's first sequence index (causal: its cuts continue)
 
     def __post_init__(self) -> None:
         for attr, default in (("prefix", self.name), ("track_name", self.name), ("title", self.summary)):
@@ -201,6 +207,9 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         report_opts=frozen(variants=("current",), layers="all"),
         late_opts=frozen(layers="late"),
         study_opts=frozen(layers="causal_layers"),
+        regrow="depthlens.diagnostics.causal_dataset:regrow",
+        regrown=("causal_score", "mean_downstream_effect"),
+        part_start="first_seq",
     ),
     Diagnostic(
         "permutation",
@@ -246,6 +255,8 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         study_opts=frozen(pairs="perm_pairs"),
         seq_caps=("perm_n_seq", "untrained_perm_n_seq"),
         untrained_where_claimed=True,
+        regrow="depthlens.diagnostics.permutation:regrow",
+        regrown=("perm_abs", "perm_rel", "perm_kl", "perm_abs_se", "clean_loss"),
     ),
     Diagnostic(
         "rank",

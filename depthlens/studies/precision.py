@@ -16,11 +16,13 @@ N. The rule reads only the interval's width, never the estimate; the result reco
     precision_steps_json    [[n, half-width], ...] at every size tried
     precision_metric        the headline score the rule watched (causal: max aggregator, current variant)
 
-What the concatenation re-derives from the per-sequence variables: causal `causal_score` for the max, mean and
-pooled aggregators (max of per-sequence maxima, ratio of summed sums / counts and of squared sums: exactly what
-one run over all the sequences computes) and `mean_downstream_effect`; p95/p99 need every token's ratio, which
-a part does not keep, so they are NaN in a concatenated result (`precision_dropped` says so). Permutation: every
-aggregate (perm_abs/rel/kl are sequence means, perm_abs_se their standard error, clean_loss the mean clean loss).
+What the concatenation re-derives from the per-sequence variables is each diagnostic's own (`Diagnostic.regrow`,
+beside its engine): causal `causal_score` for the max, mean and pooled aggregators (max of per-sequence maxima,
+ratio of summed sums / counts and of squared sums: exactly what one run over all the sequences computes) and
+`mean_downstream_effect`; p95/p99 need every token's ratio, which a part does not keep, so they are NaN in a
+concatenated result (`precision_dropped` says so). Permutation: every aggregate (perm_abs/rel/kl are sequence
+means, perm_abs_se their standard error, clean_loss the mean clean loss). A diagnostic without `regrow` cannot
+grow its eval set.
 tests/test_sequential.py checks concatenation against one run and the coverage of the interval under the rule.
 """
 
@@ -36,10 +38,14 @@ import numpy as np
 
 from ..errors import DepthlensError
 
-CAUSAL_DERIVED = ("causal_score", "mean_downstream_effect")
-PERMUTATION_DERIVED = ("perm_abs", "perm_rel", "perm_kl", "perm_abs_se", "clean_loss")
 N_START = 16  # smaller first steps stop on chance-narrow intervals and undercover (tests/test_sequential.py)
-SUPPORTED = {"causal": "causal", "permutation": "perm_abs"}
+
+
+def supported() -> dict[str, str]:
+    """The diagnostics that can grow their eval set (`Diagnostic.regrow`), each with the headline score it watches."""
+    from ..diagnostics import registry
+
+    return {d.name: d.headline.key for d in registry.diagnostics() if d.regrow and d.headline is not None}
 
 
 def half_width(ds: Any, metric: str, threshold: float | None = None, **headline_kw: Any) -> float:
@@ -102,8 +108,8 @@ def to_precision(
     from ..diagnostics import registry
 
     d = registry.get(name)
-    if d.name not in SUPPORTED:
-        raise DepthlensError(f"--precision applies to causal and permute, not {name}")
+    if d.name not in supported():
+        raise DepthlensError(f"--precision applies to {' and '.join(supported())}, not {name}")
     if not (isinstance(target, float | int) and 0 < target < 0.5):
         raise DepthlensError(f"--precision must be a half-width in (0, 0.5), got {target}")
     if opts.get("outputs"):
@@ -111,14 +117,14 @@ def to_precision(
             "--precision does not combine with --outputs: O[s] and ΔL_skip are whole-run maxima with no "
             "per-sequence values to concatenate"
         )
-    metric = metric or SUPPORTED[d.name]
+    metric = metric or supported()[d.name]
     hkw = dict(headline_kw or {})
     threshold = hkw.pop("threshold", None)
     parts: list[Any] = []
     state: dict[str, Any] = {"done": 0, "ds": None}
 
     def width_at(n: int) -> float:
-        extra = {"first_seq": state["done"]} if d.name == "causal" else {}  # causal: the cuts continue
+        extra = {d.part_start: state["done"]} if d.part_start else {}  # e.g. causal: the cuts continue
         parts.append(registry.run(d.name, model, _slice(data, state["done"], n), **opts, **extra))  # new ones only
         state["done"] = n
         state["ds"] = concat_sequences(parts, d.name, _slice(data, 0, n))
@@ -154,6 +160,8 @@ def concat_sequences(parts: list[Any], name: str, data: Any) -> Any:
     of `data`, which is their union), aggregates re-derived (module docstring)."""
     import xarray as xr
 
+    from ..diagnostics import registry
+
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
@@ -177,68 +185,15 @@ def concat_sequences(parts: list[Any], name: str, data: Any) -> Any:
     ds.attrs.update(data.provenance() if hasattr(data, "provenance") else {})
     ds.attrs["eval_n_seq"] = int(data.n_seq)
     ds.attrs["n_tokens"] = int(sum(int(p.attrs.get("n_tokens", 0)) for p in parts))
-    derived = CAUSAL_DERIVED if name == "causal" else PERMUTATION_DERIVED
-    dropped = []
+    d = registry.get(name)
+    dropped: list[str] = []
     for v in ds.data_vars:
-        if v in derived or "sequence" in ds[v].dims or "eval_seq" in ds[v].dims:
+        if v in d.regrown or "sequence" in ds[v].dims or "eval_seq" in ds[v].dims:
             continue
         if not all(np.array_equal(p[v].values, first[v].values, equal_nan=True) for p in parts[1:]):
             ds[v] = (ds[v].dims, np.full(ds[v].shape, np.nan), ds[v].attrs)  # a whole-run aggregate we cannot rebuild
-            dropped.append(v)
-    if name == "causal":
-        cuts: dict[str, list[Any]] = {}
-        for p in parts:
-            for v, rows in json.loads(p.attrs.get("cut_positions_json", "{}")).items():
-                cuts.setdefault(v, []).extend(rows)
-        ds.attrs["cut_positions_json"] = json.dumps(cuts)
-        dropped = _causal_aggregates(ds) + dropped
-    else:
-        _permutation_aggregates(ds)
+            dropped.append(str(v))
+    assert d.regrow is not None  # concat_sequences serves only the diagnostics that can grow
+    dropped = registry.resolve(d.regrow)(ds, parts) + dropped  # its own aggregates: those it could not rebuild
     ds.attrs["precision_dropped"] = ",".join(dropped) if dropped else "none"
     return ds
-
-
-def _causal_aggregates(ds: Any) -> list[str]:
-    cs = ds["causal_score"]
-    new = cs.values.copy()
-    aggs = list(cs["aggregator"].values)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        derived = {
-            "max": ds["seq_max"].max("sequence", skipna=True),
-            "mean": ds["seq_sum"].sum("sequence") / ds["seq_count"].sum("sequence"),
-            "pooled": np.sqrt(ds["seq_sq_change"].sum("sequence") / ds["seq_sq_update"].sum("sequence")),
-        }
-    dropped = []
-    for i, a in enumerate(aggs):
-        if a in derived:
-            val = derived[a].transpose("variant", "layer", "layer_other").values
-            new[:, i] = np.where(np.isnan(cs.values[:, i]), np.nan, val)  # pairs never measured stay NaN
-        else:
-            new[:, i] = np.nan
-            dropped.append(str(a))
-    ds["causal_score"] = (cs.dims, new, cs.attrs)
-    if "mean_downstream_effect" in ds:
-        md = ds["mean_downstream_effect"]
-        L = new.shape[-1]
-        later = np.triu(np.ones((L, L), bool), 1)
-        with np.errstate(invalid="ignore"):
-            mean_down = np.where(later, new, 0).sum(-1) / np.maximum(later.sum(-1), 1)
-        mean_down = np.where(np.isnan(md.values), np.nan, mean_down)
-        ds["mean_downstream_effect"] = (md.dims, mean_down, md.attrs)
-    return dropped
-
-
-def _permutation_aggregates(ds: Any) -> None:
-    n = ds.sizes["sequence"]
-    clean = float(ds["clean_loss_seq"].mean("sequence"))
-    ds["clean_loss"] = ((), clean, ds["clean_loss"].attrs)
-    dl = ds["delta_loss_seq"]
-    for v, val in (
-        ("perm_abs", dl.mean("sequence")),
-        ("perm_rel", dl.mean("sequence") / clean),
-        ("perm_kl", ds["kl_seq"].mean("sequence")),
-        ("perm_abs_se", dl.std("sequence", ddof=1) / math.sqrt(n)),
-    ):
-        if v in ds:
-            old = ds[v].values
-            ds[v] = (ds[v].dims, np.where(np.isnan(old), np.nan, val.transpose(*ds[v].dims).values), ds[v].attrs)

@@ -349,9 +349,9 @@ def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progr
 
 def precision_supported() -> Mapping[str, str]:
     """The diagnostics `--precision` can grow to a target interval width, each with its headline score."""
-    from .precision import SUPPORTED
+    from .precision import supported
 
-    return SUPPORTED
+    return supported()
 
 
 def untrained_model(e: Entry) -> Any:
