@@ -118,6 +118,8 @@ class Diagnostic:
     figure: str | None = None  # "module:function" drawing one checkpoint's Dataset for the report
     record: str | None = None  # "module:function" giving the report row's own fields
     record_fields: tuple[str, ...] = ()  # ...their names, in summary.json order
+    # ...those a report row also carries as read on the untrained twin (`<field>_untrained`)
+    untrained_fields: tuple[str, ...] = ()
     columns: tuple[Column, ...] = ()  # report table columns besides the share
     track: str | None = None  # "module:function" of its `track` variables; None = the headline share (if any)
     track_name: str = ""  # its name in `track` (metric names, cache files); "" = the name
@@ -269,6 +271,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         title="Effective rank (window profile)",
         record="depthlens.diagnostics.rank:rank_record",
         record_fields=("erank_full", "erank_late", "n_streams"),
+        untrained_fields=("erank_full",),
         columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
         track="depthlens.diagnostics.rank:rank_track",
         track_name="erank",
@@ -287,6 +290,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
         title="AttnRes self-weight and α",
         record="depthlens.diagnostics.attnres:attnres_record",
         record_fields=("dead_prefix",),
+        untrained_fields=("dead_prefix",),
         columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
         track="depthlens.diagnostics.attnres:attnres_track",
         track_panels=(TrackPanel("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]"),),
@@ -331,6 +335,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
             record_fields=tuple(
                 f"{kind}_lens_{k}" for k in ("forms", "forms_low", "forms_high", "kl_mid", "agree_mid", "forms_at")
             ),
+            untrained_fields=(f"{kind}_lens_forms",),
             columns=(Column(f"{kind} lens forms at l/L", f"{kind} forms", f"{kind}_lens_forms", ".2f"),),
             view="depthlens.diagnostics.lens_summary:lens_view",
         )
@@ -500,5 +505,6 @@ def _takes(fn: Any, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-# record fields whose value on the untrained model (`<field>_untrained`) a report row also carries
-UNTRAINED_RECORD_FIELDS = ("eval_loss", "erank_full", "dead_prefix", "logit_lens_forms", "tuned_lens_forms")
+# record fields whose value on the untrained model (`<field>_untrained`) a report row also carries: the eval loss,
+# then each shipped diagnostic's `untrained_fields`
+UNTRAINED_RECORD_FIELDS = ("eval_loss", *(f for d in DIAGNOSTICS for f in d.untrained_fields))

@@ -110,13 +110,8 @@ RECORD_BASE = (
     "eval_loss_untrained",
     "untrained_init",
 )
-RECORD_END = (
-    "erank_full_untrained",
-    "dead_prefix_untrained",
-    "logit_lens_forms_untrained",
-    "tuned_lens_forms_untrained",
-    "path",
-)
+# the diagnostics' fields read on the untrained twin (eval_loss_untrained stands in RECORD_BASE), then the path
+RECORD_END = (*(f"{k}_untrained" for k in UNTRAINED_RECORD_FIELDS if k != "eval_loss"), "path")
 RECORD_KEYS = record_keys(RECORD_BASE, RECORD_END, registry.DIAGNOSTICS)  # shipped; `record` reads the current
 
 
