@@ -14,8 +14,8 @@ Where it would not be the same, the shim runs the real entry point instead (`os.
 
 The cold start itself is tested where it matters (tests/test_startup.py and every test that runs the CLI in a
 subprocess). Fork safety: the server never runs a torch op (no OpenMP pool exists to be copied into a child) and
-serves one connection at a time from one thread; every command runs in its own child, which exits with
-`os._exit` after flushing, so nothing a command changes reaches the next one.
+serves one connection at a time from one thread; every command runs in its own child, which runs the atexit
+handlers, flushes and exits with `os._exit`, so nothing a command changes reaches the next one.
 """
 
 from __future__ import annotations
@@ -174,6 +174,10 @@ def _run_command(conn: socket.socket, request: dict, fds: list[int], set_by_impo
 
         traceback.print_exc()
     finally:
+        import atexit
+
+        with contextlib.suppress(Exception):  # what interpreter shutdown runs in a real process; os._exit skips it
+            atexit._run_exitfuncs()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         with contextlib.suppress(Exception):
