@@ -46,15 +46,12 @@ def input_path(path: Path | None, option: str) -> Path | None:
     """A regular file or a directory. A FIFO would block for ever and /dev/zero never ends: refused."""
     if path is None:
         return None
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise DepthlensError(f"{option} {path}: no such file or directory") from None
-    except OSError as e:
-        raise DepthlensError(f"{option} {path}: {e.strerror or e}") from None
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        from ..io.files import _kind  # one wording of what a path is, for every refusal
+    from ..io.files import _kind, path_mode  # one stat before any open, one wording of what a path is
 
+    mode = path_mode(path, lambda why: DepthlensError(f"{option} {path}: {why}"))
+    if mode is None:
+        raise DepthlensError(f"{option} {path}: no such file or directory")
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         kind = _kind(mode)  # bad data, as `prepare` says of the same file: exit 1 (docs/cli.md)
         raise DepthlensError(f"{option} {path}: is {kind}; give a regular file or a directory")
     return path

@@ -112,16 +112,13 @@ def _say(msg: str) -> None:
 def _regular_or_absent(path: Path, what: str) -> bool:
     """True when `path` is a regular file, False when nothing is there; DataError naming anything else (a
     directory, a FIFO, a device: stat only, never opened, so a FIFO cannot block the fetch)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    from ..io.files import _kind, path_mode
+
+    mode = path_mode(path, lambda why: DataError(f"{path}: cannot read {what} ({why})"))
+    if mode is None:
         return False
-    except OSError as e:
-        raise DataError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     if stat.S_ISREG(mode):
         return True
-    from ..io.files import _kind
-
     raise DataError(f"{path}: is {_kind(mode)}, not {what}; remove it and fetch again")
 
 

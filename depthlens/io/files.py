@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,19 @@ def _kind(mode: int) -> str:
     )
 
 
+def path_mode(path: str | os.PathLike[str], unreadable: Callable[[str], Exception]) -> int | None:
+    """What is at `path`: its `st_mode` (symlinks followed), asked by a stat before anything opens it, so a FIFO
+    cannot block and a device is never read; None when nothing is there. When the OS will not say (no
+    permission on a parent, a loop of links, a file where a directory belongs), `unreadable(reason)` is raised
+    with the OS's words for why ("Permission denied"): one line in the caller's wording and error class."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise unreadable(e.strerror or str(e) or e.__class__.__name__) from None
+
+
 def regular_file(
     path: str | os.PathLike[str], what: str, *, error: type[Exception] = DepthlensError, allow_stdin: bool = False
 ) -> Path:
@@ -53,12 +67,9 @@ def regular_file(
     path = Path(path)
     if allow_stdin and str(path) in (STDIN, "-"):
         return Path(STDIN)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise error(f"{path}: no such file ({what})") from None
-    except OSError as e:
-        raise error(f"{path}: cannot read {what} ({e.strerror or e.__class__.__name__})") from None
+    mode = path_mode(path, lambda why: error(f"{path}: cannot read {what} ({why})"))
+    if mode is None:
+        raise error(f"{path}: no such file ({what})")
     if not stat.S_ISREG(mode):
         raise error(f"{path}: is {_kind(mode)}; {what} must be a regular file")
     return path
