@@ -38,8 +38,8 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from depthlens.diagnostics.causal import causal_scores, token_nll  # noqa: E402
-from depthlens.diagnostics.permutation import permutation_scores, swapped_order  # noqa: E402
+from depthlens.diagnostics.causal.engine import causal_scores, token_nll  # noqa: E402
+from depthlens.diagnostics.permutation.engine import permutation_scores, swapped_order  # noqa: E402
 from depthlens.models.config import ModelConfig  # noqa: E402
 from depthlens.models.model import build_model  # noqa: E402
 from depthlens.runtime.evaldata import random_eval_data  # noqa: E402

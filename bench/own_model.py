@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from diagnostics import machine  # noqa: E402
 from hc_model import HCModel, describe  # noqa: E402
 
-from depthlens.diagnostics.causal import causal_scores  # noqa: E402
+from depthlens.diagnostics.causal.engine import causal_scores  # noqa: E402
 from depthlens.runtime.evaldata import random_eval_data  # noqa: E402
 from shared_weights import native_multistream  # noqa: E402
 

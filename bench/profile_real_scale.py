@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from diagnostics import machine  # noqa: E402
 from real_scale import load_models  # noqa: E402
 
-from depthlens.diagnostics.causal import causal_scores  # noqa: E402
-from depthlens.diagnostics.permutation import permutation_scores  # noqa: E402
+from depthlens.diagnostics.causal.engine import causal_scores  # noqa: E402
+from depthlens.diagnostics.permutation.engine import permutation_scores  # noqa: E402
 from depthlens.diagnostics.vocab import LossAgainstReference  # noqa: E402
 from depthlens.runtime.evaldata import EvalData  # noqa: E402
 from depthlens.stats.metrics import late_pairs, loss_logits  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnostics import machine  # noqa: E402
 
-from depthlens.diagnostics.permutation import permutation_scores  # noqa: E402
+from depthlens.diagnostics.permutation.engine import permutation_scores  # noqa: E402
 from depthlens.studies.api import eval_data_for, load_model  # noqa: E402
 
 TOP = 8  # operators listed per checkpoint

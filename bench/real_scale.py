@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnostics import machine, nnsight_skip_trace, peak_memory  # noqa: E402
 
-from depthlens.diagnostics.causal import causal_scores, token_nll  # noqa: E402
-from depthlens.diagnostics.permutation import permutation_scores, swapped_order  # noqa: E402
+from depthlens.diagnostics.causal.engine import causal_scores, token_nll  # noqa: E402
+from depthlens.diagnostics.permutation.engine import permutation_scores, swapped_order  # noqa: E402
 from depthlens.runtime.evaldata import EvalData  # noqa: E402
 from depthlens.stats.metrics import late_pairs, late_window  # noqa: E402
 

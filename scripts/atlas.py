@@ -782,7 +782,7 @@ def _lens_figure(fig_dir: Path, dirs: list[Path], summaries: list[dict[str, Any]
     (solid) and untrained twin (dashed), with their 95 % bands over sequences."""
     import matplotlib.pyplot as plt
 
-    from depthlens.diagnostics.figures import draw_lens
+    from depthlens.diagnostics.lens.figure import draw_lens
     from depthlens.plotting.plots import save_figure
 
     have = [(d, s) for d, s in zip(dirs, summaries) if s.get("lens")]

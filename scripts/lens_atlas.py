@@ -5,7 +5,7 @@
 
 Reads the GGUF file that `scripts/fetch-real-models.sh` assembled (`data.real_models.model_path`) and the atlas's
 eval sequences (the offline corpus's held-out `val` split in the model's own tokenizer, N_SEQ × SEQ_LEN, seed 0);
-the tuned lens's translators train on the corpus's `train` split (`diagnostics.lens.training_data`). Writes, under
+the tuned lens's translators train on the corpus's `train` split (`diagnostics.lens.engine.training_data`). Writes, under
 `reports/atlas/<model>/data/`: `logit_lens.nc`, `tuned_lens.nc`, `untrained_logit_lens.nc`,
 `untrained_tuned_lens.nc` (the twin: the same config freshly initialised, seed 0, `adapters/twin.py`) and
 `lens_run.json` (the options and each stage's wall and CPU seconds). A stage whose file exists is kept
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from depthlens.adapters.load import open_model
     from depthlens.adapters.twin import untrained_twin
     from depthlens.data.real_models import model_path
-    from depthlens.diagnostics.lens import lens_readout
+    from depthlens.diagnostics.lens.engine import lens_readout
     from depthlens.io.dataset import write_netcdf
     from depthlens.io.jsonsafe import jsonable
     from depthlens.runtime.evaldata import load_eval_data

@@ -87,9 +87,9 @@ def compute(
 
     from depthlens.adapters.load import open_model
     from depthlens.cli.feedback import Progress, spinner
-    from depthlens.diagnostics.angular import angular_distances
-    from depthlens.diagnostics.causal import causal_scores
-    from depthlens.diagnostics.permutation import permutation_scores
+    from depthlens.diagnostics.angular.engine import angular_distances
+    from depthlens.diagnostics.causal.engine import causal_scores
+    from depthlens.diagnostics.permutation.engine import permutation_scores
     from depthlens.io.dataset import write_netcdf
     from depthlens.runtime.evaldata import load_eval_data
 

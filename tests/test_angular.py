@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from depthlens.designs import SLUGS
-from depthlens.diagnostics.angular import angular_distances
+from depthlens.diagnostics.angular.engine import angular_distances
 from depthlens.errors import DepthlensError
 from depthlens.runtime.evaldata import EvalData
 from helpers import debug_model

@@ -205,7 +205,7 @@ def test_committed_lens_recomputed_through_hf_in_numpy(hf_states, stage):
     tuned lens's translators h + A_l h + c_l read from the cache the run wrote, KL and rank in float64 NumPy."""
     import torch
 
-    from depthlens.diagnostics.lens import lens_cache_dir
+    from depthlens.diagnostics.lens.engine import lens_cache_dir
 
     name, hf, pos = hf_states["name"], hf_states["hf"], hf_states["pos"]
     ds = _stage(name, stage)
@@ -247,7 +247,7 @@ def test_committed_lens_recomputed_through_hf_in_numpy(hf_states, stage):
 
 def test_atlas_lens_section_from_a_tiny_model(tmp_path):
     import depthlens
-    from depthlens.diagnostics.lens import lens_readout
+    from depthlens.diagnostics.lens.engine import lens_readout
     from depthlens.io.dataset import write_netcdf
     from depthlens.models import ModelConfig, build_model
     from depthlens.runtime.evaldata import load_eval_data

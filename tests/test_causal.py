@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from depthlens.designs import SLUGS
-from depthlens.diagnostics.causal import causal_scores, future_cut_table, future_cuts, token_nll
+from depthlens.diagnostics.causal.engine import causal_scores, future_cut_table, future_cuts, token_nll
 from depthlens.errors import DepthlensError
 from depthlens.models.residual.base import RunContext
 from depthlens.runtime.evaldata import EvalData, random_eval_data

@@ -12,7 +12,7 @@ import pytest
 import torch
 import xarray as xr
 
-from depthlens.diagnostics.causal import AGGREGATORS, Arm, _CellStore
+from depthlens.diagnostics.causal.engine import AGGREGATORS, Arm, _CellStore
 from depthlens.diagnostics.sweep import resampled_matrix
 from depthlens.stats import metrics as M
 from depthlens.stats import shares as S

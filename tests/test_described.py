@@ -15,9 +15,9 @@ from torch import nn
 import depthlens
 import depthlens.errors
 from depthlens.adapters.described import DescribedModel, DescriptionError
-from depthlens.diagnostics.angular import angular_distances
-from depthlens.diagnostics.causal import causal_scores
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.angular.engine import angular_distances
+from depthlens.diagnostics.causal.engine import causal_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.runtime.evaldata import EvalData
 
 # The user's model, as a user writes it: a tiny Pre-LN GPT in plain PyTorch (LayerNorm, GELU MLP, learned
@@ -672,8 +672,8 @@ def test_a_native_design_described_equals_itself(arch):
     if arch != "preln":
         torch.testing.assert_close(model.depth_mixing(data.tokens), dm.depth_mixing(data.tokens), rtol=1e-5, atol=1e-6)
     if arch != "preln":
-        from depthlens.diagnostics.attnres import attnres_dataset
-        from depthlens.diagnostics.rank import effective_rank_dataset
+        from depthlens.diagnostics.attnres.engine import attnres_dataset
+        from depthlens.diagnostics.rank.engine import effective_rank_dataset
 
         engine = attnres_dataset if "attnres" in arch else effective_rank_dataset
         a, b = engine(dm, data), engine(model, data)
@@ -758,7 +758,7 @@ def test_depth_mixing_without_the_mixing_objects_is_refused_naming_the_field(mod
     """No `mixing`: the depth-mixing matrix cannot be read off blocks seen from outside (refused, not NaN); with
     `mixing` but without what the matrix needs (streams without pre/post, AttnRes without the final readout's
     alpha), the line names what is missing. The complete description gives the native matrix (the control)."""
-    from depthlens.diagnostics.attnres import depth_mixing_dataset
+    from depthlens.diagnostics.mixing.engine import depth_mixing_dataset
 
     data = EvalData.from_tokens(tokens)
     with pytest.raises(DescriptionError, match="needs the description's `mixing` field") as e:
@@ -782,7 +782,7 @@ def test_depth_mixing_without_the_mixing_objects_is_refused_naming_the_field(mod
 def test_depth_mixing_of_a_model_with_nothing_to_read_is_refused():
     """A model that gives neither a matrix nor depth-mass readouts (a Hugging Face model, say) is refused: the
     engine never writes an all-NaN matrix (MoDA, with depth_mass, keeps its NaN matrix and a note)."""
-    from depthlens.diagnostics.attnres import depth_mixing_dataset
+    from depthlens.diagnostics.mixing.engine import depth_mixing_dataset
     from helpers import debug_model
 
     inner = debug_model("preln", n_layer=2)
@@ -803,7 +803,7 @@ def test_the_lens_refuses_a_state_that_is_not_its_view_and_reads_one_that_is(mod
     """The logit lens reads h_l through the description's head: a one-tensor state with no view/final is read
     (at l = L the lens is the model's own prediction: KL 0); HC's stream state (a `view`) is refused with one line
     before any work, not a shape error from inside the user's head."""
-    from depthlens.diagnostics.lens import logit_lens
+    from depthlens.diagnostics.lens.engine import logit_lens
 
     data = EvalData.from_tokens(tokens)
     kl = logit_lens(model, data, n_boot=0).lens_kl.values  # (layer,): sequence means

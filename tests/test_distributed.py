@@ -12,8 +12,8 @@ import torch
 import torch.multiprocessing as mp
 import xarray as xr
 
-from depthlens.diagnostics.causal import causal_scores
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.causal.engine import causal_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.runtime.evaldata import random_eval_data
 from helpers import debug_model
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.diagnostics.causal import causal_scores
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.causal.engine import causal_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.runtime.evaldata import EvalData
 from depthlens.stats.metrics import late_pairs
 

@@ -17,7 +17,8 @@ import xarray as xr
 from typer.testing import CliRunner
 
 import depthlens
-from depthlens.diagnostics import figures as checkpoint_figures
+from depthlens.diagnostics.causal.figure import fig_causal
+from depthlens.diagnostics.mixing.figure import fig_mixing
 from depthlens.models import ModelConfig, build_model
 from depthlens.plotting import plots
 from depthlens.render import figures
@@ -41,8 +42,8 @@ def _entry(slug: str, datasets: dict) -> SimpleNamespace:
 @pytest.fixture(scope="module")
 def results():
     """Real engine datasets of an HC model (its M mixes streams: signed weights) and a Pre-LN one."""
-    from depthlens.diagnostics.attnres import depth_mixing_dataset
-    from depthlens.diagnostics.causal import causal_scores
+    from depthlens.diagnostics.causal.engine import causal_scores
+    from depthlens.diagnostics.mixing.engine import depth_mixing_dataset
 
     data = EvalData.from_tokens(np.random.default_rng(0).integers(0, 256, size=(2, 16)))
     out = {}
@@ -67,10 +68,10 @@ def test_coordinates_name_the_axes(results):
         and ds["layer_other"].attrs["long_name"] == "measured layer t"
     )
     assert ds["causal_score"].dims[-2:] == ("layer", "layer_other")  # dim names unchanged: stored datasets compare
-    fig = checkpoint_figures.fig_causal(ds, _entry("preln", {}))
+    fig = fig_causal(ds, _entry("preln", {}))
     ax = fig.axes[0]
     assert (ax.get_ylabel(), ax.get_xlabel()) == ("skipped layer s", "measured layer t")
-    fig = checkpoint_figures.fig_mixing(results["hc"]["mixing"], _entry("hc", {}))
+    fig = fig_mixing(results["hc"]["mixing"], _entry("hc", {}))
     assert fig.axes[0].get_ylabel().startswith("source i") and fig.axes[0].get_xlabel().startswith("destination j")
     import matplotlib.pyplot as plt
 
@@ -81,7 +82,7 @@ def test_undefined_lower_triangle_is_blank_not_zero(results):
     ds = results["preln"]["causal"]
     C = ds["causal_score"].sel(variant="current", aggregator="max").values
     assert np.isnan(C[np.tril_indices(L, -1)]).all()  # stored as NaN (no measurement) ...
-    fig = checkpoint_figures.fig_causal(ds, _entry("preln", {}))
+    fig = fig_causal(ds, _entry("preln", {}))
     img = _image(fig.axes[0])
     shown = np.ma.getmaskarray(img).reshape(L, L)
     assert shown[np.tril_indices(L, -1)].all() and not shown[np.triu_indices(L)].any()  # ... drawn blank
@@ -100,7 +101,7 @@ def test_scales_follow_the_data_range(results):
     ds = results["hc"]["mixing"].copy(deep=True)
     M = ds["depth_mixing"].values
     M[0, -1] = -4000.0  # HC's trained M reaches thousands next to weights of order 1
-    fig = checkpoint_figures.fig_mixing(ds, _entry("hc", {}))
+    fig = fig_mixing(ds, _entry("hc", {}))
     im = fig.axes[0].images[0]
     assert isinstance(im.norm, SymLogNorm) and im.norm.vmin == -4000 and im.norm.vmax == 4000
     # small weights stay distinguishable from 0: a linear ±4000 scale would put 0.5 within 0.01% of the middle
@@ -108,7 +109,7 @@ def test_scales_follow_the_data_range(results):
 
     causal = results["preln"]["causal"].copy(deep=True)
     causal["causal_score"].values[..., L // 4, L - 1] = 7.5  # one C ≫ 1, inside the late window of the overview
-    fig = checkpoint_figures.fig_causal(causal, _entry("preln", {}))
+    fig = fig_causal(causal, _entry("preln", {}))
     im = fig.axes[0].images[0]
     assert isinstance(im.norm, LogNorm) and im.norm.vmax == pytest.approx(7.5)
     entries = [_entry("preln", {"causal": causal}), _entry("hc", {"causal": results["hc"]["causal"]})]

@@ -497,7 +497,7 @@ def test_mhc_init_sets_the_rank_of_the_untrained_full_product(init, lo, hi):
     """The readout must not just report the init: identity init starts near full rank (n = 4), Megatron's
     zero init at exactly rank 1 (every H^res = J/n). Sinkhorn, the product and the erank are re-derived in
     NumPy float64 from the recorded logits (the logits themselves are checked against Eq. 7-9 above)."""
-    from depthlens.diagnostics.rank import product_tokens, res_maps
+    from depthlens.diagnostics.rank.engine import product_tokens, res_maps
 
     L = 4
     model = make("mhc", mhc_init=init, n_layer=L)
@@ -532,7 +532,7 @@ def test_mhc_old_checkpoints_load_with_zero_init(tmp_path):
 def test_rank_flags_structurally_zero_gradient_maps(init):
     """First and last mHC maps cannot receive gradient (replicated input + row sums 1; sum collapse +
     column sums 1): the flag must say so, and a real backward pass must agree."""
-    from depthlens.diagnostics.rank import res_maps, structural_zero_grad
+    from depthlens.diagnostics.rank.engine import res_maps, structural_zero_grad
 
     model = make("mhc", mhc_init=init, n_layer=2, mhc_sinkhorn_iters=200).train()  # columns converge too
     with torch.no_grad():  # both inits start with identical streams (all gradients ~0): make them differ

@@ -9,7 +9,7 @@ import pytest
 import torch
 import xarray as xr
 
-from depthlens.diagnostics.causal import causal_scores
+from depthlens.diagnostics.causal.engine import causal_scores
 from depthlens.io.dataset import BOOL_ATTRS, read_netcdf, write_netcdf
 from depthlens.models import ModelConfig, build_model
 from depthlens.runtime.evaldata import EvalData

@@ -1,4 +1,4 @@
-"""The lens family (diagnostics/lens.py): the logit lens and the tuned lens, against independent computations.
+"""The lens family (diagnostics/lens/engine.py): the logit lens and the tuned lens, against independent computations.
 
 * the logit lens's KL, target rank, top-1 agreement and CE re-derived in NumPy from the hook cache;
 * the tuned lens at init (translators 0) equals the logit lens exactly; training lowers KL on held-out data;
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from depthlens.adapters.hf import wrap
 from depthlens.diagnostics import registry
-from depthlens.diagnostics.lens import (
+from depthlens.diagnostics.lens.engine import (
     Optimizer,
     Readout,
     TrainOptions,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 
 import depthlens
-from depthlens.diagnostics.causal import token_nll
+from depthlens.diagnostics.causal.engine import token_nll
 from depthlens.runtime.evaldata import random_eval_data
 from depthlens.stats.metrics import late_pairs
 from shared_weights import native_attnres, native_multistream

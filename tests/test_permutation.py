@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from depthlens.designs import SLUGS
-from depthlens.diagnostics.causal import token_nll
-from depthlens.diagnostics.permutation import permutation_scores, swapped_order
+from depthlens.diagnostics.causal.engine import token_nll
+from depthlens.diagnostics.permutation.engine import permutation_scores, swapped_order
 from depthlens.errors import DepthlensError
 from depthlens.runtime.evaldata import EvalData
 from helpers import debug_model
@@ -55,7 +55,7 @@ def test_prefix_cached_equals_full_run(preln, data, ds):
 
 def test_trunk_walked_again_when_the_state_cache_is_too_big(preln, data, ds, monkeypatch):
     """Without room for the per-i clean states the trunk is walked a second time: the same numbers."""
-    import depthlens.diagnostics.permutation as perm
+    import depthlens.diagnostics.permutation.engine as perm
 
     monkeypatch.setattr(perm, "TRUNK_CACHE_BYTES", 0)
     again = permutation_scores(preln, data, pairs="all", batch_size=4, seq_batch=1)

@@ -44,23 +44,23 @@ def _same(a: xr.Dataset, b: xr.Dataset) -> None:
 
 # engine, design, options, expected total: units counted independently of the engine (2 batches of 2 sequences)
 CASES = [
-    ("depthlens.diagnostics.causal:causal_scores", "preln", {"variants": ("current",), "seq_batch": 2}, 2 * L),
+    ("depthlens.diagnostics.causal.engine:causal_scores", "preln", {"variants": ("current",), "seq_batch": 2}, 2 * L),
     (
-        "depthlens.diagnostics.causal:causal_scores",
+        "depthlens.diagnostics.causal.engine:causal_scores",
         "hc",
         {"variants": ("current", "future"), "layers": "late", "seq_batch": 2},
         None,
     ),
     (
-        "depthlens.diagnostics.permutation:permutation_scores",
+        "depthlens.diagnostics.permutation.engine:permutation_scores",
         "preln",
         {"pairs": "all", "seq_batch": 2},
         2 * L * (L - 1) // 2,
     ),
-    ("depthlens.diagnostics.angular:angular_distances", "preln", {"batch_size": 2}, 2),
-    ("depthlens.diagnostics.attnres:depth_mixing_dataset", "hc", {"batch_size": 2}, 2),
-    ("depthlens.diagnostics.rank:effective_rank_dataset", "hc", {"batch_size": 2}, 2),
-    ("depthlens.diagnostics.attnres:attnres_dataset", "full_attnres", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.angular.engine:angular_distances", "preln", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.mixing.engine:depth_mixing_dataset", "hc", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.rank.engine:effective_rank_dataset", "hc", {"batch_size": 2}, 2),
+    ("depthlens.diagnostics.attnres.engine:attnres_dataset", "full_attnres", {"batch_size": 2}, 2),
 ]
 
 

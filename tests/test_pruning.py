@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.diagnostics.pruning import _Pruner, add_criteria, permutation_importance, pruning_curves
 from depthlens.errors import DepthlensError
 from depthlens.models import ModelConfig, build_model

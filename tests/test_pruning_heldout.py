@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthlens.diagnostics.causal import causal_scores
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.causal.engine import causal_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.diagnostics.pruning import permutation_importance
 from depthlens.diagnostics.pruning_heldout import (
     PairwiseModel,

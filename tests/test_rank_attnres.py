@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from depthlens.designs import SLUGS
-from depthlens.diagnostics.attnres import attnres_dataset, attnres_from_record, depth_mixing_dataset
-from depthlens.diagnostics.rank import effective_rank_dataset, effective_rank_from_maps, res_maps, static_res_maps
+from depthlens.diagnostics.attnres.engine import attnres_dataset, attnres_from_record
+from depthlens.diagnostics.mixing.engine import depth_mixing_dataset
+from depthlens.diagnostics.rank.engine import (
+    effective_rank_dataset,
+    effective_rank_from_maps,
+    res_maps,
+    static_res_maps,
+)
 from depthlens.errors import DepthlensError
 from helpers import debug_model
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 import xarray as xr
 
-from depthlens.diagnostics.causal import causal_scores
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.causal.engine import causal_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.runtime.evaldata import random_eval_data
 from depthlens.studies.sensitivity import PAPER_REFERENCE, causal_definition_table, permutation_definition_table
 from helpers import debug_model, load_script

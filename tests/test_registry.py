@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -85,9 +86,8 @@ def test_default_thresholds_are_typed_once():
         if str(p.relative_to(PKG.parent)) not in QUOTED
         for h in _thresholds_typed(p)
     ]
-    # typed in the score declarations (diagnostics/scores.py) or, for a score declared inside its entry, the registry
-    homes = ("depthlens/diagnostics/scores.py:", "depthlens/diagnostics/registry.py:")
-    assert hits and all(h.startswith(homes) for h in hits), hits
+    # typed where each score is declared: in its diagnostic package (depthlens/diagnostics/<name>/headline.py)
+    assert hits and all(re.match(r"depthlens/diagnostics/\w+/headline\.py:", h) for h in hits), hits
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -115,7 +115,7 @@ def test_unknown_capability_is_refused():
 
 def test_run_dispatches_to_the_engine_with_the_options_as_given():
     """registry.run(name) is the engine call itself: same Dataset as calling the engine directly."""
-    from depthlens.diagnostics.angular import angular_distances
+    from depthlens.diagnostics.angular.engine import angular_distances
 
     torch.manual_seed(0)
     model = debug_model("preln", n_layer=2)
@@ -192,7 +192,7 @@ def test_capabilities_are_what_a_model_offers():
 
 
 def test_register_adds_for_the_block_only():
-    d = registry.Diagnostic("toy", "depthlens.diagnostics.angular:angular_distances", "toy", aliases=("toy2",))
+    d = registry.Diagnostic("toy", "depthlens.diagnostics.angular.engine:angular_distances", "toy", aliases=("toy2",))
     with registry.register(d):
         assert registry.get("toy2") is d and registry.names()[-1] == "toy"
         with (
@@ -233,7 +233,7 @@ def test_a_typed_option_that_clashes_with_the_commands_own_is_refused_when_built
 
     d = registry.Diagnostic(
         "clashing",
-        "depthlens.diagnostics.angular:angular_distances",
+        "depthlens.diagnostics.angular.engine:angular_distances",
         "x",
         options=(registry.Option("seed", int, 0, "h"),),
     )

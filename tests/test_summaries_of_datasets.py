@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from depthlens.diagnostics.angular import profile_summary
-from depthlens.diagnostics.causal_dataset import skip_summary
+from depthlens.diagnostics.angular.engine import profile_summary
+from depthlens.diagnostics.causal.dataset import skip_summary
 
 
 def test_profile_summary_drops_undefined_entries_and_finds_the_closest_block():

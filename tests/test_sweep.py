@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depthlens.diagnostics.causal import causal_scores
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.causal.engine import causal_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.diagnostics.sweep import (
     bootstrap_share,
     default_thresholds,
@@ -149,7 +149,7 @@ def test_shard_shares_recount_each_shard_independently():
     """k disjoint shards: each share equals a recount from a causal run on that shard's sequences alone."""
     import numpy as np
 
-    from depthlens.diagnostics.causal import causal_scores
+    from depthlens.diagnostics.causal.engine import causal_scores
     from depthlens.diagnostics.sweep import shard_shares
     from depthlens.stats.shares import share_above
     from helpers import debug_model

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from depthlens.designs import SLUGS
 from depthlens.diagnostics import vocab
-from depthlens.diagnostics.permutation import permutation_scores
+from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.models.protocol import unembedding_of
 from depthlens.runtime.evaldata import EvalData, cpu_tokens_per_batch, default_rows, random_eval_data
 from helpers import debug_model

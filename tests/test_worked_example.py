@@ -2,10 +2,10 @@
 give, with no other edit, a CLI command, an API function, a report column with intervals and an untrained
 baseline, a sweep, a figure and a track series, on a native checkpoint and on a Hugging Face model.
 
-It runs twice: as a plug-in (the module on sys.path, the entry `register`ed for the test), and in the package tree
-of a copied checkout (`test_the_example_inside_the_package_passes_ci_and_these_tests`: the module at
-depthlens/diagnostics/update_align.py, the entry one more element of DIAGNOSTICS), where this file runs again
-with IN_TREE set, after ruff, the format check, mypy, the architecture and the registry tests.
+It runs twice: as a plug-in (the package on sys.path under another name, its spec `register`ed for the test), and in
+the package tree of a copied checkout (`test_the_example_inside_the_package_passes_ci_and_these_tests`: the blocks
+at depthlens/diagnostics/update_align/engine.py and __init__.py, the package one more name in PACKAGES), where this
+file runs again with IN_TREE set, after ruff, the format check, mypy, the architecture and the registry tests.
 
 The numbers are checked against an independent computation: the layer updates read from TransformerLens hook
 points (native) or PyTorch forward hooks on the HF decoder layers, and the late-window share recounted in NumPy.
@@ -36,7 +36,7 @@ from depthlens.models import ModelConfig, build_model
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 IN_TREE = os.environ.get("DEPTHLENS_WORKED_EXAMPLE_IN_TREE") == "1"  # set by the package-tree run below
-# the doc's module: in the package (the copied checkout) or written to a temp dir under a plug-in's name
+# the doc's package: in the package tree (the copied checkout) or written to a temp dir under a plug-in's name
 MODULE = "depthlens.diagnostics.update_align" if IN_TREE else "depthlens_worked_example_update_align"
 TEXT = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
@@ -46,7 +46,7 @@ EVAL = ["--n-seq", "4", "--seq-len", "16"]
 
 
 def doc_blocks() -> tuple[str, str]:
-    """The worked example's two Python blocks: the module and the registry entry."""
+    """The worked example's two Python blocks: the engine module and the spec (the package's __init__.py)."""
     section = DOC.read_text(encoding="utf-8").split("## How to add a diagnostic (worked example)", 1)[1]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) >= 2, "the worked example lost a code block"
@@ -55,22 +55,23 @@ def doc_blocks() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory) -> Diagnostic:
-    """The doc's module as a file on sys.path, and its entry (engine and figure pointed at that file); in the
-    package tree, the shipped registry's entry."""
+    """The doc's package on sys.path under a plug-in's name, and its spec; in the package tree, the shipped
+    registry's entry."""
     if IN_TREE:
         yield registry.get("update_align")
         return
-    module_src, entry_src = doc_blocks()
+    engine_src, spec_src = doc_blocks()
     d = tmp_path_factory.mktemp("plugin")
-    (d / f"{MODULE}.py").write_text(module_src, encoding="utf-8")
+    (d / MODULE).mkdir()
+    (d / MODULE / "engine.py").write_text(engine_src, encoding="utf-8")
+    (d / MODULE / "__init__.py").write_text(spec_src, encoding="utf-8")
     sys.path.insert(0, str(d))
     importlib.invalidate_caches()
-    namespace: dict = {}
-    exec(entry_src.replace("depthlens.diagnostics.update_align", MODULE), namespace)  # noqa: S102  (our own doc)
-    entry = namespace["entry"]
+    (entry,) = importlib.import_module(MODULE).SPECS
     yield entry
     sys.path.remove(str(d))
-    sys.modules.pop(MODULE, None)
+    for name in [m for m in sys.modules if m == MODULE or m.startswith(MODULE + ".")]:
+        sys.modules.pop(name)
 
 
 @pytest.fixture
@@ -299,14 +300,16 @@ def _in_tree_checkout(dest: Path) -> Path:
     shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
     if (ROOT / ".mypy_cache").is_dir():  # third-party modules' types, as CI's mypy step left them
         shutil.copytree(ROOT / ".mypy_cache", root / ".mypy_cache")
-    module_src, entry_src = doc_blocks()
-    (root / "depthlens" / "diagnostics" / "update_align.py").write_text(module_src, encoding="utf-8")
-    call = entry_src[entry_src.index("Diagnostic(") :].rstrip()  # the entry as written, one more tuple element
+    engine_src, spec_src = doc_blocks()
+    package = root / "depthlens" / "diagnostics" / "update_align"
+    package.mkdir()
+    (package / "engine.py").write_text(engine_src, encoding="utf-8")
+    (package / "__init__.py").write_text(spec_src, encoding="utf-8")
     reg = root / "depthlens" / "diagnostics" / "registry.py"
     text = reg.read_text(encoding="utf-8")
-    end = "\n)\n\n_EXTRA"
-    assert text.count(end) == 1, "DIAGNOSTICS no longer ends where this test inserts the entry"
-    reg.write_text(text.replace(end, "\n" + call + ",\n)\n\n_EXTRA"), encoding="utf-8")
+    line = re.search(r"^PACKAGES = \((.*)\)$", text, flags=re.M)
+    assert line, "PACKAGES is no longer the one-line tuple this test extends"
+    reg.write_text(text.replace(line.group(0), f'PACKAGES = ({line.group(1)}, "update_align")'), encoding="utf-8")
     return root
 
 
@@ -321,11 +324,11 @@ def test_the_example_inside_the_package_passes_ci_and_these_tests(tmp_path):
         p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, f"{' '.join(cmd)}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
 
-    # the registry edit is formatted as pre-commit would; the module is checked exactly as the doc prints it
+    # the registry edit is formatted as pre-commit would; the package is checked exactly as the doc prints it
     run(str(bin_ / "ruff"), "format", "depthlens/diagnostics/registry.py")
     run(str(bin_ / "ruff"), "check", "depthlens", "tests")
     run(str(bin_ / "ruff"), "format", "--check", "depthlens", "tests")
-    run(str(bin_ / "mypy"), "depthlens/diagnostics/update_align.py", "depthlens/diagnostics/registry.py")
+    run(str(bin_ / "mypy"), "depthlens/diagnostics/update_align", "depthlens/diagnostics/registry.py")
     tests = ["tests/test_architecture.py", "tests/test_registry.py", "tests/test_worked_example.py"]
     run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests)
     import_check = "import depthlens.diagnostics.update_align as m; print(m.__file__)"

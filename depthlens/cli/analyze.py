@@ -256,7 +256,7 @@ def _scored_run(
 
 def _skip_loss_lines(ds: xr.Dataset) -> list[str]:
     """With --outputs: the layer whose skip costs most, in loss and in output distribution."""
-    from ..diagnostics.causal_dataset import skip_summary
+    from ..diagnostics.causal.dataset import skip_summary
 
     k = skip_summary(ds)
     if k is None:

@@ -230,17 +230,17 @@ def pruning_curves(
     with evaluating(model), torch.no_grad():
         pruner = _Pruner(model, data, batch_size)
         if {"angular_block", "block_influence"} & set(criteria) and angular is None:
-            from .angular import angular_distances
+            from .angular.engine import angular_distances
 
             angular = angular_distances(model, data, positions=positions, batch_size=batch_size)
         if "causal" in criteria and causal is None:
-            from .causal import causal_scores
+            from .causal.engine import causal_scores
 
             causal = causal_scores(model, data, variants=("current",))
         perm_score = None
         if "permutation" in criteria:
             if permutation is None:
-                from .permutation import permutation_scores
+                from .permutation.engine import permutation_scores
 
                 permutation = permutation_scores(model, data, pairs="late")
             perm_score = permutation_importance(permutation)

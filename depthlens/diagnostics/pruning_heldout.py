@@ -253,7 +253,7 @@ class _Calibration:
         self.greedy_sets: list[list[int]] = [[]]
         self.D = None
         if {"angular_block", "block_influence"} & set(criteria):
-            from .angular import angular_distances
+            from .angular.engine import angular_distances
 
             self.D = angular_distances(model, cal, positions=angular_positions, batch_size=batch_size)[
                 "angular_distance"
@@ -427,11 +427,11 @@ def heldout_curves(
     single = np.full((2, L), np.nan)
     with evaluating(model), torch.no_grad():
         if "causal" in criteria and causal is None:
-            from .causal import causal_scores
+            from .causal.engine import causal_scores
 
             causal = causal_scores(model, data, variants=("current",))
         if "permutation" in criteria and permutation is None:
-            from .permutation import permutation_scores
+            from .permutation.engine import permutation_scores
 
             permutation = permutation_scores(model, data, pairs="late")
         sub = [subset(data, i) for i in idx]
@@ -853,11 +853,11 @@ def certify(
     with evaluating(model), torch.no_grad():
         causal = permutation = None
         if criterion == "causal":
-            from .causal import causal_scores
+            from .causal.engine import causal_scores
 
             causal = causal_scores(model, cal_data, variants=("current",))
         if criterion == "permutation":
-            from .permutation import permutation_scores
+            from .permutation.engine import permutation_scores
 
             permutation = permutation_scores(model, cal_data, pairs="late")
         cal_pruner, held = (

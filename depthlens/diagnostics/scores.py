@@ -1,11 +1,11 @@
-"""The headline scores' declarations: what a share is taken of, its default θ and grid, unit and labels. Data only
-(no hooks), so a diagnostic's figure can name its threshold without importing the registry that names the figure.
-`registry` re-exports `Grid` and `Score` and builds the diagnostics from these.
+"""What a headline score is: what a share is taken of, its default θ and grid, unit, labels, how figures show its
+matrix. Each diagnostic package declares its own scores with these (`causal.CAUSAL`, `permutation.PERM_ABS`);
+`registry` re-exports the types.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -61,18 +61,18 @@ class Score:
     definition: str  # one line stating what a share of it measures (headlines, tables)
     select: Mapping[str, str] = field(default_factory=dict)  # coords picked on `var` for the headline matrix
     seq_var: str | None = None  # (layer, layer_other, sequence) variable whose sequence mean is `var`: its CI
-    # "module:function" (ds, aggregator, variant) -> stats.shares.PerSequence | None (None: not decomposable, e.g. p95), for a
+    # loader of (ds, aggregator, variant) -> stats.shares.PerSequence | None (None: not decomposable, e.g. p95), for a
     # score that is not the plain sequence mean of `seq_var`; DepthlensError when ds lacks the parts
-    per_sequence: str | None = None
+    per_sequence: Callable[[], Callable[..., Any]] | str | None = None
     bootstraps: bool = True  # per-sequence summaries exist, so the share gets a bootstrap CI and shard sd
     optional: bool = False  # only computed when asked (causal --direct): not offered by compare/sweep
     view: MatrixView = MatrixView()  # how figures show the matrix
-    # "module:function" (score, *, variant, aggregator, norm, swap) -> str: the headline's one-line definition with
+    # loader of (score, *, variant, aggregator, norm, swap) -> str: the headline's one-line definition with
     # the settings it was computed under (`sweep.definition`); None: `definition` as it stands
-    describe: str | None = None
-    # "module:function" (ds, metric, variant) -> dict: the headline's score-specific fields, "norm" first (e.g. a
+    describe: Callable[[], Callable[..., str]] | str | None = None
+    # loader of (ds, metric, variant) -> dict: the headline's score-specific fields, "norm" first (e.g. a
     # noise floor, the clean loss); None: {"norm": key}
-    headline_fields: str | None = None
+    headline_fields: Callable[[], Callable[..., dict[str, Any]]] | str | None = None
 
     @property
     def theta_label(self) -> str:
@@ -84,41 +84,4 @@ def frozen(**kw: Any) -> Mapping[str, Any]:
     return MappingProxyType(kw)
 
 
-DEAD_PREFIX_EPS = 0.05  # the ε of the report's dead-prefix column (attnres) and of `track`
-
-LOG_NAT = Grid("log", 0.005, 2.0, n=41)
-CAUSAL = Score(
-    "causal",
-    "causal_score",
-    0.45,
-    "1",
-    "C",
-    Grid("linear", 0.0, 1.5, step=0.05),
-    "the causal score",
-    "causal C(s,t): skip s, relative change of the later update t",
-    select=frozen(aggregator="max", variant="current"),
-    per_sequence="depthlens.diagnostics.causal_dataset:causal_per_sequence",
-    describe="depthlens.diagnostics.causal_dataset:describe_headline",
-    headline_fields="depthlens.diagnostics.causal_dataset:headline_fields",
-    view=MatrixView(
-        "causal score (skipped s → measured t)",
-        ("s", "t"),
-        upper_only=True,
-        colour="span",
-        bar_label="causal score C(s,t), current/max [1]",
-    ),
-)
-PERM_ABS = Score(
-    "perm_abs",
-    "perm_abs",
-    0.15,
-    "nat",
-    "P_abs",
-    LOG_NAT,
-    "P_abs",
-    "permutation P_abs = L(swap i,j) - L(id), nats",
-    seq_var="delta_loss_seq",
-    describe="depthlens.diagnostics.permutation:describe_headline",
-    headline_fields="depthlens.diagnostics.permutation:headline_fields",
-    view=MatrixView("permutation P_abs (i, j)", bar_label="swap loss increase P_abs [nat]"),
-)
+LOG_NAT = Grid("log", 0.005, 2.0, n=41)  # the θ grid of a score in nats (the permutation's)

@@ -1,6 +1,6 @@
 """What every depthlens figure shares: design colours and names, the panel grid, a checkpoint's heading, value
 spans and colour-scale rules. A layer below the diagnostics (with `plotting.plots`), so each diagnostic's own
-figure (`diagnostics/figures.py`) and the cross-checkpoint report figures (`render/figures.py`) draw alike.
+figure (`diagnostics/<name>/figure.py`) and the cross-checkpoint report figures (`render/figures.py`) draw alike.
 """
 
 from __future__ import annotations

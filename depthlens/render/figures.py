@@ -1,5 +1,5 @@
 """Report figures: each checkpoint's diagnostic figures written to files (drawn by the registry's figure hooks,
-`diagnostics/figures.py`), and the cross-checkpoint share curves, depth summaries and overview grids. Built on
+`diagnostics/<name>/figure.py`), and the cross-checkpoint share curves, depth summaries and overview grids. Built on
 `depthlens.plotting` (heatmap, share_curves, save_figure, the shared panels).
 
 Every figure has a title, labelled axes (heatmaps: from the coordinates' `long_name`) and, for heatmaps, a

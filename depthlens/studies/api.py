@@ -389,7 +389,7 @@ def attnres(
     """AttnRes depth-attention readouts (Full/Block AttnRes): the self-weight per layer (a softmax weight in
     [0, 1]), the dead prefix k*(ε) (layers) for each ε of `eps_grid`, consumption and mass families.
     `depthlens attnres`. Returns an xarray Dataset: `self_weight` (layer), `dead_prefix` (eps), ..."""
-    from depthlens.diagnostics.attnres import EPS_GRID
+    from depthlens.diagnostics.attnres.engine import EPS_GRID
 
     opts: dict[str, Any] = {
         "eps_grid": tuple(EPS_GRID if eps_grid is None else eps_grid),

@@ -18,8 +18,8 @@ import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics import registry
-from depthlens.diagnostics.causal import NORM_DEFINITIONS
-from depthlens.diagnostics.causal_dataset import AGGREGATORS
+from depthlens.diagnostics.causal.dataset import AGGREGATORS
+from depthlens.diagnostics.causal.engine import NORM_DEFINITIONS
 from depthlens.diagnostics.registry import CAUSAL, PERM_ABS
 from depthlens.diagnostics.sweep import definition
 from depthlens.stats.shares import share_above

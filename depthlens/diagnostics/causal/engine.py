@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from depthlens.diagnostics.causal_arms import (  # noqa: F401  (Arm, _CellStore, the cut tables: re-exported)
+from depthlens.diagnostics.causal.arms import (  # noqa: F401  (Arm, _CellStore, the cut tables: re-exported)
     Arm,
     _CellStore,
     _nanmax,
@@ -46,7 +46,7 @@ from depthlens.diagnostics.causal_arms import (  # noqa: F401  (Arm, _CellStore,
     future_cuts,
     make_arms,
 )
-from depthlens.diagnostics.causal_dataset import (  # noqa: F401  (AGGREGATORS: re-exported)
+from depthlens.diagnostics.causal.dataset import (  # noqa: F401  (AGGREGATORS: re-exported)
     AGGREGATORS,
     _dataset,
     _Results,

@@ -1,6 +1,6 @@
 """The lens family's report row and terminal view (registry hooks of `logit_lens` and `tuned_lens`).
 
-    row.update(lens_record(ds, row))      # where the prediction forms, KL and top-1 agreement at mid-depth
+    row.update(record_of("logit")(ds, row))   # where the prediction forms, KL and top-1 agreement at mid-depth
     head, lines, table = lens_view(ds, model)
 
 The report row names its fields after the diagnostic (`logit_lens_forms`, `tuned_lens_forms`, ...); the untrained
@@ -9,7 +9,7 @@ twin's `*_forms` rides along as `*_forms_untrained` (registry.UNTRAINED_RECORD_F
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -44,16 +44,13 @@ def lens_fields(ds: xr.Dataset) -> dict[str, Any]:
     }
 
 
-def _record(prefix: str, ds: xr.Dataset) -> dict[str, Any]:
-    return {f"{prefix}_{k}": v for k, v in lens_fields(ds).items()}
+def record_of(kind: str) -> Callable[[xr.Dataset, Mapping[str, Any]], dict[str, Any]]:
+    """The report-row hook of the `kind` lens: its fields named `<kind>_lens_<field>`."""
 
+    def record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
+        return {f"{kind}_lens_{k}": v for k, v in lens_fields(ds).items()}
 
-def logit_lens_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    return _record("logit_lens", ds)
-
-
-def tuned_lens_record(ds: xr.Dataset, row: Mapping[str, Any]) -> dict[str, Any]:
-    return _record("tuned_lens", ds)
+    return record
 
 
 def _iv(ds: xr.Dataset, var: str, l: int, fmt: str) -> str:

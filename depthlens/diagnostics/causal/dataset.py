@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
-from depthlens.diagnostics.causal_arms import _CellStore, _nanmax
+from depthlens.diagnostics.causal.arms import _CellStore, _nanmax
 from depthlens.errors import DepthlensError
 from depthlens.io.dataset import data_var, kept_var, make_dataset, scalar_var
 from depthlens.io.jsonsafe import finite_or_none

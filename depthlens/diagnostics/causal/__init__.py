@@ -1,0 +1,71 @@
+"""The causal score C(s, t): skip layer s, how much do the later layers' updates change (docs/concepts.md).
+
+    engine.py   the skip arms and the score matrices (`causal_scores`)
+    arms.py     which positions each arm skips, and the per-cell store
+    dataset.py  the Dataset, its per-sequence parts, the report record and the track series
+    figure.py   one checkpoint's heatmap
+
+This file is the spec the registry reads (light: each hook imports its module when called).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..scores import frozen
+from ..spec import Diagnostic
+from .headline import CAUSAL, DIRECT
+
+if TYPE_CHECKING:
+    from ..spec import Engine, Figure, Record, Regrow, Track
+
+
+def _engine() -> Engine:
+    from .engine import causal_scores
+
+    return causal_scores
+
+
+def _figure() -> Figure:
+    from .figure import fig_causal
+
+    return fig_causal
+
+
+def _record() -> Record:
+    from .dataset import causal_record
+
+    return causal_record
+
+
+def _track() -> Track:
+    from .dataset import causal_track
+
+    return causal_track
+
+
+def _regrow() -> Regrow:
+    from .dataset import regrow
+
+    return regrow
+
+
+SPECS = (
+    Diagnostic(
+        "causal",
+        _engine,
+        "causal score C(s, t): skip layer s, how much do later updates change",
+        scores=(CAUSAL, DIRECT),
+        figure=_figure,
+        title="Causal score C(s, t) (current, max)",
+        record=_record,
+        record_fields=("causal_noise_floor",),
+        track=_track,
+        report_opts=frozen(variants=("current",), layers="all"),
+        late_opts=frozen(layers="late"),
+        study_opts=frozen(layers="causal_layers"),
+        regrow=_regrow,
+        regrown=("causal_score", "mean_downstream_effect"),
+        part_start="first_seq",
+    ),
+)

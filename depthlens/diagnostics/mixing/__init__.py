@@ -1,0 +1,42 @@
+"""The depth-mixing matrix M[i → j] of any design (docs/concepts.md): how much of each earlier source reaches each
+sublayer's input; MoDA, which has no residual mix, shows its depth-attention mass instead.
+
+    engine.py   the token-mean matrix (or depth mass)
+    figure.py   one checkpoint's heatmap
+
+This file is the spec the registry reads (light: each hook imports its module when called).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..spec import Diagnostic
+
+if TYPE_CHECKING:
+    from ..spec import Engine, Figure
+
+
+def _engine() -> Engine:
+    from .engine import depth_mixing_dataset
+
+    return depth_mixing_dataset
+
+
+def _figure() -> Figure:
+    from .figure import fig_mixing
+
+    return fig_mixing
+
+
+SPECS = (
+    Diagnostic(
+        "mixing",
+        _engine,
+        "depth-mixing matrix M[i → j] (any design)",
+        aliases=("depth_mixing",),
+        figure=_figure,
+        title="Depth-mixing matrix M[i → j]",
+        untrained=False,
+    ),
+)

@@ -1,0 +1,35 @@
+"""The permutation score's figure of one checkpoint: P_abs on the late window (the registry's `figure` hook), drawn
+from `depthlens.plotting`, a layer below, so no diagnostic depends on the report layer (`render/figures.py` writes
+it to a file). A title, labelled axes and a colour bar labelled `long_name [units]`; nothing here calls
+`plt.show()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xarray as xr
+
+from depthlens.plotting import plots
+from depthlens.plotting.panels import (
+    Entry,
+    heading,
+    span,
+    subplots,
+)
+from depthlens.stats.metrics import late_window
+
+from .headline import PERM_ABS
+
+
+def fig_permutation(ds: xr.Dataset, e: Entry, share: float | None = None) -> Any:
+    """P_abs(i, j) on the late window (diverging scale about 0: a swap can also lower the loss)."""
+    a = int(ds.attrs.get("late_window_start", late_window(e.n_layer)))
+    da = ds["perm_abs"].isel(layer=slice(a, None), layer_other=slice(a, None))
+    lo, hi = span(da.values)
+    radius = max(abs(lo), abs(hi), 1e-3)
+    fig, ax = subplots()
+    ax = ax[0, 0]
+    plots.heatmap(da, ax, vmin=-radius, vmax=radius, center=0.0, cmap="vlag", annot=max(da.shape) <= 8)
+    extra = "" if share is None else f" · share > {PERM_ABS.theta:g} nat: {share:.2f}"
+    ax.set_title(f"{heading(e)}\npermutation P_abs, late window{extra}", fontsize=10)
+    return fig

@@ -1,0 +1,198 @@
+"""What a diagnostic is: the typed spec (`Diagnostic`) each diagnostic package declares in its `__init__.py`, with
+its engine options (`Option`) and report columns (`Column`), and the call shapes of its hooks (Protocols).
+
+A hook is a loader: a function of no arguments that imports its module (torch, xarray) and returns the hook, typed
+by the Protocol below. A package's `__init__.py` is read by the registry when `depthlens --help` starts, so the
+spec costs nothing to read, while mypy still checks each hook against its Protocol and the import checker sees
+its module. A plug-in outside the package tree may also give a hook as a "module:function" string
+(`registry.resolve` turns either form into the function).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from depthlens.designs import has_capability
+
+from .scores import Score, TrackPanel
+
+if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
+    import xarray as xr
+
+    from depthlens.models.protocol import LayeredLM
+    from depthlens.plotting.panels import Entry
+    from depthlens.runtime.evaldata import EvalData
+
+
+class Engine(Protocol):
+    """engine(model, data, *, batch_size, checkpoint, <its options>) -> the diagnostic's Dataset (and `progress`,
+    a callback (done, total), where it takes one)."""
+
+    def __call__(
+        self, model: LayeredLM, data: EvalData, /, *, batch_size: int | None = None, checkpoint: Any = None
+    ) -> xr.Dataset: ...
+
+
+class Record(Protocol):
+    """record(ds, row) -> {field: JSON value}: a report row's own fields (besides the share columns)."""
+
+    def __call__(self, ds: xr.Dataset, row: Mapping[str, Any], /) -> dict[str, Any]: ...
+
+
+class Track(Protocol):
+    """track(ds, opts) -> {name: DataArray}: the per-snapshot variables `track` keeps."""
+
+    def __call__(self, ds: xr.Dataset, opts: Mapping[str, Any], /) -> dict[str, Any]: ...
+
+
+class View(Protocol):
+    """view(ds, model) -> (headline dict, text lines, rich renderable or None): its command's terminal view."""
+
+    def __call__(self, ds: xr.Dataset, model: Any, /) -> tuple[dict[str, Any], list[str], Any]: ...
+
+
+class Figure(Protocol):
+    """figure(ds, entry[, share=...]) -> a matplotlib Figure, or None: one checkpoint's figure in the report (a
+    diagnostic with headline scores also takes `share`, the headline share to print)."""
+
+    def __call__(self, ds: xr.Dataset, entry: Entry, /) -> Any: ...
+
+
+class Regrow(Protocol):
+    """regrow(ds, parts) -> [aggregates it could not rebuild]: re-derives the whole-run aggregates of a Dataset
+    concatenated from runs on consecutive slices of the eval set (`--precision`)."""
+
+    def __call__(self, ds: xr.Dataset, parts: Sequence[xr.Dataset], /) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Column:
+    """A report table column that is not a share: `field` of the diagnostic's record, formatted with `fmt`."""
+
+    head: str  # the table heading ("erank (full)")
+    short: str  # the terminal table heading ("erank")
+    field: str  # the record field it shows
+    fmt: str = ""  # format spec ("" = str)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A typed engine option of a diagnostic: `--name` of its generated command, and the engine keyword `name`.
+    A number must be finite and within [lo, hi] (bounds None = open); the command refuses anything else in one
+    line."""
+
+    name: str  # the engine keyword (the flag is --name with "_" -> "-")
+    type: type  # float | int | str | bool
+    default: Any
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()  # a str option's values ("" = any)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def annotation(self) -> Any:
+        """Its value type for a command's signature: a Literal of the choices, else the type."""
+        return Literal[self.choices] if self.choices else self.type
+
+    def check(self, value: Any) -> str | None:
+        """Why `value` is refused (one line), or None."""
+        if self.choices and value not in self.choices:
+            return f"{self.flag} must be one of {', '.join(self.choices)}; got {value!r}"
+        if self.type not in (int, float):
+            return None
+        lo = "-inf" if self.lo is None else f"{self.lo:g}"
+        hi = "inf" if self.hi is None else f"{self.hi:g}"
+        v = float(value)
+        if (
+            v != v
+            or v in (float("inf"), float("-inf"))
+            or (self.lo is not None and v < self.lo)
+            or (self.hi is not None and v > self.hi)
+        ):
+            return f"{self.flag} must be a finite number in [{lo}, {hi}], got {value}"
+        return None
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One diagnostic and everything the commands need to know about it: what to call, on which models, what it
+    headlines, and how a report row, the report's figures, the terminal and `track` summarise its Dataset.
+
+    Every hook is a loader returning a function of the Protocol its field names (`Engine`, `Record`, `Track`,
+    `View`, `Figure`, `Regrow`, above), or, from a plug-in, a "module:function" string imported on first use.
+    """
+
+    name: str  # canonical name: report `--metrics`, netCDF file names, figure keys
+    engine: Callable[[], Engine] | str  # computes its Dataset
+    summary: str  # one line for help texts
+    aliases: tuple[str, ...] = ()  # other names accepted wherever `name` is (CLI command, record prefix)
+    requires: str | None = None  # design capability flag (depthlens.designs.CAPABILITIES); None = every design
+    needs: tuple[str, ...] = ("layers",)  # model capabilities (depthlens.models.protocol.CAPABILITIES)
+    options: tuple[Option, ...] = ()  # typed engine options: its generated command's flags (--opt takes others)
+    scores: tuple[Score, ...] = ()  # headline scores, the first is the report's table column
+    figure: Callable[[], Figure] | str | None = None  # draws one checkpoint's Dataset for the report
+    record: Callable[[], Record] | str | None = None  # gives the report row's own fields
+    record_fields: tuple[str, ...] = ()  # ...their names, in summary.json order
+    # ...those a report row also carries as read on the untrained twin (`<field>_untrained`)
+    untrained_fields: tuple[str, ...] = ()
+    columns: tuple[Column, ...] = ()  # report table columns besides the share
+    track: Callable[[], Track] | str | None = None  # its `track` variables; None = the headline share (if any)
+    track_name: str = ""  # its name in `track` (metric names, cache files); "" = the name
+    track_panels: tuple[TrackPanel, ...] = ()  # rows of the track figure for its series other than the share
+    view: Callable[[], View] | str | None = None  # its terminal view; None = the generic one
+    title: str = ""  # figure caption in the report ("" = the summary)
+    prefix: str = ""  # of its report summary.json columns (`<prefix>_share`, ...); "" = the name
+    # also run on each checkpoint's untrained twin in a report: the baseline a learned effect is read against
+    untrained: bool = True
+    report_opts: Mapping[str, Any] = field(default_factory=dict)  # engine options of report, compare and sweep
+    late_opts: Mapping[str, Any] = field(default_factory=dict)  # ...restricted to what the headline needs
+    # engine option -> the study option (StudyOptions field, a report flag) that sets it: causal's layers,
+    # the permutation's pairs
+    study_opts: Mapping[str, str] = field(default_factory=dict)
+    # the study options (StudyOptions fields) that cap its eval sequences to a prefix, trained and untrained: the
+    # permutation's, the main cost of a deep report; () = it always sees every sequence
+    seq_caps: tuple[str, str] | tuple[()] = ()
+    # under --untrained-perm-for claims, its untrained run happens only where a claim on its scores names the
+    # design and depth (stats.orderings.claim_cells(prefix)): the permutation, as costly untrained as trained
+    untrained_where_claimed: bool = False
+    # --precision (studies/precision.py): (ds, parts) -> [aggregates it could not rebuild] re-derives the whole-run aggregates (`regrown`) of a Dataset concatenated from runs on consecutive slices of
+    # the eval set; None = the diagnostic cannot grow its eval set
+    regrow: Callable[[], Regrow] | str | None = None
+    regrown: tuple[str, ...] = ()  # ...the variables it re-derives
+    part_start: str | None = None  # engine option taking a part's first sequence index (causal: its cuts continue)
+
+    def __post_init__(self) -> None:
+        for attr, default in (("prefix", self.name), ("track_name", self.name), ("title", self.summary)):
+            if not getattr(self, attr):
+                object.__setattr__(self, attr, default)
+
+    @property
+    def bootstraps(self) -> bool:
+        return any(s.bootstraps for s in self.scores)
+
+    @property
+    def headline(self) -> Score | None:
+        """The score the report's table and sweep figures use (None: no share headline)."""
+        return self.scores[0] if self.scores else None
+
+    @property
+    def tracked(self) -> bool:
+        """Whether `track` follows it over training (it declares a track hook or has a headline share)."""
+        return self.track is not None or self.headline is not None
+
+    def applies(self, design: str) -> bool:
+        """Whether this diagnostic is defined for design slug `design`."""
+        return self.requires is None or has_capability(design, self.requires)
+
+    def missing(self, model: Any) -> tuple[str, ...]:
+        """The model capabilities it needs that `model` lacks (() = it can run)."""
+        from depthlens.models.protocol import capabilities
+
+        have = capabilities(model)
+        return tuple(c for c in self.needs if c not in have)
