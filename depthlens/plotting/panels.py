@@ -1,6 +1,10 @@
 """What every depthlens figure shares: design colours and names, the panel grid, a checkpoint's heading, value
 spans and colour-scale rules. A layer below the diagnostics (with `plotting.plots`), so each diagnostic's own
 figure (`diagnostics/<name>/figure.py`) and the cross-checkpoint report figures (`render/figures.py`) draw alike.
+
+Every figure has a title, labelled axes (heatmaps: from the coordinates' `long_name`) and, for heatmaps, a colour
+bar labelled `long_name [units]` spanning the data: a log (or symmetric-log) scale where values span orders of
+magnitude, blank (masked) cells where a value is undefined. Nothing calls `plt.show()`.
 """
 
 from __future__ import annotations

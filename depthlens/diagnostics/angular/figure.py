@@ -1,6 +1,6 @@
-"""The angular distances of one checkpoint as a heatmap (the registry's `figure` hook), drawn from
-`depthlens.plotting`, a layer below, so no diagnostic depends on the report layer (`render/figures.py` writes it
-to a file). A title, labelled axes and a colour bar labelled `long_name [units]`; nothing here calls `plt.show()`."""
+"""The angular distances of one checkpoint: a heatmap over start layer ℓ and block size n.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -10,12 +10,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens.plotting import plots
-from depthlens.plotting.panels import (
-    Entry,
-    finite,
-    heading,
-    subplots,
-)
+from depthlens.plotting.panels import Entry, finite, heading, subplots
 
 
 def fig_angular(ds: xr.Dataset, e: Entry) -> Any:

@@ -1,6 +1,6 @@
-"""One checkpoint's AttnRes weights and depth-mixing matrix (the registry's `figure` hook), drawn from
-`depthlens.plotting`, a layer below, so no diagnostic depends on the report layer (`render/figures.py` writes it
-to a file). A title, labelled axes and a colour bar labelled `long_name [units]`; nothing here calls `plt.show()`."""
+"""One AttnRes checkpoint's self-weight per layer (with its dead prefix) and α per sublayer over its sources.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -10,13 +10,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens.plotting import plots
-from depthlens.plotting.panels import (
-    Entry,
-    design_color,
-    finite,
-    heading,
-    subplots,
-)
+from depthlens.plotting.panels import Entry, design_color, finite, heading, subplots
 
 
 def fig_attnres(ds: xr.Dataset, e: Entry) -> Any:

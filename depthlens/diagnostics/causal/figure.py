@@ -1,6 +1,6 @@
-"""The causal score's figure of one checkpoint: C(s, t) as a heatmap (the registry's `figure` hook), drawn from
-`depthlens.plotting`, a layer below, so no diagnostic depends on the report layer (`render/figures.py` writes it
-to a file). A title, labelled axes and a colour bar labelled `long_name [units]`; nothing here calls `plt.show()`."""
+"""One checkpoint's causal score C(s, t): a heatmap, on a log colour scale where it spans decades.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -10,14 +10,7 @@ import numpy as np
 import xarray as xr
 
 from depthlens.plotting import plots
-from depthlens.plotting.panels import (
-    LOG_FLOOR,
-    Entry,
-    causal_scale,
-    finite,
-    heading,
-    subplots,
-)
+from depthlens.plotting.panels import LOG_FLOOR, Entry, causal_scale, finite, heading, subplots
 
 from .headline import CAUSAL
 

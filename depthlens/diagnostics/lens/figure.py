@@ -1,6 +1,6 @@
-"""One checkpoint's lens curves (the registry's `figure` hook), drawn from `depthlens.plotting`, a layer below, so no
-diagnostic depends on the report layer (`render/figures.py` writes it to a file). A title, labelled axes and a
-colour bar labelled `long_name [units]`; nothing here calls `plt.show()`."""
+"""One checkpoint's lens curves: KL to the final layer and top-1 agreement over relative depth, with its twin.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depthlens.plotting.panels import (
-    Entry,
-    heading,
-    subplots,
-)
+from depthlens.plotting.panels import Entry, heading, subplots
 
 
 def draw_lens(axes: Any, ds: xr.Dataset, label: str, color: Any = None, dashed: bool = False) -> None:

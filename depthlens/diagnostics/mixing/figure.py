@@ -1,6 +1,6 @@
-"""One checkpoint's depth-mixing matrix M[i → j] (MoDA: its depth-attention mass) (the registry's `figure` hook), drawn from
-`depthlens.plotting`, a layer below, so no diagnostic depends on the report layer (`render/figures.py` writes it
-to a file). A title, labelled axes and a colour bar labelled `long_name [units]`; nothing here calls `plt.show()`."""
+"""One checkpoint's depth-mixing matrix M[i → j], or MoDA's depth-attention mass where it has no mix.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ from typing import Any
 import xarray as xr
 
 from depthlens.plotting import plots
-from depthlens.plotting.panels import (
-    MIXING_LINTHRESH,
-    Entry,
-    finite,
-    heading,
-    span,
-    subplots,
-)
+from depthlens.plotting.panels import MIXING_LINTHRESH, Entry, finite, heading, span, subplots
 
 
 def fig_mixing(ds: xr.Dataset, e: Entry) -> Any | None:

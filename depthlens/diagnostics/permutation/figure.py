@@ -1,7 +1,6 @@
-"""The permutation score's figure of one checkpoint: P_abs on the late window (the registry's `figure` hook), drawn
-from `depthlens.plotting`, a layer below, so no diagnostic depends on the report layer (`render/figures.py` writes
-it to a file). A title, labelled axes and a colour bar labelled `long_name [units]`; nothing here calls
-`plt.show()`."""
+"""One checkpoint's permutation score P_abs on the late window, on a diverging scale about 0.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -10,12 +9,7 @@ from typing import Any
 import xarray as xr
 
 from depthlens.plotting import plots
-from depthlens.plotting.panels import (
-    Entry,
-    heading,
-    span,
-    subplots,
-)
+from depthlens.plotting.panels import Entry, heading, span, subplots
 from depthlens.stats.metrics import late_window
 
 from .headline import PERM_ABS

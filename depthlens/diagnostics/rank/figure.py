@@ -1,6 +1,6 @@
-"""One checkpoint's effective-rank profiles (the registry's `figure` hook), drawn from `depthlens.plotting`, a layer
-below, so no diagnostic depends on the report layer (`render/figures.py` writes it to a file). A title, labelled
-axes and a colour bar labelled `long_name [units]`; nothing here calls `plt.show()`."""
+"""One HC/mHC checkpoint's effective rank: the window profile and the single-sublayer maps.
+
+The registry's `figure` hook (conventions: plotting/panels.py); `render/figures.py` writes it to a file."""
 
 from __future__ import annotations
 
@@ -9,12 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depthlens.plotting.panels import (
-    Entry,
-    design_color,
-    heading,
-    subplots,
-)
+from depthlens.plotting.panels import Entry, design_color, heading, subplots
 
 
 def fig_rank(ds: xr.Dataset, e: Entry) -> Any:
