@@ -50,7 +50,10 @@ def test_default_thresholds_and_units():
 def test_engines_and_figures_resolve():
     for d in registry.DIAGNOSTICS:
         assert callable(registry.resolve(d.engine)), d.name
-        assert d.figure is None or callable(registry.resolve(d.figure)), d.name
+        hooks = d.loaded()
+        assert hooks.figure is None or callable(hooks.figure), d.name
+        # --precision offers the diagnostics that name what they re-derive: exactly those with a regrow hook
+        assert bool(d.regrown) == (hooks.regrow is not None), d.name
 
 
 def _thresholds_typed(path: Path) -> list[str]:

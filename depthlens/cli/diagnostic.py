@@ -4,7 +4,7 @@
 knows and no module defines, so a registered diagnostic (`registry.register`, or a new `DIAGNOSTICS` entry) is a
 command with no CLI edit. It runs the engine
 through the API with the engine's report options (plus `--opt key=value`), writes the Dataset, and prints the
-diagnostic's terminal view (`Diagnostic.view`) or the generic one: the headline share with its CI, if it has one.
+diagnostic's terminal view (`Hooks.view`) or the generic one: the headline share with its CI, if it has one.
 """
 
 from __future__ import annotations
@@ -108,8 +108,9 @@ def command_for(d: registry.Diagnostic) -> Any:
                 **engine_opts,
             )
         write(ds, path, ow, f"depthlens {d.name} {ckpt}")
-        if d.view:
-            head, lines, view = registry.resolve(d.view)(ds, model)
+        show = d.loaded().view
+        if show:
+            head, lines, view = show(ds, model)
         else:
             (head, lines), view = generic_view(d, ds, model, n_boot, c.seed), None
         head = {"metric": head.pop("metric", d.name), "checkpoint": str(ckpt), **head, "out": str(path)}

@@ -170,6 +170,12 @@ def by_prefix(prefix: str) -> Diagnostic | None:
     return next((d for d in DIAGNOSTICS if d.prefix == prefix), None)
 
 
+def clean_loss() -> tuple[Diagnostic, str] | None:
+    """(the diagnostic, its variable) giving the unperturbed eval loss per sequence (`Diagnostic.clean_loss_var`):
+    the first in registry order that declares one; None when none does."""
+    return next(((d, d.clean_loss_var) for d in diagnostics() if d.clean_loss_var), None)
+
+
 def score_owner(key: str) -> tuple[Diagnostic, Score]:
     """(the diagnostic that computes score `key`, the score)."""
     try:

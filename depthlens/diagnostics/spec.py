@@ -44,7 +44,7 @@ class Record(Protocol):
 class Track(Protocol):
     """track(ds, opts) -> {name: DataArray}: the per-snapshot variables `track` keeps."""
 
-    def __call__(self, ds: xr.Dataset, opts: Mapping[str, Any], /) -> dict[str, Any]: ...
+    def __call__(self, ds: xr.Dataset, opts: Any, /) -> dict[str, Any]: ...
 
 
 class View(Protocol):
@@ -60,11 +60,33 @@ class Figure(Protocol):
     def __call__(self, ds: xr.Dataset, entry: Entry, /) -> Any: ...
 
 
+class ScoredFigure(Protocol):
+    """The figure of a diagnostic with headline scores: also takes the headline share to print in its title."""
+
+    def __call__(self, ds: xr.Dataset, entry: Entry, /, share: float | None = None) -> Any: ...
+
+
 class Regrow(Protocol):
     """regrow(ds, parts) -> [aggregates it could not rebuild]: re-derives the whole-run aggregates of a Dataset
     concatenated from runs on consecutive slices of the eval set (`--precision`)."""
 
     def __call__(self, ds: xr.Dataset, parts: Sequence[xr.Dataset], /) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a diagnostic does with its Dataset besides computing it, each function typed by its Protocol; None = it
+    has none (the report draws no figure, the row has only the share columns, the command prints the generic
+    view, `--precision` cannot grow its eval set, `track` follows only the headline share)."""
+
+    figure: Figure | ScoredFigure | None = None  # one checkpoint's figure in the report (ScoredFigure: with scores)
+    record: Record | None = None  # the report row's own fields (`Diagnostic.record_fields`)
+    track: Track | None = None  # its `track` variables, besides the headline share
+    view: View | None = None  # the terminal view of its command
+    regrow: Regrow | None = None  # --precision: re-derives the whole-run aggregates (`Diagnostic.regrown`)
+
+
+NO_HOOKS = Hooks()
 
 
 @dataclass(frozen=True)
@@ -124,8 +146,8 @@ class Diagnostic:
     """One diagnostic and everything the commands need to know about it: what to call, on which models, what it
     headlines, and how a report row, the report's figures, the terminal and `track` summarise its Dataset.
 
-    Every hook is a loader returning a function of the Protocol its field names (`Engine`, `Record`, `Track`,
-    `View`, `Figure`, `Regrow`, above), or, from a plug-in, a "module:function" string imported on first use.
+    Two loaders import its modules when called: `engine` returns the function computing its Dataset (`Engine`;
+    a plug-in may instead give a "module:function" string), `hooks` its other functions (`Hooks`).
     """
 
     name: str  # canonical name: report `--metrics`, netCDF file names, figure keys
@@ -136,16 +158,13 @@ class Diagnostic:
     needs: tuple[str, ...] = ("layers",)  # model capabilities (depthlens.models.protocol.CAPABILITIES)
     options: tuple[Option, ...] = ()  # typed engine options: its generated command's flags (--opt takes others)
     scores: tuple[Score, ...] = ()  # headline scores, the first is the report's table column
-    figure: Callable[[], Figure] | str | None = None  # draws one checkpoint's Dataset for the report
-    record: Callable[[], Record] | str | None = None  # gives the report row's own fields
-    record_fields: tuple[str, ...] = ()  # ...their names, in summary.json order
+    hooks: Callable[[], Hooks] | None = None  # loader of its figure, report record, track, view and regrow
+    record_fields: tuple[str, ...] = ()  # the fields `Hooks.record` gives, in summary.json order
     # ...those a report row also carries as read on the untrained twin (`<field>_untrained`)
     untrained_fields: tuple[str, ...] = ()
     columns: tuple[Column, ...] = ()  # report table columns besides the share
-    track: Callable[[], Track] | str | None = None  # its `track` variables; None = the headline share (if any)
     track_name: str = ""  # its name in `track` (metric names, cache files); "" = the name
     track_panels: tuple[TrackPanel, ...] = ()  # rows of the track figure for its series other than the share
-    view: Callable[[], View] | str | None = None  # its terminal view; None = the generic one
     title: str = ""  # figure caption in the report ("" = the summary)
     prefix: str = ""  # of its report summary.json columns (`<prefix>_share`, ...); "" = the name
     # also run on each checkpoint's untrained twin in a report: the baseline a learned effect is read against
@@ -161,11 +180,14 @@ class Diagnostic:
     # under --untrained-perm-for claims, its untrained run happens only where a claim on its scores names the
     # design and depth (stats.orderings.claim_cells(prefix)): the permutation, as costly untrained as trained
     untrained_where_claimed: bool = False
-    # --precision (studies/precision.py): (ds, parts) -> [aggregates it could not rebuild] re-derives the whole-run aggregates (`regrown`) of a Dataset concatenated from runs on consecutive slices of
-    # the eval set; None = the diagnostic cannot grow its eval set
-    regrow: Callable[[], Regrow] | str | None = None
-    regrown: tuple[str, ...] = ()  # ...the variables it re-derives
+    # --precision (studies/precision.py): the variables `Hooks.regrow` re-derives for a Dataset concatenated from
+    # runs on consecutive slices of the eval set
+    regrown: tuple[str, ...] = ()
     part_start: str | None = None  # engine option taking a part's first sequence index (causal: its cuts continue)
+    # its (sequence,) variable of the unperturbed model's eval loss per sequence, over every eval sequence: the
+    # report's depth loss change (L against L/2, paired over the same sequences) reads the first diagnostic in
+    # registry order that declares one (`registry.clean_loss`); None = it gives none
+    clean_loss_var: str | None = None
 
     def __post_init__(self) -> None:
         for attr, default in (("prefix", self.name), ("track_name", self.name), ("title", self.summary)):
@@ -184,7 +206,11 @@ class Diagnostic:
     @property
     def tracked(self) -> bool:
         """Whether `track` follows it over training (it declares a track hook or has a headline share)."""
-        return self.track is not None or self.headline is not None
+        return self.headline is not None or self.loaded().track is not None
+
+    def loaded(self) -> Hooks:
+        """Its hooks, their modules imported (NO_HOOKS when it declares none)."""
+        return self.hooks() if self.hooks is not None else NO_HOOKS
 
     def applies(self, design: str) -> bool:
         """Whether this diagnostic is defined for design slug `design`."""

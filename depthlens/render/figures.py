@@ -14,13 +14,14 @@ import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import xarray as xr
 
 from depthlens.designs import SLUGS
 from depthlens.diagnostics import registry
+from depthlens.diagnostics.spec import ScoredFigure
 from depthlens.plotting import plots
 from depthlens.plotting.panels import (
     DPI,
@@ -44,12 +45,12 @@ def checkpoint_figures(e: Entry, fig_dir: Path, record: dict[str, Any] | None = 
     out: dict[str, str] = {}
     for d in registry.diagnostics():
         metric, ds = d.name, e.datasets.get(d.name)
-        if ds is None or d.figure is None:
+        draw = d.loaded().figure
+        if ds is None or draw is None:
             continue
-        draw = registry.resolve(d.figure)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices in masked triangles
-            fig = draw(ds, e, share=shares.get(metric)) if d.headline else draw(ds, e)
+            fig = cast(ScoredFigure, draw)(ds, e, share=shares.get(metric)) if d.headline else draw(ds, e)
         if fig is None:
             e.notes.append(f"{metric}: nothing to plot")
             continue

@@ -16,7 +16,7 @@ N. The rule reads only the interval's width, never the estimate; the result reco
     precision_steps_json    [[n, half-width], ...] at every size tried
     precision_metric        the headline score the rule watched (causal: max aggregator, current variant)
 
-What the concatenation re-derives from the per-sequence variables is each diagnostic's own (`Diagnostic.regrow`,
+What the concatenation re-derives from the per-sequence variables is each diagnostic's own (`Hooks.regrow`,
 beside its engine): causal `causal_score` for the max, mean and pooled aggregators (max of per-sequence maxima,
 ratio of summed sums / counts and of squared sums: exactly what one run over all the sequences computes) and
 `mean_downstream_effect`; p95/p99 need every token's ratio, which a part does not keep, so they are NaN in a
@@ -42,10 +42,11 @@ N_START = 16  # smaller first steps stop on chance-narrow intervals and undercov
 
 
 def supported() -> dict[str, str]:
-    """The diagnostics that can grow their eval set (`Diagnostic.regrow`), each with the headline score it watches."""
+    """The diagnostics that can grow their eval set (they name the aggregates their `Hooks.regrow` re-derives), each
+    with the headline score it watches."""
     from ..diagnostics import registry
 
-    return {d.name: d.headline.key for d in registry.diagnostics() if d.regrow and d.headline is not None}
+    return {d.name: d.headline.key for d in registry.diagnostics() if d.regrown and d.headline is not None}
 
 
 def half_width(ds: Any, metric: str, threshold: float | None = None, **headline_kw: Any) -> float:
@@ -193,7 +194,8 @@ def concat_sequences(parts: list[Any], name: str, data: Any) -> Any:
         if not all(np.array_equal(p[v].values, first[v].values, equal_nan=True) for p in parts[1:]):
             ds[v] = (ds[v].dims, np.full(ds[v].shape, np.nan), ds[v].attrs)  # a whole-run aggregate we cannot rebuild
             dropped.append(str(v))
-    assert d.regrow is not None  # concat_sequences serves only the diagnostics that can grow
-    dropped = registry.resolve(d.regrow)(ds, parts) + dropped  # its own aggregates: those it could not rebuild
+    regrow = d.loaded().regrow
+    assert regrow is not None  # concat_sequences serves only the diagnostics that can grow
+    dropped = regrow(ds, parts) + dropped  # its own aggregates: those it could not rebuild
     ds.attrs["precision_dropped"] = ",".join(dropped) if dropped else "none"
     return ds

@@ -144,8 +144,9 @@ def record(e: Entry, opts: ReportOptions, sweeps: dict[str, Any]) -> dict[str, A
             r.update(record_fields(d, ds, r, opts))
             if base is not None and d.headline:
                 r.update(untrained_fields(d, ds, base, opts))
-        if base is not None and d.record:
-            base_row.update(registry.resolve(d.record)(base, base_row))
+        record = d.loaded().record
+        if base is not None and record:
+            base_row.update(record(base, base_row))
         if sw is not None and e.name in sw["checkpoint"].values:
             cr = sw["crossing"].sel(checkpoint=e.name)
             r[f"{d.prefix}_theta_50"] = _f(cr.sel(q=0.5).values)
@@ -187,9 +188,12 @@ def untrained_fields(d: registry.Diagnostic, ds: xr.Dataset, base: xr.Dataset, o
 def _loss_changes(
     by: dict[tuple[str | None, int, int | None], Entry], design: str, L: int, opts: ReportOptions
 ) -> list[dict[str, Any]]:
-    """Per seed present at L and L/2: eval loss at L minus at L/2, paired over the same eval sequences."""
+    """Per seed present at L and L/2: eval loss at L minus at L/2, paired over the same eval sequences (the clean
+    loss per sequence of the diagnostic `registry.clean_loss()` names)."""
     from depthlens.stats.intervals import bootstrap_counts, mean_interval
 
+    source = registry.clean_loss()  # the diagnostic giving the clean loss per sequence, and its variable
+    name, var = (source[0].name, source[1]) if source else ("", "")
     out = []
     for (d, depth, s), deep in by.items():
         shallow = by.get((design, L // 2, s))
@@ -197,9 +201,9 @@ def _loss_changes(
             continue
         row: dict[str, Any] = {"score": "loss_change", "higher": design, "lower": None, "L": L, "seed": s}
         for tag, a, b in (("", deep.datasets, shallow.datasets), ("untrained_", deep.untrained, shallow.untrained)):
-            if "causal" not in a or "causal" not in b:
+            if not name or name not in a or name not in b:
                 continue
-            diff = a["causal"]["clean_loss_seq"].values - b["causal"]["clean_loss_seq"].values
+            diff = a[name][var].values - b[name][var].values
             if not np.isfinite(diff).all() or diff.size < 2:
                 continue
             it, _ = mean_interval(diff, counts=bootstrap_counts(diff.size, max(opts.n_boot, 2), opts.seed))

@@ -1,6 +1,6 @@
 """How each diagnostic's Dataset is summarised: its report row fields, its `track` variables and its headline
 share. The generic part (a headline share with its CI and shard mean/sd, and the score matrix) lives here; a
-diagnostic's own fields come from its registry hooks (`Diagnostic.record`, `Diagnostic.track`), which sit beside
+diagnostic's own fields come from its registry hooks (`Hooks.record`, `Hooks.track`), which sit beside
 its engine in the diagnostics layer, so report and track loop over the registry instead of switching on names.
 
     row.update(record_fields(d, ds, row))         # the report row: the share columns, then the diagnostic's own
@@ -99,8 +99,9 @@ def record_fields(
 
             out.update(share_fields(d, h))
             ds.attrs.update(interval_attrs(h))  # the merged netCDF names the interval its record carries
-    if d.record:
-        out.update(registry.resolve(d.record)(ds, {**row, **out}))
+    record = d.loaded().record
+    if record:
+        out.update(record(ds, {**row, **out}))
     return out
 
 
@@ -147,8 +148,9 @@ def track_vars(d: registry.Diagnostic, ds: xr.Dataset, opts: TrackSummaryOptions
     if not d.tracked:
         raise DepthlensError(f"{d.name} is not tracked over training (no headline score and no track hook)")
     out = headline_track(d, ds, opts) if d.headline else {}
-    if d.track:
-        out.update(registry.resolve(d.track)(ds, opts))
+    track = d.loaded().track
+    if track:
+        out.update(track(ds, opts))
     return out
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..scores import frozen
-from ..spec import Diagnostic, Option
+from ..spec import Diagnostic, Hooks, Option
 
 if TYPE_CHECKING:
-    from ..spec import Engine, Figure, Record, Track, View
+    from ..spec import Engine
 
 
 def _engine() -> Engine:
@@ -23,28 +23,11 @@ def _engine() -> Engine:
     return angular_distances
 
 
-def _figure() -> Figure:
+def _hooks() -> Hooks:
+    from .engine import angular_record, angular_track, angular_view
     from .figure import fig_angular
 
-    return fig_angular
-
-
-def _record() -> Record:
-    from .engine import angular_record
-
-    return angular_record
-
-
-def _track() -> Track:
-    from .engine import angular_track
-
-    return angular_track
-
-
-def _view() -> View:
-    from .engine import angular_view
-
-    return angular_view
+    return Hooks(figure=fig_angular, record=angular_record, track=angular_track, view=angular_view)
 
 
 SPECS = (
@@ -52,18 +35,15 @@ SPECS = (
         "angular",
         _engine,
         "angular distance D_n(l) between residual states (Gromov et al. 2024)",
+        hooks=_hooks,
         options=(
             Option("positions", str, "last", "last | all (BOS excluded)", choices=("last", "all")),
             Option(
                 "repr", str, "view", "view | flatten (HC/mHC) | input (AttnRes)", choices=("view", "flatten", "input")
             ),
         ),
-        view=_view,
-        figure=_figure,
         title="Angular distance d(h_ℓ, h_ℓ+n)",
-        record=_record,
         record_fields=("angular_d1_mean",),
-        track=_track,
         untrained=False,
         report_opts=frozen(positions="all"),
     ),

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..scores import TrackPanel
-from ..spec import Column, Diagnostic, Option
+from ..spec import Column, Diagnostic, Hooks, Option
 from .headline import DEAD_PREFIX_EPS
 
 if TYPE_CHECKING:
-    from ..spec import Engine, Figure, Record, Track, View
+    from ..spec import Engine
 
 
 def _engine() -> Engine:
@@ -25,28 +25,11 @@ def _engine() -> Engine:
     return attnres_dataset
 
 
-def _figure() -> Figure:
+def _hooks() -> Hooks:
+    from .engine import attnres_record, attnres_track, attnres_view
     from .figure import fig_attnres
 
-    return fig_attnres
-
-
-def _record() -> Record:
-    from .engine import attnres_record
-
-    return attnres_record
-
-
-def _track() -> Track:
-    from .engine import attnres_track
-
-    return attnres_track
-
-
-def _view() -> View:
-    from .engine import attnres_view
-
-    return attnres_view
+    return Hooks(figure=fig_attnres, record=attnres_record, track=attnres_track, view=attnres_view)
 
 
 SPECS = (
@@ -54,17 +37,14 @@ SPECS = (
         "attnres",
         _engine,
         "AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight",
+        hooks=_hooks,
         requires="depth_softmax",
         needs=("readouts",),
         options=(Option("eps", float, DEAD_PREFIX_EPS, "Dead-prefix threshold ε on the self-weight.", 0.0, 1.0),),
-        view=_view,
-        figure=_figure,
         title="AttnRes self-weight and α",
-        record=_record,
         record_fields=("dead_prefix",),
         untrained_fields=("dead_prefix",),
         columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
-        track=_track,
         track_panels=(TrackPanel("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]"),),
     ),
 )

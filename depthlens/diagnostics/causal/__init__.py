@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..scores import frozen
-from ..spec import Diagnostic
+from ..spec import Diagnostic, Hooks
 from .headline import CAUSAL, DIRECT
 
 if TYPE_CHECKING:
-    from ..spec import Engine, Figure, Record, Regrow, Track
+    from ..spec import Engine
 
 
 def _engine() -> Engine:
@@ -26,28 +26,11 @@ def _engine() -> Engine:
     return causal_scores
 
 
-def _figure() -> Figure:
+def _hooks() -> Hooks:
+    from .dataset import causal_record, causal_track, regrow
     from .figure import fig_causal
 
-    return fig_causal
-
-
-def _record() -> Record:
-    from .dataset import causal_record
-
-    return causal_record
-
-
-def _track() -> Track:
-    from .dataset import causal_track
-
-    return causal_track
-
-
-def _regrow() -> Regrow:
-    from .dataset import regrow
-
-    return regrow
+    return Hooks(figure=fig_causal, record=causal_record, track=causal_track, regrow=regrow)
 
 
 SPECS = (
@@ -55,17 +38,15 @@ SPECS = (
         "causal",
         _engine,
         "causal score C(s, t): skip layer s, how much do later updates change",
+        hooks=_hooks,
         scores=(CAUSAL, DIRECT),
-        figure=_figure,
         title="Causal score C(s, t) (current, max)",
-        record=_record,
         record_fields=("causal_noise_floor",),
-        track=_track,
         report_opts=frozen(variants=("current",), layers="all"),
         late_opts=frozen(layers="late"),
         study_opts=frozen(layers="causal_layers"),
-        regrow=_regrow,
         regrown=("causal_score", "mean_downstream_effect"),
         part_start="first_seq",
+        clean_loss_var="clean_loss_seq",
     ),
 )

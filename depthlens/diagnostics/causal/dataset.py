@@ -259,7 +259,7 @@ def causal_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerSeq
 
 
 def regrow(ds: xr.Dataset, parts: Sequence[xr.Dataset]) -> list[str]:
-    """`Diagnostic.regrow` of the causal score (--precision): in `ds`, concatenated over the sequences of `parts`,
+    """`Hooks.regrow` of the causal score (--precision): in `ds`, concatenated over the sequences of `parts`,
     the cut positions of every part, and `causal_score` for the max, mean and pooled aggregators re-derived from the
     per-sequence variables (max of maxima, ratio of summed sums / counts and of squared sums: what one run over all
     the sequences computes) with `mean_downstream_effect`. Returns the aggregators it cannot rebuild (p95, p99:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..spec import Column, Diagnostic
+from ..spec import Column, Diagnostic, Hooks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..spec import Engine, Figure, Record, View
+    from ..spec import Engine
 
 
 def _logit_engine() -> Engine:
@@ -32,27 +32,16 @@ def _tuned_engine() -> Engine:
     return tuned_lens
 
 
-def _figure() -> Figure:
-    from .figure import fig_lens
+def _hooks_of(kind: str) -> Callable[[], Hooks]:
+    """The loader of the `kind` lens's hooks; its report row names its fields `<kind>_lens_forms`, ..."""
 
-    return fig_lens
+    def load() -> Hooks:
+        from .figure import fig_lens
+        from .summary import lens_view, record_of
 
-
-def _record_of(kind: str) -> Callable[[], Record]:
-    """The loader of the `kind` lens's report-row fields: `<kind>_lens_forms`, ... (`summary.record_of`)."""
-
-    def load() -> Record:
-        from .summary import record_of
-
-        return record_of(kind)
+        return Hooks(figure=fig_lens, record=record_of(kind), view=lens_view)
 
     return load
-
-
-def _view() -> View:
-    from .summary import lens_view
-
-    return lens_view
 
 
 SUMMARIES = {  # kind -> (engine, one line for help texts)
@@ -70,16 +59,14 @@ SPECS = tuple(
         f"{kind}_lens",
         engine,
         summary,
+        hooks=_hooks_of(kind),
         aliases=(f"{kind}lens",),
-        figure=_figure,
         title=f"{kind.capitalize()} lens: KL to the final layer and top-1 agreement by relative depth",
-        record=_record_of(kind),
         record_fields=tuple(
             f"{kind}_lens_{k}" for k in ("forms", "forms_low", "forms_high", "kl_mid", "agree_mid", "forms_at")
         ),
         untrained_fields=(f"{kind}_lens_forms",),
         columns=(Column(f"{kind} lens forms at l/L", f"{kind} forms", f"{kind}_lens_forms", ".2f"),),
-        view=_view,
     )
     for kind, (engine, summary) in SUMMARIES.items()
 )

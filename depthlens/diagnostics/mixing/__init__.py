@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..spec import Diagnostic
+from ..spec import Diagnostic, Hooks
 
 if TYPE_CHECKING:
-    from ..spec import Engine, Figure
+    from ..spec import Engine
 
 
 def _engine() -> Engine:
@@ -23,10 +23,10 @@ def _engine() -> Engine:
     return depth_mixing_dataset
 
 
-def _figure() -> Figure:
+def _hooks() -> Hooks:
     from .figure import fig_mixing
 
-    return fig_mixing
+    return Hooks(figure=fig_mixing)
 
 
 SPECS = (
@@ -34,8 +34,8 @@ SPECS = (
         "mixing",
         _engine,
         "depth-mixing matrix M[i → j] (any design)",
+        hooks=_hooks,
         aliases=("depth_mixing",),
-        figure=_figure,
         title="Depth-mixing matrix M[i → j]",
         untrained=False,
     ),

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..scores import frozen
-from ..spec import Diagnostic
+from ..spec import Diagnostic, Hooks
 from .headline import PERM_ABS, PERM_KL, PERM_REL
 
 if TYPE_CHECKING:
-    from ..spec import Engine, Figure, Record, Regrow, Track
+    from ..spec import Engine
 
 
 def _engine() -> Engine:
@@ -24,28 +24,11 @@ def _engine() -> Engine:
     return permutation_scores
 
 
-def _figure() -> Figure:
+def _hooks() -> Hooks:
+    from .engine import permutation_record, permutation_track, regrow
     from .figure import fig_permutation
 
-    return fig_permutation
-
-
-def _record() -> Record:
-    from .engine import permutation_record
-
-    return permutation_record
-
-
-def _track() -> Track:
-    from .engine import permutation_track
-
-    return permutation_track
-
-
-def _regrow() -> Regrow:
-    from .engine import regrow
-
-    return regrow
+    return Hooks(figure=fig_permutation, record=permutation_record, track=permutation_track, regrow=regrow)
 
 
 SPECS = (
@@ -53,19 +36,16 @@ SPECS = (
         "permutation",
         _engine,
         "permutation score P(i, j): swap layers i and j, how much does the loss rise",
+        hooks=_hooks,
         aliases=("permute", "perm"),
         prefix="perm",
         scores=(PERM_ABS, PERM_REL, PERM_KL),
-        figure=_figure,
         title="Permutation score P_abs (late pairs)",
-        record=_record,
-        track=_track,
         report_opts=frozen(swap="body", pairs="late"),
         late_opts=frozen(pairs="late"),
         study_opts=frozen(pairs="perm_pairs"),
         seq_caps=("perm_n_seq", "untrained_perm_n_seq"),
         untrained_where_claimed=True,
-        regrow=_regrow,
         regrown=("perm_abs", "perm_rel", "perm_kl", "perm_abs_se", "clean_loss"),
     ),
 )

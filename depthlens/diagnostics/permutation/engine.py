@@ -328,7 +328,7 @@ def perm_rel_per_sequence(ds: xr.Dataset, aggregator: str, variant: str) -> PerS
 
 
 def regrow(ds: xr.Dataset, parts: Sequence[xr.Dataset]) -> list[str]:
-    """`Diagnostic.regrow` of the permutation scores (--precision): in `ds`, concatenated over the sequences of
+    """`Hooks.regrow` of the permutation scores (--precision): in `ds`, concatenated over the sequences of
     `parts`, every aggregate re-derived from the per-sequence variables (P_abs, P_rel, P_KL are sequence means,
     perm_abs_se their standard error, clean_loss the mean clean loss). It rebuilds them all: returns []."""
     n = ds.sizes["sequence"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..scores import TrackPanel, frozen
-from ..spec import Column, Diagnostic
+from ..spec import Column, Diagnostic, Hooks
 
 if TYPE_CHECKING:
-    from ..spec import Engine, Figure, Record, Track, View
+    from ..spec import Engine
 
 
 def _engine() -> Engine:
@@ -23,28 +23,11 @@ def _engine() -> Engine:
     return effective_rank_dataset
 
 
-def _figure() -> Figure:
+def _hooks() -> Hooks:
+    from .engine import rank_record, rank_track, rank_view
     from .figure import fig_rank
 
-    return fig_rank
-
-
-def _record() -> Record:
-    from .engine import rank_record
-
-    return rank_record
-
-
-def _track() -> Track:
-    from .engine import rank_track
-
-    return rank_track
-
-
-def _view() -> View:
-    from .engine import rank_view
-
-    return rank_view
+    return Hooks(figure=fig_rank, record=rank_record, track=rank_track, view=rank_view)
 
 
 SPECS = (
@@ -52,18 +35,15 @@ SPECS = (
         "rank",
         _engine,
         "effective rank of HC/mHC residual-mixing products, with Amax gains (per token, then averaged)",
+        hooks=_hooks,
         aliases=("erank", "effective_rank"),
         requires="multistream",
         needs=("readouts",),
-        figure=_figure,
         title="Effective rank (window profile)",
-        record=_record,
         record_fields=("erank_full", "erank_late", "n_streams"),
         untrained_fields=("erank_full",),
         columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
-        track=_track,
         track_name="erank",
         track_panels=(TrackPanel("erank", "effective rank of the\nfull mixing product", frozen(product="full")),),
-        view=_view,
     ),
 )
