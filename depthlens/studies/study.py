@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
@@ -240,7 +240,15 @@ def sort_key(e: Entry) -> tuple[int, str, int, str]:
 # 2. eval data
 
 
-def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[Any], list[tuple[str, int]]]:
+class Loaded(NamedTuple):
+    """What the eval-set rule reads of one model of a study: where it was loaded from, and the model (an `Entry`
+    has both; `track` passes the first snapshot of each series)."""
+
+    path: Path
+    model: Any
+
+
+def tokenizer_facts(entries: Sequence[Entry | Loaded], opts: StudyOptions) -> tuple[list[Any], list[tuple[str, int]]]:
     """Every checkpoint's tokenizer, and its (tokenizer name, max_seq_len): all the shared eval data depends on."""
     from depthlens.runtime.evaldata import is_shards, tokenizer_for
 
@@ -249,9 +257,10 @@ def tokenizer_facts(entries: Sequence[Entry], opts: StudyOptions) -> tuple[list[
 
 
 def study_eval_data(
-    entries: Sequence[Entry], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None
+    entries: Sequence[Entry | Loaded], opts: StudyOptions, facts: Sequence[tuple[str, int]] | None = None
 ) -> EvalData:
-    """One EvalData for all checkpoints: same tokenizer required; checked against every model.
+    """The one eval-set rule of every study (report, compare, sweep, track, the API): one EvalData for all models,
+    the same tokenizer required, seq_len capped at the smallest max_seq_len; checked against every model.
     facts: (tokenizer name, max_seq_len) of the whole set when `entries` is one rank's share (runtime.ranks)."""
     from depthlens.runtime.evaldata import eval_set
 

@@ -195,37 +195,14 @@ def _noop(_: str) -> None:
 
 
 def eval_tokens(series: Sequence[Series], opts: TrackOptions) -> EvalData:
-    """One EvalData for every snapshot of every series (same tokenizer required), built from the first
-    snapshot; seq_len = min(128, the smallest max_seq_len) unless given."""
-    from depthlens.runtime.evaldata import eval_set, is_shards
-    from depthlens.studies.api import _tokenizer_for, load_model
+    """One EvalData for every snapshot of every series, by the one eval-set rule of every study
+    (`study.study_eval_data`) over the first snapshot of each series: one tokenizer for all of them, seq_len =
+    min(128, the smallest max_seq_len) unless given, checked against each model."""
+    from depthlens.studies.api import load_model
+    from depthlens.studies.study import Loaded, StudyOptions, study_eval_data
 
-    names = {}
-    for s in series:  # the first snapshot of each series: its tokenizer as the loader found it
-        m, c = load_model(s.snapshots[0].path, device=opts.device)
-        tok = _tokenizer_for(c, m)
-        names[s.name] = str(getattr(tok, "name", tok))
-        if len(set(names.values())) > 1:
-            raise _fail(
-                f"the series use different tokenizers ({', '.join(f'{k}: {v}' for k, v in names.items())}); "
-                "one eval set needs one tokenizer: track them separately"
-            )
-    model, ck = load_model(series[0].snapshots[0].path, device=opts.device)
-    max_lens: list[Any] = [s.signature.get("max_seq_len") for s in series]
-    max_lens = [int(m) for m in max_lens if isinstance(m, int)]
-    own = getattr(getattr(model, "config", None), "max_seq_len", None)
-    max_lens += [int(own)] if own else []
-    tok = _tokenizer_for(ck, model, required=not is_shards(opts.data))
-    data = eval_set(
-        opts.data,
-        tok,
-        max_seq_len=min(max_lens) if max_lens else None,
-        n_seq=opts.n_seq,
-        seq_len=opts.seq_len,
-        seed=opts.seed,
-    )
-    data.check_model(getattr(getattr(model, "config", None), "vocab_size", None), own)
-    return data
+    firsts = [Loaded(s.snapshots[0].path, load_model(s.snapshots[0].path, device=opts.device)[0]) for s in series]
+    return study_eval_data(firsts, StudyOptions(data=opts.data, n_seq=opts.n_seq, seq_len=opts.seq_len, seed=opts.seed))
 
 
 def analyse(
