@@ -59,8 +59,9 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
-def naming() -> dict[str, set[str]]:
-    """module -> the diagnostics it names from outside their package."""
+def naming(root: Path = PKG) -> dict[str, set[str]]:
+    """module (relative to `root`, a depthlens package tree) -> the diagnostics it names from outside their
+    package."""
     names = {n: d.name for d in registry.DIAGNOSTICS for n in (d.name, *d.aliases)}
     package = {
         d.name: p for p in registry.PACKAGES for d in importlib.import_module(f"depthlens.diagnostics.{p}").SPECS
@@ -69,8 +70,8 @@ def naming() -> dict[str, set[str]]:
     for name, p in package.items():
         specs_of[p].add(name)
     out: dict[str, set[str]] = defaultdict(set)
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(PKG).as_posix()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
         if rel == "diagnostics/registry.py":  # the list of packages
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -100,8 +101,17 @@ def test_no_module_names_a_diagnostic_outside_its_package():
     assert not stale, f"no longer named there: take these off KNOWN: {stale}"
 
 
-def test_the_check_sees_a_name_and_an_import():
-    """The checker's own positive control: a string name and a package import, each found."""
-    found = naming()
-    assert "permutation" in found["cli/plan.py"]  # a string name ("permutation")
-    assert "angular" in found["diagnostics/pruning.py"]  # a relative import (from .angular.engine import ...)
+def test_the_check_sees_a_name_and_an_import(tmp_path):
+    """The checker's own positive control, on a planted tree: an alias as a string, relative and absolute imports of
+    a package, and a package's own name inside it (allowed); a docstring is not a use."""
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "x.py").write_text('"""perm in a docstring."""\nMETRIC = "perm"\n')
+    (tmp_path / "diagnostics" / "rank").mkdir(parents=True)
+    (tmp_path / "diagnostics" / "y.py").write_text("from .angular.engine import angular_distances\n")
+    (tmp_path / "diagnostics" / "rank" / "z.py").write_text('NAME = "rank"\nfrom ..causal import CAUSAL\n')
+    (tmp_path / "w.py").write_text('"""No name here: causal."""\n')
+    assert naming(tmp_path) == {
+        "cli/x.py": {"permutation"},
+        "diagnostics/y.py": {"angular"},
+        "diagnostics/rank/z.py": {"causal"},
+    }
