@@ -38,8 +38,6 @@ KNOWN: dict[str, set[str]] = {
     "stats/orderings.py": {"causal", "permutation"},
     "studies/claims.py": {"causal", "permutation", "rank"},
     "studies/sensitivity.py": {"angular", "causal", "permutation"},
-    # report pages name the two scores
-    "render/pages.py": {"causal", "permutation"},
     # words that are also names: a lens readout's target "rank", the model capability "depth_mixing"
     "diagnostics/lens/engine.py": {"rank"},
     "diagnostics/lens/summary.py": {"rank"},

@@ -165,27 +165,26 @@ def crossing_rows(records: list[dict[str, Any]]) -> list[list[str]]:
     ]
 
 
-EVAL_SIZE_HEAD = (
-    "checkpoint",
-    "sequences (tokens)",
-    "causal share C > {c:g} on each prefix",
-    "permutation share P_abs > {p:g} on each prefix",
-)
+def _headlined() -> list[tuple[registry.Diagnostic, registry.Score]]:
+    """(diagnostic, its headline score) of every diagnostic with a headline share, in registry order."""
+    return [(d, d.headline) for d in registry.diagnostics() if d.headline is not None]
+
+
+def _first(r: dict[str, Any], field: str) -> Any:
+    """`<prefix>_<field>` of the first diagnostic with a headline share whose record has it (None: none has)."""
+    return next((r[k] for d, _ in _headlined() if r.get(k := f"{d.prefix}_{field}")), None)
 
 
 def eval_size_rows(records: list[dict[str, Any]]) -> list[list[str]]:
     """Shares on nested prefixes of the eval set (1/8, 1/4, 1/2, all of it); ↑ = still rising at the size used."""
     out = []
     for r in records:
-        sizes, toks = (
-            r.get("causal_eval_sizes") or r.get("perm_eval_sizes"),
-            r.get("causal_eval_size_tokens") or r.get("perm_eval_size_tokens"),
-        )
+        sizes, toks = _first(r, "eval_sizes"), _first(r, "eval_size_tokens")
         if not sizes:
             continue
         size = " / ".join(f"{n}" + (f" ({t})" if toks else "") for n, t in zip(sizes, toks or sizes))
         cells = []
-        for key in ("causal", "perm"):
+        for key in (d.prefix for d, _ in _headlined()):
             v = r.get(f"{key}_eval_size_shares")
             cells.append(
                 NA if not v else " / ".join(f"{x:.2f}" for x in v) + (" ↑" if r.get(f"{key}_still_rising") else "")
@@ -327,7 +326,8 @@ def trained_with_rows(records: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def _eval_size_head() -> tuple[str, ...]:
-    return tuple(h.format(c=registry.CAUSAL.theta, p=registry.PERM_ABS.theta) for h in EVAL_SIZE_HEAD)
+    shares = (f"{d.name} share {s.symbol} > {s.theta:g} on each prefix" for d, s in _headlined())
+    return ("checkpoint", "sequences (tokens)", *shares)
 
 
 CROSSING_HEAD = (
@@ -380,20 +380,25 @@ def _eval_line(rep) -> str:
         f"variant, max aggregator, skipped layers: {o.causal_layers} · permutation: {o.perm_pairs} pairs, body "
         f"swap{_perm_prefix(o.perm_n_seq, d.n_seq)} · late window ⌊L/4⌋…L−1 · intervals over sequences: jackknife (causal max, size-fixed at m = "
         f"⌈N/2⌉) and {o.n_boot} bootstrap resamples (permutation) · untrained baselines: "
-        f"{', '.join(o.untrained) or 'none'}{_untrained_perm_scope(o, d.n_seq)}"
+        f"{', '.join(o.untrained) or 'none'}{_untrained_scope(o, d.n_seq)}"
     )
 
 
-def _untrained_perm_scope(o, n: int) -> str:
-    if "permutation" not in o.untrained:
-        return ""
-    k = min(x for x in (o.untrained_perm_n_seq, o.perm_n_seq, n) if x)
-    where = (
-        " at the designs and depths a permutation claim names (--untrained-perm-for claims)"
-        if o.untrained_perm_for == "claims"
-        else ""
-    )
-    return f" (the untrained permutation on the first {k} sequences{where})"
+def _untrained_scope(o, n: int) -> str:
+    """What each untrained run that does not see the whole report covers: its eval sequences capped to a prefix
+    (`Diagnostic.seq_caps`), its cells only those a claim names (`untrained_where_claimed`)."""
+    out = ""
+    for d in registry.diagnostics():
+        if d.name not in o.untrained or not (d.seq_caps or d.untrained_where_claimed):
+            continue
+        k = min(x for x in (*(getattr(o, c) for c in d.seq_caps), n) if x)
+        where = (
+            f" at the designs and depths a {d.name} claim names (--untrained-perm-for claims)"
+            if d.untrained_where_claimed and o.untrained_perm_for == "claims"
+            else ""
+        )
+        out += f" (the untrained {d.name} on the first {k} sequences{where})"
+    return out
 
 
 def _timing_line(rep) -> str:
