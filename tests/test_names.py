@@ -25,10 +25,9 @@ KNOWN: dict[str, set[str]] = {
     "studies/api.py": {"angular", "attnres", "causal", "mixing", "permutation", "rank"},
     # the two hand-written commands with score options (threshold, aggregator, variant, window, --precision)
     "cli/analyze.py": {"causal", "permutation"},
-    # defaults: compare's and sweep's default score, plan's two costly diagnostics, track's default series
+    # defaults: compare's default score, plan's two costly diagnostics, track's default series
     "cli/compare.py": {"causal"},
     "cli/plan.py": {"causal", "permutation"},
-    "diagnostics/sweep.py": {"causal"},
     "studies/track.py": {"causal"},
     # pruning's criteria are the engines' scores, run by name
     "diagnostics/pruning.py": {"angular", "causal", "permutation"},

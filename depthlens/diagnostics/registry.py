@@ -89,6 +89,12 @@ def sweepable() -> tuple[str, ...]:
     return tuple(k for k, (_, s) in _scores().items() if not s.optional)
 
 
+def headline_keys() -> tuple[str, ...]:
+    """Each diagnostic's headline score (its first), in registry order: the scores `compare` shows by default; the
+    first is the default of `sweep` and `sweep.headline`."""
+    return tuple(d.headline.key for d in diagnostics() if d.headline is not None)
+
+
 def untrained_names() -> tuple[str, ...]:
     """The diagnostics a report also runs on each untrained twin by default (`Diagnostic.untrained`)."""
     return tuple(d.name for d in diagnostics() if d.untrained)
@@ -123,6 +129,7 @@ NAMES: tuple[str, ...] = names()
 ALIASES: tuple[str, ...] = aliases()
 SCORE_KEYS: tuple[str, ...] = score_keys()
 SWEEPABLE: tuple[str, ...] = sweepable()
+HEADLINES: tuple[str, ...] = headline_keys()
 THRESHOLDS: Mapping[str, float] = MappingProxyType(thresholds())
 UNTRAINED: tuple[str, ...] = untrained_names()
 

@@ -424,7 +424,7 @@ def interval_attrs(h: dict[str, Any]) -> dict[str, Any]:
 
 def headline(
     ds: xr.Dataset,
-    metric: str = "causal",
+    metric: str = registry.HEADLINES[0],  # the registry's first headline score
     threshold: float | None = None,
     *,
     aggregator: str = "max",
