@@ -25,8 +25,7 @@ KNOWN: dict[str, set[str]] = {
     "studies/api.py": {"angular", "attnres", "causal", "mixing", "permutation", "rank"},
     # the two hand-written commands with score options (threshold, aggregator, variant, window, --precision)
     "cli/analyze.py": {"causal", "permutation"},
-    # defaults: compare's default score, plan's two costly diagnostics, track's default series
-    "cli/compare.py": {"causal"},
+    # defaults: plan's two costly diagnostics, track's default series
     "cli/plan.py": {"causal", "permutation"},
     "studies/track.py": {"causal"},
     # pruning's criteria are the engines' scores, run by name

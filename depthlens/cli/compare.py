@@ -68,6 +68,9 @@ def parse_grid(text: str) -> list[float]:
 METRIC_CHOICES = (
     registry.SWEEPABLE
 )  # shipped: causal, perm_abs, perm_rel, perm_kl (registry.sweepable() adds registered)
+# each diagnostic's headline score, in registry order: compare's default scores; the first is sweep's default
+HEADLINES = registry.HEADLINES
+HEADLINE_THETAS = tuple(registry.score(k).theta for k in HEADLINES)  # their default θ (the help texts)
 
 
 @app.command()
@@ -75,14 +78,14 @@ METRIC_CHOICES = (
 @eval_options
 def sweep(
     ckpts: CkptsArg,
-    metric: Annotated[str, typer.Option(help="causal | perm_abs | perm_rel | perm_kl")] = "causal",
+    metric: Annotated[str, typer.Option(help=" | ".join(METRIC_CHOICES))] = HEADLINES[0],
     thresholds: Annotated[
         str | None, typer.Option(help="θ grid, start:stop:step or comma list (default per metric).")
     ] = None,
     headline_threshold: Annotated[
         float | None,
         typer.Option(
-            "--threshold", help=f"Headline θ to mark (default {registry.CAUSAL.theta:g} / {registry.PERM_ABS.theta:g})."
+            "--threshold", help=f"Headline θ to mark (default {' / '.join(f'{t:g}' for t in HEADLINE_THETAS)})."
         ),
     ] = None,
     order: Annotated[
@@ -129,11 +132,12 @@ def sweep(
     save_plot(plot, lambda: draw(headline_curves, headline=theta))
     from ..diagnostics.sweep import definition
 
+    owner = registry.score_owner(metric)[0]
     defn = definition(
         metric,
         variant=sel.get("variant"),
         aggregator=sel.get("aggregator"),
-        swap="body" if metric != "causal" else None,
+        swap={**owner.report_opts, **owner.late_opts}.get("swap"),  # the engine option the sweep's study ran with
     )
     h: dict[str, Any] = {
         "metric": metric,
@@ -172,9 +176,7 @@ def sweep(
 @eval_options
 def compare(
     ckpts: CkptsArg,
-    metrics: Annotated[
-        str, typer.Option(help="Comma list of causal, perm_abs, perm_rel, perm_kl.")
-    ] = "causal,perm_abs",
+    metrics: Annotated[str, typer.Option(help=f"Comma list of {', '.join(METRIC_CHOICES)}.")] = ",".join(HEADLINES),
     c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
     n_boot: BootOpt = 1000,
     as_json: JsonOpt = False,
