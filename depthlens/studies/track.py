@@ -92,8 +92,10 @@ class TrackOptions:
     device: str = "cpu"  # where the engines run
     dtype: str = "fp32"  # weights and activations (fp32 | bf16 | fp64); part of the cache key unless fp32
     window: str = "quarter"  # late-window start of the headline shares
-    causal_threshold: float = registry.score("causal").theta  # headline θ on C (max aggregator, current variant)
-    perm_threshold: float = registry.score("perm_abs").theta  # headline θ on P_abs [nats]
+    # the headline θ of each diagnostic's headline share, as `<prefix>_threshold` (summaries.track_theta reads it by
+    # the owner's prefix; the run's track.nc records it); the defaults are typed once, in each score's headline.py
+    causal_threshold: float = registry.CAUSAL.theta  # on C (max aggregator, current variant)
+    perm_threshold: float = registry.PERM_ABS.theta  # on P_abs [nats]
     eps: float = DEAD_PREFIX_EPS  # AttnRes dead-prefix threshold reported per step
 
     def as_dict(self) -> dict[str, Any]:
