@@ -25,8 +25,6 @@ KNOWN: dict[str, set[str]] = {
     "studies/api.py": {"angular", "attnres", "causal", "mixing", "permutation", "rank"},
     # the two hand-written commands with score options (threshold, aggregator, variant, window, --precision)
     "cli/analyze.py": {"causal", "permutation"},
-    # defaults: plan's two costly diagnostics
-    "cli/plan.py": {"causal", "permutation"},
     # pruning's criteria are the engines' scores, run by name
     "diagnostics/pruning.py": {"angular", "causal", "permutation"},
     "diagnostics/pruning_heldout.py": {"angular", "causal", "permutation"},
