@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,21 +24,6 @@ from .common import (
     _study,
     busy,
 )
-
-
-def claimed(claims: Sequence[Any]) -> tuple[str, ...]:
-    """The diagnostics `claims` read, in registry order: each whose headline share a claim names (by the
-    diagnostic's prefix, as `registry.by_prefix`), and the one giving the clean loss per sequence a loss change
-    reads (`registry.clean_loss`)."""
-    from ..diagnostics import registry
-
-    named = {c.score for c in claims}
-    loss = registry.clean_loss() if "loss_change" in named else None
-    return tuple(
-        d.name
-        for d in registry.diagnostics()
-        if (d.headline is not None and d.prefix in named) or (loss is not None and d is loss[0])
-    )
 
 
 def _report_dir(paths: list[Path]) -> Path | None:
@@ -86,7 +70,7 @@ def plan(
         opts = _study(c, n_boot)
         from dataclasses import replace
 
-        needed = claimed(CLAIMS)
+        needed = K.claimed(CLAIMS)
         opts = replace(opts, metrics=needed, untrained=())
         with busy(f"{' and '.join(needed)} scores of {len(ckpts)} checkpoint(s)"):
             study = run_study(ckpts, opts)

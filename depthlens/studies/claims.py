@@ -28,9 +28,45 @@ from depthlens.stats import crossed as cr
 
 RunKey = tuple[str | None, int, int | None]  # design, depth, training seed
 Runs = Mapping[RunKey, Mapping[str, Any]]  # -> {metric: xr.Dataset}
-SHARE = {"causal": ("causal", "causal"), "perm": ("permutation", "perm_abs")}  # claim score -> (metric, key)
 KIND = {"causal": cr.JACKKNIFE, "perm": cr.BOOTSTRAP, "loss_change": cr.JACKKNIFE}
 SIM_KIND = {"causal": "causal", "perm": "perm", "loss_change": "mean"}  # which simulated coverage applies
+
+
+def _share(score: str) -> tuple[str, str] | None:
+    """(the diagnostic, its headline score key) of a share claim's `score` (a diagnostic's report prefix), or None
+    when `score` is not a headline share."""
+    from depthlens.diagnostics import registry
+
+    d = registry.by_prefix(score)
+    return (d.name, d.headline.key) if d is not None and d.headline is not None else None
+
+
+def _clean_loss() -> tuple[str, str]:
+    """(the diagnostic, its variable) giving the clean loss per sequence a loss-change claim reads, or ("", "")."""
+    from depthlens.diagnostics import registry
+
+    found = registry.clean_loss()
+    return (found[0].name, found[1]) if found else ("", "")
+
+
+def _field_owner(field: str) -> str | None:
+    """The diagnostic whose report record gives `field` (a claim on a record field: `erank_full`)."""
+    from depthlens.diagnostics import registry
+
+    return next((d.name for d in registry.diagnostics() if field in d.record_fields), None)
+
+
+def claimed(claims: Sequence[Any], *, fields: bool = False) -> tuple[str, ...]:
+    """The diagnostics `claims` read, in registry order: each whose headline share a claim names (by its report
+    prefix), and the one giving the clean loss per sequence a loss change reads; with `fields`, also each whose
+    record gives a field a claim names (the effective rank's `erank_full`, read for its degenerate-map note)."""
+    from depthlens.diagnostics import registry
+
+    named = {c.score for c in claims}
+    want = {s[0] for s in map(_share, named) if s is not None}
+    want |= {_clean_loss()[0]} if "loss_change" in named else set()
+    want |= {o for o in map(_field_owner, named) if o is not None} if fields else set()
+    return tuple(d.name for d in registry.diagnostics() if d.name in want)
 
 
 def _runs_of(runs: Runs, design: str, L: int) -> list[tuple[RunKey, Mapping[str, Any]]]:
@@ -46,7 +82,10 @@ def share_group(dss: Sequence[Any], score: str, n: int, *, n_boot: int, seed: in
     from depthlens.diagnostics import registry
     from depthlens.diagnostics.sweep import share_interval
 
-    _, key = SHARE[score]
+    share = _share(score)
+    if share is None:
+        raise DepthlensError(f"{score!r} is not a headline share")
+    key = share[1]
     theta = registry.score(key).theta
     est, reps = [], []
     for ds in dss:
@@ -63,7 +102,8 @@ def share_group(dss: Sequence[Any], score: str, n: int, *, n_boot: int, seed: in
 
 
 def loss_group(dss: Sequence[Any], n: int) -> cr.Group | None:
-    y = np.stack([np.asarray(ds["clean_loss_seq"].values[:n], dtype=np.float64) for ds in dss])
+    var = _clean_loss()[1]
+    y = np.stack([np.asarray(ds[var].values[:n], dtype=np.float64) for ds in dss])
     return cr.Group.of_means(y) if np.isfinite(y).all() and n >= 2 else None
 
 
@@ -71,11 +111,12 @@ def _groups(
     runs: Runs, claim: Any, n_boot: int, seed: int
 ) -> tuple[list[cr.Group], list[float], int, list[int]] | None:
     """The groups (and weights) of a claim's contrast: order = higher − lower, sign = L − L/2."""
-    if claim.kind == "order" and claim.score in SHARE:
-        metric = SHARE[claim.score][0]
+    share = _share(claim.score)
+    if claim.kind == "order" and share is not None:
+        metric = share[0]
         cells = [(claim.higher, claim.L), (claim.lower, claim.L)]
-    elif claim.kind == "sign" and claim.score == "loss_change":
-        metric = "causal"
+    elif claim.kind == "sign" and claim.score == "loss_change" and _clean_loss()[0]:
+        metric = _clean_loss()[0]
         cells = [(claim.higher, claim.L), (claim.higher, claim.L // 2)]
     else:
         return None
@@ -86,8 +127,7 @@ def _groups(
     if n < 2:
         return None
     gs = [
-        share_group(p, claim.score, n, n_boot=n_boot, seed=seed) if claim.score in SHARE else loss_group(p, n)
-        for p in per
+        share_group(p, claim.score, n, n_boot=n_boot, seed=seed) if share is not None else loss_group(p, n) for p in per
     ]
     if any(g is None for g in gs):
         return None
@@ -140,12 +180,13 @@ def degenerate_rows(runs: Runs, claims: Sequence[Any]) -> list[dict[str, Any]]:
     run, so a rank of 1.00 can be read as what it is (the maps blowing up to rank 1)."""
     out = []
     for c in claims:
-        if c.score != "erank_full":
+        owner = _field_owner(c.score) if c.score == "erank_full" else None
+        if owner is None:
             continue
         for d in (c.higher, c.lower):
             gains = []
             for _, v in _runs_of(runs, d, c.L):
-                ds = v.get("rank")
+                ds = v.get(owner)
                 if ds is not None and "gain_fwd" in ds:
                     g = ds["gain_fwd"]
                     g = g.sel(product="full") if "product" in g.dims else g
@@ -158,12 +199,15 @@ def degenerate_rows(runs: Runs, claims: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def runs_from_report(directory: str | Path, metrics: Sequence[str] = ("causal", "permutation", "rank")) -> Runs:
+def runs_from_report(directory: str | Path, metrics: Sequence[str] | None = None) -> Runs:
     """A report directory's merged per-checkpoint datasets as a run mapping (design, L, seed) -> {metric: ds},
-    seeds from its summary.json records."""
+    seeds from its summary.json records; metrics None = the diagnostics DepthBench's claims read."""
     import xarray as xr
 
     from depthlens.io.files import read_json
+    from depthlens.stats.orderings import CLAIMS
+
+    metrics = claimed(CLAIMS, fields=True) if metrics is None else metrics
 
     d = Path(directory)
     recs = read_json(d / "summary.json", "a report summary", object_only=False)
