@@ -584,7 +584,7 @@ def check_scores(keys: str | Sequence[str], option: str = "--metrics") -> tuple[
 
 
 def headline_shares(
-    checkpoints: Sequence[Any], keys: str | Sequence[str] = ("causal", "perm_abs"), opts: Any = None
+    checkpoints: Sequence[Any], keys: str | Sequence[str] = registry.HEADLINES, opts: Any = None
 ) -> list[dict[str, Any]]:
     """Headline shares (with bootstrap CIs) of score `keys` for several checkpoints on identical eval data:
     [{checkpoint, design, n_layer, <key>: `sweep.headline` dict}] in the given order (one engine run per
@@ -616,7 +616,7 @@ def _first(ds: xr.Dataset, dim: str) -> Any:
 
 def sweep(
     checkpoints: Sequence[Any],
-    key: str = "causal",
+    key: str = registry.HEADLINES[0],  # the registry's first headline score
     thresholds: Sequence[float] | None = None,
     *,
     theta: float | None = None,
