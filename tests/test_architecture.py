@@ -14,6 +14,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).parents[1] / "depthlens"
 LAYER = {
     "models": 0,
@@ -99,19 +101,22 @@ def _cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
     return out
 
 
-def test_the_checker_sees_edges_and_cycles():
+@pytest.fixture(scope="module")
+def edges() -> frozenset[tuple[str, str]]:
+    """The package's import edges, parsed once for this module's tests (about a second each; they only read it)."""
+    return frozenset(import_edges(_modules()))
+
+
+def test_the_checker_sees_edges_and_cycles(edges):
     """The parser finds a known lazy edge, and the cycle finder flags a planted cycle."""
-    edges = import_edges(_modules())
     assert ("depthlens.io.checkpoint", "depthlens._version") in edges  # a function-level import
     assert ("depthlens.cli.analyze", "depthlens.diagnostics.registry") in edges  # `from .. import`
     assert _cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
 
 
-def test_no_import_from_a_lower_layer_up():
+def test_no_import_from_a_lower_layer_up(edges):
     up = sorted(
-        f"{a} -> {b}"
-        for a, b in import_edges(_modules())
-        if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)
+        f"{a} -> {b}" for a, b in edges if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)
     )
     assert not up, "imports from a lower layer up to a higher one:\n" + "\n".join(up)
 
@@ -131,29 +136,28 @@ def string_hook_edges(modules: dict[str, Path]) -> set[tuple[str, str]]:
     }
 
 
-def test_string_named_hooks_never_point_up_and_close_no_cycle():
+def test_string_named_hooks_never_point_up_and_close_no_cycle(edges):
     """A shipped diagnostic's hooks are callables whose deferred imports are plain edges (checked above); a
     "module:function" hook string (a plug-in's form) is an import edge too, and none may point up or close a cycle."""
     modules = _modules()
     hooks = string_hook_edges(modules)
-    assert ("depthlens.diagnostics.causal", "depthlens.diagnostics.causal.engine") in import_edges(modules)
+    assert ("depthlens.diagnostics.causal", "depthlens.diagnostics.causal.engine") in edges
     assert HOOK.search('"depthlens.diagnostics.causal.engine:causal_scores"')  # the checker would see a string
     assert all(b in modules for _, b in hooks), sorted(b for _, b in hooks if b not in modules)
     up = sorted(f"{a} -> {b}" for a, b in hooks if (_layer(a) or 0) < (_layer(b) or 0))
     assert not up, "string hooks pointing up a layer:\n" + "\n".join(up)
-    cycles = _cycles(import_edges(modules) | hooks)
+    cycles = _cycles(edges | hooks)
     assert not cycles, "import cycles through string hooks:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-def test_root_modules_import_no_layer_and_nothing_imports_the_root():
-    edges = import_edges(_modules())
+def test_root_modules_import_no_layer_and_nothing_imports_the_root(edges):
     bad = sorted(f"{a} -> {b}" for a, b in edges if a in ROOT_MODULES and b not in ROOT_MODULES)
     bad += sorted(f"{a} -> {b}" for a, b in edges if b == "depthlens" and a != "depthlens")
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycle():
-    cycles = _cycles(import_edges(_modules()))
+def test_no_import_cycle(edges):
+    cycles = _cycles(edges)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
