@@ -4,6 +4,9 @@ shared fixtures."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -13,16 +16,49 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("DEPTHLENS_PROGRESS", "off")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+import typer  # noqa: E402
 
-# At import, so that models built while modules are collected run on one thread too; the fixture below puts
-# it back if a test changes it. Test modules do not set it themselves (subprocess workers still do).
-torch.set_num_threads(1)
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which registers its controller's "dsession"
+def pytest_configure(config: pytest.Config) -> None:
+    """Where tests are collected and run (not in pytest-xdist's controller, which only hands them out: importing
+    torch there is two seconds of nothing): one torch thread before collection, so that models built while
+    modules are collected run on one thread too (the fixture below puts it back if a test changes it; test
+    modules do not set it themselves, subprocess workers still do), and the CLI's command tree built once."""
+    if config.pluginmanager.has_plugin("dsession"):
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    _build_cli_once()
+
+
+def _build_cli_once() -> None:
+    """typer's CliRunner rebuilds the whole click command tree from the command functions on every `invoke`
+    (about 30 ms; the quick loop invokes some 550 times). The installed `depthlens` builds it once per process, so
+    here too: once per app and set of registered commands (a command added later gives a new tree). Click
+    commands keep no state between calls: each call parses into a fresh Context."""
+    import typer.testing
+
+    build = typer.testing._get_command
+    built: dict[int, tuple[typer.Typer, tuple[int, ...], object]] = {}
+
+    def get_command(app: typer.Typer) -> object:
+        infos = [app.registered_callback, app.info.callback, *app.registered_commands, *app.registered_groups]
+        key = tuple(map(id, infos))
+        hit = built.get(id(app))
+        if hit is None or hit[0] is not app or hit[1] != key:
+            hit = built[id(app)] = (app, key, build(app))
+        return hit[2]
+
+    typer.testing._get_command = get_command  # the name typer.testing.CliRunner.invoke calls
 
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     yield
+    import torch
+
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
@@ -32,6 +68,35 @@ def _own_gguf_cache(tmp_path_factory, monkeypatch):
     """Each test its own GGUF cache (adapters.gguf_cache): no test reads an entry another test (or a user) stored,
     so results do not depend on test order, and nothing is written under ~/.cache. Subprocesses inherit it."""
     monkeypatch.setenv("DEPTHLENS_GGUF_CACHE", str(tmp_path_factory.mktemp("gguf-cache")))
+
+
+def _listing(folder: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*"))
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory) -> Callable[..., Path]:
+    """The tiny checkpoints the CLI tests run on, each built and saved once per session (per xdist worker) and
+    shared: `tiny_ckpt("hc")` is the folder of `ModelConfig.debug("hc", vocab_size=257, max_seq_len=32)` at seed
+    0, named `hc_l4` (the name a report shows); keyword arguments set other config fields. Read it, never write
+    into it (copy it first): each call checks that no earlier test changed its files."""
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    root = tmp_path_factory.mktemp("tiny-ckpts")
+    made: dict[tuple, tuple[Path, list[tuple[str, int, int]]]] = {}
+
+    def get(arch: str = "preln", seed: int = 0, **fields: Any) -> Path:
+        key = (arch, seed, *sorted(fields.items()))
+        if key not in made:
+            cfg = ModelConfig.debug(arch, **{"vocab_size": 257, "max_seq_len": 32, **fields})
+            path = depthlens.save(build_model(cfg, seed=seed), root / str(len(made)) / f"{arch}_l{cfg.n_layer}")
+            made[key] = (path, _listing(path))
+        path, listing = made[key]
+        assert _listing(path) == listing, f"a test changed the shared checkpoint {path}: copy it before editing"
+        return path
+
+    return get
 
 
 @pytest.fixture(scope="module")
