@@ -11,6 +11,10 @@ from depthlens.models.model import build_model
 # more sequences and say so where they set their own)
 FAST = ["--n-seq", "2", "--seq-len", "16"]
 FAST_NO_BOOT = [*FAST, "--n-boot", "0"]  # commands that bootstrap by default: no resamples
+# commands that draw intervals (report, compare, track) need more than two sequences: four, and few resamples
+FAST_INTERVALS = ["--n-seq", "4", "--seq-len", "16"]
+FAST_N_BOOT = 20
+FAST_BOOT = [*FAST_INTERVALS, "--n-boot", str(FAST_N_BOOT)]
 
 
 def debug_model(arch: str = "preln", n_layer: int = 4, seed: int = 0, **kw: Any):

@@ -30,12 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, Path]:
+def env(tmp_path_factory, tiny_ckpt) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad")
     e = {"root": root}
     for arch in ("preln", "hc"):
-        m = build_model(ModelConfig.debug(arch, vocab_size=257, max_seq_len=32), seed=0)
-        e[arch] = depthlens.save(m, root / f"{arch}_l4")
+        e[arch] = tiny_ckpt(arch)
     os.mkfifo(root / "fifo")
     e["fifo"] = root / "fifo"
     (root / "notes.txt").write_text("A small text. " * 200)

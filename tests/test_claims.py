@@ -16,6 +16,7 @@ from depthlens.stats import crossed as cr
 from depthlens.stats import plans as P
 from depthlens.stats.orderings import CLAIMS, Claim, check, check_all, markdown
 from depthlens.studies import claims as K
+from helpers import FAST
 
 ZOO = Path(__file__).resolve().parents[1] / "reports" / "zoo"
 pytestmark = pytest.mark.skipif(not (ZOO / "summary.json").is_file(), reason="reports/zoo not generated")
@@ -107,14 +108,12 @@ def test_a_crossed_row_takes_precedence_over_per_seed_rows():
     assert r["verdict"] == "unresolved" and r["interval"]["method"] == cr.CROSSED and "66 %" in r["note"]
 
 
-def test_plan_command_on_the_report_and_on_checkpoints_without_seeds(zoo, tmp_path):
+def test_plan_command_on_the_report_and_on_checkpoints_without_seeds(zoo, tiny_ckpt):
     """`depthlens plan REPORT_DIR --json` prints the plan rows computed from the report's datasets; checkpoints
     that give no claim two runs per design fail with one line (after computing their scores)."""
     from typer.testing import CliRunner
 
-    import depthlens
     from depthlens.cli import app
-    from depthlens.models import ModelConfig, build_model
 
     r = CliRunner().invoke(app, ["plan", str(ZOO), "--json", "--n-boot", "200", "--sequences", "32"])
     assert r.exit_code == 0, r.output
@@ -123,9 +122,7 @@ def test_plan_command_on_the_report_and_on_checkpoints_without_seeds(zoo, tmp_pa
     assert [p["claim"] for p in got] == [p["claim"] for p in want]
     assert got[3]["observed"]["seeds_needed"] == want[3]["observed"]["seeds_needed"]
     assert set(got[0]["observed"]["seeds_needed"]) == {"16", "32", "64"}
-    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
-    ck = depthlens.save(m, tmp_path / "preln_l4")
-    r = CliRunner().invoke(app, ["plan", str(ck), "--n-seq", "2", "--seq-len", "16", "--n-boot", "10"])
+    r = CliRunner().invoke(app, ["plan", str(tiny_ckpt("preln")), *FAST, "--n-boot", "10"])
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "needs >= 2 seeds per design" in lines[0], r.output
 

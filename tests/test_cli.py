@@ -13,18 +13,12 @@ from typer.testing import CliRunner
 
 import depthlens
 from depthlens.cli import app
-from depthlens.models import ModelConfig, build_model
 from helpers import FAST
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zoo")
-    out = {}
-    for arch in ("preln", "hc", "block_attnres"):
-        m = build_model(ModelConfig.debug(arch, vocab_size=257, max_seq_len=32), seed=0)
-        out[arch] = depthlens.save(m, root / f"{arch}_l4")
-    return out
+def zoo(tiny_ckpt):
+    return {arch: tiny_ckpt(arch) for arch in ("preln", "hc", "block_attnres")}
 
 
 def run(args, cwd=None):
@@ -199,7 +193,7 @@ COMMANDS = {
     "causal": FAST,
     "permute": FAST,
     "attnres": FAST,
-    "eval": ["--n-seq", "2", "--seq-len", "16", "--no-humaneval"],
+    "eval": [*FAST, "--no-humaneval"],
     "sweep": FAST,
     "compare": FAST,
 }
@@ -271,7 +265,7 @@ def test_bad_data_files(zoo, tmp_path, cmd):
     latin.write_bytes("caf\xe9 ".encode("latin-1") * 100)
     extra = ["--no-humaneval"] if cmd == "eval" else ["--out", tmp_path / "o.nc"]
     for f in (empty, latin, tmp_path / "missing.txt"):
-        one_error_line(run([cmd, zoo["preln"], "--data", f, "--n-seq", "2", "--seq-len", "16", *extra]), 1)
+        one_error_line(run([cmd, zoo["preln"], "--data", f, *FAST, *extra]), 1)
     assert not (tmp_path / "o.nc").exists()
 
 
@@ -323,7 +317,7 @@ def test_shapes_and_prepare(tmp_path):
 
 
 def test_eval_command(zoo):
-    r = run(["eval", zoo["preln"], "--n-seq", "2", "--seq-len", "16", "--limit", "3", "--json"])
+    r = run(["eval", zoo["preln"], *FAST, "--limit", "3", "--json"])
     assert r.exit_code == 0, r.output
     h = json.loads(r.stdout)
     assert math.isclose(h["val_loss"], math.log(257), rel_tol=0.05)  # an untrained model is near uniform
@@ -380,9 +374,7 @@ def test_eval_jsonl_presets_and_bad_mapping(zoo, tmp_path):
     f = tmp_path / "gsm8k.jsonl"
     rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "Name a colour.", "answer": "blue"}]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    r = run(
-        ["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"gsm8k={f}", "--n-seq", "2", "--seq-len", "16", "--json"]
-    )
+    r = run(["eval", zoo["preln"], "--no-humaneval", "--jsonl", f"gsm8k={f}", *FAST, "--json"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)["domain"]["gsm8k"]
     model = depthlens.load(zoo["preln"]).model

@@ -19,8 +19,7 @@ from typer.testing import CliRunner
 
 import depthlens
 from depthlens.cli import app
-from depthlens.models import ModelConfig, build_model
-from helpers import FAST_NO_BOOT
+from helpers import FAST, FAST_NO_BOOT
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,12 +43,8 @@ def cli(*args, cwd, env=None, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ck")
-    return {
-        a: depthlens.save(build_model(ModelConfig.debug(a, vocab_size=257, max_seq_len=32), seed=0), root / f"{a}_l4")
-        for a in ("preln", "hc")
-    }
+def tiny(tiny_ckpt):
+    return {a: tiny_ckpt(a) for a in ("preln", "hc")}
 
 
 def test_short_help_version_and_completion():
@@ -111,7 +106,7 @@ def test_prepare_creates_parent_directories(tmp_path):
 
 
 def test_sweep_ranking_only_against_a_given_order(tiny, tmp_path):
-    base = ["sweep", tiny["preln"], tiny["hc"], "--thresholds", "0:1:0.1", "--n-seq", "2", "--seq-len", "16", "--json"]
+    base = ["sweep", tiny["preln"], tiny["hc"], "--thresholds", "0:1:0.1", *FAST, "--json"]
     plain = run([*base, "--out", tmp_path / "a.nc"])
     assert plain.exit_code == 0, plain.output
     assert "ranking_fraction" not in json.loads(plain.stdout)

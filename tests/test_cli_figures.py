@@ -9,22 +9,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import depthlens
 from depthlens.cli import app
 from depthlens.io.atomic import recognise
-from depthlens.models import ModelConfig, build_model
 from depthlens.plotting.plots import glyph_legend, terminal_heatmap
-from helpers import FAST_NO_BOOT
+from helpers import FAST, FAST_NO_BOOT
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(
-        depthlens.save(
-            build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=32), seed=0),
-            tmp_path_factory.mktemp("z") / "p4",
-        )
-    )
+def ckpt(tiny_ckpt):
+    return str(tiny_ckpt("preln"))
 
 
 @pytest.mark.parametrize("cmd", ["causal", "permute"])
@@ -135,7 +128,7 @@ def test_a_sweep_reruns_into_the_default_folder(ckpt, tmp_path, monkeypatch):
     """The sequential docs run found it: a sweep's dataset (curves built by concat) carried no `source`, so it was
     not recognisably ours and its re-run into depthlens-out/ was refused."""
     monkeypatch.chdir(tmp_path)
-    args = ["sweep", ckpt, "--n-seq", "2", "--seq-len", "16", "--metric", "causal"]
+    args = ["sweep", ckpt, *FAST, "--metric", "causal"]
     for _ in range(2):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 0, r.stderr

@@ -19,6 +19,7 @@ from depthlens.diagnostics.angular.engine import angular_distances
 from depthlens.diagnostics.causal.engine import causal_scores
 from depthlens.diagnostics.permutation.engine import permutation_scores
 from depthlens.runtime.evaldata import EvalData
+from helpers import FAST
 
 # The user's model, as a user writes it: a tiny Pre-LN GPT in plain PyTorch (LayerNorm, GELU MLP, learned
 # positions). Also written to a file for the command-line tests.
@@ -379,7 +380,7 @@ def _cli(args, cwd):
         os.chdir(here)
 
 
-EVAL = ["--n-seq", "2", "--seq-len", "16", "--threads", "1"]
+EVAL = [*FAST, "--threads", "1"]
 
 
 @pytest.mark.parametrize("command", ["causal", "permute", "angular"])

@@ -27,12 +27,12 @@ from typer.testing import CliRunner
 
 import depthlens
 from depthlens.cli import app
+from helpers import FAST_BOOT
 
 ROOT = Path(__file__).resolve().parents[1]
 # preln: every diagnostic but rank/attnres; hc: rank; full_attnres: attnres (and a second dataset shape)
 CKPTS = [str(ROOT / "checkpoints" / n) for n in ("preln_l4", "hc_l4", "full_attnres_l4")]
-# not helpers.FAST: two ranks split the sequences and the bootstrap, so both need some of each
-FAST = ["--n-seq", "4", "--seq-len", "16", "--n-boot", "20"]
+# FAST_BOOT, not FAST: two ranks split the sequences and the bootstrap, so both need some of each
 TEXT = "It was the best of times, it was the worst of times; def f(x):\n    return x * 2 + 1\n" * 40
 
 
@@ -79,9 +79,9 @@ def _masked(text: str) -> str:
 @pytest.mark.slow
 def test_two_ranks_write_the_report_one_process_writes(text, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    r = CliRunner().invoke(app, ["report", *CKPTS, "--out", str(one), "--data", str(text), *FAST])
+    r = CliRunner().invoke(app, ["report", *CKPTS, "--out", str(one), "--data", str(text), *FAST_BOOT])
     assert r.exit_code == 0, r.output
-    p = _torchrun(["report", *CKPTS, "--out", str(two), "--data", str(text), *FAST, "--json"])
+    p = _torchrun(["report", *CKPTS, "--out", str(two), "--data", str(text), *FAST_BOOT, "--json"])
     assert p.returncode == 0, p.stderr
     assert not _error_lines(p.stderr)
 
@@ -125,7 +125,7 @@ def test_a_failing_rank_fails_the_run_with_one_line_and_no_directory(text, tmp_p
     for f in Path(CKPTS[0]).iterdir():
         (broken / f.name).write_bytes(f.read_bytes()[:1000] if f.suffix == ".safetensors" else f.read_bytes())
     out = tmp_path / "rep"
-    p = _torchrun(["report", CKPTS[0], str(broken), "--out", str(out), "--data", str(text), *FAST])
+    p = _torchrun(["report", CKPTS[0], str(broken), "--out", str(out), "--data", str(text), *FAST_BOOT])
     assert p.returncode != 0
     lines = _error_lines(p.stderr)
     assert len(lines) == 1 and lines[0].startswith("depthlens: error: rank 1: ") and "safetensors" in lines[0], p.stderr

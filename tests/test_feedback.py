@@ -15,6 +15,7 @@ import depthlens.cli.feedback as feedback
 from depthlens.cli import app
 from depthlens.data.shards import write_shard
 from depthlens.models import ModelConfig, build_model
+from helpers import FAST_INTERVALS
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +62,7 @@ def test_progress_bar_on_a_terminal_lines_otherwise_quiet_silences(ck, tmp_path,
     cases = {
         "info": (["info", str(ck)], "loading", f"loading {ck.name}: "),
         "eval": (
-            ["eval", str(ck), "--data", str(notes), "--n-seq", "4", "--seq-len", "16", "--no-humaneval"],
+            ["eval", str(ck), "--data", str(notes), *FAST_INTERVALS, "--no-humaneval"],
             "eval",
             "[1/1] eval ",
         ),

@@ -10,15 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import depthlens
 from depthlens.cli import app
 from depthlens.io.files import strict_json
-from depthlens.models import ModelConfig, build_model
-from helpers import cli_commands
+from helpers import FAST, FAST_BOOT, cli_commands
 
 REPO = Path(__file__).resolve().parents[1]
-# not helpers.FAST: compare and report bootstrap intervals, which need more than two sequences
-FAST = ["--n-seq", "4", "--seq-len", "16"]
 # commands whose --json is checked strictly in another test (it needs a trained run)
 ELSEWHERE = {"track": "tests/test_bad_input_rest.py::test_json_output_is_strict_json_track_check_included"}
 
@@ -34,12 +30,11 @@ def _json_commands() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def w(tmp_path_factory) -> dict[str, str]:
+def w(tmp_path_factory, tiny_ckpt) -> dict[str, str]:
     root = tmp_path_factory.mktemp("json")
     e = {"root": str(root)}
     for arch in ("preln", "hc", "full_attnres"):
-        m = build_model(ModelConfig.debug(arch, vocab_size=257, max_seq_len=32), seed=0)
-        e[arch] = str(depthlens.save(m, root / f"{arch}_l4"))
+        e[arch] = str(tiny_ckpt(arch))
     (root / "notes.txt").write_text("A small text about layers and depth. " * 400)
     e["txt"] = str(root / "notes.txt")
     return e
@@ -78,15 +73,15 @@ def _args(cmd: str, w: dict[str, str]) -> list[str]:
         "tuned_lens": ["tuned_lens", pre, *FAST, "-o", f"{root}/tl.nc"],
         "mixing": ["mixing", w["hc"], *FAST, "-o", f"{root}/m.nc"],
         "sweep": ["sweep", pre, w["hc"], "--thresholds", "0:1:0.5", *FAST, "-o", f"{root}/s.nc"],
-        "compare": ["compare", pre, w["hc"], "--metrics", "causal", "--n-boot", "20", *FAST],
-        "eval": ["eval", pre, "--data", w["txt"], "--no-humaneval", "--n-seq", "2", "--seq-len", "16"],
+        "compare": ["compare", pre, w["hc"], "--metrics", "causal", *FAST_BOOT],
+        "eval": ["eval", pre, "--data", w["txt"], "--no-humaneval", *FAST],
         "hooks": ["hooks", pre],
         "info": ["info", pre],
         "shapes": ["shapes", "--target", "1e6"],
         "prepare": ["prepare", w["txt"], "--out", f"{root}/ds2"],
         "prune": ["prune", pre, "--tolerance", "100", "-o", f"{root}/pruned", "--criterion", "skip_loss"]
         + ["--k-max", "1", "--n-seq", "8", "--seq-len", "16", "--data", w["txt"]],
-        "report": ["report", pre, "--out", f"{root}/rep", "--n-boot", "20", *FAST, "--metrics", "causal"],
+        "report": ["report", pre, "--out", f"{root}/rep", *FAST_BOOT, "--metrics", "causal"],
         "plan": ["plan", str(REPO / "reports" / "zoo"), "--n-boot", "20", "--sequences", "32"],
         "cache list": ["cache", "list"],
         "train": _train_args(w) if cmd == "train" else [],

@@ -24,6 +24,7 @@ from torch import nn
 from depthlens.adapters.generic import check_generic
 from depthlens.errors import CheckpointError
 from depthlens.models.protocol import same_logits
+from helpers import FAST
 
 
 def _loop_same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -115,7 +116,7 @@ GEMMA = GEMMA / "gemma-3-270m.gguf"
 def test_gemma3_gguf_at_one_and_two_threads(threads, tmp_path):
     # slow: measured 2.5-4 min per command at 2 threads on a machine at load average 8-10 (the GGUF load is most)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DEPTHLENS_PROGRESS": "off", "HF_HUB_OFFLINE": "1"}
-    size = ["--n-seq", "2", "--seq-len", "16", "--threads", str(threads), "--json"]
+    size = [*FAST, "--threads", str(threads), "--json"]
     for cmd in (
         ["info", str(GEMMA), "--json"],
         ["causal", str(GEMMA), *size, "--layers", "late", "--n-boot", "20", "--out", str(tmp_path / "c.nc")],

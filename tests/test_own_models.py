@@ -27,6 +27,7 @@ import depthlens
 from depthlens.diagnostics.causal.engine import token_nll
 from depthlens.runtime.evaldata import random_eval_data
 from depthlens.stats.metrics import late_pairs
+from helpers import FAST
 from shared_weights import native_attnres, native_multistream
 
 pytest.importorskip("hyper_connections")
@@ -349,7 +350,7 @@ FUNCTION = {
     "block_attnres": "attnres_model.py:describe_block",
     "nanogpt": "nanogpt_model.py:describe",
 }
-EVAL = ["--n-seq", "2", "--seq-len", "16", "--threads", "1"]
+EVAL = [*FAST, "--threads", "1"]
 CLI_VARS = {"causal": "causal_score", "permute": "perm_abs", "angular": "angular_distance", "rank": "erank"}
 CLI_VARS["attnres"] = "self_weight"
 

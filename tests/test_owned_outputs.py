@@ -45,9 +45,8 @@ def one_line(r, code: int = 1) -> str:
 
 
 @pytest.fixture(scope="module")
-def ck(tmp_path_factory) -> Path:
-    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
-    return depthlens.save(m, tmp_path_factory.mktemp("ck") / "preln_l4")
+def ck(tiny_ckpt) -> Path:
+    return tiny_ckpt("preln")
 
 
 @pytest.fixture()

@@ -171,12 +171,8 @@ def test_small_angles_and_svd_from_bf16_inputs():
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    import depthlens
-    from depthlens.models import ModelConfig, build_model
-
-    m = build_model(ModelConfig.debug("preln", vocab_size=257, max_seq_len=32), seed=0)
-    return depthlens.save(m, tmp_path_factory.mktemp("ck") / "preln_l4")
+def ckpt(tiny_ckpt):
+    return tiny_ckpt("preln")
 
 
 def test_cli_dtype_bf16_runs_end_to_end(ckpt, tmp_path):

@@ -13,10 +13,10 @@ import torch
 import xarray as xr
 from typer.testing import CliRunner
 
-import depthlens
 from depthlens.cli import app, feedback
 from depthlens.models import ModelConfig, build_model
 from depthlens.runtime.evaldata import EvalData
+from helpers import FAST_INTERVALS
 
 torch.set_num_threads(1)
 L, N, T = 4, 4, 16
@@ -85,14 +85,9 @@ def test_engine_progress_counts_and_changes_nothing(engine, slug, opts, total):
     assert calls[-1][1] == total
 
 
-def _ckpt(tmp_path_factory, slug="preln"):
-    root = tmp_path_factory.mktemp("prog")
-    return depthlens.save(_model(slug), root / f"{slug}_l{L}")
-
-
 @pytest.fixture(scope="module")
-def ck(tmp_path_factory):
-    return _ckpt(tmp_path_factory)
+def ck(tiny_ckpt):
+    return tiny_ckpt("preln", n_layer=L)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +105,7 @@ def _plain_lines(monkeypatch):
 @pytest.mark.parametrize("cmd,word", [("causal", "causal"), ("permute", "permute"), ("angular", "angular")])
 def test_cli_plain_lines_quiet_and_clean_json(ck, text, tmp_path, monkeypatch, cmd, word):
     _plain_lines(monkeypatch)
-    base = [cmd, str(ck), "--data", str(text), "--n-seq", "4", "--seq-len", "16", "--batch-size", "2"]
+    base = [cmd, str(ck), "--data", str(text), *FAST_INTERVALS, "--batch-size", "2"]
     r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a.nc"), "--json"])
     assert r.exit_code == 0, r.stderr
     json.loads(r.stdout)  # stdout is the JSON document only
@@ -157,10 +152,10 @@ def test_bar_on_a_terminal_nests_and_leaves_no_trace(monkeypatch, capsys):
     assert p.mode is None
 
 
-def test_report_progress_lines_and_timings_untracked(tmp_path, text, tmp_path_factory, monkeypatch):
+def test_report_progress_lines_and_timings_untracked(tmp_path, text, tiny_ckpt, monkeypatch):
     """`depthlens report` in a log: a line per step; the timings go to timings.json, not the tracked files."""
     _plain_lines(monkeypatch)
-    ck = _ckpt(tmp_path_factory, "hc")
+    ck = tiny_ckpt("hc", n_layer=L)
     out = tmp_path / "rep"
     r = CliRunner().invoke(
         app,

@@ -20,13 +20,12 @@ from depthlens.data.tokenizers import ByteTokenizer
 from depthlens.models import ModelConfig, build_model
 from depthlens.studies import track as T
 from depthlens.training.config import RunConfig
+from helpers import FAST_BOOT, FAST_N_BOOT
 
 TEXT = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
     "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
 )
-# not helpers.FAST: track draws an interval per snapshot, which needs more than two sequences
-FAST = ["--n-seq", "4", "--seq-len", "16", "--n-boot", "40"]
 SNAP_STEPS = [2, 4, 8]
 
 
@@ -139,7 +138,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
             out,
             "--data",
             corpus / "eval.txt",
-            *FAST,
+            *FAST_BOOT,
             "--json",
         ]
     )
@@ -160,7 +159,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     ev = api.eval_data_for(model, corpus / "eval.txt", ck, n_seq=4, seq_len=16, seed=0)
     assert ev.sha256 == ds.attrs["eval_data_sha256"]
     direct = api.causal(final, ev, layers="all")
-    h = headline(direct, "causal", 0.45, n_boot=40, seed=0)
+    h = headline(direct, "causal", 0.45, n_boot=FAST_N_BOOT, seed=0)
     got = ds.sel(run="preln_l4", step=SNAP_STEPS[-1])
     assert float(got["causal_share"]) == h["share"]
     assert float(got["causal_ci_low"]) == h["ci_low"] and float(got["causal_ci_high"]) == h["ci_high"]
@@ -169,7 +168,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
     )
     perm = api.permutation(final, ev, layers="late")
     np.testing.assert_array_equal(got["perm_abs"].values, perm["perm_abs"].values)
-    assert float(got["perm_share"]) == headline(perm, "perm_abs", 0.15, n_boot=40, seed=0)["share"]
+    assert float(got["perm_share"]) == headline(perm, "perm_abs", 0.15, n_boot=FAST_N_BOOT, seed=0)["share"]
     ang = api.angular(final, ev, positions="all")
     np.testing.assert_array_equal(got["angular_profile"].values, ang["profile"].values)
     # the first snapshot is a different model: the series is not one result repeated
@@ -193,7 +192,7 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
             out,
             "--data",
             corpus / "eval.txt",
-            *FAST,
+            *FAST_BOOT,
         ]
     )
     assert r.exit_code == 0, r.output
@@ -227,7 +226,7 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
 @pytest.mark.slow
 def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
     out = tmp_path / "t"
-    args = ["track", runs["preln"], "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST]
+    args = ["track", runs["preln"], "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST_BOOT]
     assert invoke(args).exit_code == 0
     first = xr.load_dataset(out / "track.nc")
     calls = []
@@ -245,7 +244,9 @@ def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
     (out / "parts" / "preln_l4" / "step_0000004.causal.nc").unlink()
     assert invoke(args).exit_code == 0
     assert calls == ["causal"]  # only the missing snapshot
-    r = invoke([*args[:-6], "--n-seq", "5", "--seq-len", "16", "--n-boot", "40"])  # new eval tokens: all again
+    r = invoke(
+        [*args[: -len(FAST_BOOT)], "--n-seq", "5", "--seq-len", "16", "--n-boot", str(FAST_N_BOOT)]
+    )  # new eval tokens: all again
     assert r.exit_code == 0 and calls == ["causal"] * 4
 
 
@@ -274,7 +275,7 @@ def test_checkpoint_list_in_order(runs, corpus, tmp_path):
             "128",
             "--data",
             corpus / "eval.txt",
-            *FAST,
+            *FAST_BOOT,
         ]
     )
     assert r.exit_code == 0, r.output
@@ -289,7 +290,7 @@ def test_checkpoint_list_in_order(runs, corpus, tmp_path):
 
 
 def _track(run: Path, corpus: Path, out: Path) -> Path:
-    r = invoke(["track", run, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST])
+    r = invoke(["track", run, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST_BOOT])
     assert r.exit_code == 0, r.output
     return out / "track.nc"
 
@@ -358,7 +359,7 @@ def test_bad_series_one_line_nothing_written(runs, tmp_path, make, needle):
     src = make(runs["preln"], tmp_path)
     extra = ["--recipe", tmp_path / "recipe.json"] if (tmp_path / "recipe.json").exists() else []
     out = tmp_path / "out"
-    line = one_error_line(invoke(["track", src, "--metric", "causal", "--out", out, *extra, *FAST]))
+    line = one_error_line(invoke(["track", src, "--metric", "causal", "--out", out, *extra, *FAST_BOOT]))
     assert needle in line, line
     assert not out.exists()
 
@@ -367,7 +368,9 @@ def test_bad_metric_and_foreign_out_dir(runs, tmp_path):
     one_error_line(invoke(["track", runs["preln"], "--metric", "causal,nope", "--out", tmp_path / "o"]), 2)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
-    line = one_error_line(invoke(["track", runs["preln"], "--metric", "causal", "--out", tmp_path / "busy", *FAST]))
+    line = one_error_line(
+        invoke(["track", runs["preln"], "--metric", "causal", "--out", tmp_path / "busy", *FAST_BOOT])
+    )
     assert "not a track output directory" in line and sorted(p.name for p in (tmp_path / "busy").iterdir()) == [
         "notes.txt"
     ]
@@ -390,7 +393,7 @@ def test_pending_steps_and_angular_only(runs, corpus, tmp_path):
             out,
             "--data",
             corpus / "eval.txt",
-            *FAST,
+            *FAST_BOOT,
         ]
     )
     assert r.exit_code == 0, r.output
@@ -413,7 +416,9 @@ def test_gguf_files_in_order(tmp_path, corpus):
     revs = [write_tiny_gguf(tiny_llama(seed=s), tmp_path / f"tiny-step{100 * (s + 1)}.gguf") for s in range(2)]
     out = tmp_path / "g"
     text = corpus / "eval.txt"
-    r = invoke(["track", *revs, "--metric", "causal", "--out", out, "--data", text, "--tokens-per-step", "1000", *FAST])
+    r = invoke(
+        ["track", *revs, "--metric", "causal", "--out", out, "--data", text, "--tokens-per-step", "1000", *FAST_BOOT]
+    )
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert list(ds["step"].values) == [100, 200] and ds["tokens"].values.ravel().tolist() == [1e5, 2e5]
@@ -424,9 +429,9 @@ def test_gguf_files_in_order(tmp_path, corpus):
     np.testing.assert_array_equal(
         got["causal_score"].values, direct["causal_score"].sel(aggregator="max", variant="current").values
     )
-    assert float(got["causal_share"]) == headline(direct, "causal", 0.45, n_boot=40, seed=0)["share"]
+    assert float(got["causal_share"]) == headline(direct, "causal", 0.45, n_boot=FAST_N_BOOT, seed=0)["share"]
     deeper = write_tiny_gguf(tiny_llama(seed=2, n_layer=2), tmp_path / "tiny-step300.gguf")
-    line = one_error_line(invoke(["track", *revs, deeper, "--metric", "causal", "--out", tmp_path / "bad", *FAST]))
+    line = one_error_line(invoke(["track", *revs, deeper, "--metric", "causal", "--out", tmp_path / "bad", *FAST_BOOT]))
     assert "mixed architectures" in line and not (tmp_path / "bad").exists()
 
 
@@ -449,7 +454,7 @@ def test_undefined_share_is_said_not_hidden(corpus, tmp_path):
         for s in range(2)
     ]
     out = tmp_path / "o"
-    r = invoke(["track", *ckpts, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST])
+    r = invoke(["track", *ckpts, "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST_BOOT])
     assert r.exit_code == 0, r.output
     ds = xr.load_dataset(out / "track.nc")
     assert np.isnan(ds["causal_share"]).all() and np.isnan(ds["tokens"]).all() and list(ds["step"].values) == [1, 2]

@@ -32,6 +32,7 @@ import depthlens
 from depthlens.diagnostics import registry
 from depthlens.diagnostics.registry import Diagnostic
 from depthlens.models import ModelConfig, build_model
+from helpers import FAST_INTERVALS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
@@ -42,7 +43,7 @@ TEXT = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
     "the slings and arrows of outrageous fortune.\ndef add(a, b):\n    return a + b\n\n"
 ) * 8
-EVAL = ["--n-seq", "4", "--seq-len", "16"]
+EVAL = FAST_INTERVALS
 
 
 def doc_blocks() -> tuple[str, str]:
