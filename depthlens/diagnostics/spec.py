@@ -1,11 +1,12 @@
 """What a diagnostic is: the typed spec (`Diagnostic`) each diagnostic package declares in its `__init__.py`, with
 its engine options (`Option`) and report columns (`Column`), and the call shapes of its hooks (Protocols).
 
-A hook is a loader: a function of no arguments that imports its module (torch, xarray) and returns the hook, typed
-by the Protocol below. A package's `__init__.py` is read by the registry when `depthlens --help` starts, so the
-spec costs nothing to read, while mypy still checks each hook against its Protocol and the import checker sees
-its module. A plug-in outside the package tree may also give a hook as a "module:function" string
-(`registry.resolve` turns either form into the function).
+A spec has two loaders, functions of no arguments that import its modules (torch, xarray) when called: `engine`
+returns the function that computes its Dataset (`Engine`), `hooks` returns its `Hooks` (figure, report record,
+track series, terminal view, regrow), each typed by a Protocol below. A package's `__init__.py` is read by the
+registry when `depthlens --help` starts, so the spec costs nothing to read, while mypy checks each function
+against its Protocol and the import checker sees its modules. A plug-in outside the package tree may also name
+its engine by a "module:function" string (`registry.resolve` turns either form into the function).
 """
 
 from __future__ import annotations
