@@ -4,7 +4,7 @@ Block AttnRes.
     engine.py   the depth-softmax weights, k*(ε), the report record, the track series, the terminal view
     figure.py   one checkpoint's self-weights and α
 
-This file is the spec the registry reads (light: each hook imports its module when called).
+This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations

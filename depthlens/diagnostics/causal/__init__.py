@@ -4,8 +4,9 @@
     arms.py     which positions each arm skips, and the per-cell store
     dataset.py  the Dataset, its per-sequence parts, the report record and the track series
     figure.py   one checkpoint's heatmap
+    headline.py its scores: default θ, θ grid, units, labels, how figures show the matrix
 
-This file is the spec the registry reads (light: each hook imports its module when called).
+This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations

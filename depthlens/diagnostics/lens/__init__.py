@@ -5,7 +5,7 @@ boundary (docs/concepts.md).
     summary.py  the report record (where the prediction forms) and the terminal view
     figure.py   one checkpoint's KL and agreement curves over relative depth
 
-This file is the spec the registry reads (light: each hook imports its module when called).
+This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ sublayer's input; MoDA, which has no residual mix, shows its depth-attention mas
     engine.py   the token-mean matrix (or depth mass)
     figure.py   one checkpoint's heatmap
 
-This file is the spec the registry reads (light: each hook imports its module when called).
+This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations

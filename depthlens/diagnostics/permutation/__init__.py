@@ -2,8 +2,9 @@
 
     engine.py   the swapped forwards, P_abs / P_rel / P_KL, the report record and the track series
     figure.py   one checkpoint's heatmap of the late window
+    headline.py its scores: default θ, θ grid, units, labels, how figures show the matrix
 
-This file is the spec the registry reads (light: each hook imports its module when called).
+This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations

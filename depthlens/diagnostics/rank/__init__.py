@@ -3,7 +3,7 @@
     engine.py   the products per token, erank and gains, the report record, the track series, the terminal view
     figure.py   one checkpoint's window profile
 
-This file is the spec the registry reads (light: each hook imports its module when called).
+This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations
