@@ -19,38 +19,81 @@ HEAVY = ("transformer_lens", "transformers", "datasets", "torch")
 # which typer.rich_utils imports for a markup mode this CLI does not use: cli.app.light_rich_utils)
 HELP_FREE = ("numpy", "markdown_it")
 
+# Each command runs in a fork of one process that has imported only `depthlens.cli` (what a fresh `depthlens`
+# process imports before its command runs): the imports a command adds are its own, and the interpreter and
+# the CLI package start once for all of them instead of once each. A command's stdout goes to OUT/<i>.stdout,
+# and its exit code and the heavy modules loaded at its end to OUT/<i>.json.
 _PROBE = """
-import json, runpy, sys
-sys.argv = ["depthlens", *json.loads(sys.argv[1])]
-code = 0
-try:
-    runpy.run_module("depthlens.cli", run_name="__main__")
-except SystemExit as e:
-    code = e.code or 0
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
-help_free = sorted(m for m in sys.modules if m.split(".")[0] in {help_free!r})
-print("\\n@@" + json.dumps({{"code": code, "heavy": heavy, "help_free": help_free}}), file=sys.stderr)
+import json, os, runpy, sys, traceback
+runs, out = json.loads(sys.argv[1]), sys.argv[2]
+import depthlens.cli
+for i, args in enumerate(runs):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        continue
+    try:
+        os.dup2(os.open(os.path.join(out, f"{{i}}.stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+        sys.argv = ["depthlens", *args]
+        code = 0
+        try:
+            runpy.run_module("depthlens.cli", run_name="__main__")
+        except SystemExit as e:
+            code = e.code or 0
+        sys.stdout.flush()
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
+        help_free = sorted(m for m in sys.modules if m.split(".")[0] in {help_free!r})
+        result = {{"code": code, "heavy": heavy, "help_free": help_free}}
+    except BaseException:
+        result = {{"error": traceback.format_exc()}}
+    finally:
+        with open(os.path.join(out, f"{{i}}.json"), "w") as f:
+            json.dump(result, f)
+        os._exit(0)
 """
 
 
-def _imports(args: list[str]) -> dict:
+def _imports_each(runs: list[list[str]], tmp: Path) -> list[dict]:
+    """For each argument list, what `depthlens *args` returned, the heavy packages it had imported at its end
+    and its stdout (each in a fork of one probe process, _PROBE)."""
     r = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(heavy=set(HEAVY), help_free=set(HELP_FREE)), json.dumps(args)],
+        [sys.executable, "-c", _PROBE.format(heavy=set(HEAVY), help_free=set(HELP_FREE)), json.dumps(runs), str(tmp)],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=300,
     )
-    line = [ln for ln in r.stderr.splitlines() if ln.startswith("@@")]
-    assert line, r.stderr[-2000:]
-    return {**json.loads(line[-1][2:]), "stdout": r.stdout}
+    assert r.returncode == 0, r.stderr[-2000:]
+    outs = []
+    for i in range(len(runs)):
+        assert (tmp / f"{i}.json").is_file(), (runs[i], r.stderr[-2000:])
+        out = json.loads((tmp / f"{i}.json").read_text())
+        assert "error" not in out, out.get("error")
+        outs.append({**out, "stdout": (tmp / f"{i}.stdout").read_text()})
+    return outs
 
 
-@pytest.mark.parametrize(
-    "args", [["--help"], ["info", "checkpoints/hc_l16"], ["info", "checkpoints/hc_l16", "--json"]], ids=str
-)
-def test_light_commands_import_no_heavy_package(args):
-    out = _imports(args)
+def _imports(args: list[str], tmp: Path) -> dict:
+    return _imports_each([args], tmp)[0]
+
+
+LIGHT = [["--help"], ["info", "checkpoints/hc_l16"], ["info", "checkpoints/hc_l16", "--json"]]
+NATIVE = ["hc_l16", "mhc_l16", "full_attnres_l16", "moda_l16", "preln_l16", "keel_l8"]
+
+
+@pytest.fixture(scope="module")
+def light(tmp_path_factory) -> dict[str, dict]:
+    """The probes of the LIGHT commands and of `info --json` on each NATIVE checkpoint, in forks of one process."""
+    runs = [*LIGHT, *(["info", f"checkpoints/{name}", "--json"] for name in NATIVE if name != "hc_l16")]
+    outs = _imports_each(runs, tmp_path_factory.mktemp("probe"))
+    return {json.dumps(args): out for args, out in zip(runs, outs, strict=True)}
+
+
+@pytest.mark.parametrize("args", LIGHT, ids=str)
+def test_light_commands_import_no_heavy_package(args, light):
+    out = light[json.dumps(args)]
     assert out["code"] == 0
     assert out["heavy"] == []
     if args == ["--help"]:
@@ -62,14 +105,14 @@ def test_light_commands_import_no_heavy_package(args):
 ZOO = ROOT / "checkpoints"
 
 
-@pytest.mark.parametrize("name", ["hc_l16", "mhc_l16", "full_attnres_l16", "moda_l16", "preln_l16", "keel_l8"])
-def test_native_info_is_the_model_description(name):
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_info_is_the_model_description(name, light):
     """`info --json` from the config and the safetensors header (in a process that never imports torch) prints
     what `describe(open_model(...))` computes from the built model's parameters."""
     from depthlens.adapters.load import describe, open_model
     from depthlens.cli.app import dumps
 
-    out = _imports(["info", f"checkpoints/{name}", "--json"])
+    out = light[json.dumps(["info", f"checkpoints/{name}", "--json"])]
     assert out["code"] == 0 and out["heavy"] == []
     fast = json.loads(out["stdout"])
     model = describe(open_model(ZOO / name))
@@ -154,9 +197,9 @@ def test_native_info_refuses_what_the_model_refuses(tmp_path, how):
 
 
 @pytest.mark.slow
-def test_the_probe_sees_a_heavy_import():
+def test_the_probe_sees_a_heavy_import(tmp_path):
     """The probe is not blind: a command that builds a TransformerLens object shows transformer_lens."""
-    out = _imports(["hooks", "checkpoints/hc_l16"])
+    out = _imports(["hooks", "checkpoints/hc_l16"], tmp_path)
     assert out["code"] == 0
     assert "transformer_lens" in out["heavy"]
 
