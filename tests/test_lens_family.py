@@ -328,7 +328,7 @@ def test_bad_options_are_one_line_errors(data):
 def test_registry_and_cli(tmp_path):
     from depthlens.cli.app import app
 
-    assert registry.get("logitlens").name == "logit_lens" and registry.get("tuned_lens").view
+    assert registry.get("logitlens").name == "logit_lens" and registry.get("tuned_lens").loaded().view
     out = tmp_path / "ll.nc"
     r = CliRunner().invoke(
         app, ["logit_lens", "checkpoints/preln_l4", "--n-seq", "4", "--seq-len", "32", "--out", str(out), "--json"]
