@@ -81,6 +81,20 @@ def test_plan_phases_and_zoo_stand_in(tmp_path):
     assert res["runs"][lr400.run_name("preln", 16, 6e-3, 1)]["tokens"] == 819200
     # one seed shared by every LR and a seed SD of 0.007: every neighbour is within 2 SE (0.02) of the winner
     assert cell["common_seeds"] == 1 and cell["indistinguishable_from_winner"] == ["0.0015", "0.003", "0.012"]
+    # (c) done: the finalists (the seed-0 winner and its neighbours, 3 seeds each) are compared over their 3 shared
+    # seeds; 1.5e-3 keeps its one seed and was eliminated on seed 0. Seeds 1-2 reverse the seed-0 order of 3e-3 and
+    # 6e-3, so the winner is read on all three seeds, not on seed 0 (which still favours 6e-3)
+    for name in c:
+        run = recipe["runs"][name]
+        _finish(recipe, name, 0.0 if run["lr"] == 3e-3 else 0.1)
+    assert not [n for n in lr400.pending(recipe, zoo) if n.startswith("preln_l16_")]
+    cell = lr400.collect(recipe, tmp_path / "res.json", zoo)["cells"]["preln_l16"]
+    assert cell["finalists"] == ["0.003", "0.006", "0.012"] and cell["common_seeds"] == 3
+    # seed 0: 3e-3 -> -3e-3, 6e-3 -> -6e-3; seeds 1, 2: 3e-3 -> 0.0, 6e-3 -> (-6e-3 + 0.01, 0.1)
+    means = {k: v["mean_val_loss_common_seeds"] for k, v in cell["per_lr"].items()}
+    assert means["0.003"] == pytest.approx(-1e-3) and means["0.006"] == pytest.approx((0.004 - 0.006 + 0.1) / 3)
+    assert cell["winner"] == 3e-3 and cell["winner_is_current"] and means["0.0015"] is None
+    assert cell["eliminated_on_seed_0"] == {"0.0015": pytest.approx(-1.5e-3 - -3e-3)}
 
 
 def test_a_later_session_continues_from_the_committed_results(tmp_path):

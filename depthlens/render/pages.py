@@ -297,8 +297,9 @@ LR_NOTE = (
     "an optimum at an edge of its grid is not a tuned learning rate, and one at a shorter budget with one "
     "seed per LR is a proxy. Where present, the check at the zoo's own budget "
     "(depthlens/recipes/zoo_cpu_lr400_results.json): the LR with the lowest mean final validation loss over "
-    "the seeds every LR of the cell shares, and the LRs within 2 seed-to-seed SEs of it (indistinguishable "
-    "at this many seeds)."
+    "the seeds its finalists share (the LRs run with 2 seeds or more: the seed-0 winner and its neighbours; "
+    "the grid's other points were eliminated on seed 0), and the finalists within 2 seed-to-seed SEs of it "
+    "(indistinguishable at this many seeds)."
 )
 
 

@@ -159,6 +159,16 @@ def _winner(by_lr: dict[float, dict[int, float]]) -> float:
     return min(mean, key=mean.__getitem__)
 
 
+def finalists(by_lr: dict[float, dict[int, float]]) -> dict[float, dict[int, float]]:
+    """The LRs the final comparison is between: those run with 2 seeds or more (phases b and c give them to the
+    seed-0 winner and its neighbours), when there are two such; else every LR (phase a: seed 0 only).
+
+    Why: the grid's outer points keep one seed, so a mean over the seeds *every* LR shares is a seed-0 reading and
+    the extra seeds of phase c would never count. The others were eliminated on seed 0 (`eliminated_on_seed_0`)."""
+    multi = {lr: s for lr, s in by_lr.items() if len(s) >= 2}
+    return multi if len(multi) >= 2 else by_lr
+
+
 def pending(
     recipe: dict[str, Any] | None = None, zoo_dir: Path = Path("checkpoints"), committed: Path | None = None
 ) -> list[str]:
@@ -217,19 +227,24 @@ def collect(
             dof = sum(len(s) - 1 for s in by_lr.values() if len(s) > 1)
             sd = math.sqrt(sum(dev) / dof) if dof else None
             by_lr = {lr: s for lr, s in by_lr.items() if 0 in s}  # the grid (phase a) always runs seed 0
-            best = _winner(by_lr)
-            mean, n_common = _common_means(by_lr)
+            final = finalists(by_lr)
+            best = _winner(final)
+            mean, n_common = _common_means(final)
             cell: dict[str, Any] = {
                 "current_lr": current,
                 "per_lr": {
                     f"{lr:g}": {
-                        "mean_val_loss_common_seeds": mean[lr],
+                        "mean_val_loss_common_seeds": mean.get(lr),  # None: not a finalist
                         "n_seeds": len(s),
                         "by_seed": {str(k): s[k] for k in sorted(s)},
                     }
                     for lr, s in sorted(by_lr.items())
                 },
                 "winner": best,
+                "finalists": [f"{lr:g}" for lr in sorted(final)],
+                "eliminated_on_seed_0": {
+                    f"{lr:g}": s[0] - by_lr[best][0] for lr, s in sorted(by_lr.items()) if lr not in final
+                },
                 "common_seeds": n_common,
                 "winner_is_current": best == current,
                 "interior": min(by_lr) < best < max(by_lr),
@@ -239,14 +254,16 @@ def collect(
             if sd is not None:
                 cell["indistinguishable_from_winner"] = [
                     f"{lr:g}"
-                    for lr in sorted(by_lr)
+                    for lr in sorted(final)
                     if lr != best and mean[lr] - mean[best] < 2 * sd * math.sqrt(2 / n_common)
                 ]
             cells[f"{design}_l{L}"] = cell
     res = {
         "description": "Final validation loss (nats/byte; train.json's final_val_loss, val_tokens held-out tokens) "
         "of the LR check at the zoo's budget (see zoo_cpu_lr400.json). `winner` = lowest mean over the seeds "
-        "every LR of the cell has (`common_seeds`: paired by seed); "
+        "every finalist has (`common_seeds`: paired by seed); the `finalists` are the LRs run with 2 seeds or "
+        "more (the seed-0 winner and its neighbours), the others were eliminated on seed 0 "
+        "(`eliminated_on_seed_0`: their seed-0 loss minus the winner's); "
         "`seed_sd` = pooled seed-to-seed SD of the final loss (dof given); a neighbour is "
         "`indistinguishable_from_winner` when its mean is within 2 SE of the winner's. Written by "
         "`python -m depthlens.training.lr400 collect`.",
