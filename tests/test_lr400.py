@@ -112,3 +112,27 @@ def test_a_later_session_continues_from_the_committed_results(tmp_path):
     assert first[0] not in lr400.pending(recipe, zoo, committed=tmp_path / "res.json")
     again = lr400.collect(recipe, tmp_path / "res2.json", zoo, committed=tmp_path / "res.json")
     assert again["runs"][first[0]]["final_val_loss"] == 2.0
+
+
+def test_the_zoo_adopts_the_check_only_once_its_plan_is_done(tmp_path):
+    """zoo_cpu.json takes the check's winner per cell when nothing is pending, and never a half-read check."""
+    cell = {"winner": 0.012, "common_seeds": 3, "finalists": ["0.006", "0.012", "0.024"]}
+    path = tmp_path / "res.json"
+    path.write_text(json.dumps({"cells": {"full_attnres_l32": cell}, "pending": ["hc_l16_lr0.024_s2"]}))
+    assert recipes.lr400_adopted(path) == {}
+    path.write_text(json.dumps({"cells": {"full_attnres_l32": cell}, "pending": []}))
+    lr, source = recipes.lr400_adopted(path)[("full_attnres", 32)]
+    assert lr == 0.012 and "400 steps, 3 seeds over 3 LRs" in source
+    assert recipes.lr400_adopted(tmp_path / "absent.json") == {}
+
+
+def test_the_zoo_trains_the_seeds_the_claims_need():
+    """8 seeds where the paper's headline claims live, 5 for mHC and Block AttnRes at L = 32 (issue 32)."""
+    zoo = read_recipe(REPO / "depthlens/recipes/zoo_cpu.json")
+    for design in ("preln", "hc", "full_attnres"):
+        for L in (16, 32):
+            names = [n for n, r in zoo["runs"].items() if r["model"]["arch"] == design and r["model"]["n_layer"] == L]
+            assert sorted(zoo["runs"][n].get("seed", 0) for n in names) == list(range(8))
+    for design in ("mhc", "block_attnres"):
+        assert f"{design}_l32_s4" in zoo["runs"] and f"{design}_l32_s5" not in zoo["runs"]
+    assert "lns_l32_s1" not in zoo["runs"]
