@@ -45,9 +45,9 @@ import torch.nn.functional as F
 import xarray as xr
 
 from ..errors import DepthlensError
-from ..io.dataset import data_var, make_dataset
+from ..io.dataset import data_var
 from ..models.protocol import unembedding_of
-from ..runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from ..runtime.evaldata import EvalData, default_batch_size, evaluating, model_dataset, model_device
 from ..runtime.journal import Journal
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "random")
@@ -313,21 +313,17 @@ def pruning_curves(
         loss="mean next-token NLL over positions 0..T-2",
         layers_run=pruner.forward_layers,
     )
-    return make_dataset(
-        {
-            "loss": data_var(("criterion", "k"), loss, "LM loss with k layers removed", "nats/token"),
-            "removed": data_var(("criterion", "k", "layer"), removed, "removed layers (random: fraction of draws)"),
-            "loss_random_min": data_var(("k",), rand_min, "random removal: lowest loss of the draws", "nats/token"),
-            "loss_random_max": data_var(("k",), rand_max, "random removal: highest loss of the draws", "nats/token"),
-            "loss_clean": data_var((), clean, "LM loss of the whole model", "nats/token"),
-            "best_criterion": data_var(("k",), best, "criterion with the lowest loss (random excluded)"),
-        },
-        {"criterion": list(criteria), "k": ks, "layer": np.arange(L)},
-        metric="pruning",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens layer-pruning curves",
-    )
+    dv = {
+        "loss": data_var(("criterion", "k"), loss, "LM loss with k layers removed", "nats/token"),
+        "removed": data_var(("criterion", "k", "layer"), removed, "removed layers (random: fraction of draws)"),
+        "loss_random_min": data_var(("k",), rand_min, "random removal: lowest loss of the draws", "nats/token"),
+        "loss_random_max": data_var(("k",), rand_max, "random removal: highest loss of the draws", "nats/token"),
+        "loss_clean": data_var((), clean, "LM loss of the whole model", "nats/token"),
+        "best_criterion": data_var(("k",), best, "criterion with the lowest loss (random excluded)"),
+    }
+    coords = {"criterion": list(criteria), "k": ks, "layer": np.arange(L)}
+    title = "depthlens layer-pruning curves"
+    return model_dataset(model, data, checkpoint, dv, coords, metric="pruning", title=title, options=options)
 
 
 def same_losses(a: Any, b: Any, dtype: Any) -> bool:

@@ -46,9 +46,9 @@ import torch
 import xarray as xr
 
 from ..errors import DataError, DepthlensError
-from ..io.dataset import data_var, make_dataset
+from ..io.dataset import data_var
 from ..io.files import read_json
-from ..runtime.evaldata import EvalData, evaluating, model_provenance
+from ..runtime.evaldata import EvalData, evaluating, model_dataset
 from .pruning import _Pruner, same_losses
 
 CRITERIA = ("angular_block", "block_influence", "skip_loss", "causal", "permutation", "greedy", "predicted")
@@ -492,51 +492,47 @@ def heldout_curves(
         vocab_size=int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0),
         layers_run=int(sum(p.forward_layers for p in pruners)),
     )
-    return make_dataset(
-        {
-            "seq_loss": data_var(
-                ("criterion", "k", "sequence"),
-                seq_loss,
-                "held-out LM loss of the window, cut chosen on the other fold",
-                "nats/token",
-            ),
-            "removed": data_var(
-                ("fold", "criterion", "k", "layer"),
-                removed,
-                "layers removed by the cut chosen on this fold's calibration windows",
-            ),
-            "calibration_loss": data_var(
-                ("fold", "criterion", "k"),
-                cal_loss,
-                "the cut's mean loss on its own calibration windows (NaN: not run)",
-                "nats/token",
-            ),
-            "clean_seq": data_var(("sequence",), clean, "LM loss of the whole model", "nats/token"),
-            "single_delta": data_var(
-                ("fold", "layer"), single, "calibration Δloss of removing the layer alone", "nats/token"
-            ),
-            "pair_gamma": data_var(
-                ("fold", "layer", "layer_other"),
-                gamma,
-                "calibration pairwise interaction Δ({i,j}) − δ_i − δ_j",
-                "nats/token",
-            ),
-        },
-        {
-            "criterion": list(criteria),
-            "k": np.arange(K),
-            "sequence": np.arange(N),
-            "fold": [0, 1],
-            "layer": np.arange(L),
-            "layer_other": np.arange(L),
-            "domain": ("sequence", np.array(domains, dtype=str)),
-            "seq_fold": ("sequence", folds),
-        },
-        metric="pruning_heldout",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens held-out layer-pruning curves",
-    )
+    dv = {
+        "seq_loss": data_var(
+            ("criterion", "k", "sequence"),
+            seq_loss,
+            "held-out LM loss of the window, cut chosen on the other fold",
+            "nats/token",
+        ),
+        "removed": data_var(
+            ("fold", "criterion", "k", "layer"),
+            removed,
+            "layers removed by the cut chosen on this fold's calibration windows",
+        ),
+        "calibration_loss": data_var(
+            ("fold", "criterion", "k"),
+            cal_loss,
+            "the cut's mean loss on its own calibration windows (NaN: not run)",
+            "nats/token",
+        ),
+        "clean_seq": data_var(("sequence",), clean, "LM loss of the whole model", "nats/token"),
+        "single_delta": data_var(
+            ("fold", "layer"), single, "calibration Δloss of removing the layer alone", "nats/token"
+        ),
+        "pair_gamma": data_var(
+            ("fold", "layer", "layer_other"),
+            gamma,
+            "calibration pairwise interaction Δ({i,j}) − δ_i − δ_j",
+            "nats/token",
+        ),
+    }
+    coords = {
+        "criterion": list(criteria),
+        "k": np.arange(K),
+        "sequence": np.arange(N),
+        "fold": [0, 1],
+        "layer": np.arange(L),
+        "layer_other": np.arange(L),
+        "domain": ("sequence", np.array(domains, dtype=str)),
+        "seq_fold": ("sequence", folds),
+    }
+    title = "depthlens held-out layer-pruning curves"
+    return model_dataset(model, data, checkpoint, dv, coords, metric="pruning_heldout", title=title, options=options)
 
 
 def random_baselines(
@@ -588,20 +584,16 @@ def random_baselines(
         loss="mean next-token NLL over positions 0..T-2 (nats/token), per sequence",
         layers_run=int(pruner.forward_layers),
     )
-    return make_dataset(
-        {
-            "seq_loss": data_var(
-                ("baseline", "k", "draw", "sequence"), seq_loss, "LM loss of the window with a random cut", "nats/token"
-            ),
-            "removed": data_var(("baseline", "k", "draw", "layer"), removed, "layers of the draw"),
-            "clean_seq": data_var(("sequence",), clean, "LM loss of the whole model", "nats/token"),
-        },
-        {"baseline": list(BASELINES), "k": np.arange(K), "draw": np.arange(n_random), "layer": np.arange(L)},
-        metric="pruning_random",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens random layer-pruning baselines",
-    )
+    dv = {
+        "seq_loss": data_var(
+            ("baseline", "k", "draw", "sequence"), seq_loss, "LM loss of the window with a random cut", "nats/token"
+        ),
+        "removed": data_var(("baseline", "k", "draw", "layer"), removed, "layers of the draw"),
+        "clean_seq": data_var(("sequence",), clean, "LM loss of the whole model", "nats/token"),
+    }
+    coords = {"baseline": list(BASELINES), "k": np.arange(K), "draw": np.arange(n_random), "layer": np.arange(L)}
+    title = "depthlens random layer-pruning baselines"
+    return model_dataset(model, data, checkpoint, dv, coords, metric="pruning_random", title=title, options=options)
 
 
 # ---------------------------------------------------------------------------------------------------------------

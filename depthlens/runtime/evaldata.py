@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from depthlens.errors import CheckpointError, DataError
 from depthlens.runtime.defaults import DEFAULT_CORPUS_BYTES, DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 
 @dataclass(frozen=True)
@@ -469,6 +472,28 @@ def model_provenance(model: Any, data: EvalData, checkpoint: str | os.PathLike[s
     rec["eval_tokens"] = data.tokens  # stored as the `eval_tokens` variable (make_dataset): re-runnable inputs
     rec["n_layer"] = int(model.n_layer)
     return rec
+
+
+def model_dataset(
+    model: Any,
+    data: EvalData,
+    checkpoint: str | os.PathLike[str] | None,
+    data_vars: Mapping[str, Any],
+    coords: Mapping[str, Any] | None,
+    *,
+    metric: str,
+    title: str,
+    options: Mapping[str, Any],
+    coord_names: Mapping[str, str] | None = None,
+) -> xr.Dataset:
+    """A diagnostic's result Dataset (`io.dataset.make_dataset`) measured on `model` over `data`: the one place
+    an engine's result gets its provenance (`model_provenance(model, data, checkpoint)`)."""
+    from depthlens.io.dataset import make_dataset
+
+    provenance = model_provenance(model, data, checkpoint)
+    return make_dataset(
+        data_vars, coords, metric=metric, options=options, provenance=provenance, title=title, coord_names=coord_names
+    )
 
 
 @contextlib.contextmanager

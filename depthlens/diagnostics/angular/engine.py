@@ -25,11 +25,11 @@ import torch
 import xarray as xr
 
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import data_var, kept_var, make_dataset
+from depthlens.io.dataset import data_var, kept_var
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import State
-from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_dataset, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import AngularAccumulator
 
@@ -130,18 +130,16 @@ def angular_distances(
         n_measured_tokens=int(acc.count),
         final_state="model.final_hidden (before the final norm)",
     )
-    return make_dataset(
-        {
-            "angular_distance": data_var(("layer", "block_size"), D, "angular distance d(h_l, h_{l+n})"),
-            "profile": data_var(("layer",), D[:, 1], "angular distance of one block d(h_l, h_{l+1})"),
-            "prune_start": data_var(("block_size",), prune, "first layer of the n-block window with the smallest D_n"),
-        },
-        {"layer": np.arange(L + 1), "block_size": np.arange(L + 1)},
-        metric="angular",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens angular distance between residual states",
-        coord_names={"layer": "start state l (residual before layer l)", "block_size": "block size n (layers)"},
+    dv = {
+        "angular_distance": data_var(("layer", "block_size"), D, "angular distance d(h_l, h_{l+n})"),
+        "profile": data_var(("layer",), D[:, 1], "angular distance of one block d(h_l, h_{l+1})"),
+        "prune_start": data_var(("block_size",), prune, "first layer of the n-block window with the smallest D_n"),
+    }
+    coords = {"layer": np.arange(L + 1), "block_size": np.arange(L + 1)}
+    title = "depthlens angular distance between residual states"
+    axis_names = {"layer": "start state l (residual before layer l)", "block_size": "block size n (layers)"}
+    return model_dataset(
+        model, data, checkpoint, dv, coords, metric="angular", title=title, options=options, coord_names=axis_names
     )
 
 

@@ -26,10 +26,10 @@ from einops import rearrange
 
 from depthlens.diagnostics.attnres.headline import DEAD_PREFIX_EPS
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import data_var, kept_var, make_dataset, scalar_var
+from depthlens.io.dataset import data_var, kept_var, scalar_var
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts, readout_key
-from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_batch_size, model_dataset, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import dead_prefix
 
@@ -208,14 +208,8 @@ def attnres_dataset(
         consumption="sum over sublayers of the token-mean weight on each completed source (not 'partial')",
         nan_policy="undefined self-weights (partial = embedding) are skipped in means and in k*",
     )
-    return make_dataset(
-        dv,
-        coords,
-        metric="attnres",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens AttnRes self-weight and dead prefix",
-    )
+    title = "depthlens AttnRes self-weight and dead prefix"
+    return model_dataset(model, data, checkpoint, dv, coords, metric="attnres", title=title, options=options)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import xarray as xr
 
 from depthlens.diagnostics.causal.arms import _CellStore, _nanmax
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import data_var, kept_var, make_dataset, scalar_var
+from depthlens.io.dataset import data_var, kept_var, scalar_var
 from depthlens.io.jsonsafe import finite_or_none
-from depthlens.runtime.evaldata import EvalData, model_provenance
+from depthlens.runtime.evaldata import EvalData, model_dataset
 from depthlens.stats.metrics import late_window
 from depthlens.stats.shares import PerSequence
 
@@ -166,14 +166,10 @@ def _dataset(
         "late_window_start": late_window(L),
         "aggregation": "max/mean/p95/p99 over pooled (sequence, cut, token); pooled = sqrt(sum|du|^2/sum|u|^2)",
     }
-    return make_dataset(
-        dv,
-        coords,
-        metric="causal",
-        options=opts,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens causal score (skip layer s, change of update u_t)",
-        coord_names={"layer": "skipped layer s", "layer_other": "measured layer t"},
+    title = "depthlens causal score (skip layer s, change of update u_t)"
+    axis_names = {"layer": "skipped layer s", "layer_other": "measured layer t"}
+    return model_dataset(
+        model, data, checkpoint, dv, coords, metric="causal", title=title, options=opts, coord_names=axis_names
     )
 
 

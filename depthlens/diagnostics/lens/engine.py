@@ -52,10 +52,10 @@ import xarray as xr
 
 from depthlens.diagnostics.vocab import chunk_size, expected_embedding
 from depthlens.errors import DataError, DepthlensError
-from depthlens.io.dataset import data_var, make_dataset
+from depthlens.io.dataset import data_var
 from depthlens.models.protocol import LayeredLM, unembedding_of
 from depthlens.models.residual.base import RunContext
-from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_device, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_batch_size, evaluating, model_dataset, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.intervals import NORMAL_BOOT, SEQUENCES, bootstrap_counts, mean_interval, normal_interval
 
@@ -714,14 +714,8 @@ def lens_readout(
         "position": ("position", np.arange(1, tok["kl"].shape[2] + 1), {"long_name": "token position", "units": "1"}),
         "bound": ("bound", np.array(["low", "high"]), {"long_name": "interval bound"}),
     }
-    ds = make_dataset(
-        vars_,
-        coords,
-        metric=f"{kind}_lens",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title=f"depthlens {kind} lens: KL to the final layer, target rank, top-1 agreement, CE by depth",
-    )
+    title = f"depthlens {kind} lens: KL to the final layer, target rank, top-1 agreement, CE by depth"
+    ds = model_dataset(model, data, checkpoint, vars_, coords, metric=f"{kind}_lens", title=title, options=options)
     if train_log.get("train_loss"):
         ds["train_loss"] = xr.DataArray(
             np.asarray(train_log["train_loss"]),

@@ -11,10 +11,10 @@ import torch
 import xarray as xr
 
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import data_var, make_dataset
+from depthlens.io.dataset import data_var
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts
-from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_batch_size, model_dataset, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 
 
@@ -90,17 +90,13 @@ def depth_mixing_dataset(
         destination_index="j = input of sublayer j, 2L = final readout",
         note=note,
     )
-    return make_dataset(
-        dv,
-        coords,
-        metric="depth_mixing",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens depth-mixing matrix",
-        coord_names={
-            "source": "source i (0 = embedding, i = output of sublayer i-1)",
-            "destination": "destination j (input of sublayer j, 2L = final readout)",
-            "sublayer": "sublayer j",
-            "depth_source": "depth source (depth-KV slot)",
-        },
+    axis_names = {
+        "source": "source i (0 = embedding, i = output of sublayer i-1)",
+        "destination": "destination j (input of sublayer j, 2L = final readout)",
+        "sublayer": "sublayer j",
+        "depth_source": "depth source (depth-KV slot)",
+    }
+    title = "depthlens depth-mixing matrix"
+    return model_dataset(
+        model, data, checkpoint, dv, coords, metric="depth_mixing", title=title, options=options, coord_names=axis_names
     )

@@ -27,12 +27,12 @@ import xarray as xr
 
 from depthlens.diagnostics.vocab import LossAgainstReference, head_path
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import data_var, kept_var, make_dataset
+from depthlens.io.dataset import data_var, kept_var
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.residual.base import RunContext, State, state_cat, state_select
 from depthlens.runtime.distributed import merge, shard, world
-from depthlens.runtime.evaldata import EvalData, default_rows, each_batch, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_rows, each_batch, model_dataset
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import late_pairs, late_window
 from depthlens.stats.shares import PerSequence, paired_se
@@ -275,14 +275,10 @@ def _dataset(
         "clean_loss": data_var((), base, "clean next-token loss", "nat"),
     }
     coords = {"layer": np.arange(L), "layer_other": np.arange(L), "sequence": np.arange(data.n_seq)}
-    return make_dataset(
-        dv,
-        coords,
-        metric="permutation",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens permutation score (swap layers i and j)",
-        coord_names={"layer": "swapped layer i", "layer_other": "swapped layer j"},
+    title = "depthlens permutation score (swap layers i and j)"
+    axis_names = {"layer": "swapped layer i", "layer_other": "swapped layer j"}
+    return model_dataset(
+        model, data, checkpoint, dv, coords, metric="permutation", title=title, options=options, coord_names=axis_names
     )
 
 

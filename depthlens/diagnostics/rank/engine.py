@@ -29,11 +29,11 @@ import xarray as xr
 
 from depthlens.designs import has_capability
 from depthlens.errors import DepthlensError
-from depthlens.io.dataset import data_var, kept_var, make_dataset
+from depthlens.io.dataset import data_var, kept_var
 from depthlens.io.jsonsafe import finite_or_none
 from depthlens.models.protocol import LayeredLM
 from depthlens.models.readouts import as_readouts
-from depthlens.runtime.evaldata import EvalData, default_batch_size, model_device, model_provenance
+from depthlens.runtime.evaldata import EvalData, default_batch_size, model_dataset, model_device
 from depthlens.runtime.progress import Count, ProgressFn
 from depthlens.stats.metrics import amax_gain, effective_rank, late_window, mixing_products, window_profile
 
@@ -241,14 +241,8 @@ def effective_rank_dataset(
         static_note=note,
         n_token_maps=int(tok["single"].shape[0]),
     )
-    return make_dataset(
-        dv,
-        coords,
-        metric="effective_rank",
-        options=options,
-        provenance=model_provenance(model, data, checkpoint),
-        title="depthlens effective rank of residual-mixing products",
-    )
+    title = "depthlens effective rank of residual-mixing products"
+    return model_dataset(model, data, checkpoint, dv, coords, metric="effective_rank", title=title, options=options)
 
 
 # ---------------------------------------------------------------------------------------------------------------
