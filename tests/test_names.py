@@ -33,6 +33,9 @@ KNOWN: dict[str, set[str]] = {
     "stats/orderings.py": {"causal", "permutation"},
     "studies/claims.py": {"causal", "permutation"},  # the crossed interval method per claimed score (KIND)
     "studies/sensitivity.py": {"angular", "causal", "permutation"},
+    # the real-model study's stages are these engines with its own options (both causal variants under each norm,
+    # the late pairs) and the pruning criteria they feed (scripts/real_model_report.py, which named them, is its CLI)
+    "studies/real_model.py": {"angular", "causal", "permutation"},
     # words that are also names: a lens readout's target "rank", the model capability "depth_mixing"
     "diagnostics/lens/engine.py": {"rank"},
     "diagnostics/lens/summary.py": {"rank"},

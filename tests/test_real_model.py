@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -262,15 +263,16 @@ def test_report_script_keeps_finished_stage_costs_when_killed(tmp_path, monkeypa
     assert run["n_layer"] == 4 and (out / "data" / "angular.nc").exists()
 
 
-def test_report_script_runs_in_parallel_keep_each_others_costs(tmp_path, monkeypatch):
+def test_runs_in_parallel_keep_each_others_costs(tmp_path, monkeypatch):
     """Two processes computing disjoint stages of one model (one per core) share run.json: every save merges
     into the record on disk now, so neither drops the stages the other finished, and the wall total is the sum
     of both runs' time."""
-    mod = load_script("real_model_report")
+    from depthlens.studies import real_model as rm
+
     clock = [1000.0]
-    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+    monkeypatch.setattr(rm.time, "time", lambda: clock[0])
     path = tmp_path / "data" / "run.json"
-    a, b = mod.RunRecord(path, resume=True), mod.RunRecord(path, resume=True)
+    a, b = rm.RunRecord(path, resume=True), rm.RunRecord(path, resume=True)
 
     def run(*stages: str) -> dict:
         return {"seconds": {s: 1.0 for s in stages}, "costs": {s: {"cpu_s": 1.0} for s in stages}, "n_layer": 4}
@@ -285,7 +287,7 @@ def test_report_script_runs_in_parallel_keep_each_others_costs(tmp_path, monkeyp
     assert set(rec["costs"]) == {"load", "permutation", "untrained_permutation", "pruning"}
     assert set(rec["seconds"]) == set(rec["costs"])
     assert rec["wall_seconds"] == 35.0 + 15.0
-    fresh = mod.RunRecord(path, resume=False)  # not resuming: a new record, its own time only
+    fresh = rm.RunRecord(path, resume=False)  # not resuming: a new record, its own time only
     clock[0] += 3
     fresh.save(run("load"))
     assert json.loads(path.read_text())["wall_seconds"] == 3.0
@@ -338,3 +340,95 @@ def test_a_later_process_keeps_the_first_load_cost(tmp_path):
     mod.main(args + ["--stages", "causal_update", "--resume"])
     costs = json.loads((out / "data" / "run.json").read_text())["costs"]
     assert costs["load"] == first and "load (causal_update run)" in costs and "causal_update" in costs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the study's stages (depthlens/studies/real_model.py)
+
+
+def test_every_stage_comes_after_the_stages_it_reads():
+    """The runner computes in STAGES order: a stage's needed and used inputs (and its criteria's) come earlier, so
+    one process computing them all never reads a file before it is written."""
+    from depthlens.studies import real_model as rm
+
+    order = [s.name for s in rm.STAGES]
+    assert len(set(order)) == len(order) and set(rm.DEFAULT_STAGES) | set(rm.OPTIONAL_STAGES) == set(order)
+    for s in rm.STAGES:
+        for inp in (*s.needs, *s.uses):
+            assert order.index(inp) < order.index(s.name), (s.name, inp)
+    assert set(rm.CRITERION_INPUT.values()) <= {n for s in rm.STAGES if s.criteria for n in s.uses}
+    assert [s.name for s in rm.STAGES if s.model != "trained"] == [
+        f"{kind}_{base}" for kind in rm.TWIN_KINDS for base in ("causal_update", "permutation")
+    ]
+
+
+def _tiny(tmp_path: Path) -> Path:
+    import depthlens
+    from depthlens.models import ModelConfig, build_model
+
+    ckpt = tmp_path / "tiny"
+    depthlens.save(build_model(ModelConfig.debug("preln", n_layer=4, vocab_size=257, max_seq_len=64), seed=3), ckpt)
+    return ckpt
+
+
+def test_stages_are_the_engines_on_the_study_eval_set_and_the_twins(tmp_path):
+    """Each stage file against its engine run by hand: the eval set is the study's rule (`study_eval_data`, the same
+    tokens), the twin stages are the trained stages' engines on `untrained_twin` / `shuffled_twin` (seed 0), the
+    causal twin on the late s only."""
+    from depthlens.adapters.load import open_model
+    from depthlens.adapters.twin import shuffled_twin, untrained_twin
+    from depthlens.diagnostics.angular.engine import angular_distances
+    from depthlens.studies import real_model as rm
+    from depthlens.studies.study import Loaded, StudyOptions, study_eval_data
+
+    ckpt, out = _tiny(tmp_path), tmp_path / "out"
+    stages = ("angular", "permutation", "untrained_causal_update", "untrained_permutation", "shuffled_permutation")
+    opts = rm.RealModelOptions(ckpt, out, n_seq=2, seq_len=24, threads=1, stages=stages, command="x")
+    run = rm.compute(opts)
+    assert (run["n_seq"], run["seq_len"], run["n_layer"]) == (2, 24, 4)
+    model = open_model(ckpt).model
+    data = study_eval_data([Loaded(ckpt, model)], StudyOptions(n_seq=2, seq_len=24))
+    got = {n: xr.load_dataset(out / "data" / f"{n}.nc") for n in stages}
+    assert {ds.attrs["eval_data_sha256"] for ds in got.values()} == {data.sha256}
+    assert all(ds.attrs["command"] == "x" for ds in got.values())
+    want = {
+        "angular": angular_distances(model, data, positions="all", checkpoint=ckpt),
+        "permutation": permutation_scores(model, data, pairs="late", checkpoint=ckpt),
+        "untrained_permutation": permutation_scores(untrained_twin(model, seed=0), data, pairs="late"),
+        "shuffled_permutation": permutation_scores(shuffled_twin(model, seed=0), data, pairs="late"),
+    }
+    for name, ds in want.items():
+        for v in ds.data_vars:
+            np.testing.assert_array_equal(got[name][v].values, ds[v].values, err_msg=f"{name}: {v}")
+    twin = untrained_twin(model, seed=0)
+    for variant in ("current", "future"):
+        ref = causal_scores(twin, data, variants=(variant,), layers="late", norm="update", outputs=False)
+        np.testing.assert_array_equal(
+            got["untrained_causal_update"]["causal_score"].sel(variant=variant).values,
+            ref["causal_score"].sel(variant=variant).values,
+        )
+    assert "output_effect" not in got["untrained_causal_update"]  # the late s only: no per-layer output effect
+    # nothing left to compute: a rerun keeps every file as it is
+    written = {n: (out / "data" / f"{n}.nc").stat().st_mtime_ns for n in stages}
+    again = rm.compute(dataclasses.replace(opts, resume=True))
+    assert set(again["costs"]) == {"load"}
+    assert {n: (out / "data" / f"{n}.nc").stat().st_mtime_ns for n in stages} == written
+
+
+def test_report_script_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """A stage without the stage files it needs, a seq_len past the model's context, an unknown stage: one line on
+    stderr, non-zero exit, no traceback, no stage file."""
+    mod = load_script("real_model_report")
+    ckpt, out = _tiny(tmp_path), tmp_path / "out"
+    args = [str(ckpt), "--out", str(out), "--n-seq", "2", "--seq-len", "24", "--threads", "1", "--calibration", "none"]
+    assert mod.main(args + ["--stages", "pruning"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pruning: run the stages angular, causal_update first" in err
+    assert "Traceback" not in err and not (out / "data" / "pruning.nc").exists()
+    assert mod.main([*args[:5], "--seq-len", "65", "--stages", "angular"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exceeds the model's max_seq_len 64" in err
+    assert not (out / "data" / "angular.nc").exists()
+    with pytest.raises(SystemExit) as exc:
+        mod.main(args + ["--stages", "angular,bogus"])
+    assert exc.value.code == 2 and "--stages: unknown ['bogus']" in capsys.readouterr().err
