@@ -23,8 +23,6 @@ KNOWN: dict[str, set[str]] = {
     # the public facade: one function per shipped diagnostic, typed for IDEs and mypy
     "__init__.py": {"angular", "attnres", "causal", "mixing", "permutation", "rank"},
     "studies/api.py": {"angular", "attnres", "causal", "mixing", "permutation", "rank"},
-    # the two hand-written commands with score options (threshold, aggregator, variant, window, --precision)
-    "cli/analyze.py": {"causal", "permutation"},
     # pruning's criteria are the engines' scores, run by name
     "diagnostics/pruning.py": {"angular", "causal", "permutation"},
     "diagnostics/pruning_heldout.py": {"angular", "causal", "permutation"},

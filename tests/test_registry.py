@@ -49,11 +49,13 @@ def test_default_thresholds_and_units():
 
 def test_engines_and_figures_resolve():
     for d in registry.DIAGNOSTICS:
-        assert callable(registry.resolve(d.engine)), d.name
         hooks = d.loaded()
+        assert callable(hooks.engine), d.name
         assert hooks.figure is None or callable(hooks.figure), d.name
         # --precision offers the diagnostics that name what they re-derive: exactly those with a regrow hook
         assert bool(d.regrown) == (hooks.regrow is not None), d.name
+        # a command of its own (`Diagnostic.command`) is planned and printed by its hook; the generic one is not
+        assert (d.command is not None) == (hooks.command is not None), d.name
 
 
 def _thresholds_typed(path: Path) -> list[str]:

@@ -32,8 +32,10 @@ from .scores import MatrixView as MatrixView
 from .scores import Score as Score
 from .scores import TrackPanel as TrackPanel
 from .spec import Column as Column
+from .spec import Command as Command
 from .spec import Diagnostic as Diagnostic
 from .spec import Option as Option
+from .spec import Renamed as Renamed
 
 if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
     import xarray as xr
@@ -192,7 +194,8 @@ def score_owner(key: str) -> tuple[Diagnostic, Score]:
 
 
 def resolve(ref: Callable[[], Callable[..., Any]] | str) -> Callable[..., Any]:
-    """A hook as the function it names: its loader called, or a plug-in's "module:function" reference imported."""
+    """A score's hook as the function it names: its loader called, or a plug-in's "module:function" reference
+    imported."""
     if callable(ref):
         return ref()
     mod, _, fn = ref.partition(":")
@@ -213,7 +216,7 @@ def run(name: str, model: LayeredLM, data: EvalData, **opts: Any) -> xr.Dataset:
             f"{d.name} needs model capability {', '.join(lacking)}, which this model "
             f"({type(model).__name__}) does not offer"
         )
-    engine = resolve(d.engine)
+    engine = d.loaded().engine
     if "progress" in opts and not _takes(engine, "progress"):
         opts = {k: v for k, v in opts.items() if k != "progress"}
     return engine(model, data, **opts)

@@ -1,16 +1,18 @@
 """What a diagnostic is: the typed spec (`Diagnostic`) each diagnostic package declares in its `__init__.py`, with
-its engine options (`Option`) and report columns (`Column`), and the call shapes of its hooks (Protocols).
+its engine options (`Option`), report columns (`Column`) and own command (`Command`), and the call shapes of its
+hooks (Protocols).
 
-A spec has two loaders, functions of no arguments that import its modules (torch, xarray) when called: `engine`
-returns the function that computes its Dataset (`Engine`), `hooks` returns its `Hooks` (figure, report record,
-track series, terminal view, regrow), each typed by a Protocol below. A package's `__init__.py` is read by the
-registry when `depthlens --help` starts, so the spec costs nothing to read, while mypy checks each function
-against its Protocol and the import checker sees its modules. A plug-in outside the package tree may also name
-its engine by a "module:function" string (`registry.resolve` turns either form into the function).
+A spec has one loader, a function of no arguments that imports its modules (torch, xarray) when called and returns
+its `Hooks`: the function that computes its Dataset (`Engine`) and the others (figure, report record, track series,
+terminal view, regrow, what its own command asks for and prints), each typed by a Protocol below. A package's `__init__.py` is
+read by the registry when `depthlens --help` starts, so the spec costs nothing to read, while mypy checks each
+function against its Protocol and the import checker sees its modules. A plug-in outside the package tree may
+instead name its engine by a "module:function" string (`Diagnostic.loaded` imports it).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -74,20 +76,35 @@ class Regrow(Protocol):
     def __call__(self, ds: xr.Dataset, parts: Sequence[xr.Dataset], /) -> list[str]: ...
 
 
+class OwnCommand(Protocol):
+    """What a diagnostic's own command (`Command`) asks for and prints, besides the headline, the dataset and the
+    matrix: two functions (its package's `command` module is one)."""
+
+    def plan(self, opts: Mapping[str, Any], /) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """(score key, its coordinates picked for the headline, engine options): what the command's options ask for
+        (each typed option by name, old spellings resolved, `threshold` and `window`)."""
+        ...
+
+    def lines(
+        self, ds: xr.Dataset, h: Mapping[str, Any], opts: Mapping[str, Any], share: str, /
+    ) -> tuple[list[str], list[str]]:
+        """(its --verbose lines, its lines after them); `share` is the headline share in the CLI's words."""
+        ...
+
+
 @dataclass(frozen=True)
 class Hooks:
-    """What a diagnostic does with its Dataset besides computing it, each function typed by its Protocol; None = it
-    has none (the report draws no figure, the row has only the share columns, the command prints the generic
-    view, `--precision` cannot grow its eval set, `track` follows only the headline share)."""
+    """What computes a diagnostic's Dataset (`engine`) and what it does with it, each function typed by its
+    Protocol; None = it has none (the report draws no figure, the row has only the share columns, the command
+    prints the generic view, `--precision` cannot grow its eval set, `track` follows only the headline share)."""
 
+    engine: Engine  # computes its Dataset
     figure: Figure | ScoredFigure | None = None  # one checkpoint's figure in the report (ScoredFigure: with scores)
     record: Record | None = None  # the report row's own fields (`Diagnostic.record_fields`)
     track: Track | None = None  # its `track` variables, besides the headline share
     view: View | None = None  # the terminal view of its command
     regrow: Regrow | None = None  # --precision: re-derives the whole-run aggregates (`Diagnostic.regrown`)
-
-
-NO_HOOKS = Hooks()
+    command: OwnCommand | None = None  # what its own command asks for and prints (`Diagnostic.command`)
 
 
 @dataclass(frozen=True)
@@ -120,11 +137,15 @@ class Option:
 
     @property
     def annotation(self) -> Any:
-        """Its value type for a command's signature: a Literal of the choices, else the type."""
-        return Literal[self.choices] if self.choices else self.type
+        """Its value type for a command's signature: a Literal of the choices, else the type (or None, its default
+        None)."""
+        kind = Literal[self.choices] if self.choices else self.type
+        return kind if self.default is not None else kind | None
 
     def check(self, value: Any) -> str | None:
         """Why `value` is refused (one line), or None."""
+        if value is None and self.default is None:
+            return None
         if self.choices and value not in self.choices:
             return f"{self.flag} must be one of {', '.join(self.choices)}; got {value!r}"
         if self.type not in (int, float):
@@ -143,23 +164,50 @@ class Option:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """An option's old spelling, still taken this version with a note on stderr: `--old` (hidden from the help, its
+    choices those of `new` less `prefix`) sets option `new` (--norm abs = --metric perm_abs)."""
+
+    old: str  # the old option's keyword (its flag --old)
+    new: str  # the option it sets now
+    prefix: str = ""  # the new value is this + the old one; the note then names both values
+
+
+@dataclass(frozen=True)
+class Command:
+    """A diagnostic's own command, `depthlens <name> CKPT`, reading one of its headline scores on the matrix it
+    shows: besides its typed `options` it takes --threshold (θ, default the headline score's), --window,
+    --precision, --plot and --verbose, but no --opt (not every option is an engine option). Its hook `Hooks.command`
+    says what the options ask for and what it prints besides the headline, the dataset and the matrix."""
+
+    name: str  # the command ("permute")
+    help: str  # its help line
+    threshold_help: str  # --threshold's help
+    doing: str  # what its progress line says it runs, after the checkpoint's name ("layer skips")
+    rows: str  # what the rows and columns of its terminal matrix are
+    renamed: tuple[Renamed, ...] = ()  # old spellings, noted in this order
+    plot_symbol: str = ""  # the score in its --plot figure's title ("" = the score's symbol)
+    view_max: float | None = None  # the value of the terminal matrix's top glyph (None = the matrix's maximum)
+
+
+@dataclass(frozen=True)
 class Diagnostic:
     """One diagnostic and everything the commands need to know about it: what to call, on which models, what it
     headlines, and how a report row, the report's figures, the terminal and `track` summarise its Dataset.
 
-    Two loaders import its modules when called: `engine` returns the function computing its Dataset (`Engine`;
-    a plug-in may instead give a "module:function" string), `hooks` its other functions (`Hooks`).
+    Its loader imports its modules when called and returns its `Hooks`: the function computing its Dataset
+    (`Engine`) and the others; a plug-in may instead give its engine as a "module:function" string.
     """
 
     name: str  # canonical name: report `--metrics`, netCDF file names, figure keys
-    engine: Callable[[], Engine] | str  # computes its Dataset
+    load: Callable[[], Hooks] | str  # its engine and hooks (a "module:function" string: the engine alone)
     summary: str  # one line for help texts
     aliases: tuple[str, ...] = ()  # other names accepted wherever `name` is (CLI command, record prefix)
     requires: str | None = None  # design capability flag (depthlens.designs.CAPABILITIES); None = every design
     needs: tuple[str, ...] = ("layers",)  # model capabilities (depthlens.models.protocol.CAPABILITIES)
     options: tuple[Option, ...] = ()  # typed engine options: its generated command's flags (--opt takes others)
     scores: tuple[Score, ...] = ()  # headline scores, the first is the report's table column
-    hooks: Callable[[], Hooks] | None = None  # loader of its figure, report record, track, view and regrow
+    command: Command | None = None  # its own command reading a score (None: the generic one, cli/diagnostic.py)
     record_fields: tuple[str, ...] = ()  # the fields `Hooks.record` gives, in summary.json order
     # ...those a report row also carries as read on the untrained twin (`<field>_untrained`)
     untrained_fields: tuple[str, ...] = ()
@@ -210,8 +258,11 @@ class Diagnostic:
         return self.headline is not None or self.loaded().track is not None
 
     def loaded(self) -> Hooks:
-        """Its hooks, their modules imported (NO_HOOKS when it declares none)."""
-        return self.hooks() if self.hooks is not None else NO_HOOKS
+        """Its engine and hooks, their modules imported (a "module:function" engine: that engine, no hooks)."""
+        if callable(self.load):
+            return self.load()
+        module, _, function = self.load.partition(":")
+        return Hooks(getattr(importlib.import_module(module), function))
 
     def applies(self, design: str) -> bool:
         """Whether this diagnostic is defined for design slug `design`."""

@@ -3,48 +3,33 @@ Block AttnRes.
 
     engine.py   the depth-softmax weights, k*(ε), the report record, the track series, the terminal view
     figure.py   one checkpoint's self-weights and α
-
-This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from ..scores import TrackPanel
 from ..spec import Column, Diagnostic, Hooks, Option
 from .headline import DEAD_PREFIX_EPS
 
-if TYPE_CHECKING:
-    from ..spec import Engine
 
-
-def _engine() -> Engine:
-    from .engine import attnres_dataset
-
-    return attnres_dataset
-
-
-def _hooks() -> Hooks:
-    from .engine import attnres_record, attnres_track, attnres_view
+def _load() -> Hooks:
+    from .engine import attnres_dataset, attnres_record, attnres_track, attnres_view
     from .figure import fig_attnres
 
-    return Hooks(figure=fig_attnres, record=attnres_record, track=attnres_track, view=attnres_view)
+    return Hooks(attnres_dataset, figure=fig_attnres, record=attnres_record, track=attnres_track, view=attnres_view)
 
 
-SPECS = (
-    Diagnostic(
-        "attnres",
-        _engine,
-        "AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight",
-        hooks=_hooks,
-        requires="depth_softmax",
-        needs=("readouts",),
-        options=(Option("eps", float, DEAD_PREFIX_EPS, "Dead-prefix threshold ε on the self-weight.", 0.0, 1.0),),
-        title="AttnRes self-weight and α",
-        record_fields=("dead_prefix",),
-        untrained_fields=("dead_prefix",),
-        columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
-        track_panels=(TrackPanel("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]"),),
-    ),
+ATTNRES_SPEC = Diagnostic(
+    "attnres",
+    summary="AttnRes depth-attention weights: self-weight per layer, dead prefix k*(ε), embedding weight",
+    requires="depth_softmax",
+    needs=("readouts",),
+    options=(Option("eps", float, DEAD_PREFIX_EPS, "Dead-prefix threshold ε on the self-weight.", 0.0, 1.0),),
+    title="AttnRes self-weight and α",
+    record_fields=("dead_prefix",),
+    untrained_fields=("dead_prefix",),
+    columns=(Column(f"k*({DEAD_PREFIX_EPS:g})", "k*", "dead_prefix"),),
+    track_panels=(TrackPanel("dead_prefix", "AttnRes dead prefix\nk*({eps:g}) [layers]"),),
+    load=_load,
 )
+SPECS = (ATTNRES_SPEC,)

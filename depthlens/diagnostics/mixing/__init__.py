@@ -3,40 +3,26 @@ sublayer's input; MoDA, which has no residual mix, shows its depth-attention mas
 
     engine.py   the token-mean matrix (or depth mass)
     figure.py   one checkpoint's heatmap
-
-This file is the spec the registry reads (light: its loaders import the modules when called).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..spec import Diagnostic, Hooks
 
-if TYPE_CHECKING:
-    from ..spec import Engine
 
-
-def _engine() -> Engine:
+def _load() -> Hooks:
     from .engine import depth_mixing_dataset
-
-    return depth_mixing_dataset
-
-
-def _hooks() -> Hooks:
     from .figure import fig_mixing
 
-    return Hooks(figure=fig_mixing)
+    return Hooks(depth_mixing_dataset, figure=fig_mixing)
 
 
-SPECS = (
-    Diagnostic(
-        "mixing",
-        _engine,
-        "depth-mixing matrix M[i → j] (any design)",
-        hooks=_hooks,
-        aliases=("depth_mixing",),
-        title="Depth-mixing matrix M[i → j]",
-        untrained=False,
-    ),
+MIXING_SPEC = Diagnostic(
+    "mixing",
+    summary="depth-mixing matrix M[i → j] (any design)",
+    aliases=("depth_mixing",),
+    title="Depth-mixing matrix M[i → j]",
+    untrained=False,
+    load=_load,
 )
+SPECS = (MIXING_SPEC,)
