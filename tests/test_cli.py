@@ -108,6 +108,33 @@ def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     assert json.loads(p.stdout)["definition"] == "permutation P_rel = P_abs / L(id), swap=body"
 
 
+@pytest.mark.parametrize(
+    "old, new, notes",
+    [
+        (["causal", "--agg", "mean"], ["causal", "--aggregator", "mean"], ["--agg is deprecated.*; use --aggregator"]),
+        (
+            ["permute", "--norm", "kl", "--pairs", "all"],
+            ["permute", "--metric", "perm_kl", "--layers", "all"],
+            ["--pairs is deprecated.*; use --layers", "--norm kl is deprecated.*; use --metric perm_kl"],
+        ),
+    ],
+)
+def test_an_old_spelling_reads_as_the_new_one_with_a_note(zoo, tmp_path, old, new, notes):
+    """The old spellings a spec declares (`Renamed`) still work this version: the headline of the new spelling,
+    one note each on stderr naming it (in the spec's order), and no line in --help."""
+    heads = []
+    for i, args in enumerate((old, new)):
+        r = run([args[0], zoo["preln"], *args[1:], "--json", "--out", tmp_path / f"{i}.nc", "--n-boot", "0", *FAST])
+        assert r.exit_code == 0, r.output
+        heads.append({k: v for k, v in json.loads(r.stdout).items() if k != "out"})
+        said = [line for line in r.stderr.splitlines() if line.startswith("depthlens: note:")]
+        assert len(said) == (len(notes) if args is old else 0), r.stderr
+        assert all(re.search(want, line) for want, line in zip(notes, said)), said
+    assert heads[0] == heads[1]
+    usage = run([old[0], "--help"]).stdout
+    assert not any(re.search(rf"{flag}\b", usage) for flag in old[1::2]), usage
+
+
 def test_causal_companions_only_with_outputs(zoo, tmp_path):
     """O[s] and ΔL_skip put the LM head on every arm: computed (and printed) only with --outputs; the printed
     maximum is the stored one."""

@@ -2,8 +2,8 @@
 
 A diagnostic whose spec declares its own `Command` (causal, permute) is registered on the app by `cli.analyze`, in
 registry order, ahead of the commands over several checkpoints; it reads one headline score: --threshold,
---window, --precision, --plot and --verbose besides its typed options, its hooks saying which score, coordinates and
-engine options those ask for and what it prints besides the headline (`Hooks.command`).
+--window, --precision, --plot and --verbose besides its typed options; its hook `Hooks.command` says which score,
+coordinates and engine options those ask for, and what it prints besides the headline.
 
 Any other diagnostic gets the generic command: `OneLineErrors.get_command` (cli.app) asks here, through the hooks this
 module sets, for any name the registry knows and no module defines, so a registered diagnostic
