@@ -1,7 +1,7 @@
 """What every analysis command shares: the typer option types (`CkptArg`, `DataOpt`, `OutOpt`, ...), the eval
 settings they collect (`Common`), and the steps around an engine run: open the checkpoint (`open_model`), draw
 the eval tokens (`eval_data`), check and write the output (`resolve_out`, `write`), print the headline (`emit`)
-and show progress (`busy`). The commands are in `analyze.py` (one checkpoint) and `compare.py` (several).
+and show progress (`busy`). The commands are built in `diagnostic.py` from the specs (one checkpoint; `analyze.py` registers them) and in `compare.py` (several).
 """
 
 from __future__ import annotations
