@@ -70,6 +70,23 @@ def _own_gguf_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DEPTHLENS_GGUF_CACHE", str(tmp_path_factory.mktemp("gguf-cache")))
 
 
+@pytest.fixture(autouse=True)
+def _no_result_cache(monkeypatch):
+    """No result cache (studies.cache) unless a test asks for one (`result_cache`): every other test computes what
+    it checks, so no comparison of two runs (threads, ranks, batch sizes, a rerun) is answered from a stored
+    result, and nothing is written under ~/.cache. Subprocesses inherit it."""
+    monkeypatch.setenv("DEPTHLENS_RESULTS_CACHE", "off")
+
+
+@pytest.fixture
+def result_cache(tmp_path_factory, monkeypatch) -> Path:
+    """A result cache of this test's own (empty), on for it and its subprocesses."""
+    folder = tmp_path_factory.mktemp("result-cache")
+    monkeypatch.setenv("DEPTHLENS_RESULTS_CACHE", str(folder))
+    monkeypatch.delenv("DEPTHLENS_NO_CACHE", raising=False)
+    return folder
+
+
 def _listing(folder: Path) -> list[tuple[str, int, int]]:
     return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*"))
 

@@ -14,6 +14,9 @@
   blocks themselves (found, not-run reasons, parsing) are quick.
 * Every `depthlens` line runs in a fork of one warm process per reader (tests/warm_cli.py): the same command, argv,
   directory, environment and stdio, without paying about 2.5 s of imports about 90 times.
+* Each reader has a result cache of its own (`studies.cache`; the rest of the suite runs without one), empty at
+  the start, as a new user's first session has: a page that repeats an earlier page's study (the CLI reference
+  repeats README's L = 4 report and its track) reads that page's results instead of computing them again.
 * `DEPTHLENS_DOCS_TIMINGS=<file>` appends each block's wall time to that file as a JSON line: where the docs run,
   the suite's longest test, spends its time.
 """
@@ -225,6 +228,7 @@ def test_every_page_in_readme_order_in_a_fresh_copy(reader, tmp_path, monkeypatc
     torch.set_num_threads(1)
     clone = make_clone(tmp_path / "clone")
     monkeypatch.chdir(clone)
+    monkeypatch.setenv("DEPTHLENS_RESULTS_CACHE", str(tmp_path / "result-cache"))  # the reader's own, empty
     env = _env(clone)
     for k in ("MPLBACKEND", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(k, env[k])

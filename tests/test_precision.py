@@ -303,8 +303,8 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
 
 
 def test_report_and_track_take_dtype(ckpt):
-    """render/track --dtype: the models are loaded in it; track's cache key holds a non-default dtype (a bf16
-    rerun never reuses fp32 results) and keeps fp32 keys as they were; an unknown name is a usage error."""
+    """render/track --dtype: the models are loaded in it, and track's study runs in it (the result cache's key
+    holds the dtype: tests/test_result_cache.py); an unknown name is a usage error."""
     from depthlens.cli import app
     from depthlens.studies import track as TR
     from depthlens.studies.report import ReportOptions, load_entries
@@ -312,9 +312,7 @@ def test_report_and_track_take_dtype(ckpt):
     (e,) = load_entries([ckpt], dtype="bf16")
     assert next(e.model.parameters()).dtype == torch.bfloat16
     assert ReportOptions(dtype="bf16").as_dict()["dtype"] == "bf16"
-    key = lambda dt: TR.cache_key("w", "e", "causal", TR._metric_opts("causal", TR.TrackOptions(dtype=dt)))  # noqa: E731
-    assert key("fp32") == TR.cache_key("w", "e", "causal", {**TR.engine_options("causal"), "batch_size": None})
-    assert key("bf16") != key("fp32")
+    assert TR.TrackOptions(dtype="bf16").study().dtype == "bf16"
     for cmd in (["report", str(ckpt), "--out", "r"], ["track", str(ckpt)], ["angular", str(ckpt)]):
         r = CliRunner().invoke(app, [*cmd, "--dtype", "fp8"])
         assert r.exit_code == 2 and "--dtype must be one of" in r.stderr, (cmd, r.output)

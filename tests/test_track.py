@@ -176,7 +176,7 @@ def test_last_step_equals_direct_analysis(runs, corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
+def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path, result_cache):
     from depthlens.studies import api
 
     out = tmp_path / "all"
@@ -205,9 +205,9 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
         and ds["tokens"].sel(run="block_attnres_l4", step=0) == 0
     )
     assert np.isnan(ds["erank"].sel(run="preln_l4")).all() and np.isfinite(ds["erank"].sel(run="hc_l4", step=8)).all()
-    parts = sorted(p.name for p in (out / "parts").rglob("*.nc"))
+    parts = sorted(p.name for p in result_cache.rglob("*.nc"))  # one result cache entry per snapshot and metric
     assert len(parts) == 3 * 1 + 3 * 2 + 3 * 2  # preln: causal; hc: causal + erank; block_attnres: causal + attnres
-    evs = {xr.open_dataset(p).attrs["eval_data_sha256"] for p in (out / "parts").rglob("*.nc")}
+    evs = {xr.open_dataset(p).attrs["eval_data_sha256"] for p in result_cache.rglob("*.nc")}
     assert evs == {ds.attrs["eval_data_sha256"]}
     # the last step of the rank and AttnRes rows are the engines' own numbers on the final checkpoints
     model, ck = api.load_model(runs["hc"] / "checkpoint")
@@ -223,12 +223,22 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path):
 # --- resume ---------------------------------------------------------------------------------------------
 
 
+def _cache_entry(cache: Path, snapshot: str, metric: str) -> Path:
+    """The result cache's entry of `metric` on the snapshot directory named `snapshot`."""
+    (entry,) = [
+        p
+        for p in cache.rglob("*.nc")
+        if (a := xr.open_dataset(p).attrs)["metric"] == metric and Path(a["checkpoint_path"]).name == snapshot
+    ]
+    return entry
+
+
 @pytest.mark.slow
-def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
+def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch, result_cache):
     out = tmp_path / "t"
     args = ["track", runs["preln"], "--metric", "causal", "--out", out, "--data", corpus / "eval.txt", *FAST_BOOT]
     assert invoke(args).exit_code == 0
-    first = xr.load_dataset(out / "track.nc")
+    first, first_bytes = xr.load_dataset(out / "track.nc"), (out / "track.nc").read_bytes()
     calls = []
     real = T.registry.run
 
@@ -239,10 +249,13 @@ def test_rerun_skips_done_work(runs, corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(T.registry, "run", counting)
     r = invoke(args)
     assert r.exit_code == 0, r.output
-    assert calls == []  # everything came from parts/
+    assert calls == []  # everything came from the result cache
+    assert "results: 0 computed, 3 from the cache" in r.stdout  # 3 snapshots
+    assert (out / "track.nc").read_bytes() == first_bytes  # a rerun writes the same file
     xr.testing.assert_identical(first.drop_attrs(), xr.load_dataset(out / "track.nc").drop_attrs())
-    (out / "parts" / "preln_l4" / "step_0000004.causal.nc").unlink()
-    assert invoke(args).exit_code == 0
+    _cache_entry(result_cache, "step_0000004", "causal").unlink()
+    r = invoke(args)
+    assert r.exit_code == 0 and "results: 1 computed, 2 from the cache" in r.stdout
     assert calls == ["causal"]  # only the missing snapshot
     r = invoke(
         [*args[: -len(FAST_BOOT)], "--n-seq", "5", "--seq-len", "16", "--n-boot", str(FAST_N_BOOT)]

@@ -264,7 +264,7 @@ def test_track_series(registered, models, kind, tmp_path):
     opts = T.TrackOptions(
         metrics=T.parse_metrics("update_align"), data=str(models["eval"][0]), n_seq=4, seq_len=16, n_boot=50
     )
-    ds = T.track(series, opts, tmp_path / "parts")
+    ds = T.track(series, opts)
     assert ds["update_align_share"].dims == ("run", "step") and ds.sizes["step"] == 2
     for step in ds["step"].values:
         A = ds["update_align"].sel(step=step).isel(run=0).values

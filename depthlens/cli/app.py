@@ -235,12 +235,13 @@ def _root(
     no_cache: bool = typer.Option(
         False,
         "--no-cache",
-        help="Open GGUF files without the GGUF cache (dequantise again, store nothing); same as DEPTHLENS_NO_CACHE=1.",
+        help="No caches: GGUF files dequantised again, every study result (report, compare, sweep, track) computed "
+        "again, nothing stored; same as DEPTHLENS_NO_CACHE=1.",
     ),
 ) -> None:
     """Does this residual design turn extra layers into extra computation?"""
     if no_cache:
-        os.environ["DEPTHLENS_NO_CACHE"] = "1"  # read by adapters.gguf_cache, here and in worker processes
+        os.environ["DEPTHLENS_NO_CACHE"] = "1"  # read by adapters.gguf_cache and studies.cache, here and in workers
 
 
 def invoked_command() -> str | None:

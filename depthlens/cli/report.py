@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..diagnostics import registry  # stdlib-only: the diagnostics' names for the help text
-from ..runtime.defaults import DEFAULT_N_SEQ
+from ..runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, rank0_errors
 from .common import (
     DTYPES,
@@ -52,7 +52,7 @@ def report(
         str | None,
         typer.Option(help=f"Comma-separated subset of {', '.join(registry.NAMES)} (default: every diagnostic)."),
     ] = None,
-    n_boot: BootOpt = 1000,
+    n_boot: BootOpt = DEFAULT_N_BOOT,
     untrained: Annotated[
         str,
         typer.Option(
@@ -89,6 +89,7 @@ def report(
     """Report on many checkpoints: heatmaps, design × depth table with CIs, sweeps, robustness (HTML + Markdown).
 
     Every diagnostic on identical eval data (rank: HC/mHC only; attnres: Full/Block AttnRes only), written atomically.
+    Each result comes from the result cache when it holds it (`depthlens --no-cache report ...`: compute all).
     Under torchrun the checkpoints are split over the ranks; rank 0 writes the same report.
     """
     import time
@@ -151,4 +152,5 @@ def report(
         t.add_row(*row)
     con = Console()
     (con if con.is_terminal else Console(width=120)).print(t)  # pipes and logs get the full-width table
+    typer.echo(rep.cache_line)
     typer.echo(f"wrote {out / 'index.html'} and {out / 'README.md'}")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..runtime.defaults import DEFAULT_N_SEQ
+from ..runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ
 from .app import QuietOpt, app, domain_errors, dumps, fail, in_default_dir, invoked_command, print_table
 from .common import (
     DTYPES,
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # typing only: the command imports these where it runs
     from ..studies.track import TrackOptions
 
 OUT_FILES = ("track.nc", "track.png", "README.md")
-CACHE = "parts"
 
 
 def check_out(out: Path) -> None:
@@ -58,8 +57,6 @@ def check_out(out: Path) -> None:
     claim_dir(out, "track", create=False)  # name length, a writable directory
     if out.is_dir():
         check_unedited(out, OUT_FILES)
-        if (out / CACHE).exists():
-            claim_dir(out / CACHE, "track cache", create=False)
 
 
 @app.command()
@@ -88,8 +85,8 @@ def track(
         typer.Option(
             "--out",
             "-o",
-            help="Output directory: track.nc, track.png, README.md, parts/ "
-            "(per-snapshot cache; a rerun resumes from it).",
+            help="Output directory: track.nc, track.png, README.md (every per-snapshot result is kept in the "
+            "result cache: a rerun computes only what is new; `depthlens --no-cache track ...`: compute all).",
         ),
     ] = Path("depthlens-out/track"),
     recipe: Annotated[
@@ -114,7 +111,7 @@ def track(
     n_seq: NSeqOpt = DEFAULT_N_SEQ,
     seq_len: SeqLenOpt = None,
     seed: SeedOpt = 0,
-    n_boot: BootOpt = 1000,
+    n_boot: BootOpt = DEFAULT_N_BOOT,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "fp32",
@@ -130,7 +127,7 @@ def track(
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-run summary as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Depth over training: every diagnostic on every snapshot of a run, same eval tokens, resumable.
+    """Depth over training: every diagnostic on every snapshot of a run, same eval tokens, resumable (result cache).
 
     Writes OUT/track.nc (dims run, step; coords tokens, design, n_layer), OUT/track.png (shares vs tokens with
     95% CIs, validation loss on a twin axis) and OUT/README.md (the "Depth over training" section).
@@ -193,20 +190,19 @@ def track(
 def _track_into(
     out: Path, series: Sequence[Series], opts: TrackOptions, runs: list[Path], metric: str | None, as_json: bool
 ) -> None:
-    from ..io.atomic import atomic_write_text, claim_dir
+    from ..io.atomic import claim_dir
+    from ..studies.cache import Tally, folder_in_use
     from ..studies.track import eval_tokens
     from ..studies.track import track as run_track
     from .feedback import Progress
 
     ev = eval_tokens(series, opts)
     claim_dir(out, "track")
-    claim_dir(out / CACHE, "track cache")
-    if not (out / CACHE / ".gitignore").exists():
-        atomic_write_text(out / CACHE / ".gitignore", "# depthlens track cache: per-snapshot results, not for git\n*\n")
     total = sum(len(s.snapshots) for s in series)
+    tally = Tally(folder_in_use())
     # the run's name in every line: track-zoo.sh runs several `track` processes on one stderr
     with Progress("track" + (f" {series[0].name}" if len(series) == 1 else ""), total * len(opts.metrics)) as bar:
-        ds = run_track(series, opts, out / CACHE, ev, progress=bar.step)
+        ds = run_track(series, opts, ev, progress=bar.step, tally=tally)
     write_outputs(ds, out, invoked_command() or "depthlens track")  # every option given, as given
     from ..render.track import track_rows
 
@@ -224,6 +220,7 @@ def _track_into(
     for r in rows:
         t.add_row(*r)
     print_table(t)  # aligned and never cropped, on a terminal or in a pipe
+    typer.echo(tally.line())
     typer.echo(f"wrote {out / 'track.nc'}, {out / 'track.png'} and {out / 'README.md'}")
 
 

@@ -39,10 +39,9 @@ from depthlens.io.atomic import atomic_write_text
 from depthlens.io.jsonsafe import finite_or_none as _f
 from depthlens.io.jsonsafe import jsonable
 from depthlens.io.provenance import command_line
-from depthlens.runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN  # noqa: F401  (as report.build named them)
+from depthlens.runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ, DEFAULT_SEQ_LEN  # noqa: F401  (as report.build named them)
 from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.study import (  # noqa: F401  (the study's pieces, as report.build named them)
-    DEFAULT_N_BOOT,
     Entry,
     Progress,
     StudyOptions,
@@ -87,6 +86,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     command: str = ""
     world_size: int = 1  # processes that computed it (torchrun ranks); provenance only, results do not depend on it
+    cache_line: str = ""  # how many results came from the result cache (`Study.cache_line`); provenance only
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -423,6 +423,7 @@ def _build_report(
     entries, data, t_compute, world_size = study.entries, study.data, study.seconds, study.world_size
     rep = summarise(entries, data, opts, progress)
     rep.world_size = world_size
+    rep.cache_line = study.cache_line()
     rep.command = command_line()
     rep.seconds["compute"] = round(t_compute, 2)
     write_report(rep, out, overwrite, progress)

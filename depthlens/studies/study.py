@@ -7,26 +7,30 @@ This is the loop report, compare, sweep and the API share: `load_entries` (the o
 Face directories, GGUF files, `device_map` for HF/GGUF models over several GPUs), `study_eval_data` (one EvalData
 for every model: same tokenizer required, seq_len capped at the smallest max_seq_len), `compute` (every
 requested diagnostic that applies to each design, through `registry.run`; one that is undefined for a model is
-a note, not fatal). Under torchrun (`run_study` when WORLD_SIZE > 1: `compute_spread`) every rank loads and
-computes whole models of its own (`runtime.ranks` assigns them by estimated cost) and rank 0 gathers them;
-after each step every rank `agree`s ok/error, so a failing rank stops the run on every rank with its one line.
+a note, not fatal; each result comes from the result cache, `studies.cache`, when it holds it). Under torchrun
+(`run_study` when WORLD_SIZE > 1: `compute_spread`) every rank loads and computes whole models of its own
+(`runtime.ranks` assigns them by estimated cost) and rank 0 gathers them; after each step every rank `agree`s
+ok/error, so a failing rank stops the run on every rank with its one line. `each_computed` is the same study with
+one model in memory at a time, on given eval data (track's snapshots).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError, UsageError
-from depthlens.runtime.defaults import DEFAULT_N_SEQ
+from depthlens.runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 
-DEFAULT_N_BOOT = 1000
+if TYPE_CHECKING:
+    from .cache import ResultCache
+
 Progress = Callable[[str], None]  # called once per finished step with a short description
 
 
@@ -98,6 +102,10 @@ class StudyOptions:
     # --precision: causal and permutation grow their eval set in doublings (new sequences only) until the headline
     # interval's half-width is at most this, up to n_seq (studies/precision.py); None: the fixed n_seq
     precision: float | None = None
+    # the result cache (`studies.cache`): None = on unless DEPTHLENS_NO_CACHE is set (`depthlens --no-cache`) or
+    # DEPTHLENS_RESULTS_CACHE is "off"; how results are found, not what they are, so not in `as_dict` (results
+    # are the same with and without it, and summary.json with them)
+    cache: bool | None = None
 
     def __post_init__(self) -> None:
         if self.untrained_perm_for not in UNTRAINED_PERM_FOR:
@@ -159,6 +167,7 @@ class Entry:
     figures: dict[str, str] = field(default_factory=dict)  # metric -> path relative to the report dir
     notes: list[str] = field(default_factory=list)
     untrained_init: str | None = None  # how the untrained model was initialised (None: no untrained model)
+    from_cache: list[str] = field(default_factory=list)  # results read from the result cache ("m", "m (untrained)")
 
     @property
     def seed(self) -> int | None:
@@ -282,12 +291,17 @@ def study_eval_data(
         tokens=opts.tokens,
         seed=opts.seed,
     )
+    check_models(entries, data)
+    return data
+
+
+def check_models(entries: Sequence[Entry | Loaded], data: EvalData) -> None:
+    """Every model can read `data` (its vocabulary holds every token id, its context the sequence length)."""
     for e in entries:
         try:
             data.check_model(e.model.config.vocab_size, e.model.config.max_seq_len)
         except DepthlensError as err:
             raise type(err)(f"{e.path}: {err}") from None
-    return data
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,9 +324,12 @@ def applies(metric: str, e: Entry) -> bool:
 
 
 def compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progress: Progress = _noop) -> None:
-    """Fill `entry.datasets` for every applicable metric. A metric that is undefined for a model (a
+    """Fill `entry.datasets` (and `entry.untrained`) for every applicable metric, each from the result cache
+    (`studies.cache`) when it holds it (`entry.from_cache` names those). A metric that is undefined for a model (a
     DepthlensError from the engine, e.g. too few layers for late pairs) is recorded as a note, not fatal."""
     import torch
+
+    from .cache import ResultCache
 
     # Tiny models: one thread is much faster than two (13x for a permutation sweep at L = 16 with a busy
     # second core, and still faster on an idle machine), so the default is 1.
@@ -320,40 +337,62 @@ def compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progre
     if opts.threads:
         torch.set_num_threads(opts.threads)
     try:
-        _compute(entries, data, opts, progress)
+        _compute(entries, data, opts, progress, ResultCache.for_study(opts.cache))
     finally:
         torch.set_num_threads(prev)
 
 
-def _compute(entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progress: Progress) -> None:
+def _run_cached(
+    cache: ResultCache, e: Entry, model: Any, metric: str, data: EvalData, opts: StudyOptions, untrained: str | None
+) -> Any:
+    """One engine result of `e` (its trained model, or its untrained twin `model` initialised as `untrained` says):
+    from the cache, else computed (to `--precision` where asked and supported) and stored."""
+    precise = not untrained and opts.precision is not None and registry.get(metric).name in precision_supported()
+    options = opts.engine_options(metric)
+
+    def run() -> Any:
+        if precise:
+            from .precision import to_precision
+
+            assert opts.precision is not None
+            return to_precision(metric, model, data, opts.precision, checkpoint=e.path, **options)
+        return registry.run(metric, model, data, checkpoint=e.path, **options)
+
+    key = cache.key(
+        e.path,
+        e.model,  # what was loaded from e.path (a described model is never cached, nor its twin)
+        metric,
+        data,
+        options,
+        untrained=untrained,
+        precision=opts.precision if precise else None,
+        device=opts.device,
+        device_map=opts.device_map,
+        dtype=opts.dtype,
+    )
+    ds, hit = cache.fetch(key, run)
+    if hit:
+        e.from_cache.append(metric if untrained is None else f"{metric} (untrained)")
+    return ds
+
+
+def _compute(
+    entries: Sequence[Entry], data: EvalData, opts: StudyOptions, progress: Progress, cache: ResultCache
+) -> None:
     import torch
 
     with torch.no_grad():
         for e, m in tasks(entries, opts):
             t0 = time.perf_counter()
             try:
-                if opts.precision is not None and registry.get(m).name in precision_supported():
-                    from .precision import to_precision
-
-                    e.datasets[m] = to_precision(
-                        m,
-                        e.model,
-                        metric_data(data, m, opts),
-                        opts.precision,
-                        checkpoint=e.path,
-                        **opts.engine_options(m),
-                    )
-                else:
-                    e.datasets[m] = registry.run(
-                        m, e.model, metric_data(data, m, opts), checkpoint=e.path, **opts.engine_options(m)
-                    )
+                e.datasets[m] = _run_cached(cache, e, e.model, m, metric_data(data, m, opts), opts, None)
             except (DepthlensError, ValueError) as err:
                 e.notes.append(f"{m}: not computed ({str(err).splitlines()[0]})")
             e.seconds[m] = round(time.perf_counter() - t0, 3)
-            progress(f"{e.name}: {m}")
+            progress(f"{e.name}: {m}" + (" (cached)" if m in e.from_cache else ""))
         if not opts.late:  # compare and sweep read only the trained headline
             for e in entries:
-                _compute_untrained(e, data, opts)
+                _compute_untrained(e, data, opts, cache)
 
 
 def precision_supported() -> Mapping[str, str]:
@@ -405,7 +444,7 @@ def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool
     return dataclasses.replace(data, tokens=data.tokens[: min(ks)])
 
 
-def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
+def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions, cache: ResultCache) -> None:
     from depthlens.stats.orderings import claim_cells
 
     # the baseline of what was computed on the trained model (a refusal there is noted once, not twice)
@@ -428,9 +467,7 @@ def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions) -> None:
     t0 = time.perf_counter()
     for m in todo:
         try:
-            e.untrained[m] = registry.run(
-                m, model, metric_data(data, m, opts, untrained=True), checkpoint=e.path, **opts.engine_options(m)
-            )
+            e.untrained[m] = _run_cached(cache, e, model, m, metric_data(data, m, opts, untrained=True), opts, how)
         except (DepthlensError, ValueError) as err:
             e.notes.append(f"{m} (untrained): not computed ({str(err).splitlines()[0]})")
     e.seconds["untrained"] = round(time.perf_counter() - t0, 3)
@@ -517,6 +554,35 @@ class Study:
     data: Any  # EvalData
     seconds: float
     world_size: int = 1
+    cache: str | None = None  # the result cache's folder; None: off
+
+    def cache_line(self) -> str:
+        """One line for the terminal and the provenance: how many results were computed, how many read from the
+        result cache (and its folder)."""
+        from .cache import Tally
+
+        tally = Tally(self.cache)
+        for e in self.entries:
+            tally.add(*results_of(e))
+        return tally.line()
+
+
+def results_of(e: Entry) -> tuple[int, int]:
+    """(engine results `e` holds, trained and untrained; how many of them came from the result cache)."""
+    return len(e.datasets) + len(e.untrained), len(e.from_cache)
+
+
+def each_computed(
+    paths: Sequence[str | os.PathLike[str]], data: EvalData, opts: StudyOptions, progress: Progress = _noop
+) -> Iterator[Entry]:
+    """A study on given eval data with one model in memory at a time (track: every snapshot of a run): each path
+    loaded, checked against `data` (the eval-set rule's check), computed (`compute`: the result cache first),
+    yielded; the caller drops it before the next is loaded."""
+    for p in paths:
+        entries = load_entries([p], device=opts.device, dtype=opts.dtype, device_map=opts.device_map)
+        check_models(entries, data)
+        compute(entries, data, opts, progress)
+        yield entries[0]
 
 
 def run_study(
@@ -532,12 +598,14 @@ def run_study(
     validated. Under torchrun the ranks other than 0 return None."""
     from depthlens.runtime.distributed import launched
 
+    from .cache import folder_in_use
+
     if launched():
         spread = compute_spread(paths, opts, before=before, progress=progress, on_loaded=on_loaded)
         if spread is None:
             return None
         entries, data, seconds, world_size = spread
-        return Study(entries, data, seconds, world_size)
+        return Study(entries, data, seconds, world_size, folder_in_use(opts.cache))
     if before is not None:
         before()
     entries = load_entries(paths, device=opts.device, dtype=opts.dtype, device_map=opts.device_map)
@@ -546,4 +614,4 @@ def run_study(
         on_loaded(n_steps(entries, opts))
     t0 = time.perf_counter()
     compute(entries, data, opts, progress)
-    return Study(entries, data, time.perf_counter() - t0)
+    return Study(entries, data, time.perf_counter() - t0, cache=folder_in_use(opts.cache))

@@ -1,7 +1,7 @@
 """Depth utilisation over training: every diagnostic on every snapshot of a run, on the same eval tokens.
 
     series = scan(["runs/zoo/hc_l16", "runs/zoo/preln_l16"])     # validated, nothing loaded yet
-    ds = track(series, TrackOptions(metrics=("causal", "permutation")), cache="out/parts")
+    ds = track(series, TrackOptions(metrics=("causal", "permutation")))
 
 A *series* is either a run directory written by the trainer with snapshots,
 
@@ -19,30 +19,29 @@ go backwards, snapshots of different runs in one directory, series with differen
 
 The result has dims (run, step[, layer, ...]): headline shares with bootstrap CIs and shard mean/sd per
 snapshot (the same `sweep.headline` the other commands print), the score matrices, effective ranks, AttnRes
-self-weights and dead prefixes, angular profiles, plus `tokens` and `val_loss` per (run, step). Every
-per-snapshot engine result is cached as netCDF under `cache` keyed by (weights hash, eval-token hash,
-metric options): a rerun skips what is done, a changed snapshot or option is recomputed.
+self-weights and dead prefixes, angular profiles, plus `tokens` and `val_loss` per (run, step).
+
+It is a study over the snapshots (`study.each_computed`: one snapshot in memory at a time, on the eval tokens of
+the one eval-set rule), so every per-snapshot engine result goes through the study's result cache
+(`studies.cache`, keyed by weights hash, eval data, options and code): a rerun, or a track after new snapshots,
+computes only what is new; a changed snapshot, option or depthlens version is recomputed.
 
 Finding and validating the series (`scan`, `Series`, `Snapshot`) is in snapshots.py, re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import xarray as xr
 
 from depthlens.diagnostics import registry
 from depthlens.errors import DepthlensError
-from depthlens.runtime.defaults import DEFAULT_N_SEQ
+from depthlens.runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData
 from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-exported: callers import it from here)
     HF_SIGNATURE,
@@ -63,7 +62,10 @@ from depthlens.studies.snapshots import (  # noqa: F401  (the series scan, re-ex
     scan_run,
     signature,
 )
-from depthlens.studies.study import choose_metrics
+from depthlens.studies.study import StudyOptions, choose_metrics
+
+if TYPE_CHECKING:
+    from depthlens.studies.cache import Tally
 
 DEAD_PREFIX_EPS = registry.DEAD_PREFIX_EPS  # the ε of the report's dead-prefix column
 
@@ -74,7 +76,7 @@ def tracked() -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. the diagnostics, per snapshot, cached
+# 2. the diagnostics, per snapshot
 
 
 @dataclass
@@ -87,10 +89,10 @@ class TrackOptions:
     n_seq: int = DEFAULT_N_SEQ  # eval sequences (the same tokens for every snapshot of every run)
     seq_len: int | None = None  # tokens per sequence (None: min(128, smallest max_seq_len))
     seed: int = 0  # eval-window draw and bootstrap seed
-    n_boot: int = 1000  # bootstrap resamples over sequences for the share CIs (0 = none)
+    n_boot: int = DEFAULT_N_BOOT  # bootstrap resamples over sequences for the share CIs (0 = none)
     batch_size: int | None = None  # max rows per forward (memory knob; results do not depend on it)
     device: str = "cpu"  # where the engines run
-    dtype: str = "fp32"  # weights and activations (fp32 | bf16 | fp64); part of the cache key unless fp32
+    dtype: str = "fp32"  # weights and activations (fp32 | bf16 | fp64)
     window: str = "quarter"  # late-window start of the headline shares
     # the headline θ of each diagnostic's headline share, as `<prefix>_threshold` (summaries.track_theta reads it by
     # the owner's prefix; the run's track.nc records it); the defaults are typed once, in each score's headline.py
@@ -102,6 +104,24 @@ class TrackOptions:
         d = asdict(self)
         d["metrics"] = list(self.metrics)
         return d
+
+    def study(self, cache: bool | None = None) -> StudyOptions:
+        """The study every snapshot is: these diagnostics (by registry name) with the report's engine options, no
+        untrained twin (step 0 is the untrained model), torch's thread count left as the command set it."""
+        return StudyOptions(
+            data=self.data,
+            n_seq=self.n_seq,
+            seq_len=self.seq_len,
+            seed=self.seed,
+            device=self.device,
+            dtype=self.dtype,
+            metrics=tuple(diagnostic(m).name for m in self.metrics),
+            n_boot=self.n_boot,
+            batch_size=self.batch_size,
+            threads=None,
+            untrained=(),
+            cache=cache,
+        )
 
 
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
@@ -123,54 +143,6 @@ def diagnostic(metric: str) -> registry.Diagnostic:
 def applies(metric: str, slug: str) -> bool:
     """erank: multi-stream designs; attnres: depth-softmax designs (the registry's capability flags)."""
     return diagnostic(metric).applies(slug)
-
-
-def engine_options(metric: str) -> dict[str, Any]:
-    """The options `metric`'s engine runs with: the same as `depthlens report` (ReportOptions.engine_options)."""
-    return dict(diagnostic(metric).report_opts)
-
-
-def weights_id(path: Path) -> str:
-    """SHA-256 of what a checkpoint's results depend on: config + weights (a GGUF file: the file; a described model:
-    its file, function and weights)."""
-    from depthlens.adapters.userref import parse_ref
-    from depthlens.io.dataset import checkpoint_sha256, sha256_file
-
-    ref = parse_ref(path)
-    if ref is not None:  # a described model: its file, its function and its weights
-        from depthlens.adapters.described import weight_files
-
-        parts = [sha256_file(Path(ref.file)), ref.function]
-        parts += [sha256_file(Path(f)) for f in weight_files(ref.weights)] if ref.weights is not None else []
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-    if path.is_file():
-        return sha256_file(path)
-    files = ["config.json", *sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))]
-    return checkpoint_sha256(path, files)
-
-
-def cache_key(wid: str, eval_sha: str, metric: str, opts: Mapping[str, Any]) -> str:
-    blob = json.dumps(
-        {"weights": wid, "eval": eval_sha, "metric": metric, "options": opts}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _discard(path: Path) -> None:
-    """Remove a cache part that `_cached` rejected (truncated, foreign, or for other options): the cache
-    directory is ours (its marker was checked by `track`), so the part is recomputed instead of refused."""
-    if path.is_file() and not path.is_symlink():
-        path.unlink()
-
-
-def _cached(path: Path, key: str) -> xr.Dataset | None:
-    if not path.is_file():
-        return None
-    try:
-        ds = xr.load_dataset(path, engine="netcdf4")
-    except (OSError, ValueError):
-        return None  # a foreign or damaged file: recompute and replace it
-    return ds if ds.attrs.get("track_key") == key else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,73 +173,10 @@ def eval_tokens(series: Sequence[Series], opts: TrackOptions) -> EvalData:
     (`study.study_eval_data`) over the first snapshot of each series: one tokenizer for all of them, seq_len =
     min(128, the smallest max_seq_len) unless given, checked against each model."""
     from depthlens.studies.api import load_model
-    from depthlens.studies.study import Loaded, StudyOptions, study_eval_data
+    from depthlens.studies.study import Loaded, study_eval_data
 
     firsts = [Loaded(s.snapshots[0].path, load_model(s.snapshots[0].path, device=opts.device)[0]) for s in series]
-    return study_eval_data(firsts, StudyOptions(data=opts.data, n_seq=opts.n_seq, seq_len=opts.seq_len, seed=opts.seed))
-
-
-def analyse(
-    snap: Snapshot, metrics: Sequence[str], ev: EvalData, opts: TrackOptions, cache: Path, progress: Progress = _noop
-) -> tuple[dict[str, xr.Dataset], str, int]:
-    """Engine results of one snapshot (from the cache when its key matches), its design slug and L.
-    Computes only what is missing; each result is written to the cache atomically as soon as it exists."""
-    from depthlens.io.dataset import write_netcdf
-
-    cache.mkdir(parents=True, exist_ok=True)
-    wid = weights_id(snap.path)
-    stem = f"step_{snap.step:07d}"
-    meta_path = cache / f"{stem}.json"
-    meta = _read_json(meta_path) if meta_path.is_file() else {}
-    out: dict[str, xr.Dataset] = {}
-    todo = []
-    if meta.get("weights") == wid:  # slug and L known without loading the model
-        slug, L = str(meta["design"]), int(meta["n_layer"])
-        for m in metrics:
-            if not applies(m, slug):
-                continue
-            ds = _cached(cache / f"{stem}.{m}.nc", cache_key(wid, ev.sha256, m, _metric_opts(m, opts)))
-            if ds is None:
-                todo.append(m)
-            else:
-                out[m] = ds
-        if not todo:
-            for m in metrics:  # one progress step per metric, done or not, so counts match len(metrics) per snapshot
-                progress(f"{snap.path.name}: {m} (cached)")
-            return out, slug, L
-    from depthlens.studies.api import load_model
-
-    model, _ = load_model(snap.path, device=opts.device, dtype=registry.load_dtype(opts.dtype))
-    slug, L = str(getattr(model.design, "slug", "?")), int(model.n_layer)
-    cfg = getattr(model, "config", None)
-    ev.check_model(getattr(cfg, "vocab_size", None), getattr(cfg, "max_seq_len", None))
-    from depthlens.io.atomic import atomic_write_text
-
-    atomic_write_text(meta_path, json.dumps({"weights": wid, "design": slug, "n_layer": L, "path": str(snap.path)}))
-    import torch
-
-    for m in metrics:
-        if m in out or not applies(m, slug):
-            progress(f"{snap.path.name}: {m} ({'cached' if m in out else 'not applicable'})")
-            continue
-        key = cache_key(wid, ev.sha256, m, _metric_opts(m, opts))
-        ds = _cached(cache / f"{stem}.{m}.nc", key)
-        if ds is None:
-            _discard(cache / f"{stem}.{m}.nc")  # a stale or damaged part of our own cache: recomputed, replaced
-            with torch.no_grad():  # the registry is the one dispatch path (as for report, API and CLI)
-                ds = registry.run(
-                    diagnostic(m).name, model, ev, checkpoint=snap.path, batch_size=opts.batch_size, **engine_options(m)
-                )
-            ds.attrs["track_key"] = key
-            write_netcdf(ds, cache / f"{stem}.{m}.nc", overwrite=True)
-        progress(f"{snap.path.name}: {m}")
-        out[m] = ds
-    return out, slug, L
-
-
-def _metric_opts(metric: str, opts: TrackOptions) -> dict[str, Any]:
-    # batch_size does not change results: not in the key; a non-default dtype does (fp32 keys stay as they were)
-    return {**engine_options(metric), "batch_size": None, **({} if opts.dtype == "fp32" else {"dtype": opts.dtype})}
+    return study_eval_data(firsts, opts.study())
 
 
 def change_from_init(
@@ -330,22 +239,36 @@ def series_dataset(s: Series, per_step: Sequence[dict[str, xr.DataArray]]) -> xr
 def track(
     series: Sequence[Series],
     opts: TrackOptions,
-    cache: str | os.PathLike[str],
     ev: EvalData | None = None,
     progress: Progress = _noop,
+    *,
+    cache: bool | None = None,
+    tally: Tally | None = None,
 ) -> xr.Dataset:
-    """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...)."""
-    from depthlens.io.atomic import claim_dir
+    """Run the requested diagnostics on every snapshot of every series → one Dataset (run, step, ...): a study
+    over the snapshots (`study.each_computed`), each result from the result cache when it holds it (`cache`:
+    `StudyOptions.cache`; `tally` counts where the results came from)."""
     from depthlens.io.dataset import depthlens_version, make_dataset
+    from depthlens.studies.study import applies as study_applies
+    from depthlens.studies.study import each_computed, results_of
 
-    cache = claim_dir(cache, "track cache")  # a directory of ours (marker), so damaged parts may be replaced
     ev = ev if ev is not None else eval_tokens(series, opts)
+    study = opts.study(cache)
     parts, designs, depths, notes = [], [], [], []
     for s in series:
         rows, slugs, ends = [], set(), []
-        for k, snap in enumerate(s.snapshots):
-            results, slug, L = analyse(snap, opts.metrics, ev, opts, cache / _safe(s.name), progress)
-            slugs.add((slug, L))
+        snapshots = each_computed([sn.path for sn in s.snapshots], ev, study, progress)
+        for k, e in enumerate(snapshots):
+            refused = [n for n in e.notes if n.split(":")[0] in study.metrics]
+            if refused:  # a requested diagnostic that does not run on a snapshot: refused, never a gap in the series
+                raise DepthlensError(f"{e.path}: {refused[0]}")
+            for m in opts.metrics:  # one progress step per metric, so counts match len(metrics) per snapshot
+                if not study_applies(diagnostic(m).name, e):
+                    progress(f"{e.name}: {m} (not applicable)")
+            if tally is not None:
+                tally.add(*results_of(e))
+            results = {m: e.datasets[diagnostic(m).name] for m in opts.metrics if diagnostic(m).name in e.datasets}
+            slugs.add((e.slug, e.n_layer))
             rows.append({k: v for m, ds in results.items() for k, v in summarise(ds, m, opts).items()})
             if k in (0, len(s.snapshots) - 1):
                 ends.append(results)
@@ -400,7 +323,3 @@ def track(
     out["step"].attrs.update(long_name="optimizer step of the snapshot", units="1")
     out["tokens"].attrs.update(long_name="training tokens seen", units="1")
     return out
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "run"

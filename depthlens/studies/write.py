@@ -126,6 +126,7 @@ def manifest(rep: Report) -> dict[str, Any]:
             "depthlens_version": depthlens_version(),
             "command": rep.command,
             "world_size": rep.world_size,
+            "results_cache": rep.cache_line,
             "options": rep.options.as_dict(),
             "eval_data": {
                 "name": d.name,
