@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 FORMAT = 1  # bump when the entry layout changes
 KEY_ATTR = "results_cache_key"  # the entry's key, stored in the file and checked on every read
+PACKAGE = Path(__file__).resolve().parents[1]  # the depthlens package this module belongs to
 LIBRARIES = ("torch", "numpy", "scipy", "xarray", "netCDF4", "transformers", "gguf")
 
 
@@ -75,9 +76,7 @@ def code_fingerprint() -> str:
     libraries' versions: a change to any of them makes every cache entry stale."""
     from importlib import metadata
 
-    import depthlens
-
-    pkg = Path(depthlens.__file__).resolve().parent
+    pkg = PACKAGE
     h = hashlib.sha256()
     for f in sorted(pkg.rglob("*.py")):
         h.update(f"{f.relative_to(pkg).as_posix()}\0{f.stat().st_size}\0".encode())
@@ -105,7 +104,6 @@ def _engine_in_package(metric: str) -> bool:
     """Whether diagnostic `metric`'s engine is depthlens code (covered by `code_fingerprint`)."""
     import inspect
 
-    import depthlens
     from depthlens.diagnostics import registry
 
     try:
@@ -113,8 +111,7 @@ def _engine_in_package(metric: str) -> bool:
         src = inspect.getsourcefile(inspect.unwrap(registry.resolve(registry.get(metric).engine)))
     except (TypeError, OSError):
         return False
-    pkg = Path(depthlens.__file__).resolve().parent
-    return src is not None and Path(src).resolve().is_relative_to(pkg)
+    return src is not None and Path(src).resolve().is_relative_to(PACKAGE)
 
 
 def folder_in_use(cache: bool | None = None) -> str | None:

@@ -444,8 +444,12 @@ def metric_data(data: EvalData, metric: str, opts: StudyOptions, untrained: bool
     return dataclasses.replace(data, tokens=data.tokens[: min(ks)])
 
 
-def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions, cache: ResultCache) -> None:
+def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions, cache: ResultCache | None = None) -> None:
     from depthlens.stats.orderings import claim_cells
+
+    from .cache import ResultCache
+
+    cache = cache if cache is not None else ResultCache.for_study(opts.cache)
 
     # the baseline of what was computed on the trained model (a refusal there is noted once, not twice)
     todo = [m for m in opts.metrics if m in opts.untrained and applies(m, e) and m in e.datasets]
