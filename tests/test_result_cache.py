@@ -197,3 +197,26 @@ def test_report_cli_says_where_its_results_came_from(result_cache, ckpts, text, 
     assert f"results: 0 computed, 1 from the cache ({result_cache})" in r.stdout
     r = CliRunner().invoke(app, ["--no-cache", "report", *args, "--out", str(tmp_path / "c")])
     assert "results: 1 computed (result cache off)" in r.stdout
+
+
+def _plug_in_engine(model, data, **opts):  # never run: only where it is defined matters
+    raise AssertionError("not run")
+
+
+def test_a_plug_in_engine_or_a_described_model_is_never_cached(result_cache, ckpts, text):
+    from depthlens.diagnostics.spec import Diagnostic
+    from depthlens.runtime.evaldata import random_eval_data
+
+    data = random_eval_data(257, n_seq=2, seq_len=8, seed=0, bos_id=256)
+    store = C.ResultCache(result_cache)
+    assert C._engine_in_package("causal")  # decorated (torch.no_grad): its own file, not the decorator's
+    assert store.key(ckpts[0], object(), "causal", data, {}) is not None
+    with registry.register(Diagnostic("plug_in", f"{__name__}:_plug_in_engine", "a plug-in")):
+        assert not C._engine_in_package("plug_in")  # its code is not in depthlens's fingerprint
+        assert store.key(ckpts[0], object(), "plug_in", data, {}) is None
+
+    class Described:
+        adapter_path = "described"
+
+    assert store.key(ckpts[0], Described(), "causal", data, {}) is None
+    assert store.key(Path("no/such/checkpoint"), object(), "causal", data, {}) is None
