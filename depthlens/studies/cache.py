@@ -108,7 +108,7 @@ def _engine_in_package(metric: str) -> bool:
 
     try:
         # unwrapped: a decorated engine (torch.no_grad) is defined where its decorator's wrapper is not
-        src = inspect.getsourcefile(inspect.unwrap(registry.resolve(registry.get(metric).engine)))
+        src = inspect.getsourcefile(inspect.unwrap(registry.get(metric).loaded().engine))
     except (TypeError, OSError):
         return False
     return src is not None and Path(src).resolve().is_relative_to(PACKAGE)
