@@ -108,20 +108,13 @@ class TrackOptions:
     def study(self, cache: bool | None = None) -> StudyOptions:
         """The study every snapshot is: these diagnostics (by registry name) with the report's engine options, no
         untrained twin (step 0 is the untrained model), torch's thread count left as the command set it."""
-        return StudyOptions(
-            data=self.data,
-            n_seq=self.n_seq,
-            seq_len=self.seq_len,
-            seed=self.seed,
-            device=self.device,
-            dtype=self.dtype,
-            metrics=tuple(diagnostic(m).name for m in self.metrics),
-            n_boot=self.n_boot,
-            batch_size=self.batch_size,
-            threads=None,
-            untrained=(),
-            cache=cache,
-        )
+        same = {name: getattr(self, name) for name in _SAME_AS_STUDY}
+        metrics = tuple(diagnostic(m).name for m in self.metrics)
+        return StudyOptions(**same, metrics=metrics, threads=None, untrained=(), cache=cache)
+
+
+# the fields a track and its per-snapshot study mean the same by (the eval set and the engines' run settings)
+_SAME_AS_STUDY = ("data", "n_seq", "seq_len", "seed", "device", "dtype", "n_boot", "batch_size")
 
 
 def parse_metrics(spec: str | Sequence[str]) -> tuple[str, ...]:
