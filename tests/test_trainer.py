@@ -137,7 +137,8 @@ def test_committed_recipes_are_valid_and_in_sync():
         cfg = RunConfig.from_dict(r)
         assert cfg.export == f"checkpoints/{name}" and cfg.model_config().head_dim == 8
         assert cfg.model["d_model"] % 8 == 0 and abs(cfg.meta["planned_rel_error"]) < 0.05  # iso-parameter
-        assert cfg.lr == recipes.zoo_lr(cfg.model["arch"], cfg.model["n_layer"])[0]
+        cell = (cfg.model["arch"], cfg.model["n_layer"])  # the 400-step check's winner once adopted, else the sweep's
+        assert cfg.lr == (recipes.lr400_adopted().get(cell) or recipes.zoo_lr(*cell))[0]
         assert not cfg.decay_mixing  # one recipe for every design: no decay on residual-mixing parameters
         tracked = cfg.model["arch"] in recipes.ZOO_SNAPSHOT_DESIGNS and cfg.model["n_layer"] in (16, 32)
         assert cfg.snapshot_every_log2 == (tracked and cfg.seed == 0)

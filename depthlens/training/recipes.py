@@ -465,7 +465,7 @@ def stale_runs(recipe_path: Path, names: list[str]) -> list[str]:
         want = load_recipe(recipe_path, run=name).to_dict()
         train = Path(want["export"]) / "train.json"
         have = json.loads(train.read_text(encoding="utf-8")).get("recipe", {}) if train.is_file() else None
-        ignore = ("resume", "out")
+        ignore = ("resume", "out", "meta")  # meta: where the recipe's numbers came from (lr_source, ...), not training
         if have is None or {k: v for k, v in have.items() if k not in ignore} != {
             k: v for k, v in want.items() if k not in ignore
         }:
