@@ -14,13 +14,15 @@ from typing import Any
 
 from .._version import __version__
 
-# The code that decides what training computes: a change here may change the weights a recipe produces. This file
-# only records and compares code versions (git pathspecs: it is left out).
+# The code that decides what training computes: a change here may change the weights a recipe produces. Left out
+# (git pathspecs): this file, which only records and compares code versions, and the LR check's planner
+# (lr400.py), which only writes recipes and reads finished runs back; a run's recipe is in its own train.json.
 TRAINING_CODE = (
     "depthlens/models",
     "depthlens/training",
     "depthlens/data",
     ":(exclude)depthlens/training/provenance.py",
+    ":(exclude)depthlens/training/lr400.py",
 )
 _REPO = Path(__file__).resolve().parents[2]
 
