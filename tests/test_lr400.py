@@ -136,3 +136,39 @@ def test_the_zoo_trains_the_seeds_the_claims_need():
     for design in ("mhc", "block_attnres"):
         assert f"{design}_l32_s4" in zoo["runs"] and f"{design}_l32_s5" not in zoo["runs"]
     assert "lns_l32_s1" not in zoo["runs"]
+
+
+def test_a_diverged_seed_makes_its_lr_unstable_not_indistinguishable():
+    """HC at L = 16, 2.4e-2 in the committed check: seed 1 ended 1.3 nats/byte above the rest. Pooled with it the
+    seed SD is ~0.41 (numpy, by hand below) and the LR passes the 2-SE rule; it must be read as diverged instead."""
+    import numpy as np
+
+    by_lr = {
+        6e-3: {0: 2.055, 1: 2.037, 2: 2.024},
+        1.2e-2: {0: 2.051, 1: 2.041, 2: 2.089},
+        2.4e-2: {0: 2.149, 1: 3.371, 2: 2.117},
+    }
+    assert lr400.diverged_runs(by_lr) == {2.4e-2: [1]}
+    res = {lr: np.array(list(s.values())) for lr, s in by_lr.items()}
+    with_it = np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in res.values()) / 6)
+    assert lr400.pooled_seed_sd(by_lr) == (pytest.approx(with_it), 6) and with_it > 0.4
+    stable = {lr: s for lr, s in by_lr.items() if lr != 2.4e-2}
+    without = np.sqrt(sum(((res[lr] - res[lr].mean()) ** 2).sum() for lr in stable) / 4)
+    assert lr400.pooled_seed_sd(stable) == (pytest.approx(without), 4) and without < 0.03
+    # just under the gap is a bad seed, not a divergence
+    assert lr400.diverged_runs({1e-3: {0: 2.0, 1: 2.0 + lr400.DIVERGED_GAP - 1e-9}}) == {}
+
+
+def test_the_pages_and_docs_state_the_divergence_gap_the_code_uses():
+    from depthlens.render.pages import LR_NOTE
+
+    assert f"{lr400.DIVERGED_GAP:g} nats/byte" in LR_NOTE
+    assert f"{lr400.DIVERGED_GAP:g} nats/byte above the cell's best run (`DIVERGED_GAP`)" in " ".join(
+        (REPO / "docs" / "training.md").read_text().split()
+    )
+    cell = json.loads(lr400.RESULTS_PATH.read_text())["cells"]["hc_l16"]
+    by_lr = {float(lr): {int(k): v for k, v in p["by_seed"].items()} for lr, p in cell["per_lr"].items()}
+    with_it = lr400.pooled_seed_sd(by_lr)[0]
+    assert f"HC at L = 16: {with_it:.2f} with its one diverged run, {cell['seed_sd']:.3f} without" in " ".join(
+        (REPO / "docs" / "training.md").read_text().split()
+    )

@@ -254,6 +254,10 @@ def lr_rows(sweep: dict[str, Any] | None, records: list[dict[str, Any]]) -> tupl
                         if c.get("indistinguishable_from_winner")
                         else ""
                     )
+                    + "".join(
+                        f"; {lr} diverged (seed {', '.join(map(str, seeds))})"
+                        for lr, seeds in (c.get("diverged") or {}).items()
+                    )
                     + ")"
                     for k, c in sorted(cells.items(), key=lambda kv: int(kv[0].rsplit("_l", 1)[1]))
                 )
@@ -298,8 +302,9 @@ LR_NOTE = (
     "seed per LR is a proxy. Where present, the check at the zoo's own budget "
     "(depthlens/recipes/zoo_cpu_lr400_results.json): the LR with the lowest mean final validation loss over "
     "the seeds its finalists share (the LRs run with 2 seeds or more: the seed-0 winner and its neighbours; "
-    "the grid's other points were eliminated on seed 0), and the finalists within 2 seed-to-seed SEs of it "
-    "(indistinguishable at this many seeds)."
+    "the grid's other points were eliminated on seed 0), the finalists within 2 seed-to-seed SEs of it "
+    "(indistinguishable at this many seeds), and the LRs where a run diverged (ended more than 0.5 nats/byte "
+    "above the cell's best run: unstable, left out of the seed SD)."
 )
 
 

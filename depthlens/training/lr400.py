@@ -147,6 +147,28 @@ def _cell_losses(done: dict[str, dict[str, Any]], design: str, L: int) -> dict[f
     return out
 
 
+# A run this far above its cell's best final loss (nats/byte) has diverged, not drawn a worse seed: the seed-to-seed
+# SD at a stable LR is 0.02-0.06 here, the gaps between neighbouring LRs' means below 0.2, and the diverged runs of
+# the check ended 1.3-3.4 above the best (HC at 2.4e-2); one such run would make the pooled SD ~0.4 and every
+# neighbour "indistinguishable".
+DIVERGED_GAP = 0.5
+
+
+def diverged_runs(by_lr: dict[float, dict[int, float]]) -> dict[float, list[int]]:
+    """{lr: [seeds]} of the runs whose final loss is more than DIVERGED_GAP above the cell's best run."""
+    best = min(v for s in by_lr.values() for v in s.values())
+    out = {lr: sorted(k for k, v in s.items() if v - best > DIVERGED_GAP) for lr, s in by_lr.items()}
+    return {lr: seeds for lr, seeds in out.items() if seeds}
+
+
+def pooled_seed_sd(by_lr: dict[float, dict[int, float]]) -> tuple[float | None, int]:
+    """The seed-to-seed SD of the final loss pooled over the LRs run with 2 seeds or more (each about its own
+    mean), and its degrees of freedom; (None, 0) when no LR has 2 seeds."""
+    dev = [(v - statistics.fmean(s.values())) ** 2 for s in by_lr.values() if len(s) > 1 for v in s.values()]
+    dof = sum(len(s) - 1 for s in by_lr.values() if len(s) > 1)
+    return (math.sqrt(sum(dev) / dof) if dof else None), dof
+
+
 def _common_means(by_lr: dict[float, dict[int, float]]) -> tuple[dict[float, float], int]:
     """Each LR's mean loss over the seeds every LR of the cell has (a paired comparison), and how many those are."""
     common = set.intersection(*(set(s) for s in by_lr.values()))
@@ -223,9 +245,8 @@ def collect(
             if not by_lr:
                 continue
             current = zoo_lr(design, L)[0]
-            dev = [(v - statistics.fmean(s.values())) ** 2 for s in by_lr.values() if len(s) > 1 for v in s.values()]
-            dof = sum(len(s) - 1 for s in by_lr.values() if len(s) > 1)
-            sd = math.sqrt(sum(dev) / dof) if dof else None
+            unstable = diverged_runs(by_lr)
+            sd, dof = pooled_seed_sd({lr: s for lr, s in by_lr.items() if lr not in unstable})
             by_lr = {lr: s for lr, s in by_lr.items() if 0 in s}  # the grid (phase a) always runs seed 0
             final = finalists(by_lr)
             best = _winner(final)
@@ -250,12 +271,13 @@ def collect(
                 "interior": min(by_lr) < best < max(by_lr),
                 "seed_sd": sd,
                 "seed_sd_dof": dof,
+                "diverged": {f"{lr:g}": seeds for lr, seeds in sorted(unstable.items())},
             }
             if sd is not None:
                 cell["indistinguishable_from_winner"] = [
                     f"{lr:g}"
                     for lr in sorted(final)
-                    if lr != best and mean[lr] - mean[best] < 2 * sd * math.sqrt(2 / n_common)
+                    if lr != best and lr not in unstable and mean[lr] - mean[best] < 2 * sd * math.sqrt(2 / n_common)
                 ]
             cells[f"{design}_l{L}"] = cell
     res = {
@@ -264,8 +286,11 @@ def collect(
         "every finalist has (`common_seeds`: paired by seed); the `finalists` are the LRs run with 2 seeds or "
         "more (the seed-0 winner and its neighbours), the others were eliminated on seed 0 "
         "(`eliminated_on_seed_0`: their seed-0 loss minus the winner's); "
-        "`seed_sd` = pooled seed-to-seed SD of the final loss (dof given); a neighbour is "
-        "`indistinguishable_from_winner` when its mean is within 2 SE of the winner's. Written by "
+        "`diverged` = {LR: seeds} whose run ended more than DIVERGED_GAP = "
+        f"{DIVERGED_GAP:g} nats/byte above the cell's best run: such an LR is unstable, never "
+        "indistinguishable, and left out of `seed_sd` = the seed-to-seed SD of the final loss pooled over the "
+        "other LRs with 2 seeds or more (dof given); a neighbour is `indistinguishable_from_winner` when its mean "
+        "is within 2 SE of the winner's. Written by "
         "`python -m depthlens.training.lr400 collect`.",
         "runs": {n: done[n] for n in sorted(done)},
         "cells": cells,
