@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
-from ..runtime.defaults import DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
+from ..runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ, DEFAULT_SEQ_LEN
 from .app import fail, in_default_dir
 
 if TYPE_CHECKING:  # typing only: feedback (rich) is imported where a command shows progress
@@ -380,7 +380,7 @@ def eval_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _study(c: Common, n_boot: int = 1000) -> Any:
+def _study(c: Common, n_boot: int = DEFAULT_N_BOOT) -> Any:
     """These options as the API's one options object (`studies.study.StudyOptions`): each of them is the
     StudyOptions field of its name (--threads 0, torch's default, is its None)."""
     from ..studies.study import StudyOptions

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..diagnostics import registry  # stdlib-only: names, aliases and default thresholds for the help texts
+from ..runtime.defaults import DEFAULT_N_BOOT
 from .app import QuietOpt, app, domain_errors, fail, print_table
 from .common import (
     EVAL_DEFAULTS,
@@ -178,7 +179,7 @@ def compare(
     ckpts: CkptsArg,
     metrics: Annotated[str, typer.Option(help=f"Comma list of {', '.join(METRIC_CHOICES)}.")] = ",".join(HEADLINES),
     c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
-    n_boot: BootOpt = 1000,
+    n_boot: BootOpt = DEFAULT_N_BOOT,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:

@@ -22,6 +22,7 @@ import typer
 from ..diagnostics import registry
 from ..errors import DepthlensError
 from ..io.files import StrictJSONError, strict_json
+from ..runtime.defaults import DEFAULT_N_BOOT
 from .app import OneLineErrors, QuietOpt, deprecated, domain_errors, fail, rank0_errors
 from .common import (
     EVAL_DEFAULTS,
@@ -118,7 +119,7 @@ def command_function(d: registry.Diagnostic) -> Any:
         opt: OptOpt = None,  # the generic command's
         window: WindowOpt = "quarter",  # ...and the rest of OWN_ONLY: its own command's
         c: Common = EVAL_DEFAULTS,  # the shared eval options (common.eval_options)
-        n_boot: BootOpt = 1000,
+        n_boot: BootOpt = DEFAULT_N_BOOT,
         precision: PrecisionOpt = None,
         out: OutOpt = None,
         plot: PlotOpt = None,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..runtime.defaults import DEFAULT_N_BOOT
 from .app import QuietOpt, app, domain_errors, fail, print_table
 from .common import (
     BootOpt,
@@ -48,7 +49,7 @@ def plan(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "fp32",
     threads: ThreadsOpt = 1,
-    n_boot: BootOpt = 1000,
+    n_boot: BootOpt = DEFAULT_N_BOOT,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:

@@ -28,7 +28,7 @@ import xarray as xr
 from depthlens.diagnostics import registry
 from depthlens.errors import UsageError
 from depthlens.io.dataset import concat_checkpoints
-from depthlens.runtime.defaults import DEFAULT_N_SEQ
+from depthlens.runtime.defaults import DEFAULT_N_BOOT, DEFAULT_N_SEQ
 from depthlens.runtime.evaldata import EvalData, eval_set
 from depthlens.runtime.evaldata import is_shards as _is_shards
 from depthlens.runtime.evaldata import tokenizer_for as _tokenizer_for
@@ -478,7 +478,7 @@ def report(
     seq_len: int | None = None,
     tokens: int | None = None,
     seed: int = 0,
-    n_boot: int = 1000,
+    n_boot: int = DEFAULT_N_BOOT,
     untrained: str | Sequence[str] | None = None,
     device: str = "cpu",
     dtype: str = "fp32",
@@ -595,7 +595,7 @@ def headline_shares(
     study = _late_study(checkpoints, keys, opts)
     if study is None:
         return []
-    n_boot, seed = (opts.n_boot, opts.seed) if opts is not None else (1000, 0)
+    n_boot, seed = (opts.n_boot, opts.seed) if opts is not None else (DEFAULT_N_BOOT, 0)
     rows = []
     for e in study.entries:
         row: dict[str, Any] = {"checkpoint": e.name, "design": e.slug, "n_layer": e.n_layer}
