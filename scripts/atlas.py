@@ -20,22 +20,17 @@ HERE = Path(__file__).resolve().parents[1]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from depthlens.studies import real_model as rm  # noqa: E402  (after the checkout is on the path)
+
 C_THETA = 0.45  # the causal headline threshold (docs/calibration.md)
 N_BOOT_HELDOUT = 1000  # resamples of the held-out pruning curves' paired intervals (per-sequence means: cheap)
 N_BOOT = 200  # bootstrap resamples where an interval is a bootstrap (the max aggregator's is a jackknife)
 DEFINITIONS = [(v, a) for v in ("current", "future") for a in ("max", "mean")]  # causal variant × aggregator
 PERM_NORMS = ("perm_abs", "perm_rel", "perm_kl")  # the permutation score's definitions (docs/calibration.md)
-STAGES = (
-    "angular",
-    "causal_update",
-    "causal_resid",
-    "untrained_causal_update",
-    "permutation",
-    "untrained_permutation",
-    "pruning",
-    "pruning_heldout",
-    "pruning_random",
-)
+# the stages the page needs (one that is missing is listed as missing), in the study's order: every stage of the
+# real-model study's one list but the optional second control (its section is left out when it was not computed)
+# and the reference stage (issue 10's measurements, not on this page)
+STAGES = tuple(s.name for s in rm.STAGES if s.name not in (*rm.TWIN_CONTROLS, "reference"))
 CRITERIA_LABELS = {
     "angular_block": "angular distance of a contiguous block (Gromov et al.)",
     "block_influence": "block influence 1 − cos (ShortGPT)",
