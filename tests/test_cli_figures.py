@@ -68,6 +68,31 @@ def test_the_track_table_has_one_header_per_cell():
     assert track_columns(ds, short=True)[-1] == "val loss first → last" and rows[0][-1].count("→") == 1
 
 
+def test_a_diagnostic_s_track_column_comes_from_its_spec():
+    """A plug-in's `track_columns` entry is a column of the track table, after the shipped ones and before the val
+    loss: its variable at the first and last snapshot, each value of its other dimension "/"-joined in coordinate
+    order, — for a run without a finite value; the report's header lists the coordinate's values."""
+    from pathlib import Path
+
+    from depthlens.diagnostics import registry
+    from depthlens.io.dataset import read_netcdf
+    from depthlens.render.track import track_columns, track_rows
+
+    ds = read_netcdf(Path(__file__).parents[1] / "reports" / "track" / "track.nc")
+    values = np.arange(ds.sizes["run"] * ds.sizes["step"] * 2, dtype=float).reshape(ds.sizes["run"], -1, 2) / 8
+    values[0] = np.nan  # the first run: no value at any snapshot
+    ds["toy_series"] = (("run", "step", "part"), values)
+    ds = ds.assign_coords(part=["in", "out"])
+    column = registry.TrackColumn("toy_series", "toy", "toy series of the parts", fmt=".3f")
+    before = track_columns(ds, short=True)
+    with registry.register(registry.Diagnostic("toy", "m:f", "a plug-in", track_columns=(column,))):
+        short, long, rows = track_columns(ds, short=True), track_columns(ds), track_rows(ds)
+    assert short == [*before[:-1], "toy, first → last", before[-1]]
+    assert long[-2] == "toy series of the parts (in/out), first → last"
+    assert [r[-2] for r in rows[:2]] == ["—", "1.750/1.875 → 3.250/3.375"]  # run 1: steps 0 and 6 (the last)
+    assert all(len(r) == len(short) for r in rows)
+
+
 def test_a_wide_table_is_printed_whole_into_a_pipe(capsys):
     from rich.table import Table
 

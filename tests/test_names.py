@@ -38,8 +38,6 @@ KNOWN: dict[str, set[str]] = {
     "diagnostics/lens/engine.py": {"rank"},
     "diagnostics/lens/summary.py": {"rank"},
     "models/protocol.py": {"mixing"},
-    # the track table's effective-rank column reads the rank diagnostic's series by its name ("erank")
-    "render/track.py": {"rank"},
 }
 
 

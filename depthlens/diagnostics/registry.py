@@ -30,6 +30,7 @@ from .permutation.headline import PERM_ABS as PERM_ABS
 from .scores import Grid as Grid
 from .scores import MatrixView as MatrixView
 from .scores import Score as Score
+from .scores import TrackColumn as TrackColumn
 from .scores import TrackPanel as TrackPanel
 from .spec import Column as Column
 from .spec import Command as Command

@@ -48,6 +48,19 @@ class TrackPanel:
 
 
 @dataclass(frozen=True)
+class TrackColumn:
+    """A column of `depthlens track`'s table for a tracked series other than a headline share (those get theirs by
+    themselves): the variable at a run's first and last snapshot, each value of its other dimension ("/"-joined,
+    in coordinate order; "—" where neither snapshot has a finite one). Its header is `label` in a terminal, and
+    `what` with the dimension's values in the report."""
+
+    var: str
+    label: str  # the short header ("erank")
+    what: str  # the report's header, before the dimension's values ("erank of the mixing products")
+    fmt: str = ".2f"  # each value's format
+
+
+@dataclass(frozen=True)
 class Score:
     """One headline score: S(θ) = share of late pairs (i, j) whose score matrix entry is > θ."""
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from depthlens.designs import has_capability
 
-from .scores import Score, TrackPanel
+from .scores import Score, TrackColumn, TrackPanel
 
 if TYPE_CHECKING:  # typing only: this module imports nothing heavy at run time
     import xarray as xr
@@ -214,6 +214,7 @@ class Diagnostic:
     columns: tuple[Column, ...] = ()  # report table columns besides the share
     track_name: str = ""  # its name in `track` (metric names, cache files); "" = the name
     track_panels: tuple[TrackPanel, ...] = ()  # rows of the track figure for its series other than the share
+    track_columns: tuple[TrackColumn, ...] = ()  # columns of the track table for its series other than the share
     title: str = ""  # figure caption in the report ("" = the summary)
     prefix: str = ""  # of its report summary.json columns (`<prefix>_share`, ...); "" = the name
     # also run on each checkpoint's untrained twin in a report: the baseline a learned effect is read against

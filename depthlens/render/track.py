@@ -1,10 +1,11 @@
 """Depth over training: the figure and the Markdown section of a `depthlens track` dataset.
 
-fig_track(ds)          rows: each tracked headline share, then the diagnostics' other panels (`figure_rows`: causal
-                       and permutation shares, erank, dead prefix, those present);
+fig_track(ds)          rows: each tracked headline share, then the diagnostics' other panels (`figure_rows`: the
+                       shares, then `Diagnostic.track_panels`, those present);
                        columns: depth L; one line per run (design colour) with its 95% bootstrap CI band,
                        validation loss dashed on a twin axis; x = training tokens (symlog: init at 0).
-track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot.
+track_markdown(ds)     a "Depth over training" section: one row per run, first → last snapshot (columns: each
+                       share, then `Diagnostic.track_columns`, those present).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def fig_track(ds: xr.Dataset) -> Any:
     from matplotlib.ticker import NullFormatter
 
     rows = [r for r in figure_rows(ds) if np.isfinite(np.asarray(ds[r[0]].values, dtype=float)).any()]
-    if not rows:  # no share, rank or prefix to draw (e.g. --metric angular): the validation loss alone
+    if not rows:  # no share or other series to draw (e.g. --metric angular): the validation loss alone
         rows = [("val_loss", "validation loss [nat]", None, {})]
     depths = sorted({int(L) for L in ds["n_layer"].values})
     fig, axes = plt.subplots(
@@ -208,13 +209,32 @@ def _change(ds: xr.Dataset, prefix: str, run: str) -> str:
     return f"{100 * v:+.0f} pts" + ("" if math.isnan(lo) else f" [{100 * lo:+.0f}, {100 * hi:+.0f}]")
 
 
-def _erank(ds: xr.Dataset, run: str, a: int, b: int) -> str:
-    """Effective rank of each mixing product (product coordinate order), first → last snapshot; — when the
-    design has none (not HC/mHC)."""
-    e = np.asarray(ds["erank"].sel(run=run).values, dtype=float)  # (step, product)
+def series_columns(ds: xr.Dataset) -> list[registry.TrackColumn]:
+    """The diagnostics' table columns (`Diagnostic.track_columns`) whose series the run tracked, in registry order."""
+    return [c for d in registry.diagnostics() for c in d.track_columns if c.var in ds]
+
+
+def _other_dim(ds: xr.Dataset, col: registry.TrackColumn) -> str | None:
+    return next((str(d) for d in ds[col.var].dims if d not in ("run", "step")), None)
+
+
+def _series(ds: xr.Dataset, col: registry.TrackColumn, run: str, a: int, b: int) -> str:
+    """`col`'s variable at snapshots a → b, each value of its other dimension (coordinate order) "/"-joined; — when
+    neither has a finite value (a design the diagnostic does not apply to)."""
+    e = np.asarray(ds[col.var].sel(run=run).values, dtype=float)  # (step[, other])
     if not np.isfinite(e[[a, b]]).any():
         return "—"
-    return " → ".join("/".join(_fmt(v, ".2f") for v in e[k]) for k in (a, b))
+    return " → ".join("/".join(_fmt(v, col.fmt) for v in np.atleast_1d(e[k])) for k in (a, b))
+
+
+def _series_head(ds: xr.Dataset, col: registry.TrackColumn, short: bool) -> str:
+    if short:
+        return f"{col.label}, first → last"
+    dim = _other_dim(ds, col)
+    if dim is None:
+        return f"{col.what}, first → last"
+    values = "/".join(str(v) for v in ds[dim].values) if dim in ds.coords else f"each {dim}"
+    return f"{col.what} ({values}), first → last"
 
 
 def track_rows(ds: xr.Dataset) -> list[list[str]]:
@@ -238,8 +258,7 @@ def track_rows(ds: xr.Dataset) -> list[list[str]]:
                 f"{_share(ds, prefix, run, a)} → {_share(ds, prefix, run, b)}; {curve_summary(x[have], y[have])}"
             )
             row.append(_change(ds, prefix, run))
-        if "erank" in ds:
-            row.append(_erank(ds, run, a, b))
+        row += [_series(ds, col, run, a, b) for col in series_columns(ds)]
         v = np.asarray(ds["val_loss"].sel(run=run).values, dtype=float)
         row.append(f"{_fmt(v[a])} → {_fmt(v[b])}")
         out.append(row)
@@ -260,9 +279,7 @@ def track_columns(ds: xr.Dataset, short: bool = False) -> list[str]:
             if short
             else f"{label}: trained − untrained (step 0) [95%, paired over sequences]"
         )
-    if "erank" in ds:
-        products = "/".join(str(v) for v in ds["product"].values) if "product" in ds.coords else "each product"
-        head.append("erank, first → last" if short else f"erank of the mixing products ({products}), first → last")
+    head += [_series_head(ds, col, short) for col in series_columns(ds)]
     head.append("val loss first → last")
     return head
 

@@ -6,7 +6,7 @@ figure.py   one checkpoint's window profile
 
 from __future__ import annotations
 
-from ..scores import TrackPanel, frozen
+from ..scores import TrackColumn, TrackPanel, frozen
 from ..spec import Column, Diagnostic, Hooks
 
 
@@ -29,6 +29,7 @@ RANK_SPEC = Diagnostic(
     columns=(Column("erank (full)", "erank", "erank_full", ".2f"),),
     track_name="erank",
     track_panels=(TrackPanel("erank", "effective rank of the\nfull mixing product", frozen(product="full")),),
+    track_columns=(TrackColumn("erank", "erank", "erank of the mixing products"),),  # each product, "—" if none
     load=_load,
 )
 SPECS = (RANK_SPEC,)
