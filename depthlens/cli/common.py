@@ -354,15 +354,28 @@ def eval_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A command's `c: Common` parameter becomes the shared eval options (`EVAL_OPTIONS`: --data .. --threads), in
     its place in the signature, so `--help` lists them where the command put `c`; the command receives them as
     one `Common`. Written once here instead of ten declarations in every command."""
+    return _with_options(fn, EVAL_OPTIONS)
+
+
+def some_eval_options(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`eval_options` for a command that takes only the options `names` (in `EVAL_OPTIONS` order), with its own
+    `defaults` where they differ (plan and prune: --n-seq 16); the options it does not take are
+    `EVAL_DEFAULTS`' (tokens and batch size unset, cpu, fp32, no device map)."""
+    chosen = tuple((name, ann, defaults.get(name, default)) for name, ann, default in EVAL_OPTIONS if name in names)
+    assert [name for name, _, _ in chosen] == list(names) and set(defaults) <= set(names), (names, defaults)
+    return lambda fn: _with_options(fn, chosen)
+
+
+def _with_options(fn: Callable[..., Any], options: tuple[tuple[str, Any, Any], ...]) -> Callable[..., Any]:
     hints = typing.get_type_hints(fn, include_extras=True)  # the module's names are defined by now
     sig = inspect.signature(fn)
-    names = [name for name, _, _ in EVAL_OPTIONS]
+    names = [name for name, _, _ in options]
     params: list[inspect.Parameter] = []
     for p in sig.parameters.values():
         if p.name == "c":
             params += [
                 inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=ann)
-                for name, ann, default in EVAL_OPTIONS
+                for name, ann, default in options
             ]
         else:
             params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
@@ -370,7 +383,7 @@ def eval_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        c = _common(*(kwargs.pop(name) for name in names))
+        c = _common(**{**dataclasses.asdict(EVAL_DEFAULTS), **{name: kwargs.pop(name) for name in names}})
         return fn(*args, c=c, **kwargs)
 
     wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]

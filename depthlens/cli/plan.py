@@ -9,22 +9,7 @@ import typer
 
 from ..runtime.defaults import DEFAULT_N_BOOT
 from .app import QuietOpt, app, domain_errors, fail, print_table
-from .common import (
-    BootOpt,
-    CkptsArg,
-    DataOpt,
-    DeviceOpt,
-    DtypeOpt,
-    JsonOpt,
-    NSeqOpt,
-    SeedOpt,
-    SeqLenOpt,
-    ThreadsOpt,
-    _common,
-    _json,
-    _study,
-    busy,
-)
+from .common import EVAL_DEFAULTS, BootOpt, CkptsArg, Common, JsonOpt, _json, _study, busy, some_eval_options
 
 
 def _report_dir(paths: list[Path]) -> Path | None:
@@ -36,19 +21,14 @@ def _report_dir(paths: list[Path]) -> Path | None:
 
 @app.command()
 @domain_errors
+@some_eval_options("data", "n_seq", "seq_len", "seed", "device", "dtype", "threads", n_seq=16)
 def plan(
     ckpts: CkptsArg,
     power: Annotated[float, typer.Option(min=0.5, max=0.99, help="Target power of the 95 % interval.")] = 0.8,
     sequences: Annotated[
         str | None, typer.Option(help="Comma-separated eval-sequence counts to plan at (default: N, 2N, 4N).")
     ] = None,
-    data: DataOpt = None,
-    n_seq: NSeqOpt = 16,
-    seq_len: SeqLenOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # --data .. --threads (common.some_eval_options)
     n_boot: BootOpt = DEFAULT_N_BOOT,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -67,7 +47,6 @@ def plan(
     else:
         from ..studies.study import run_study
 
-        c = _common(data, None, n_seq, seq_len, None, seed, device, dtype, threads=threads)
         opts = _study(c, n_boot)
         from dataclasses import replace
 
@@ -78,7 +57,7 @@ def plan(
         if study is None:  # a torchrun rank other than 0
             return
         runs = {(e.slug, e.n_layer, e.seed): e.datasets for e in study.entries}
-    rows = K.crossed_rows(runs, {}, CLAIMS, n_boot=n_boot, seed=seed)
+    rows = K.crossed_rows(runs, {}, CLAIMS, n_boot=n_boot, seed=c.seed)
     plans = P.plan_rows(rows, CLAIMS, target=power, sequences=Ns)
     if not plans:
         fail(

@@ -11,26 +11,14 @@ from typing import Annotated, Any
 import typer
 
 from .app import QuietOpt, app, domain_errors, fail
-from .common import (
-    BatchOpt,
-    CkptArg,
-    DataOpt,
-    JsonOpt,
-    NSeqOpt,
-    SeedOpt,
-    SeqLenOpt,
-    ThreadsOpt,
-    _common,
-    busy,
-    eval_data,
-    open_model,
-)
+from .common import EVAL_DEFAULTS, CkptArg, Common, JsonOpt, busy, eval_data, open_model, some_eval_options
 
 CERTIFICATE = "prune_certificate.json"
 
 
 @app.command()
 @domain_errors
+@some_eval_options("data", "n_seq", "seq_len", "batch_size", "seed", "threads", n_seq=16)  # on cpu, in fp32
 def prune(
     ckpt: CkptArg,
     tolerance: Annotated[
@@ -46,12 +34,7 @@ def prune(
         ),
     ] = None,
     k_max: Annotated[int | None, typer.Option("--k-max", min=1, help="Largest k tried (default: L - 2).")] = None,
-    data: DataOpt = None,
-    n_seq: NSeqOpt = 16,
-    seq_len: SeqLenOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = 0,
-    threads: ThreadsOpt = 1,
+    c: Common = EVAL_DEFAULTS,  # --data .. --threads (common.some_eval_options)
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -87,7 +70,6 @@ def prune(
         fail(f"--out {out} exists; give a new directory", 2)
     if not src.exists():
         fail(f"{ckpt}: no such checkpoint directory or GGUF file", 1)
-    c = _common(data, None, n_seq, seq_len, batch_size, seed, "cpu", "fp32", threads=threads)
     model, ck = open_model(ckpt, c)
     ev = eval_data(model, ck, c)
     from ..diagnostics.pruning_heldout import certify
