@@ -265,6 +265,17 @@ def _heldout_criteria(ctx: Context) -> list[str]:
     return _with_inputs(ctx, ctx.opts.heldout_criteria or CRITERIA)
 
 
+def _heldout_settings(step: Step) -> dict[str, Any]:
+    """What the two held-out pruning stages (the criteria's curves, the random cuts) both hand their engine: the
+    largest k (`--k-max`), the checkpoint (provenance), the progress callback and the journal of finished cuts."""
+    return {
+        "k_max": step.ctx.opts.k_max_heldout or None,
+        "checkpoint": step.ctx.opts.model,
+        "progress": step.progress,
+        "journal": step.journal,
+    }
+
+
 def _heldout(step: Step) -> xr.Dataset:
     from depthlens.diagnostics.pruning_heldout import heldout_curves, window_domains
 
@@ -273,13 +284,10 @@ def _heldout(step: Step) -> xr.Dataset:
         step.model,
         ctx.data,
         domains=window_domains(ctx.data, ctx.opened.tokenizer),
-        k_max=ctx.opts.k_max_heldout or None,
         criteria=list(todo),
         causal=ctx.load(CRITERION_INPUT["causal"]) if "causal" in todo else None,
         permutation=ctx.load(CRITERION_INPUT["permutation"]) if "permutation" in todo else None,
-        checkpoint=ctx.opts.model,
-        progress=step.progress,
-        journal=step.journal,
+        **_heldout_settings(step),
     )
 
 
@@ -292,16 +300,7 @@ def _merge_heldout(kept: xr.Dataset, new: xr.Dataset) -> xr.Dataset:
 def _random_cuts(step: Step) -> xr.Dataset:
     from depthlens.diagnostics.pruning_heldout import random_baselines
 
-    ctx = step.ctx
-    return random_baselines(
-        step.model,
-        ctx.data,
-        k_max=ctx.opts.k_max_heldout or None,
-        n_random=N_RANDOM_HELDOUT,
-        checkpoint=ctx.opts.model,
-        progress=step.progress,
-        journal=step.journal,
-    )
+    return random_baselines(step.model, step.ctx.data, n_random=N_RANDOM_HELDOUT, **_heldout_settings(step))
 
 
 def _on_twin(kind: str, *, default: bool) -> tuple[Stage, Stage]:
