@@ -481,13 +481,19 @@ def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions, cache: Resu
 # the whole study, in one process or spread over torchrun ranks
 
 
+@dataclass(frozen=True)
+class Callbacks:
+    """What a study tells its caller along the way (`run_study`'s keywords, handed whole to its torchrun branch
+    `compute_spread`): `before()` runs first (on rank 0 under torchrun: report checks its output location there),
+    `on_loaded(n_steps)` once the models are validated, `progress(what)` after each step."""
+
+    before: Callable[[], object] | None = None
+    progress: Progress = _noop
+    on_loaded: Callable[[int], None] | None = None
+
+
 def compute_spread(
-    paths: Sequence[str | os.PathLike[str]],
-    opts: StudyOptions,
-    *,
-    before: Callable[[], object] | None = None,
-    progress: Progress = _noop,
-    on_loaded: Callable[[int], None] | None = None,
+    paths: Sequence[str | os.PathLike[str]], opts: StudyOptions, calls: Callbacks
 ) -> tuple[list[Entry], Any, float, int] | None:
     """Steps 1-4 under torchrun, each rank on whole checkpoints of its own (runtime.ranks). Rank 0 returns
     (every Entry in the given order, eval data, compute seconds, world size), the other ranks None. After each
@@ -507,8 +513,8 @@ def compute_spread(
     paths = [Path(p) for p in paths]
 
     def plan() -> list[int]:
-        if before is not None:
-            before()
+        if calls.before is not None:
+            calls.before()
         return assign(paths, n)
 
     def load() -> tuple[list[Entry], list[tuple[str, int]]]:
@@ -528,12 +534,12 @@ def compute_spread(
     hashes = {h for h in agree(err, None if data is None else data.sha256, group) if h is not None}
     if len(hashes) > 1:  # identical inputs must give identical tokens: never compare checkpoints on different data
         raise DepthlensError(f"the ranks built different eval data ({len(hashes)} token hashes)")
-    if on_loaded is not None:
-        on_loaded(n_steps(entries, opts, n_checkpoints=len(paths)))
+    if calls.on_loaded is not None:
+        calls.on_loaded(n_steps(entries, opts, n_checkpoints=len(paths)))
     # 3. every diagnostic on my checkpoints; the engines must not split their arms over the ranks again
     t0 = time.perf_counter()
     with local_only():
-        err, _ = attempt(lambda: compute(entries, data, opts, progress))
+        err, _ = attempt(lambda: compute(entries, data, opts, calls.progress))
     agree(err, None, group)
     # 4. records and datasets to rank 0
     parts = gather_to_main([(i, pack(e)) for i, e in zip(mine, entries)], group)
@@ -605,7 +611,7 @@ def run_study(
     from .cache import folder_in_use
 
     if launched():
-        spread = compute_spread(paths, opts, before=before, progress=progress, on_loaded=on_loaded)
+        spread = compute_spread(paths, opts, Callbacks(before, progress, on_loaded))
         if spread is None:
             return None
         entries, data, seconds, world_size = spread
