@@ -72,6 +72,14 @@ def report(
             help="Where the untrained permutation runs: every checkpoint (all), or only the designs and depths a permutation claim of the orderings check names (claims).",
         ),
     ] = UntrainedPermFor.all,
+    untrained_seeds: Annotated[
+        int | None,
+        typer.Option(
+            "--untrained-seeds",
+            min=1,
+            help="Untrained twins only for checkpoints whose training seed is < K (no recorded seed counts as 0); the at-init numbers of a design then pool those seeds. Default: every seed.",
+        ),
+    ] = None,
     perm_n_seq: Annotated[
         int,
         typer.Option(
@@ -122,6 +130,7 @@ def report(
         untrained=() if untrained.strip() == "none" else parse_metrics(untrained),
         untrained_perm_n_seq=untrained_perm_n_seq or None,
         untrained_perm_for=untrained_perm_for.value,
+        untrained_seeds=untrained_seeds,
         perm_n_seq=perm_n_seq or None,
         precision=precision,
     )

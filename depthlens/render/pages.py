@@ -392,7 +392,8 @@ def _eval_line(rep) -> str:
 
 def _untrained_scope(o, n: int) -> str:
     """What each untrained run that does not see the whole report covers: its eval sequences capped to a prefix
-    (`Diagnostic.seq_caps`), its cells only those a claim names (`untrained_where_claimed`)."""
+    (`Diagnostic.seq_caps`), its cells only those a claim names (`untrained_where_claimed`), its checkpoints only
+    those of the first training seeds (`untrained_seeds`)."""
     out = ""
     for d in registry.diagnostics():
         if d.name not in o.untrained or not (d.seq_caps or d.untrained_where_claimed):
@@ -404,6 +405,12 @@ def _untrained_scope(o, n: int) -> str:
             else ""
         )
         out += f" (the untrained {d.name} on the first {k} sequences{where})"
+    if o.untrained_seeds is not None and o.untrained:
+        k = o.untrained_seeds
+        out += (
+            f" (untrained twins only for training seeds < {k}, --untrained-seeds {k}: every at-init number pools "
+            "the seeds that have one, and the claims below say how many)"
+        )
     return out
 
 

@@ -160,6 +160,16 @@ def _from_crossed(d: dict[str, Any] | None) -> iv.Interval | None:
     return iv.Interval(d["estimate"], d["low"], d["high"], str(d["method"]), iv.SEEDS, int(d["n_units"]))
 
 
+def claim_cells_of(claim: Claim) -> tuple[tuple[str | None, int], ...]:
+    """The (design, depth) cells one claim's verdict pools runs of: both designs (order), the design at L and L/2
+    (sign), the design (at_least)."""
+    if claim.kind == "order":
+        return ((claim.higher, claim.L), (claim.lower, claim.L))
+    if claim.kind == "sign":
+        return ((claim.higher, claim.L), (claim.higher, claim.L // 2))
+    return ((claim.higher, claim.L),)
+
+
 def claim_cells(score: str, claims: Sequence[Claim] | None = None) -> frozenset[tuple[str, int]]:
     """The (design, depth) cells the claims on `score` name (default: `CLAIMS`): where a study limited to the
     claims computes it."""
@@ -326,6 +336,10 @@ def check(
     score = "eval_loss" if claim.score == "loss_change" else claim.score
     trained, init = claim_interval(claim, records, comparisons), claim_interval(claim, records, comparisons, True)
     seeds = sorted({r.get("seed") for r in [*hi, *lo]}, key=lambda s: (s is None, s or 0))
+    # the runs the at-init counterpart pools: those with an untrained value (`--untrained-seeds` builds twins for
+    # the first seeds only), so a cell of 8 trained runs may have 3 at init
+    at_init = [[r for r in rs if _value(r, score, True) is not None] for rs in (hi, lo)]
+    seeds_init = sorted({r.get("seed") for r in [*at_init[0], *at_init[1]]}, key=lambda s: (s is None, s or 0))
     one = trained is not None and trained.unit == iv.SEQUENCES
     note = "one seed: the interval excludes training variance" if one else None
     if trained is not None and trained.unit == iv.SEEDS and trained.n_units < 2:
@@ -343,6 +357,11 @@ def check(
         if c.get("degenerate") and c.get("score") == claim.score and c.get("L") == claim.L
     }
     extra += what_this_is(claim, trained, values, gains)
+    extra += [
+        f"mixed recipes pooled: {c['line']}"
+        for c in comparisons
+        if c.get("mixed_recipe") and (c.get("design"), c.get("L")) in claim_cells_of(claim)
+    ]
     if extra:
         note = "; ".join([*([note] if note else []), *extra])
     v_trained, v_init = verdict(claim, trained), verdict(claim, init)
@@ -361,6 +380,8 @@ def check(
         "verdict": with_init(v_trained, v_init),
         "interval_untrained": _dict(init),
         "verdict_untrained": v_init,
+        "seeds_untrained": seeds_init,
+        "n_runs_untrained": [len(at_init[0]), len(at_init[1])],
         "note": note,
     }
     return out
@@ -417,6 +438,28 @@ HEAD = (
 )
 
 
+def seed_list(seeds: Sequence[int | None]) -> str:
+    """Seeds as ranges: [0, 1, 2, 5] -> "seeds 0-2,5"; [3] -> "seed 3"; an unknown seed is "?"."""
+    known = sorted(s for s in seeds if s is not None)
+    parts: list[str] = []
+    for s in known:
+        if parts and parts[-1].split("-")[-1] == str(s - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{s}"
+        else:
+            parts.append(str(s))
+    parts += ["?"] * (len(seeds) - len(known))
+    return ("seed " if len(seeds) == 1 else "seeds ") + ",".join(parts)
+
+
+def _at_init_runs(r: dict[str, Any]) -> str:
+    """Which runs the at-init counterpart pools, where they are fewer than the trained ones (`--untrained-seeds`)."""
+    got, n, m = r.get("seeds_untrained"), r.get("n_runs_untrained"), r.get("n_runs")
+    if got is None or not n or not m or got == r["seeds"] or r.get("interval_untrained") is None:
+        return ""
+    runs = f"{n[0]} of {m[0]} runs" if not m[1] else f"{n[0]} + {n[1]} of {m[0]} + {m[1]} runs"
+    return f" (at init: {seed_list(got)}, {runs})"
+
+
 def rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
     out = []
     for r in results:
@@ -430,7 +473,7 @@ def rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
                 _fmt(r["value_lower"]),
                 _fmt(r["interval"]),
                 verdict_text,
-                _fmt(r["interval_untrained"]),
+                _fmt(r["interval_untrained"]) + _at_init_runs(r),
                 r["verdict_untrained"],
             ]
         )

@@ -480,13 +480,15 @@ def report(
     seed: int = 0,
     n_boot: int = DEFAULT_N_BOOT,
     untrained: str | Sequence[str] | None = None,
+    untrained_seeds: int | None = None,
     device: str = "cpu",
     dtype: str = "fp32",
     overwrite: bool = False,
     progress: bool = True,
 ) -> Any:
     """`depthlens report`: every diagnostic (or `metrics`, names or aliases) on every checkpoint (paths) on one
-    eval set, the untrained baselines beside them (`untrained`: metric names, () for none; default the report's),
+    eval set, the untrained baselines beside them (`untrained`: metric names, () for none; default the report's;
+    `untrained_seeds` K: only for checkpoints of training seed < K, as `--untrained-seeds`; None: every seed),
     written atomically to the directory `out` (HTML, Markdown, summary.json, netCDF). Returns the Report
     (`.records`: one dict per checkpoint, the numbers of summary.json)."""
     from depthlens.io.ownership import in_scratch
@@ -505,6 +507,7 @@ def report(
         n_boot=n_boot,
         metrics=parse_metrics(metrics or registry.names()),
         untrained=registry.untrained_names() if untrained is None else (parse_metrics(untrained) if untrained else ()),
+        untrained_seeds=untrained_seeds,
     )
     if in_scratch(out):  # the default folder depthlens-out/ is made on first use
         Path(out).parent.mkdir(parents=True, exist_ok=True)

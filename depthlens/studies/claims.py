@@ -25,6 +25,7 @@ import numpy as np
 from depthlens.errors import DepthlensError
 from depthlens.io.jsonsafe import jsonable
 from depthlens.stats import crossed as cr
+from depthlens.stats.orderings import seed_list
 
 RunKey = tuple[str | None, int, int | None]  # design, depth, training seed
 Runs = Mapping[RunKey, Mapping[str, Any]]  # -> {metric: xr.Dataset}
@@ -225,3 +226,69 @@ def runs_from_report(directory: str | Path, metrics: Sequence[str] | None = None
                 if k is not None:
                     runs.setdefault(k, {})[m] = ds.sel(checkpoint=name)
     return runs
+
+
+# The recipe fields that do not make two runs of a cell different training: those the trainer counts as leaving
+# the trained model what the recipe defines (`training.outputs.NEUTRAL_OVERRIDES`: where things go, how often to
+# log, evaluate and save, `meta`), what makes them seeds of one cell (`seed`, `data_seed`), the run's own `name`
+# (every seed has its own), and which analysis snapshots it saved (`snapshot_every_log2`, as `snapshots`).
+def _not_a_recipe_difference() -> frozenset[str]:
+    from depthlens.training.outputs import NEUTRAL_OVERRIDES
+
+    return NEUTRAL_OVERRIDES | {"seed", "data_seed", "name", "snapshot_every_log2"}
+
+
+def _flat(recipe: Mapping[str, Any], ignore: frozenset[str], prefix: str = "") -> dict[str, str]:
+    """A recipe's fields as dotted names (`model.d_model`) -> a comparable text of the value."""
+    import json
+
+    out: dict[str, str] = {}
+    for k, v in recipe.items():
+        if not prefix and k in ignore:
+            continue
+        if isinstance(v, Mapping):
+            out.update(_flat(v, ignore, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = f"{v:g}" if isinstance(v, float) else json.dumps(v, sort_keys=True)
+    return out
+
+
+def mixed_recipe_rows(runs: Sequence[tuple[RunKey, Mapping[str, Any] | None]]) -> list[dict[str, Any]]:
+    """Per (design, depth) cell whose runs were trained from different recipes (train.json `recipe`, apart from the
+    fields `_not_a_recipe_difference` names): the fields that differ and which seeds had which values, as one line
+    ("preln L=32: seeds 0-2 lr 0.006, seeds 3-7 lr 0.012"). Runs without a recorded recipe are left out; a cell
+    whose recipes agree gives no row. Rows carry `"mixed_recipe": true` (orderings notes them beside a verdict)."""
+    ignore = _not_a_recipe_difference()
+    cells: dict[tuple[str | None, int], list[tuple[int | None, dict[str, str]]]] = {}
+    for (design, L, seed), recipe in runs:
+        if isinstance(recipe, Mapping) and recipe:
+            cells.setdefault((design, L), []).append((seed, _flat(recipe, ignore)))
+    out = []
+    for (design, L), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        names = sorted({f for _, flat in members for f in flat})
+        fields = [f for f in names if len({flat.get(f) for _, flat in members}) > 1]
+        if not fields:
+            continue
+        groups: dict[tuple[str, ...], list[int | None]] = {}
+        for seed, flat in members:
+            groups.setdefault(tuple(flat.get(f, "(unset)") for f in fields), []).append(seed)
+        ordered = sorted(groups.items(), key=lambda kv: min((s for s in kv[1] if s is not None), default=1 << 62))
+        line = f"{design} L={L}: " + ", ".join(
+            f"{seed_list(seeds)} " + " ".join(f"{f} {v}" for f, v in zip(fields, values)) for values, seeds in ordered
+        )
+        out.append(
+            jsonable(
+                {
+                    "mixed_recipe": True,
+                    "design": design,
+                    "L": L,
+                    "fields": fields,
+                    "groups": [
+                        {"seeds": sorted(s, key=lambda x: (x is None, x or 0)), "values": dict(zip(fields, v))}
+                        for v, s in ordered
+                    ],
+                    "line": line,
+                }
+            )
+        )
+    return out

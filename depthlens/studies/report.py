@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -261,7 +262,7 @@ def comparisons(
             out.append(jsonable(row))
     # the claims' design values and differences over seeds, crossed with the shared eval sequences
     # (studies.claims; orderings reads these rows first), and what a rank-1 readout is
-    from depthlens.studies.claims import crossed_rows, degenerate_rows
+    from depthlens.studies.claims import crossed_rows, degenerate_rows, mixed_recipe_rows
 
     cl = CLAIMS if claims is None else claims
     out += crossed_rows(
@@ -272,6 +273,8 @@ def comparisons(
         seed=opts.seed,
     )
     out += degenerate_rows({k: e.datasets for k, e in by.items()}, cl)
+    # every checkpoint, not `by` (whose key would merge two checkpoints of one seed): cells pooled over mixed recipes
+    out += mixed_recipe_rows([((e.slug, e.n_layer, e.seed), e.train.get("recipe")) for e in entries])
     return out
 
 
@@ -381,8 +384,14 @@ def summarise(entries: Sequence[Entry], data: EvalData, opts: ReportOptions, pro
     for e in rep.entries:
         rep.records.append(record(e, opts, rep.sweeps))
     rep.comparisons = comparisons(rep.entries, opts)
+    rep.notes += [mixed_recipe_note(c) for c in rep.comparisons if c.get("mixed_recipe")]
     progress("summary")
     return rep
+
+
+def mixed_recipe_note(row: dict[str, Any]) -> str:
+    """The report's note (and stderr warning) on one cell whose seeds were trained from different recipes."""
+    return f"mixed training recipes pooled as the seeds of one design and depth: {row['line']}"
 
 
 def build_report(
@@ -427,6 +436,9 @@ def _build_report(
     rep.command = command_line()
     rep.seconds["compute"] = round(t_compute, 2)
     write_report(rep, out, overwrite, progress)
+    for c in rep.comparisons:  # not silent: one line per mixed cell (the claims beside it say so too)
+        if c.get("mixed_recipe"):
+            sys.stderr.write(f"depthlens: warning: {mixed_recipe_note(c)}\n")
     rep.seconds["total"] = round(time.perf_counter() - t_start, 2)
     # the total is known only after writing; record it in the manifest too (small atomic rewrite)
     atomic_write_text(Path(out) / "manifest.json", json.dumps(manifest(rep), indent=1) + "\n")

@@ -96,6 +96,11 @@ class StudyOptions:
     # permutation claim of the orderings check names (`stats.orderings.claim_cells`), the cells whose "holds at
     # init" needs it; the main job's choice, as the untrained permutation costs as much as the trained one
     untrained_perm_for: str = "all"
+    # untrained twins only for checkpoints whose training seed is < `untrained_seeds` (a checkpoint without a
+    # recorded seed counts as seed 0 and keeps its twin); None: every seed. The at-init reference of a cell needs
+    # modest precision and a cell's seeds differ only in their init, so the main job builds 3 twins per cell
+    # rather than one per training seed; every at-init number then pools exactly the seeds that have a twin
+    untrained_seeds: int | None = None
     # the trained permutation on the first `perm_n_seq` eval sequences (None: all): a report's main cost at
     # L = 32 (every late pair re-runs the layers after it); the other diagnostics keep all `n_seq`
     perm_n_seq: int | None = None
@@ -112,6 +117,14 @@ class StudyOptions:
             raise UsageError(
                 f"untrained_perm_for must be one of {', '.join(UNTRAINED_PERM_FOR)}, got {self.untrained_perm_for!r}"
             )
+        k = self.untrained_seeds
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise UsageError(f"untrained_seeds must be a whole number ≥ 1 (or None: every seed), got {k!r}")
+
+    def has_twin(self, seed: int | None) -> bool:
+        """Whether a checkpoint of training seed `seed` gets its untrained twin (`untrained_seeds`; an unknown
+        seed counts as seed 0)."""
+        return self.untrained_seeds is None or (seed or 0) < self.untrained_seeds
 
     def engine_options(self, metric: str) -> dict[str, Any]:
         """Options of diagnostic `metric`'s engine: its registry defaults plus this study's choices."""
@@ -146,6 +159,8 @@ class StudyOptions:
             "precision": self.precision,
             **({} if self.device_map is None else {"device_map": self.device_map}),
             **({} if self.tokens is None else {"tokens": self.tokens}),
+            # only when set, so that a study at the default (twins for every seed) records what it did before
+            **({} if self.untrained_seeds is None else {"untrained_seeds": self.untrained_seeds}),
         }
 
 
@@ -453,6 +468,10 @@ def _compute_untrained(e: Entry, data: EvalData, opts: StudyOptions, cache: Resu
 
     # the baseline of what was computed on the trained model (a refusal there is noted once, not twice)
     todo = [m for m in opts.metrics if m in opts.untrained and applies(m, e) and m in e.datasets]
+    if todo and not opts.has_twin(e.seed):
+        k = opts.untrained_seeds
+        e.notes.append(f"untrained baseline: not computed (--untrained-seeds {k}: training seed {e.seed} is not < {k})")
+        return
     for m in [m for m in todo if registry.get(m).untrained_where_claimed and opts.untrained_perm_for == "claims"]:
         if (e.slug, e.n_layer) not in claim_cells(registry.get(m).prefix):
             todo.remove(m)
