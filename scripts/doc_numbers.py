@@ -44,8 +44,10 @@ def _train_records(root: Path) -> list[dict]:
 
 def zoo_losses(root: Path) -> str:
     """The CPU-zoo table of docs/training.md: final validation loss per design and depth (seed 0; with more
-    seeds, their mean and range), achieved params, peak LR and training wall time, from checkpoints/*/train.json."""
+    seeds, their mean and range), achieved params, peak LR (per seed where they differ) and training wall time of
+    seed 0, from checkpoints/*/train.json."""
     from depthlens.designs import SLUGS
+    from depthlens.stats.orderings import seed_list
 
     recs = _train_records(root)
     if not recs:
@@ -64,13 +66,64 @@ def zoo_losses(root: Path) -> str:
             if len(rs) > 1:
                 v = np.array([r["loss"] for r in rs])
                 loss = f"{v.mean():.3f} ({len(rs)} seeds {v.min():.3f}–{v.max():.3f})"
-            cells.append(f"{loss} ({round(r0['params'] / 1000)}K, LR {r0['lr']:g}, {r0['minutes']:.1f} min)")
+            lrs: dict[float, list[int]] = {}
+            for r in rs:
+                lrs.setdefault(r["lr"], []).append(r["seed"])
+            # the seeds of one cell trained at different LRs (an earlier recipe beside the current one) say which
+            lr = f"{r0['lr']:g}" if len(lrs) == 1 else " / ".join(f"{v:g} ({seed_list(s)})" for v, s in lrs.items())
+            cells.append(f"{loss} ({round(r0['params'] / 1000)}K, LR {lr}, {r0['minutes']:.1f} min)")
         lines.append(f"| {design} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def zoo_recipe_status(root: Path) -> str:
+    """Which zoo runs the shipped checkpoints hold from the current recipe (depthlens/recipes/zoo_cpu.json), which
+    from an earlier one (the trainer's own staleness rule, `training.recipes.stale_runs`: any recipe field but
+    where it is written) and which the recipe names but `checkpoints/` lacks: a summary line and a design x depth
+    table of training seeds."""
+    import contextlib
+
+    from depthlens.designs import SLUGS
+    from depthlens.stats.orderings import seed_list
+    from depthlens.training.config import load_recipe, read_recipe, recipe_runs
+    from depthlens.training.recipes import stale_runs
+
+    zoo = root / "depthlens" / "recipes" / "zoo_cpu.json"
+    names = list(recipe_runs(read_recipe(zoo)))
+    with contextlib.chdir(root):  # stale_runs reads each run's export path relative to the working directory
+        stale = set(stale_runs(zoo, names))
+    cells: dict[tuple[str, int], dict[str, list[int]]] = {}
+    for name in names:
+        r = load_recipe(zoo, run=name).to_dict()
+        have = (root / r["export"] / "train.json").is_file()
+        state = "not trained" if not have else ("earlier" if name in stale else "current")
+        key = (r["model"]["arch"], int(r["model"]["n_layer"]))
+        cells.setdefault(key, {}).setdefault(state, []).append(int(r.get("seed", 0)))
+    count = {s: sum(len(c.get(s, [])) for c in cells.values()) for s in ("current", "earlier", "not trained")}
+    depths = sorted({L for _, L in cells})
+    lines = [
+        f"{len(names)} runs in the recipe: {count['current']} trained from it, {count['earlier']} from an earlier "
+        f"recipe, {count['not trained']} not trained yet (seeds per design and depth):",
+        "",
+        "| design | " + " | ".join(f"L={L}" for L in depths) + " |",
+        "|---|" + "---|" * len(depths),
+    ]
+    for design in [s for s in SLUGS if any(d == s for d, _ in cells)]:
+        row = []
+        for L in depths:
+            c = cells.get((design, L), {})
+            parts = [
+                f"{state} {seed_list(sorted(c[state]))}"
+                for state in ("current", "earlier", "not trained")
+                if c.get(state)
+            ]
+            row.append(", ".join(parts) or "—")
+        lines.append(f"| {design} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # timings are not generated into the docs: they live in the git-ignored reports/zoo/timings.json (machine facts)
-GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses}
+GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses, "zoo-recipe-status": zoo_recipe_status}
 
 
 def render(text: str, root: Path = ROOT) -> str:

@@ -192,3 +192,49 @@ def test_performance_precision_table_is_the_bench():
     qwen = next(r for r in runs if "qwen2.5-coder-0.5b" in r["model"] and r["diagnostic"] == "causal")
     assert any("smollm2" in r["model"] for r in runs)  # the zoo, SmolLM2 and Qwen, as the speed issue asks
     assert f"causal headline was ±{qwen['steps'][0][1]:.3f} at {qwen['steps'][0][0]}" in " ".join(text.split())
+
+
+def test_zoo_recipe_status_reads_each_checkpoint_against_its_recipe():
+    """The generated "which runs are current" table (README, docs/training.md), cell by cell against the files:
+    a run is current when its train.json recipe equals the recipe's run (but where it is written), earlier when it
+    differs, not trained when checkpoints/ lacks it; and the summary line's counts add up to the recipe's runs."""
+    import importlib.util
+
+    from depthlens.training.config import load_recipe, read_recipe, recipe_runs
+
+    spec = importlib.util.spec_from_file_location("doc_numbers", ROOT / "scripts" / "doc_numbers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.zoo_recipe_status(ROOT)
+    zoo = ROOT / "depthlens" / "recipes" / "zoo_cpu.json"
+    want: dict[tuple[str, int], dict[str, set[int]]] = {}
+    for name in recipe_runs(read_recipe(zoo)):
+        r = load_recipe(zoo, run=name).to_dict()
+        p = ROOT / r["export"] / "train.json"
+        if not p.is_file():
+            state = "not trained"
+        else:
+            have = json.loads(p.read_text())["recipe"]
+            same = {k: v for k, v in have.items() if k not in ("resume", "out", "meta")} == {
+                k: v for k, v in r.items() if k not in ("resume", "out", "meta")
+            }
+            state = "current" if same else "earlier"
+        want.setdefault((r["model"]["arch"], r["model"]["n_layer"]), {}).setdefault(state, set()).add(r["seed"])
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    depths = [int(c.strip(" |").removeprefix("L=")) for c in rows[0][1:]]
+    got: dict[tuple[str, int], dict[str, set[int]]] = {}
+    for row in rows[1:]:
+        design = row[0].strip("| ")
+        for L, cell in zip(depths, row[1:]):
+            for part in re.findall(r"(current|earlier|not trained) seeds? ([0-9,\-]+)", cell):
+                seeds = set()
+                for piece in part[1].strip(",").split(","):
+                    lo, _, hi = piece.partition("-")
+                    seeds |= set(range(int(lo), int(hi or lo) + 1))
+                got.setdefault((design, L), {})[part[0]] = seeds
+    assert got == want
+    n = {s: sum(len(c.get(s, ())) for c in want.values()) for s in ("current", "earlier", "not trained")}
+    assert text.startswith(
+        f"{sum(n.values())} runs in the recipe: {n['current']} trained from it, {n['earlier']} from an earlier "
+        f"recipe, {n['not trained']} not trained yet"
+    )
