@@ -14,7 +14,7 @@ backticks is a command, an option, a file name or an identifier, not a quoted qu
 What is a number. A match of NUMBER (below) in the prose outside inline code, that is not part of a word: not
 preceded by a letter, digit, `_`, `/`, `.`, `#`, `@`, `=`, `-` glued to a word (`SmolLM2-135M`, `seeds 1-2`), nor
 followed by a letter, digit or `_` (other than its own K/M/B/G suffix), so that identifiers (`hc_l32`, `Qwen2.5`,
-`GPT-2`, `L4`), file names (`zoo_cpu_lr400.json`), anchors, issue numbers (`#32`), and version strings
+`GPT-2`, `L4`), file names (`zoo_cpu_lr400.json`), anchors, issue numbers (`#32`, `issue 10`), and version strings
 (`==2.13.0`, `v3`, anything of the form d.d.d) are not numbers. Among the matches, these count:
 - a decimal (`0.45`, `2.450`), a number in scientific notation (`4.6e5`, `1e-3`);
 - a number with a magnitude suffix (`230K`, `407M`, `0.5B`) or a unit or ratio after it (`97 %`, `−1.9 pp`, `4.3×`,
@@ -37,7 +37,8 @@ entry says in plain text which numbers it vouches for). Its `kind` says why the 
   definitional constant (a threshold, a default);
 - `test`: `test` names an existing test (`tests/FILE.py::NAME`) that checks the number against data; this check
   asserts the test exists and its source names the doc file (it does not run it);
-- `literature`: a number quoted from a paper, a spec or an outside source; `cite` says where from;
+- `literature`: a number quoted from a paper, a spec or an outside source; `cite` says where from (and `expr`, when
+  given, is checked as for `code`: the constant depthlens keeps the quoted value in);
 - `illustrative`: a value a sentence uses as an example input, or a target the project sets itself, that no data
   could back (`e.g. --n-seq 32`, "the 10 minutes this project aims for"); `why` says so;
 - `unverified`: a measurement whose data is not committed; `why` says what it is. Allowed only up to
@@ -152,6 +153,8 @@ def numbers_in(prose: str, file: str = "") -> list[Number]:
         # part of a word, a path, an identifier, a version, an issue number, an option value
         if re.match(r"[A-Za-z0-9_/.#@=\\]", before) or (before == "-" and s > 1 and re.match(r"\w", prose[s - 2])):
             continue
+        if re.search(r"\b(issues?|PR|pull request)\s$", prose[max(0, s - 14) : s], re.I):  # `issue 10`: a reference
+            continue
         after = prose[m.end("num") : m.end("num") + 1]
         if not m.group("unit") and re.match(r"[A-Za-z0-9_]", after):
             continue
@@ -223,13 +226,28 @@ def _namespace(root: Path) -> dict[str, Any]:
         """A count in thousands, as `230K`."""
         return f"{round(x / 1000)}K"
 
+    def pick(rows: list[dict[str, Any]], key: str, **where: Any) -> Any:
+        """rows[i][key] of the one row whose fields equal `where`."""
+        (hit,) = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+        return hit[key]
+
     def glob(pattern: str) -> dict[str, Any]:
         return _load_source(root, pattern)
 
     def load(path: str) -> Any:
         return _load_source(root, path)
 
-    ns = {"math": math, "statistics": statistics, "json": json, "pct": pct, "f": f, "k": k, "glob": glob, "load": load}
+    ns = {
+        "math": math,
+        "statistics": statistics,
+        "json": json,
+        "pct": pct,
+        "f": f,
+        "k": k,
+        "glob": glob,
+        "load": load,
+        "pick": pick,
+    }
     return ns | {"mod": importlib.import_module}
 
 
@@ -275,7 +293,7 @@ def check(root: Path = ROOT, files: list[str] | None = None, ledger: list[dict[s
             if [n.text for n in inside] != want:
                 problems.append(f"{tag}: value {want} but the context holds the numbers {[n.text for n in inside]}")
             covered[e["file"]] |= {n.start for n in inside}
-        if kind in ("data", "code"):
+        if kind in ("data", "code") or e.get("expr"):
             try:
                 got = evaluate(e, root)
             except Exception as exc:  # noqa: BLE001 - any failure of an entry is a finding

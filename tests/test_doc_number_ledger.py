@@ -26,10 +26,10 @@ from doc_ledger import ROOT, check, load_ledger, numbers_in, prose_of, read_page
 
 COVERED = [
     "README.md",
+    "docs/calibration.md",
 ]
 NOT_YET_COVERED = [
     "docs/architecture.md",
-    "docs/calibration.md",
     "docs/cli.md",
     "docs/concepts.md",
     "docs/depth-over-training.md",
