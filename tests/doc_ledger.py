@@ -293,7 +293,7 @@ def check(root: Path = ROOT, files: list[str] | None = None, ledger: list[dict[s
             if [n.text for n in inside] != want:
                 problems.append(f"{tag}: value {want} but the context holds the numbers {[n.text for n in inside]}")
             covered[e["file"]] |= {n.start for n in inside}
-        if kind in ("data", "code") or e.get("expr"):
+        if kind in ("data", "code") or (kind == "literature" and e.get("expr")):
             try:
                 got = evaluate(e, root)
             except Exception as exc:  # noqa: BLE001 - any failure of an entry is a finding
