@@ -12,7 +12,7 @@ Then every run of whitespace becomes one space (so a sentence broken over lines 
 backticks is a command, an option, a file name or an identifier, not a quoted quantity.
 
 What is a number. A match of NUMBER (below) in the prose outside inline code, that is not part of a word: not
-preceded by a letter, digit, `_`, `/`, `.`, `#`, `@`, `=`, `-` glued to a word (`SmolLM2-135M`, `seeds 1-2`), nor
+preceded by a letter (any script: `τ+1`), digit, `_`, `/`, `.`, `#`, `@`, `=`, `^` (`2^18`), `-` glued to a word (`SmolLM2-135M`, `seeds 1-2`), nor
 followed by a letter, digit or `_` (other than its own K/M/B/G suffix), so that identifiers (`hc_l32`, `Qwen2.5`,
 `GPT-2`, `L4`), file names (`zoo_cpu_lr400.json`), anchors, issue numbers (`#32`, `issue 10`), and version strings
 (`==2.13.0`, `v3`, anything of the form d.d.d) are not numbers. Among the matches, these count:
@@ -151,7 +151,7 @@ def numbers_in(prose: str, file: str = "") -> list[Number]:
             s += 1
             before = "-"
         # part of a word, a path, an identifier, a version, an issue number, an option value
-        if re.match(r"[A-Za-z0-9_/.#@=\\]", before) or (before == "-" and s > 1 and re.match(r"\w", prose[s - 2])):
+        if re.match(r"[\w/.#@=^\\]", before) or (before == "-" and s > 1 and re.match(r"\w", prose[s - 2])):
             continue
         if re.search(r"\b(issues?|PR|pull request)\s$", prose[max(0, s - 14) : s], re.I):  # `issue 10`: a reference
             continue
@@ -231,6 +231,11 @@ def _namespace(root: Path) -> dict[str, Any]:
         (hit,) = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
         return hit[key]
 
+    def zoo_depths() -> list[int]:
+        """The depths of the shipped zoo's recipe."""
+        runs = _load_source(root, "depthlens/recipes/zoo_cpu.json")["runs"].values()
+        return sorted({int(r["model"]["n_layer"]) for r in runs})
+
     def glob(pattern: str) -> dict[str, Any]:
         return _load_source(root, pattern)
 
@@ -247,6 +252,7 @@ def _namespace(root: Path) -> dict[str, Any]:
         "glob": glob,
         "load": load,
         "pick": pick,
+        "zoo_depths": zoo_depths,
     }
     return ns | {"mod": importlib.import_module}
 
