@@ -17,7 +17,7 @@ followed by a letter, digit or `_` (other than its own K/M/B/G suffix), so that 
 `GPT-2`, `L4`), file names (`zoo_cpu_lr400.json`), anchors, issue numbers (`#32`, `issue 10`), and version strings
 (`==2.13.0`, `v3`, anything of the form d.d.d) are not numbers. Among the matches, these count:
 - a decimal (`0.45`, `2.450`), a number in scientific notation (`4.6e5`, `1e-3`);
-- a number with a magnitude suffix (`230K`, `407M`, `0.5B`) or a unit or ratio after it (`97 %`, `−1.9 pp`, `4.3×`,
+- a number with a magnitude suffix (`230K`, `407M`, `0.5B`, `5k`) or a unit or ratio after it (`97 %`, `−1.9 pp`, `4.3×`,
   `5x`, `20 s`, `1.9 GB`, `0.15 nats`, see UNITS);
 - an integer of two or more digits (`16`, `276`, `1608`), including each end of a range (`827–886`);
 - a signed number (`−0.7`, `+83.5`).
@@ -30,7 +30,7 @@ What accounts for a number. A ledger entry names a file and a `context`: a short
 (whitespace-normalised as above) that contains the number. The entry covers every number lying inside any occurrence
 of its context in that file; `value` lists the numbers of the context as written, in order (checked, so a ledger
 entry says in plain text which numbers it vouches for). Its `kind` says why the numbers are right:
-- `data`: `source` is a committed file (JSON; a glob gives a dict path -> data) and `expr` a Python expression over
+- `data`: `source` is a committed file (JSON, or any other file as text; a glob gives a dict path -> data) and `expr` a Python expression over
   it (`d`) that must evaluate to `value` (a string or a list of strings), i.e. the number as the doc writes it,
   computed from the data with the doc's rounding;
 - `code`: `expr` evaluates to `value`, reading depthlens through `mod("depthlens.x.y")` (importlib.import_module): a
@@ -98,7 +98,7 @@ UNITS = (
 )
 _UNIT = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
 NUMBER = re.compile(
-    r"(?P<num>(?P<sign>[−+-])?(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?(?P<exp>e[−+-]?\d+)?(?P<suffix>[KMBG])?)"
+    r"(?P<num>(?P<sign>[−+-])?(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?(?P<exp>e[−+-]?\d+)?(?P<suffix>[KMBGk])?)"
     rf"(?P<unit>\s?(?:{_UNIT})(?![A-Za-z0-9_]))?"
 )
 YEAR = re.compile(r"(19|20)\d\d")
@@ -207,8 +207,14 @@ def _load_source(root: Path, source: str) -> Any:
         paths = sorted(p for p in root.glob(source) if p.is_file())
         if not paths:
             raise FileNotFoundError(source)
-        return {str(p.relative_to(root)): json.loads(p.read_text(encoding="utf-8")) for p in paths}
-    return json.loads((root / source).read_text(encoding="utf-8"))
+        return {str(p.relative_to(root)): _read(p) for p in paths}
+    return _read(root / source)
+
+
+def _read(path: Path) -> Any:
+    """A JSON file's data; any other file's text (a committed page a number is read from)."""
+    text = path.read_text(encoding="utf-8")
+    return json.loads(text) if path.suffix == ".json" else text
 
 
 def _namespace(root: Path) -> dict[str, Any]:

@@ -28,6 +28,8 @@ COVERED = [
     "README.md",
     "docs/calibration.md",
     "docs/concepts.md",
+    "docs/quickstart.md",
+    "docs/training.md",
 ]
 NOT_YET_COVERED = [
     "docs/architecture.md",
@@ -39,8 +41,6 @@ NOT_YET_COVERED = [
     "docs/index.md",
     "docs/own-model.md",
     "docs/performance.md",
-    "docs/quickstart.md",
-    "docs/training.md",
 ]
 MAX_UNVERIFIED = 6
 # (file, context) of each `unverified` entry the ledger may hold: measurements on this project's machine whose raw
