@@ -2,7 +2,8 @@
 is accounted for by an entry of tests/doc_numbers_ledger.toml (tests/test_doc_number_ledger.py runs it).
 
 What is prose. A page's text with these parts removed first:
-- fenced code blocks (```...```), whose commands are run by tests/test_docs.py and tests/test_readme.py;
+- fenced code blocks (```...```, also indented inside a list) and indented code blocks (4 spaces, after a blank
+  line), whose commands are run by tests/test_docs.py and tests/test_readme.py;
 - generated fragments (`<!-- generated:NAME -->` ... `<!-- /generated:NAME -->`), written by scripts/doc_numbers.py
   and checked by tests/test_doc_numbers.py;
 - HTML comments (`<!-- ... -->`);
@@ -59,7 +60,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "tests" / "doc_numbers_ledger.toml"
 
-FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
+FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1[^\n]*$", re.S | re.M)
+INDENTED = re.compile(r"(?<=\n\n)(?:(?: {4}|\t)[^\n]*\n?)+")  # an indented code block after a blank line
 GENERATED = re.compile(r"<!-- generated:(?P<name>[a-z0-9-]+) -->.*?<!-- /generated:(?P=name) -->", re.S)
 COMMENT = re.compile(r"<!--.*?-->", re.S)
 LINK_TARGET = re.compile(r"\]\([^)\s]*(?:\s+\"[^\"]*\")?\)")
@@ -127,6 +129,7 @@ def prose_of(markdown: str) -> str:
     """The page's prose: code blocks, generated fragments, comments and link targets removed, whitespace collapsed."""
     text = GENERATED.sub(" ", markdown)
     text = FENCE.sub(" ", text)
+    text = INDENTED.sub(" ", text)
     text = COMMENT.sub(" ", text)
     text = REF_DEF.sub(" ", text)
     text = LINK_TARGET.sub("]", text)

@@ -26,20 +26,20 @@ from doc_ledger import ROOT, check, load_ledger, numbers_in, prose_of, read_page
 
 COVERED = [
     "README.md",
+    "docs/architecture.md",
     "docs/calibration.md",
     "docs/concepts.md",
-    "docs/quickstart.md",
-    "docs/training.md",
-]
-NOT_YET_COVERED = [
-    "docs/architecture.md",
-    "docs/cli.md",
     "docs/depth-over-training.md",
     "docs/designs.md",
     "docs/foreign-models.md",
     "docs/hooks.md",
     "docs/index.md",
     "docs/own-model.md",
+    "docs/quickstart.md",
+    "docs/training.md",
+]
+NOT_YET_COVERED = [
+    "docs/cli.md",
     "docs/performance.md",
 ]
 MAX_UNVERIFIED = 6
@@ -189,7 +189,11 @@ def test_checker_rejects_an_entry_without_its_support(tmp_path):
     assert "unknown kind" in check(tmp_path, ["README.md"], odd)[0]
 
 
+NO_NUMBERS = ["docs/index.md"]  # a table of contents: covered, with nothing to ledger
+
+
 @pytest.mark.parametrize("page", COVERED)
 def test_covered_pages_have_numbers_to_check(page):
-    """A covered page's extractor finds numbers, so an empty ledger could not pass silently."""
-    assert read_pages(ROOT, [page])[page].numbers
+    """A covered page's extractor finds numbers (so an empty ledger could not pass silently), except the pages
+    listed as having none, which must have none."""
+    assert bool(read_pages(ROOT, [page])[page].numbers) == (page not in NO_NUMBERS)
