@@ -9,8 +9,10 @@ computed from (`data`, recomputed here and compared as the doc writes it), a def
 example value (`illustrative`), or, at most MAX_UNVERIFIED times and each named in ALLOWED_UNVERIFIED, a measurement
 whose data is not committed (`unverified`).
 
-Pages covered: COVERED. Not yet covered (their numbers are extracted but not yet ledgered, so this test does not
-read them): NOT_YET_COVERED. A page moves from the second list to the first when its ledger is complete.
+Pages covered: COVERED, which is every page today; a new page goes to NOT_YET_COVERED (its numbers extracted but
+not checked, and named there, never silently skipped) until its ledger is complete. Not counted as numbers, by
+definition: plain one-digit integers (`L = 4`, `seed 2`, `k ≤ 7`), so "3 seeds" or "8 training seeds" is not
+checked here.
 
 To see what a page lacks: `.venv/bin/python tests/doc_ledger.py docs/PAGE.md`.
 """
@@ -28,6 +30,7 @@ COVERED = [
     "README.md",
     "docs/architecture.md",
     "docs/calibration.md",
+    "docs/cli.md",
     "docs/concepts.md",
     "docs/depth-over-training.md",
     "docs/designs.md",
@@ -39,9 +42,7 @@ COVERED = [
     "docs/quickstart.md",
     "docs/training.md",
 ]
-NOT_YET_COVERED = [
-    "docs/cli.md",
-]
+NOT_YET_COVERED: list[str] = []
 MAX_UNVERIFIED = 8
 # (file, context) of each `unverified` entry the ledger may hold: measurements on this project's machine whose raw
 # timings are not committed. Each is reported by the lane that wrote the ledger; shrink this list, never grow it.
