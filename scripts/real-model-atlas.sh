@@ -13,7 +13,7 @@
 # about half of the windows are prose and half code; the held-out pruning stages label each window's domain),
 # one process per model (JOBS at a time, one thread each). Each stage is written as soon
 # as it is done and kept on a rerun (--resume), so a killed run continues where it stopped.
-# Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (the default list below), MODELS (all three), EXACT (1: run the
+# Env: N_SEQ (16), SEQ_LEN (128), JOBS (1), STAGES (default: every stage the page reads), MODELS (all three), EXACT (1: run the
 # exactness tests first), CLI (1: then scripts/real-model-cli.sh, every command by path), K_MAX (0 = L/2: the
 # largest k of the held-out pruning stages).
 set -euo pipefail
@@ -24,7 +24,9 @@ OUT=reports/atlas
 N_SEQ=${N_SEQ:-16} SEQ_LEN=${SEQ_LEN:-128} JOBS=${JOBS:-1} K_MAX=${K_MAX:-0}
 # pruning last: it ranks layers by the angular, causal and permutation stages (pruning_heldout: on the calibration
 # fold only, from their per-sequence sums); the twin is the untrained model of each config. The permutation pair of stages is most of the cost (25-56 min each on one core at 16 x 128 tokens).
-STAGES=${STAGES:-angular,causal_update,causal_resid,untrained_causal_update,permutation,untrained_permutation,pruning,pruning_heldout,pruning_random}
+# The default: the stages the atlas page reads (scripts/atlas.py's STAGES, from the study's own list), so the two
+# cannot drift apart
+STAGES=${STAGES:-$("$PY" -c "import sys; sys.path.insert(0, 'scripts'); import atlas; print(','.join(atlas.STAGES))")}
 MODELS=${MODELS:-smollm2-135m-instruct gemma-3-270m qwen2.5-coder-0.5b-instruct}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 

@@ -402,3 +402,28 @@ def test_the_default_criterion_sentence_quotes_the_atlas():
     assert f"`greedy` has the lowest mean excess loss on {' and '.join(wins)}" in sentence
     for want in others:
         assert want in sentence, want
+
+
+def test_the_atlas_script_computes_the_stages_the_page_reads():
+    """scripts/real-model-atlas.sh's default STAGES is scripts/atlas.py's list (the study's stages the page reads),
+    evaluated by bash as the script does, not a list of its own that can drift from it."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import atlas
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    line = next(
+        x for x in (ROOT / "scripts" / "real-model-atlas.sh").read_text().splitlines() if x.startswith("STAGES=")
+    )
+    assert not re.search(r"[a-z_]+,[a-z_]+", line), f"a hand-written stage list: {line}"
+    got = subprocess.run(
+        ["bash", "-c", f'PY="{sys.executable}"; unset STAGES; {line}; echo "$STAGES"'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert got.split(",") == list(atlas.STAGES)

@@ -43,7 +43,7 @@ def test_causal_json_headline_and_dataset(zoo, tmp_path):
     for k in ("metric", "threshold", "share", "ci_low", "ci_high", "n_pairs"):
         assert k in h
     assert h["metric"] == "causal" and h["threshold"] == 0.45 and h["n_pairs"] == 3  # L=4: window {1,2,3}
-    ds = xr.open_dataset(out)
+    ds = xr.load_dataset(out)  # read whole and closed (tests/test_report_files_closed.py)
     # the share printed is the share of late pairs of the stored matrix above 0.45 (independent recount)
     m = ds["causal_score"].sel(aggregator="max", variant="current").values
     late = [(i, j) for i in range(1, 4) for j in range(i + 1, 4)]
@@ -93,7 +93,7 @@ def test_causal_norm_resid_names_its_definition(zoo, tmp_path):
     h = json.loads(r.stdout)
     assert (h["variant"], h["aggregator"], h["norm"]) == ("current", "pooled", "resid")
     assert h["definition"] == "causal C(s,t): variant=current, aggregator=pooled, norm=resid"
-    ds = xr.open_dataset(out)
+    ds = xr.load_dataset(out)
     assert ds.attrs["norm"] == "resid"
     m = ds["causal_score"].sel(aggregator="pooled", variant="current").values
     late = [(i, j) for i in range(1, 4) for j in range(i + 1, 4)]

@@ -207,7 +207,7 @@ def test_runs_share_eval_tokens_and_join_on_step(runs, corpus, tmp_path, result_
     assert np.isnan(ds["erank"].sel(run="preln_l4")).all() and np.isfinite(ds["erank"].sel(run="hc_l4", step=8)).all()
     parts = sorted(p.name for p in result_cache.rglob("*.nc"))  # one result cache entry per snapshot and metric
     assert len(parts) == 3 * 1 + 3 * 2 + 3 * 2  # preln: causal; hc: causal + erank; block_attnres: causal + attnres
-    evs = {xr.open_dataset(p).attrs["eval_data_sha256"] for p in result_cache.rglob("*.nc")}
+    evs = {xr.load_dataset(p).attrs["eval_data_sha256"] for p in result_cache.rglob("*.nc")}
     assert evs == {ds.attrs["eval_data_sha256"]}
     # the last step of the rank and AttnRes rows are the engines' own numbers on the final checkpoints
     model, ck = api.load_model(runs["hc"] / "checkpoint")
@@ -228,7 +228,7 @@ def _cache_entry(cache: Path, snapshot: str, metric: str) -> Path:
     (entry,) = [
         p
         for p in cache.rglob("*.nc")
-        if (a := xr.open_dataset(p).attrs)["metric"] == metric and Path(a["checkpoint_path"]).name == snapshot
+        if (a := xr.load_dataset(p).attrs)["metric"] == metric and Path(a["checkpoint_path"]).name == snapshot
     ]
     return entry
 

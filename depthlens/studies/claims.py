@@ -203,8 +203,7 @@ def degenerate_rows(runs: Runs, claims: Sequence[Any]) -> list[dict[str, Any]]:
 def runs_from_report(directory: str | Path, metrics: Sequence[str] | None = None) -> Runs:
     """A report directory's merged per-checkpoint datasets as a run mapping (design, L, seed) -> {metric: ds},
     seeds from its summary.json records; metrics None = the diagnostics DepthBench's claims read."""
-    import xarray as xr
-
+    from depthlens.io.dataset import read_netcdf
     from depthlens.io.files import read_json
     from depthlens.stats.orderings import CLAIMS
 
@@ -220,7 +219,11 @@ def runs_from_report(directory: str | Path, metrics: Sequence[str] | None = None
         for f in sorted(d.glob(f"{m}*.nc")):
             if f.stem != m and not f.stem.startswith(f"{m}_l"):
                 continue
-            ds = xr.open_dataset(f)
+            # read whole and closed: a lazily opened file stays open in HDF5 for as long as any selection from it
+            # lives, and HDF5 (2.2.0, bundled with netCDF4 1.7.5) segfaults opening a file with string variables
+            # when it is open on one handle and another handle on it was closed (HDFGroup/hdf5#3649,
+            # Unidata/netcdf-c#2510): `depthlens plan REPORT` segfaulted while an earlier call's runs were alive
+            ds = read_netcdf(f)
             for name in ds["checkpoint"].values:
                 k = key.get(str(name))
                 if k is not None:
