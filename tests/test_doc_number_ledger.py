@@ -94,6 +94,11 @@ def test_unverified_entries_are_few_and_listed():
     assert set(unverified) <= ALLOWED_UNVERIFIED, set(unverified) - ALLOWED_UNVERIFIED
 
 
+def test_ledger_entries_are_unique():
+    keys = [(e.get("file"), e.get("context")) for e in load_ledger()]
+    assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1]
+
+
 def test_ledger_entries_name_only_known_pages():
     covered = set(COVERED)
     for e in load_ledger():
