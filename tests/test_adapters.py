@@ -1,5 +1,6 @@
 """Foreign-model adapters: tiny HF models (LLaMA, Qwen2, Qwen3, Mistral, GPT-2) built offline from configs,
-saved with safetensors, loaded back by path, and run through the LayeredLM protocol and the engine."""
+saved with safetensors, loaded back by path, and run through the LayeredLM protocol and the engine. docs/foreign-models.md
+quotes the logits tolerance (1e-5)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def test_coverage_at_the_report_sizes(kind, N, S):
 
 def test_the_nested_method_fails_where_the_sequences_are_shared():
     """The test that catches the nested t: where the shared sequences dominate, an interval that ignores them
-    (Student t over the runs) covers well under 90 %, while the crossed one does not."""
+    (Student t over the runs) covers well under 90 %, while the crossed one does not (docs/concepts.md quotes the
+    75 % bound)."""
     for kind, N in (("mean", 16), ("perm", 8)):
         nested = c.coverage(kind, 5, N, "sequences", sims=300, seed=4, method="nested")
         crossed = c.coverage(kind, 5, N, "sequences", sims=300, seed=4)

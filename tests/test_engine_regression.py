@@ -1,4 +1,5 @@
-"""The batched causal / permutation engine against an independent plain-hook computation on an HF LLaMA.
+"""The batched causal / permutation engine against an independent plain-hook computation on an HF LLaMA (the
+1e-6 docs/performance.md quotes).
 
 The reference never touches depthlens' `run_layers`: it runs `LlamaForCausalLM.forward` once per intervention,
 with forward hooks on the decoder layers (skip = the layer's output replaced by its input on [1, T), Csordás'

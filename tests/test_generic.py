@@ -1,6 +1,7 @@
 """The generic-blocks path (adapters/generic.py): any decoder-only HF model whose blocks form one ModuleList,
 checked against HF's own forward with Csordás-style block interventions, and against the hand-mapped LLaMA
-adapter on the same model."""
+adapter on the same model. docs/foreign-models.md quotes both tolerances (1e-6 against HF, 1e-5 against the LLaMA
+adapter)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pre-LN and LNS depthlens models equal HF `LlamaForCausalLM` with the same weights (fp32, ~1e-5), and the
 export -> load -> import round trip is lossless. HF's hidden_states[-1] is after the final norm, so h_L is
-read with a hook."""
+read with a hook. docs/foreign-models.md quotes the tolerance."""
 
 from __future__ import annotations
 

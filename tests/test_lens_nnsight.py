@@ -1,5 +1,6 @@
 """TransformerLens and nnsight interop: ActivationCache and patching on depthlens models, TransformerBridge
-models analysed through the adapter, and the nnsight causal-score recipe against the engine."""
+models analysed through the adapter, and the nnsight causal-score recipe against the engine (to 1e-5, as
+docs/foreign-models.md says)."""
 
 from __future__ import annotations
 

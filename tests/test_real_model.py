@@ -180,6 +180,10 @@ def test_smollm2_causal_equals_hooks(smollm2, norm):
         np.testing.assert_allclose(ours[s, s:], ref[s, s:], rtol=2e-4, atol=1e-6)
     if norm == "update":
         np.testing.assert_allclose(ours[layers, layers], 1.0, rtol=1e-5)
+    else:  # docs/calibration.md quotes this diagonal: "1 under `update` and a / b under `resid`"
+        doc = " ".join((Path(__file__).parents[1] / "docs" / "calibration.md").read_text().split())
+        want = " / ".join(f"{ours[s, s]:.2f}" for s in layers)
+        assert f"is 1 under `update` and {want} under `resid`" in doc, want
 
 
 @pytest.mark.slow

@@ -426,6 +426,13 @@ def test_cli_reference_covers_every_command_and_option():
                     )
 
 
+def test_cli_reference_is_the_generated_page():
+    """docs/cli.md is cli_reference() exactly, so every default and range in its tables is the CLI's own (the
+    number ledger, tests/doc_numbers_ledger.toml, relies on it for the page's option defaults)."""
+    doc = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    assert doc == cli_reference(), "docs/cli.md is stale: run .venv/bin/python tests/test_report.py"
+
+
 if __name__ == "__main__":
     target = Path(__file__).parents[1] / "docs" / "cli.md"
     target.write_text(cli_reference())

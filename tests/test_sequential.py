@@ -90,7 +90,7 @@ def test_rule_reads_widths_only():
 def test_coverage_under_the_rule_at_the_sizes_it_stops_at():
     """The causal headline (size-fixed max share, jackknife interval) under the doubling rule from the default
     first step (16) to 64 sequences, target ±0.1: covers its truth 1 − (1 − p)^m, m = ⌈N/2⌉ at the N it stopped
-    at, 90–99 % overall and ≥ 85 % at each size where it stopped often. (From 4 sequences the rule stops on
+    at, 90–99 % overall and ≥ 85 % at each size where it stopped often (as docs/performance.md says). (From 4 sequences the rule stops on
     chance-narrow intervals and covers ~60 % there: why the first step is 16.)"""
     rng = np.random.default_rng(21)
     P, cap, theta, sb, R, target = 120, 64, 0.45, 0.5, 300, 0.1
