@@ -147,6 +147,13 @@ def test_calibration_ratio_sentence_is_the_zoo_against_the_paper():
         want = f"{min(ratios):.2g}–{max(ratios):.2g}×"
         got = re.search(rf"<!-- zoo-ratio:{score} -->(.*?)<!-- /zoo-ratio -->", doc)
         assert got is not None and got.group(1) == want, (score, want)
+        # the page's renderer (scripts/real-model-report.sh --calibration) writes the same factors from the report
+        from depthlens.stats.orderings import paper_ratios
+        from depthlens.studies.sensitivity import _zoo_ratio_clause
+
+        lo, hi = paper_ratios(recs)[score]
+        assert f"{lo:.2g}–{hi:.2g}×" == want
+        assert f"<!-- zoo-ratio:{score} -->{want}<!-- /zoo-ratio -->" in _zoo_ratio_clause(str(ZOO / "summary.json"))
 
 
 def test_lr_table_labels_the_sweeps_budget_and_the_check_at_the_zoos(tmp_path, monkeypatch):

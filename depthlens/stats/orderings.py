@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from depthlens.stats import intervals as iv
 
 
@@ -158,6 +160,26 @@ def _from_crossed(d: dict[str, Any] | None) -> iv.Interval | None:
     if not d or d.get("low") is None or d.get("high") is None:
         return None
     return iv.Interval(d["estimate"], d["low"], d["high"], str(d["method"]), iv.SEEDS, int(d["n_units"]))
+
+
+def paper_ratios(records: Sequence[dict[str, Any]], L: int = 32) -> dict[str, tuple[float, float]]:
+    """Per score the claims give paper values for ("causal", "perm"): the (smallest, largest) ratio of a design's
+    mean share over the seeds of `records` (a report's summary.json) at depth `L` to the paper's value for that
+    design; a score whose designs have no run at `L` is left out."""
+    paper: dict[tuple[str, str], float] = {}
+    for c in CLAIMS:
+        if c.score in ("causal", "perm") and c.paper_values and c.higher and c.lower:
+            paper[(c.score, c.higher)], paper[(c.score, c.lower)] = c.paper_values
+    out: dict[str, tuple[float, float]] = {}
+    for score in ("causal", "perm"):
+        ratios = []
+        for (s, design), value in paper.items():
+            mine = [r[f"{score}_share"] for r in records if r.get("design") == design and r.get("n_layer") == L]
+            if s == score and mine:
+                ratios.append(float(np.mean(mine)) / value)
+        if ratios:
+            out[score] = (min(ratios), max(ratios))
+    return out
 
 
 def claim_cells_of(claim: Claim) -> tuple[tuple[str | None, int], ...]:
