@@ -17,8 +17,8 @@
 * Each reader has a result cache of its own (`studies.cache`; the rest of the suite runs without one), empty at
   the start, as a new user's first session has: a page that repeats an earlier page's study (the CLI reference
   repeats README's L = 4 report and its track) reads that page's results instead of computing them again.
-* `DEPTHLENS_DOCS_TIMINGS=<file>` appends each block's wall time to that file as a JSON line: where the docs run,
-  the suite's longest test, spends its time.
+* `DEPTHLENS_DOCS_TIMINGS=<file>` appends each block's wall time and CPU seconds to that file as a JSON line:
+  where the docs run, the suite's longest test, spends its time.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from warm_cli import warm_depthlens
+from warm_cli import cpu_seconds, served_cpu_seconds, warm_depthlens
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -156,12 +156,19 @@ def run_page(page: Path, clone: Path, env: dict[str, str]) -> None:
 
     namespace: dict = {"__name__": "__main__"}
     for b in [b for b in BLOCKS if b.doc == page and not b.not_run]:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_seconds(env)
         _run_block(b, clone, env, namespace)
         if os.environ.get("DEPTHLENS_DOCS_TIMINGS"):  # where the docs run spends its time: one JSON line per block
+            seconds, cpu = round(time.perf_counter() - t0, 2), round(_cpu_seconds(env) - cpu0, 2)
             with open(os.environ["DEPTHLENS_DOCS_TIMINGS"], "a") as f:
-                f.write(json.dumps({"block": b.id, "seconds": round(time.perf_counter() - t0, 2)}) + "\n")
+                f.write(json.dumps({"block": b.id, "seconds": seconds, "cpu_seconds": cpu}) + "\n")
     plt.close("all")
+
+
+def _cpu_seconds(env: dict[str, str]) -> float:
+    """CPU seconds spent so far by this process, the processes it waited for (bash blocks) and the commands the warm
+    server of `env` ran (its forks, which no parent waits for): on a shared machine, wall time says little."""
+    return cpu_seconds() + served_cpu_seconds(env)
 
 
 def _run_block(b: Block, clone: Path, env: dict[str, str], namespace: dict) -> None:

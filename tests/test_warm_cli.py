@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from warm_cli import warm_depthlens
+from warm_cli import served_cpu_seconds, warm_depthlens
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # the warm server serves the docs run, which is slow too; a server per worker costs ~4 s
@@ -61,6 +61,9 @@ def test_the_warm_command_answers_as_the_real_one(warm, args):
     )
     served = [json.loads(line) for line in Path(env["DEPTHLENS_WARM_SOCKET"] + ".log").read_text().splitlines()]
     assert args.format(tmp=tmp, side="warm").split() in served  # it did run warm
+    # each served command recorded its own CPU seconds (DEPTHLENS_DOCS_TIMINGS sums them): one line per command
+    cpu = Path(env["DEPTHLENS_WARM_SOCKET"] + ".cpu").read_text().split()
+    assert len(cpu) == len(served) and all(float(c) >= 0 for c in cpu) and served_cpu_seconds(env) > 0
     if "{side}" in args:
         import xarray as xr
 

@@ -137,14 +137,17 @@ def serve(path: str) -> None:
             log.write(json.dumps(request["argv"][1:]) + "\n")
         if os.fork() == 0:  # the child: becomes the command
             listener.close()
-            _run_command(conn, request, fds, set_by_imports)
+            _run_command(conn, request, fds, set_by_imports, f"{path}.cpu")
         conn.close()
         for fd in fds:
             os.close(fd)
 
 
-def _run_command(conn: socket.socket, request: dict, fds: list[int], set_by_imports: Mapping[str, str]) -> None:
-    """In the child: take the caller's stdio, directory, environment and argv, run the CLI, send the status."""
+def _run_command(
+    conn: socket.socket, request: dict, fds: list[int], set_by_imports: Mapping[str, str], cpu_log: str
+) -> None:
+    """In the child: take the caller's stdio, directory, environment and argv, run the CLI, append its CPU seconds
+    to `cpu_log`, send the status."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a command waits for its own children (torchrun, git)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -182,9 +185,31 @@ def _run_command(conn: socket.socket, request: dict, fds: list[int], set_by_impo
             sys.stdout.flush()
         with contextlib.suppress(Exception):
             sys.stderr.flush()
+        # its CPU time: a child the kernel reaps is counted in no parent's rusage
+        with contextlib.suppress(OSError), open(cpu_log, "a") as f:
+            f.write(f"{cpu_seconds()}\n")
         with contextlib.suppress(OSError):
             conn.sendall(struct.pack("!i", status))
         os._exit(status)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children."""
+    import resource
+
+    return sum(
+        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+def served_cpu_seconds(env: Mapping[str, str]) -> float:
+    """CPU seconds of every command the warm server of `env` has run to the end (each child appends its own):
+    its children are reaped by the kernel, so no parent's rusage counts them."""
+    try:
+        with open(f"{env.get(SOCKET_ENV, '')}.cpu") as f:
+            return sum(float(line) for line in f if line.strip())
+    except FileNotFoundError:
+        return 0.0
 
 
 @contextlib.contextmanager
