@@ -56,6 +56,32 @@ def code_version() -> dict[str, Any]:
 CODE_MOVES = _REPO / "depthlens" / "recipes" / "code_moves.json"
 
 
+def cpu_identity() -> dict[str, str | None]:
+    """Which CPU kernels computed a run: the processor's model name (/proc/cpuinfo; platform's on other systems) and
+    the SIMD level torch dispatches to (`torch.backends.cpu.get_cpu_capability()`: "AVX2", "AVX512", ...). Float
+    results of the same code and data differ in their last bits between CPUs whose kernels differ (an L = 4 zoo
+    run retrained on another CPU ends 1e-6 nats apart, its weights 0.2 % apart), so a bit-for-bit retrain is
+    promised only where both match (tests/test_retrain.py)."""
+    import platform
+
+    import torch
+
+    model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or None, "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def same_cpu(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two `cpu_identity` records name the same processor and SIMD level (False when either is unknown)."""
+    return bool(
+        a and b and a.get("model") and a.get("model") == b.get("model") and a.get("capability") == b.get("capability")
+    )
+
+
 def code_moves() -> set[str]:
     """The full commit hashes listed in recipes/code_moves.json (empty when it is missing or unreadable)."""
     import json

@@ -58,7 +58,7 @@ from .distributed import (
     wrap_model,
 )
 from .outputs import adopt_recipe_export, check_recipe_export, owned_outputs, run_owner  # noqa: F401
-from .provenance import code_version
+from .provenance import code_version, cpu_identity
 from .schedule import lr_at
 from .state import STATE_JSON, STATE_TENSORS, has_state, load_state, read_meta, save_state  # noqa: F401
 
@@ -483,6 +483,7 @@ class Trainer:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "python": platform.python_version(),
+            "cpu": cpu_identity(),  # the kernels' CPU: a bit-for-bit retrain holds on the same one
             **code_version(),
         }
 
