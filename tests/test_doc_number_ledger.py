@@ -47,7 +47,12 @@ MAX_UNVERIFIED = 8
 # (file, context) of each `unverified` entry the ledger may hold: measurements on this project's machine whose raw
 # timings are not committed. Each is reported by the lane that wrote the ledger; shrink this list, never grow it.
 ALLOWED_UNVERIFIED: set[tuple[str, str]] = {
-    ("README.md", "the first command took 827–886 s (13.8–14.8 min, three runs on different days)"),
+    (
+        "README.md",
+        "the first command took 1174 s (19.6 min, one run on 2026-12-04, an AMD EPYC machine on which every "
+        "checkpoint's analysis cost about a quarter more than in the three earlier runs on another CPU, 827–886 s "
+        "for 5 fewer checkpoints; over the 15 minutes this project aims for)",
+    ),
     (
         "README.md",
         "the second 657–800 s (11.0–13.3 min, five runs on three days) of pytest on both cores (1608–1624 tests,",
