@@ -126,6 +126,14 @@ def data(request):
     return random_eval_data(97, n_seq=n_seq, seq_len=seq_len, seed=seed, bos_id=96)
 
 
+@pytest.fixture(scope="module")
+def text(request, tmp_path_factory) -> Path:
+    """An eval text file, one per test module: the module's `TEXT` (a string) written to eval.txt."""
+    p = tmp_path_factory.mktemp("data") / "eval.txt"
+    p.write_text(request.module.TEXT)
+    return p
+
+
 # --- order: the long tests first, on both workers ----------------------------------------------------------
 # pytest-xdist's worksteal scheduler hands its first worker the first half of the collected tests and the second
 # worker the rest, then moves queued tests between them; a long test that starts last leaves the other core idle

@@ -36,13 +36,6 @@ CKPTS = [str(ROOT / "checkpoints" / n) for n in ("preln_l4", "hc_l4", "full_attn
 TEXT = "It was the best of times, it was the worst of times; def f(x):\n    return x * 2 + 1\n" * 40
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("data") / "eval.txt"
-    p.write_text(TEXT)
-    return p
-
-
 def _torchrun(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node 2 -m depthlens.cli ARGS` with this tree first on the path."""
     env = {

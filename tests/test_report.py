@@ -37,13 +37,6 @@ def ckpts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "eval.txt"
-    p.write_text(TEXT)
-    return p
-
-
-@pytest.fixture(scope="module")
 def report(ckpts, text, tmp_path_factory):
     out = tmp_path_factory.mktemp("rep") / "report"
     r = CliRunner().invoke(app, ["report", *map(str, ckpts), "--out", str(out), "--data", str(text), *FAST, "--json"])

@@ -74,13 +74,6 @@ def ckpts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "eval.txt"
-    p.write_text(TEXT)
-    return p
-
-
-@pytest.fixture(scope="module")
 def two_twins(ckpts, text, tmp_path_factory):
     """A report on every checkpoint with twins for seeds 0 and 1 only."""
     opts = B.ReportOptions(data=text, n_seq=6, seq_len=32, n_boot=50, metrics=("causal",), untrained_seeds=2)

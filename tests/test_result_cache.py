@@ -40,13 +40,6 @@ def ckpts(tmp_path_factory) -> list[Path]:
     ]
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("data") / "eval.txt"
-    p.write_text(TEXT)
-    return p
-
-
 def _opts(text: Path, **kw) -> StudyOptions:
     return StudyOptions(**{"data": text, "n_seq": 4, "seq_len": 32, "n_boot": 20, "metrics": METRICS, **kw})
 
