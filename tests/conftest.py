@@ -27,6 +27,9 @@ def pytest_configure(config: pytest.Config) -> None:
     modules do not set it themselves, subprocess workers still do), and the CLI's command tree built once."""
     if config.pluginmanager.has_plugin("dsession"):
         return
+    # the quick loop (`-m "not slow"`): tests that scale their own work (the fuzzers' example counts) read this;
+    # the whole suite runs them in full
+    os.environ["DEPTHLENS_TEST_LOOP"] = "quick" if config.getoption("markexpr", "") == "not slow" else "full"
     import torch
 
     torch.set_num_threads(1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import tempfile
 from pathlib import Path
@@ -31,10 +32,19 @@ N_FILE = 600  # parsers that read a file per example (manifests, tokenizer confi
 N_GGUF = 300  # GGUF headers (the gguf package parses each one)
 
 
+QUICK_SHARE = 4  # the quick loop (`-m "not slow"`, tests/conftest.py) runs a quarter of each fuzzer's examples
+
+
 def fuzz(n: int) -> settings:
-    """n examples, no deadline (a loaded CI core), reproducible (derandomized: the same inputs every run)."""
+    """n examples (n / QUICK_SHARE, at least 50, in the quick loop; the whole suite runs all n), no deadline (a
+    loaded CI core), reproducible (derandomized: the same inputs every run)."""
+    quick = os.environ.get("DEPTHLENS_TEST_LOOP") == "quick"
     return settings(
-        max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+        max_examples=max(50, n // QUICK_SHARE) if quick else n,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
     )
 
 
