@@ -123,7 +123,72 @@ def zoo_recipe_status(root: Path) -> str:
 
 
 # timings are not generated into the docs: they live in the git-ignored reports/zoo/timings.json (machine facts)
-GENERATORS: dict[str, Callable[[Path], str]] = {"zoo-losses": zoo_losses, "zoo-recipe-status": zoo_recipe_status}
+# README's rows: what each measured command is, and the wall time this project aims for (a goal, not a measurement)
+WALL_TIME_ROWS = {
+    "main-job": ("`bash scripts/zoo-report.sh`, the main job (wall time)", 15),
+    "suite": ("`bash scripts/test.sh`, the whole suite (pytest's time, from a fresh clone)", 10),
+    "quick": ('`-m "not slow"`, the quick check (pytest\'s time)', 2),
+}
+
+
+def _seconds(r: dict) -> float:
+    return float(r["wall_s"] if r["what"] == "main-job" else r["pytest_s"])
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s ({s / 60:.1f} min)" if s >= 120 else f"{s:.0f} s"
+
+
+def _run_facts(r: dict) -> str:
+    """What a run measured besides its time: checkpoints or tests, the docs readers, the CPU."""
+    facts = []
+    if r.get("checkpoints"):
+        facts.append(f"{r['checkpoints']} checkpoints")
+    tests = r.get("tests") or {}
+    if tests:
+        facts.append(", ".join(f"{n} {k}" for k, n in tests.items()))
+    readers = r.get("docs_readers_s") or {}
+    if readers:
+        facts.append("docs readers " + " and ".join(f"{v:.0f} s" for v in readers.values()))
+    facts.append(r["machine"].get("cpu") or "CPU not recorded")
+    return "; ".join(facts)
+
+
+def wall_times(root: Path) -> str:
+    """README's table of measured times: per command, its latest run and the range of the earlier ones, from
+    reports/bench/wall_times.json (bench/wall_times.py appends a run)."""
+    path = root / "reports" / "bench" / "wall_times.json"
+    if not path.is_file():
+        return "(no reports/bench/wall_times.json here)\n"
+    runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+    lines = ["| command | latest run | earlier runs | aim |", "|---|---|---|---|"]
+    for what, (label, aim) in WALL_TIME_ROWS.items():
+        mine = [r for r in runs if r["what"] == what]
+        if not mine:
+            continue
+        last, earlier = mine[-1], mine[:-1]
+        latest = f"{_duration(_seconds(last))} on {last['date']}: {_run_facts(last)}"
+        before = "—"
+        if earlier:
+            secs = [x for r in earlier for x in (r.get("pytest_s_range") or [_seconds(r)])]
+            cpus = sorted({r["machine"].get("cpu") or "CPU not recorded" for r in earlier})
+            days = sorted({r["date"] for r in earlier})
+            span = f"{days[0]} to {days[-1]}" if len(days) > 1 else days[0]
+            sizes = sorted({r["checkpoints"] for r in earlier if r.get("checkpoints")})
+            passed = sorted({r["tests"]["passed"] for r in earlier if (r.get("tests") or {}).get("passed")})
+            size = f"{'/'.join(map(str, sizes))} checkpoints; " if sizes else ""
+            size += f"{passed[0]}–{passed[-1]} tests passed; " if len(passed) > 1 else ""
+            n = f"{len(earlier)} run{'s' if len(earlier) > 1 else ''}"
+            before = f"{min(secs):.0f}–{max(secs):.0f} s ({n}, {span}; {size}{', '.join(cpus)})"
+        lines.append(f"| {label} | {latest} | {before} | {aim} min |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS: dict[str, Callable[[Path], str]] = {
+    "zoo-losses": zoo_losses,
+    "zoo-recipe-status": zoo_recipe_status,
+    "wall-times": wall_times,
+}
 
 
 def render(text: str, root: Path = ROOT) -> str:

@@ -238,3 +238,46 @@ def test_zoo_recipe_status_reads_each_checkpoint_against_its_recipe():
         f"{sum(n.values())} runs in the recipe: {n['current']} trained from it, {n['earlier']} from an earlier "
         f"recipe, {n['not trained']} not trained yet"
     )
+
+
+def test_readme_wall_times_are_the_committed_runs():
+    """README's table of measured times, read back from the page and recomputed from reports/bench/wall_times.json
+    without the generator: per command, the latest run's seconds and the earlier runs' min–max (a run that gave
+    only a range counts both ends) and count."""
+    runs = json.loads((ROOT / "reports" / "bench" / "wall_times.json").read_text())["runs"]
+    text = (ROOT / "README.md").read_text()
+    rows = {
+        m.group(1): m.group(0) for m in re.finditer(r"^\| `[^`]*(zoo-report\.sh|test\.sh|not slow)[^`]*`.*$", text, re.M)
+    }
+    for what, key in (("main-job", "zoo-report.sh"), ("suite", "test.sh"), ("quick", "not slow")):
+        mine = [r for r in runs if r["what"] == what]
+        secs = [r["wall_s"] if what == "main-job" else r["pytest_s"] for r in mine]
+        cells = rows[key].split(" | ")
+        assert cells[1].startswith(f"{secs[-1]:.0f} s") and mine[-1]["date"] in cells[1], cells[1]
+        earlier = [x for r, s in zip(mine[:-1], secs[:-1], strict=True) for x in (r.get("pytest_s_range") or [s])]
+        if earlier:
+            n = len(mine) - 1
+            assert cells[2].startswith(f"{min(earlier):.0f}–{max(earlier):.0f} s ({n} run"), cells[2]
+
+
+def test_wall_times_reads_pytests_summary_and_the_docs_readers():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wall_times", ROOT / "bench" / "wall_times.py")
+    assert spec is not None and spec.loader is not None
+    wt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wt)
+    log = (
+        "492.66s call     tests/test_docs.py::test_every_page_in_readme_order_in_a_fresh_copy[training-onward]\n"
+        "371.04s call     tests/test_docs.py::test_every_page_in_readme_order_in_a_fresh_copy[readme-and-cli]\n"
+        "77.36s call     tests/test_retrain.py::test_shipped_checkpoint_retrains_bit_for_bit[preln_l4]\n"
+        "1672 passed, 17 skipped in 909.61s (0:15:09)\n"
+    )
+    got = wt.pytest_summary(log)
+    assert got == {
+        "pytest_s": 909.61,
+        "tests": {"passed": 1672, "skipped": 17},
+        "docs_readers_s": {"training-onward": 492.66, "readme-and-cli": 371.04},
+    }
+    with pytest.raises(SystemExit, match="no pytest summary"):
+        wt.pytest_summary("nothing here\n")
