@@ -39,7 +39,9 @@ COMMANDS = {
     "suite": ["bash", "scripts/test.sh", *PYTEST_ARGS],
     "quick": ["bash", "scripts/test.sh", "-m", "not slow", *PYTEST_ARGS],
 }
-DOCS_READER = re.compile(r"([\d.]+)s call\s+tests/test_docs\.py::test_every_page_in_readme_order_in_a_fresh_copy\[(.+?)\]")
+DOCS_READER = re.compile(
+    r"([\d.]+)s call\s+tests/test_docs\.py::test_every_page_in_readme_order_in_a_fresh_copy\[(.+?)\]"
+)
 
 
 def machine() -> dict[str, Any]:
@@ -53,7 +55,9 @@ def machine() -> dict[str, Any]:
 
 def commit() -> str:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    )
     return sha.stdout.strip() + (" + edits" if dirty.stdout.strip() else "")
 
 

@@ -247,7 +247,8 @@ def test_readme_wall_times_are_the_committed_runs():
     runs = json.loads((ROOT / "reports" / "bench" / "wall_times.json").read_text())["runs"]
     text = (ROOT / "README.md").read_text()
     rows = {
-        m.group(1): m.group(0) for m in re.finditer(r"^\| `[^`]*(zoo-report\.sh|test\.sh|not slow)[^`]*`.*$", text, re.M)
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^\| `[^`]*(zoo-report\.sh|test\.sh|not slow)[^`]*`.*$", text, re.M)
     }
     for what, key in (("main-job", "zoo-report.sh"), ("suite", "test.sh"), ("quick", "not slow")):
         mine = [r for r in runs if r["what"] == what]
