@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -97,12 +98,12 @@ def run(what: str) -> dict[str, Any]:
         log = p.stdout + p.stderr
         if p.returncode != 0:
             sys.stderr.write(log[-4000:])
-            raise SystemExit(f"bench/wall_times.py: {' '.join(COMMANDS[what])} failed ({p.returncode}); not recorded")
+            raise SystemExit(f"bench/wall_times.py: {shlex.join(COMMANDS[what])} failed ({p.returncode}); not recorded")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rec: dict[str, Any] = {
         "what": what,
-        "command": " ".join(COMMANDS[what]),
+        "command": shlex.join(COMMANDS[what]),
         "wall_s": round(wall, 1),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
