@@ -40,6 +40,7 @@ COMMANDS = {
     "suite": ["bash", "scripts/test.sh", *PYTEST_ARGS],
     "quick": ["bash", "scripts/test.sh", "-m", "not slow", *PYTEST_ARGS],
 }
+JOB_ENV = ("RUNS", "RANKS", "TRACK_ARGS", "TEST_WORKERS")  # the scripts' knobs, recorded when set
 DOCS_READER = re.compile(
     r"([\d.]+)s call\s+tests/test_docs\.py::test_every_page_in_readme_order_in_a_fresh_copy\[(.+?)\]"
 )
@@ -112,6 +113,9 @@ def run(what: str) -> dict[str, Any]:
         "load_average_after": [round(x, 2) for x in load_after],
         "source": "bench/wall_times.py",
     }
+    overrides = {k: os.environ[k] for k in JOB_ENV if k in os.environ}
+    if overrides:  # what the job was told to do differently (RUNS=/nonexistent: the track step found no snapshots)
+        rec["env"] = overrides
     if what == "main-job":
         manifest = json.loads((ROOT / "reports/zoo/manifest.json").read_text())
         timings = json.loads((ROOT / "reports/zoo/timings.json").read_text())

@@ -151,6 +151,8 @@ def _run_facts(r: dict) -> str:
     if readers:
         facts.append("docs readers " + " and ".join(f"{v:.0f} s" for v in readers.values()))
     facts.append(r["machine"].get("cpu") or "CPU not recorded")
+    if r.get("env"):  # the scripts' knobs the run set (RUNS=/nonexistent: the track step found no snapshots)
+        facts.append("with " + " ".join(f"{k}={v}" for k, v in r["env"].items()))
     return "; ".join(facts)
 
 
