@@ -71,6 +71,12 @@ else  # a checkpoint is kept when its train.json says it was trained from this v
   mapfile -t todo < <("$PY" -m depthlens.training.recipes stale "$ZOO" "${runs[@]}")
   echo "$(( ${#runs[@]} - ${#todo[@]} )) of ${#runs[@]} run(s) already trained from this recipe (--force retrains)"
 fi
-# longest first (deep, multi-stream), so the parallel tail is short
-printf '%s\n' "${todo[@]}" | awk -F_l '{print $NF, $0}' | sort -k1,1nr | cut -d' ' -f2- \
+# the claim cells first (a design x depth the recipe trains with several seeds: where the report's claims are
+# decided, so a run stopped early has spent its time there), then the rest; deepest first within each, so the
+# parallel tail is short
+multi=$("$PY" -m depthlens.training.trainer "$ZOO" --list | sed -n 's/_s[0-9]*$//p' | sort -u | tr '\n' ' ')
+printf '%s\n' "${todo[@]}" \
+  | awk -v multi="$multi" 'BEGIN { n = split(multi, m, " "); for (i = 1; i <= n; i++) claim[m[i]] = 1 }
+      { cell = $0; sub(/_s[0-9]+$/, "", cell); L = cell; sub(/.*_l/, "", L); print (cell in claim ? 0 : 1), L, $0 }' \
+  | sort -k1,1n -k2,2nr | cut -d' ' -f3- \
   | xargs -r -P "$JOBS" -I{} bash -c 'train_one "$0" "$1"' "$ZOO" {}
