@@ -6,7 +6,9 @@
 #   bash scripts/track-zoo.sh hc_l16 mhc_l32    # only these runs
 #   bash scripts/track-zoo.sh -- --n-seq 64     # extra `depthlens track` options after --
 #
-# Runs without snapshots are listed and skipped; with none at all it says how to get them and exits 0.
+# Runs without snapshots are listed and skipped; with none at all it says how to get them and exits 0. An existing
+# OUT/track.nc that tracks a run this machine has no snapshots of is kept, not replaced by fewer runs (it says so and
+# exits 0; TRACK_PARTIAL=1 replaces it with the runs found).
 # Env: RUNS (default .cache/depthlens/runs/zoo), OUT (default reports/track), RECIPE (the recipe the runs were
 # trained with, to check the requested snapshot steps; default: the committed recipe that names the runs),
 # JOBS (runs analysed in parallel, one thread each; default: the CPU count, at most 4), SKIP_SETUP=1 (do not run
@@ -86,6 +88,25 @@ if [ ${#ok[@]} -eq 0 ]; then
   exit 1
 fi
 have=("${ok[@]}")
+# a committed track of runs whose snapshots are elsewhere (another machine, a cleared cache) is not replaced by a
+# track of fewer runs: that would silently drop what the committed one shows
+if [ -f "$OUT/track.nc" ] && [ "${TRACK_PARTIAL:-0}" != 1 ]; then
+  lost=$("${DEPTHLENS%/depthlens}/python" - "$OUT/track.nc" "${have[@]##*/}" <<'EOF'
+import sys
+
+import xarray as xr
+
+with xr.open_dataset(sys.argv[1]) as ds:
+    runs = [str(r) for r in ds["run"].values]
+print(" ".join(r for r in runs if r not in set(sys.argv[2:])))
+EOF
+)
+  if [ -n "$lost" ]; then
+    echo "track-zoo: $OUT/ tracks $lost, which have no snapshots under $RUNS; $OUT/ was left as it is" \
+      "(TRACK_PARTIAL=1 replaces it with the ${#have[@]} run(s) found)" >&2
+    exit 0
+  fi
+fi
 mkdir -p "$(dirname "$OUT")"
 echo "track-zoo: ${#have[@]} run(s) -> $OUT ${RECIPE:+(requested steps from $RECIPE)}" >&2
 if [ "$JOBS" -gt 1 ] && [ ${#have[@]} -gt 1 ]; then
