@@ -1,6 +1,7 @@
 """Benchmark: the wall time of README's two commands and of the quick check, run the way a user runs them.
 
-    .venv/bin/python bench/wall_times.py main-job   # `bash scripts/zoo-report.sh` in this checkout (rewrites reports/zoo)
+    .venv/bin/python bench/wall_times.py main-job   # `bash scripts/zoo-report.sh` in this checkout (rewrites reports/zoo),
+                                                    # with an empty result cache (--warm: the user's own cache)
     .venv/bin/python bench/wall_times.py suite      # `bash scripts/test.sh -p no:cacheprovider --durations=30`
     .venv/bin/python bench/wall_times.py quick      # the same with -m "not slow"
 
@@ -84,13 +85,15 @@ def fresh_clone(tmp: Path) -> Path:
     return clone
 
 
-def run(what: str) -> dict[str, Any]:
+def run(what: str, warm: bool = False) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS")}
     tmp = Path(tempfile.mkdtemp(prefix="dl-wall-"))
     try:
         cwd = ROOT if what == "main-job" else fresh_clone(tmp)
         if what != "main-job":
             env["DEPTHLENS_CACHE"] = str(tmp / "cache")  # an empty cache, as on a new machine
+        elif not warm:  # the results of an earlier report would make this a timing of a cache read
+            env["DEPTHLENS_RESULTS_CACHE"] = str(tmp / "results")
         load_before = os.getloadavg()
         t0 = time.perf_counter()
         p = subprocess.run(COMMANDS[what], cwd=cwd, env=env, capture_output=True, text=True)
@@ -117,6 +120,8 @@ def run(what: str) -> dict[str, Any]:
     if overrides:  # what the job was told to do differently (RUNS=/nonexistent: the track step found no snapshots)
         rec["env"] = overrides
     if what == "main-job":
+        rec["results_cache"] = "the user's (--warm)" if warm else "empty (a temporary directory)"
+        rec["results"] = next((ln.strip() for ln in log.splitlines() if ln.startswith("results: ")), None)
         manifest = json.loads((ROOT / "reports/zoo/manifest.json").read_text())
         timings = json.loads((ROOT / "reports/zoo/timings.json").read_text())
         rec["checkpoints"] = len(manifest["checkpoints"])
@@ -131,8 +136,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=sorted(COMMANDS))
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--warm", action="store_true", help="main-job: keep the user's result cache (default: empty)")
     a = ap.parse_args()
-    rec = run(a.what)
+    rec = run(a.what, warm=a.warm)
     data = json.loads(a.out.read_text()) if a.out.exists() else {"runs": []}
     data["runs"].append(rec)
     tmp = a.out.with_suffix(".json.tmp")
