@@ -56,10 +56,11 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "cores_visible": cores}
 
 
-def commit() -> str:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+def commit(tree: Path = ROOT) -> str:
+    """The commit measured: this checkout's (main job) or the fresh clone's (suite, quick), "+ edits" if dirty."""
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, check=True)
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
     )
     return sha.stdout.strip() + (" + edits" if dirty.stdout.strip() else "")
 
@@ -90,6 +91,7 @@ def run(what: str, warm: bool = False) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="dl-wall-"))
     try:
         cwd = ROOT if what == "main-job" else fresh_clone(tmp)
+        measured = commit(cwd)
         if what != "main-job":
             env["DEPTHLENS_CACHE"] = str(tmp / "cache")  # an empty cache, as on a new machine
         elif not warm:  # the results of an earlier report would make this a timing of a cache read
@@ -111,7 +113,7 @@ def run(what: str, warm: bool = False) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
-        "commit": commit(),
+        "commit": measured,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "source": "bench/wall_times.py",
