@@ -122,7 +122,8 @@ def zoo_recipe_status(root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-# timings are not generated into the docs: they live in the git-ignored reports/zoo/timings.json (machine facts)
+# per-checkpoint timings stay out of the docs, in the git-ignored reports/zoo/timings.json (machine facts); the
+# wall times of README's commands are committed runs (reports/bench/wall_times.json, bench/wall_times.py).
 # README's rows: what each measured command is, and the wall time this project aims for (a goal, not a measurement)
 WALL_TIME_ROWS = {
     "main-job": ("`bash scripts/zoo-report.sh`, the main job (wall time)", 15),
