@@ -88,7 +88,7 @@ def test_generated_fragments_match_the_committed_data():
     assert "<!-- generated:zoo-losses -->" in (ROOT / "docs" / "training.md").read_text()
     assert mod.stale(ROOT) == [], "stale generated numbers: run .venv/bin/python scripts/doc_numbers.py"
     # the generator against the data it reads: one cell by hand (HC at L = 32: seed 0, and its seeds when shipped)
-    runs = [ROOT / "checkpoints" / n / "train.json" for n in ("hc_l32", "hc_l32_s1", "hc_l32_s2")]
+    runs = [ROOT / "checkpoints" / n / "train.json" for n in ("hc_l32", *(f"hc_l32_s{k}" for k in range(1, 8)))]
     ts = [json.loads(p.read_text()) for p in runs if p.is_file()]
     losses = [t["final_val_loss"] for t in ts]
     loss = f"{losses[0]:.3f}"
