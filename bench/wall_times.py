@@ -48,12 +48,11 @@ DOCS_READER = re.compile(
 
 
 def machine() -> dict[str, Any]:
-    cpu = None
-    if Path("/proc/cpuinfo").exists():
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+    """The CPU as train.json records it (`training.provenance.cpu_identity`: model name) and the cores visible."""
+    from depthlens.training.provenance import cpu_identity
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "cores_visible": cores}
+    return {"cpu": cpu_identity()["model"], "cores_visible": cores}
 
 
 def commit(tree: Path = ROOT) -> str:
