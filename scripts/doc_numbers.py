@@ -187,10 +187,33 @@ def wall_times(root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def main_job_timing(root: Path) -> str:
+    """docs/performance.md's sentence on the main job's latest timing (reports/bench/wall_times.json), with the
+    size it ran at: its checkpoint count and the report's compute and figure seconds."""
+    path = root / "reports" / "bench" / "wall_times.json"
+    runs = [r for r in json.loads(path.read_text(encoding="utf-8"))["runs"] if r["what"] == "main-job"]
+    if not runs:
+        return "(the main job has not been timed here: `bench/wall_times.py main-job`)\n"
+    r = runs[-1]
+    rep = r.get("report_seconds") or {}
+    parts = (
+        f", of which the report's compute was {rep['compute']:.0f} s and its figures {rep['figures']:.0f} s"
+        if rep
+        else ""
+    )
+    cache = r.get("results_cache", "result cache not recorded")
+    return (
+        f"The latest timing, {r['date']} at commit {r['commit']} on {r['machine'].get('cpu') or 'a CPU not recorded'} "
+        f"({r.get('checkpoints', '?')} checkpoints; result cache: {cache}; load average before "
+        f"{r['load_average_before'][0]:.2f}): {r['wall_s']:.0f} s ({r['wall_s'] / 60:.1f} minutes){parts}.\n"
+    )
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "zoo-losses": zoo_losses,
     "zoo-recipe-status": zoo_recipe_status,
     "wall-times": wall_times,
+    "main-job-timing": main_job_timing,
 }
 
 

@@ -397,7 +397,8 @@ def coverage(
 
 
 # simulated coverage of the 95 % crossed interval (1000 designs each, `coverage(..., sims=1000, seed=7)`), keyed
-# "kind/S/N/scenario/seed distribution" at the zoo report's sizes: N = 16 sequences (mean, causal), 8 (perm)
+# "kind/S/N/scenario/seed distribution" at the zoo report's sizes: N = 16 sequences (mean, causal), 4 (perm; the
+# zoo report's size since issue 32's power check, docs/performance.md#the-main-job), and 8 (perm, the size before)
 COVERAGE: dict[str, float] = {
     "mean/3/16/zoo/normal": 0.931,
     "mean/3/16/sequences/normal": 0.953,
@@ -426,11 +427,21 @@ COVERAGE: dict[str, float] = {
     "perm/8/8/zoo/normal": 0.932,
     "perm/8/8/sequences/normal": 0.925,
     "perm/8/8/seeds/bimodal": 0.947,
+    "perm/3/4/zoo/normal": 0.968,
+    "perm/3/4/sequences/normal": 0.934,
+    "perm/3/4/seeds/bimodal": 0.775,
+    "perm/5/4/zoo/normal": 0.951,
+    "perm/5/4/sequences/normal": 0.931,
+    "perm/5/4/seeds/bimodal": 0.846,
+    "perm/8/4/zoo/normal": 0.925,
+    "perm/8/4/sequences/normal": 0.93,
+    "perm/8/4/seeds/bimodal": 0.944,
     # one checkpoint's own interval over sequences (`sequence_coverage(..., sims=600, seed=2)`)
     "causal/1/16/one_run/normal": 0.917,
     "perm/1/8/one_run/normal": 0.883,
     "causal/1/32/one_run/normal": 0.93,
     "perm/1/16/one_run/normal": 0.902,
+    "perm/1/4/one_run/normal": 0.835,
 }
 
 
