@@ -48,11 +48,15 @@ DOCS_READER = re.compile(
 
 
 def machine() -> dict[str, Any]:
-    """The CPU as train.json records it (`training.provenance.cpu_identity`: model name) and the cores visible."""
+    """The CPU as train.json records it (`training.provenance.cpu_identity`: model name), the cores visible and the
+    host's kernel build: runs on machines that name the same CPU model timed the same suite up to ~1.7x apart on
+    different days at a similar load (this file's records), and the kernel build tells such hosts apart."""
+    import platform
+
     from depthlens.training.provenance import cpu_identity
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu_identity()["model"], "cores_visible": cores}
+    return {"cpu": cpu_identity()["model"], "cores_visible": cores, "kernel": platform.release()}
 
 
 def commit(tree: Path = ROOT) -> str:

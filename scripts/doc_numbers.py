@@ -151,7 +151,9 @@ def _run_facts(r: dict) -> str:
     readers = r.get("docs_readers_s") or {}
     if readers:
         facts.append("docs readers " + " and ".join(f"{v:.0f} s" for v in readers.values()))
-    facts.append(r["machine"].get("cpu") or "CPU not recorded")
+    cpu = r["machine"].get("cpu") or "CPU not recorded"
+    kernel = r["machine"].get("kernel")  # tells hosts with the same CPU model apart (bench/wall_times.py machine)
+    facts.append(f"{cpu} (kernel {kernel})" if kernel else cpu)
     if r.get("env"):  # the scripts' knobs the run set (RUNS=/nonexistent: the track step found no snapshots)
         facts.append("with " + " ".join(f"{k}={v}" for k, v in r["env"].items()))
     return "; ".join(facts)
