@@ -282,3 +282,24 @@ def test_wall_times_reads_pytests_summary_and_the_docs_readers():
     }
     with pytest.raises(SystemExit, match="no pytest summary"):
         wt.pytest_summary("nothing here\n")
+
+
+def test_performance_main_job_timing_is_the_latest_committed_run():
+    """docs/performance.md's main-job sentence, read back from the page: the latest main-job record's wall seconds,
+    minutes, checkpoint count and the report's compute and figure seconds (recomputed here, not by the generator),
+    and the job's aim of 15 minutes met by that run."""
+    runs = [
+        r for r in json.loads((ROOT / "reports/bench/wall_times.json").read_text())["runs"] if r["what"] == "main-job"
+    ]
+    last = runs[-1]
+    text = (ROOT / "docs" / "performance.md").read_text()
+    m = re.search(r"<!-- generated:main-job-timing -->\n(.*?)<!-- /generated:main-job-timing -->", text, re.S)
+    assert m is not None
+    sentence = " ".join(m.group(1).split())
+    assert f"({last['checkpoints']} checkpoints;" in sentence and last["date"] in sentence
+    assert f"{last['wall_s']:.0f} s ({last['wall_s'] / 60:.1f} minutes)" in sentence
+    rep = last["report_seconds"]
+    assert f"compute was {rep['compute']:.0f} s and its figures {rep['figures']:.0f} s" in sentence
+    assert last["wall_s"] < 15 * 60 and last["results_cache"].startswith("empty")  # a cold run, within its aim
+    zoo = len([p for p in (ROOT / "checkpoints").iterdir() if (p / "config.json").is_file()])
+    assert last["checkpoints"] == zoo  # timed on every shipped checkpoint
