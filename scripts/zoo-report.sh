@@ -24,8 +24,9 @@ fi
 # The sizes keep the main job within 15 minutes on 2 cores (docs/performance.md#the-main-job): the permutation is
 # most of the cost (at L = 32 every late pair re-runs the layers after it, and the fused attention kernel on
 # head_dim 8 is half of every forward), so it runs on the first 4 of the 16 eval sequences (8 until the claim cells
-# grew to 8 seeds: the report's power table showed the permutation claim's runs needed barely move with its
-# sequences, 91 / 82 / 78 runs at 8 / 16 / 32, while its cost halves with them; docs/performance.md), and on the untrained
+# grew to 8 seeds: the power table of the 86-checkpoint report, commit 4b19699, showed the permutation claim's runs
+# needed barely move with its sequences, 91 / 82 / 78 runs at 8 / 16 / 32, while its cost halves with them; the
+# current table in reports/zoo/README.md, docs/performance.md), and on the untrained
 # models only where a permutation claim of the orderings check needs it; and the untrained twins are built for
 # training seeds 0-2 only (--untrained-seeds 3; the claim cells have 5-8 seeds): the at-init reference needs modest
 # precision, and 3 twins per cell is what every at-init number had before the cells grew (in the 3-seed report the

@@ -4,6 +4,10 @@ and the power planner against a simulation with known power."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -167,10 +171,8 @@ def test_the_zoo_reports_sizes_have_simulated_coverage():
     """The sizes scripts/zoo-report.sh passes (--n-seq, --perm-n-seq) are tabulated in COVERAGE for every seed
     count a claim cell has (3, 5, 8) and for one checkpoint, so no interval of the main job's report goes out
     without its simulated coverage (or its stated shortfall)."""
-    import re
-    from pathlib import Path
-
-    script = (Path(__file__).resolve().parents[1] / "scripts" / "zoo-report.sh").read_text()
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "scripts" / "zoo-report.sh").read_text()
     sizes = re.search(r"^SIZES=\((.*)\)$", script, re.M)
     assert sizes is not None
     args = sizes.group(1).split()
@@ -184,9 +186,7 @@ def test_the_zoo_reports_sizes_have_simulated_coverage():
             note = c.coverage_note(kind, S, N)
             assert note is None or "not simulated" not in note, (kind, S, N, note)
     # and the committed zoo report was made at those sizes
-    import json
-
-    options = json.loads((Path(__file__).resolve().parents[1] / "reports/zoo/manifest.json").read_text())["options"]
+    options = json.loads((root / "reports/zoo/manifest.json").read_text())["options"]
     assert (options["n_seq"], options["perm_n_seq"]) == (n_seq, perm_n_seq)
     assert options["untrained_seeds"] == int(args[args.index("--untrained-seeds") + 1])
 
